@@ -1,0 +1,49 @@
+"""The wire format shared by the client and the server: one definition, two users.
+
+Samples travel column-wise (one JSON array per field): several times cheaper to encode, parse
+and validate than one object per sample, which is what keeps ingest near the database's own
+insert rate.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+API_PREFIX: Final = "/api/v1"
+
+#: Per-sample columns, in storage order. ``loss`` and ``lr`` may hold nulls.
+SAMPLE_COLUMNS: Final = (
+    "seq",
+    "step",
+    "examples",
+    "b_small",
+    "b_big",
+    "g_small_sq",
+    "g_big_sq",
+    "loss",
+    "lr",
+    "time",
+    "series",
+)
+REQUIRED_COLUMNS: Final = ("seq", "step", "b_small", "b_big", "g_small_sq", "g_big_sq")
+NULLABLE_COLUMNS: Final = ("examples", "loss", "lr", "time")
+
+UNITS: Final = ("examples", "tokens")
+RUN_STATUSES: Final = ("running", "finished", "failed", "crashed")
+
+#: Limits the server enforces and the client respects when batching.
+MAX_SAMPLES_PER_REQUEST: Final = 50_000
+MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+MAX_NAME_LENGTH: Final = 200
+
+
+def runs_path(run_id: str) -> str:
+    return f"{API_PREFIX}/runs/{run_id}"
+
+
+def samples_path(run_id: str) -> str:
+    return f"{API_PREFIX}/runs/{run_id}/samples"
+
+
+def events_path(run_id: str) -> str:
+    return f"{API_PREFIX}/runs/{run_id}/events"
