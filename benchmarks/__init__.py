@@ -1,0 +1,1 @@
+"""noisescope's benchmarks: `python -m benchmarks [--quick] [--only NAME ...]`."""

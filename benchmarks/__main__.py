@@ -1,0 +1,76 @@
+"""Run every benchmark side by side and write the tables to docs/benchmarks.md.
+
+Each module in ``MODULES`` exposes ``run(quick: bool) -> str`` returning a markdown section.
+The machine is shared and noisy, so every module compares its candidates within one run and
+reports ratios; single timings are context, not claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+MODULES = [
+    ("log_overhead", "Client: log() cost on the training thread (issue 4)"),
+    ("probe_overhead", "Probes: training-step overhead (issue 3)"),
+    ("ingest", "Server: ingest throughput (issue 9)"),
+    ("series", "Server: series query latency (issue 9)"),
+    ("dashboard", "Dashboard: page render time (issue 10)"),
+    ("integrations", "Integrations: callback overhead (issue 6)"),
+]
+OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--only", nargs="*", help="module names to run (default: all)")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"output file (default {OUT})")
+    args = parser.parse_args(argv)
+
+    names = [m for m, _ in MODULES if not args.only or m in args.only]
+    sections: list[str] = []
+    failed = 0
+    for name in names:
+        title = dict(MODULES)[name]
+        print(f"[benchmarks] {name}: {title} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            module = importlib.import_module(f"benchmarks.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"benchmarks.{name}":
+                print(f"[benchmarks] {name}: not present, skipped", file=sys.stderr)
+                continue
+            raise
+        try:
+            section = module.run(quick=args.quick)
+        except Exception:
+            failed += 1
+            section = f"## {title}\n\nFAILED:\n\n```\n{traceback.format_exc()}```\n"
+        took = time.perf_counter() - t0
+        print(f"[benchmarks] {name}: done in {took:.0f} s", file=sys.stderr, flush=True)
+        sections.append(section.strip() + "\n")
+
+    header = (
+        "# Benchmarks\n\n"
+        f"Written by `python -m benchmarks{' --quick' if args.quick else ''}` on "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}. "
+        "The machine is shared and noisy: compare the ratios within a table (each table "
+        "is measured side by side in one run), not timings across tables or runs.\n"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(header + "\n" + "\n".join(sections))
+    print(f"[benchmarks] wrote {args.out}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs on a fresh machine, then run lint, types and tests.
+# Usage: scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\n==> %s\n' "$*"; }
+
+# PostgreSQL: the storage tests run against it (required under CI=true).
+if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+    say "starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+    for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+fi
+
+# Debian's Chromium for the real-browser dashboard tests (Playwright drives it; no downloads).
+if ! command -v chromium >/dev/null 2>&1; then
+    say "installing Debian chromium"
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv"
+    python3 -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+say "installing noisescope (client + server + dev tools, CPU torch 2.13.0)"
+python -m pip install -q --upgrade pip
+python -m pip install -q torch==2.13.0 -e ./client -e '.[dev]'
+
+say "ruff"
+ruff check .
+ruff format --check .
+say "mypy --strict"
+mypy
+say "pytest"
+python -m pytest "$@"
