@@ -1,0 +1,34 @@
+"""noisescope: track the gradient noise scale (critical batch size) of training runs.
+
+import noisescope
+run = noisescope.init(project="digits", task="mlp", name="bs64", batch_size=64)
+run.log_sample(step, b_small, b_big, g_small_sq, g_big_sq)   # usually via a torch probe
+run.log(step=step, loss=loss)
+run.finish()
+"""
+
+from __future__ import annotations
+
+from noisescope import estimators
+from noisescope._config import Settings
+from noisescope._run import Run, init
+from noisescope._sender import Status
+from noisescope._sync import sync
+from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HTTPTransport",
+    "Request",
+    "Response",
+    "Run",
+    "Settings",
+    "Status",
+    "Transport",
+    "TransportError",
+    "__version__",
+    "estimators",
+    "init",
+    "sync",
+]

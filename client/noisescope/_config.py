@@ -1,0 +1,152 @@
+"""Client settings: explicit arguments, then ``NOISESCOPE_*`` environment variables, then defaults.
+
+One resolved, frozen ``Settings`` object is handed to the run, the sender and the spool so that
+no component reads the environment on its own (and tests can build one directly).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Mode = Literal["online", "offline", "disabled"]
+MODES: tuple[Mode, ...] = ("online", "offline", "disabled")
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+
+
+def default_dir() -> Path:
+    """The spool root when neither ``dir=`` nor ``NOISESCOPE_DIR`` is given."""
+    return Path.home() / ".noisescope" / "spool"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the run, sender and spool need; every field has a safe default."""
+
+    url: str = DEFAULT_URL
+    token: str | None = None
+    mode: Mode = "online"
+    #: Spool root; each run spools under ``dir / run_id``.
+    dir: Path = Path(".noisescope-spool")
+    #: Longest ``finish()`` (or interpreter exit) waits for the server before spooling the rest.
+    flush_timeout: float = 30.0
+    #: Samples per POST (the server accepts up to ``_wire.MAX_SAMPLES_PER_REQUEST``).
+    batch_max: int = 2000
+    #: A partial batch is sent after this many seconds.
+    batch_interval: float = 1.0
+    #: Samples held in memory; the sender spills to the spool beyond half of it.
+    memory_max: int = 100_000
+    #: Per-run spool size limit; past it the oldest data is kept and newer counted as dropped.
+    spool_max_bytes: int = 1 << 30
+    #: Per-request HTTP timeout (seconds).
+    request_timeout: float = 10.0
+    #: Exponential backoff: first delay and cap (seconds); jitter is applied on top.
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    #: Bodies larger than this are gzip-compressed.
+    gzip_min_bytes: int = 1024
+    #: Distributed rank of this process and world size.
+    rank: int = 0
+    world_size: int = 1
+    #: If True every rank sends (series tagged ``rank{r}``); else only rank 0 sends.
+    all_ranks: bool = False
+    #: If True, no status/sync line is printed at finish.
+    quiet: bool = False
+
+    @property
+    def sends(self) -> bool:
+        """Whether this process sends anything at all (mode and rank policy)."""
+        return self.mode != "disabled" and (self.all_ranks or self.rank == 0)
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+def _env_bool(name: str) -> bool | None:
+    raw = _env(name)
+    if raw is None:
+        return None
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def detect_rank() -> tuple[int, int]:
+    """(rank, world_size) from an initialised torch.distributed, else torchrun's env vars.
+
+    torch is only consulted when it is already imported: importing it here would cost seconds.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        try:
+            if dist.is_available() and dist.is_initialized():
+                return int(dist.get_rank()), int(dist.get_world_size())
+        except Exception:
+            pass
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
+    return rank, max(world, 1)
+
+
+def resolve(
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    mode: str | None = None,
+    dir: str | os.PathLike[str] | None = None,
+    flush_timeout: float | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    all_ranks: bool | None = None,
+    quiet: bool | None = None,
+    **overrides: object,
+) -> Settings:
+    """Merge explicit arguments (win), ``NOISESCOPE_*`` env vars, and defaults."""
+    mode_value = (mode or _env("NOISESCOPE_MODE") or "online").strip().lower()
+    if mode_value not in MODES:
+        raise ValueError(
+            f"noisescope mode {mode_value!r} is not one of {', '.join(MODES)} "
+            "(set mode= or NOISESCOPE_MODE)"
+        )
+    detected_rank, detected_world = detect_rank()
+    root = dir if dir is not None else _env("NOISESCOPE_DIR")
+    env_all = _env_bool("NOISESCOPE_ALL_RANKS")
+    env_quiet = _env_bool("NOISESCOPE_QUIET")
+    fields: dict[str, object] = {
+        "url": (url or _env("NOISESCOPE_URL") or DEFAULT_URL).rstrip("/"),
+        "token": token if token is not None else _env("NOISESCOPE_TOKEN"),
+        "mode": mode_value,
+        "dir": Path(root).expanduser() if root is not None else default_dir(),
+        "flush_timeout": (
+            flush_timeout
+            if flush_timeout is not None
+            else _env_float("NOISESCOPE_FLUSH_TIMEOUT", Settings.flush_timeout)
+        ),
+        "rank": rank if rank is not None else detected_rank,
+        "world_size": world_size if world_size is not None else detected_world,
+        "all_ranks": all_ranks if all_ranks is not None else bool(env_all),
+        "quiet": quiet if quiet is not None else bool(env_quiet),
+    }
+    known = set(Settings.__dataclass_fields__)
+    unknown = set(overrides) - known
+    if unknown:
+        raise TypeError(f"unknown noisescope setting(s): {', '.join(sorted(unknown))}")
+    fields.update(overrides)
+    return Settings(**fields)  # type: ignore[arg-type]

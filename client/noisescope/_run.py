@@ -1,0 +1,424 @@
+"""``noisescope.init()`` and ``Run``: the training loop's side of the client.
+
+The hot path (``log_sample``, ``log``) takes a lock, updates the open record of the current step
+and, when a later step begins, appends the finished records as tuples to a bounded ``deque``.
+No I/O, no encoding, no validation on the caller's thread: all of that is the sender's job
+(``_sender.py``). Every public method swallows its own exceptions: a monitoring client must
+never take a training job down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any
+
+from noisescope import _wire
+from noisescope._config import Settings, resolve
+from noisescope._sender import Row, Sender, Status
+from noisescope._spool import RunSpool
+from noisescope._transport import HTTPTransport, Transport
+
+logger = logging.getLogger("noisescope")
+
+_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+_hooks_installed = False
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _jsonable(value: Any) -> Any:
+    """A JSON-safe copy of user config (unknown objects become their ``str``)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class Run:
+    """One training run. Create it with :func:`noisescope.init`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        project: str,
+        task: str,
+        name: str | None,
+        config: dict[str, Any] | None,
+        tags: list[str] | None,
+        batch_size: float | None,
+        units: str,
+        run_id: str | None,
+        transport: Transport | None,
+    ) -> None:
+        if units not in _wire.UNITS:
+            raise ValueError(f"units must be one of {_wire.UNITS}, got {units!r}")
+        self.settings = settings
+        self.id = run_id or uuid.uuid4().hex
+        self.project = project
+        self.task = task
+        self.name = name or f"run-{self.id[:8]}"
+        self.config = _jsonable(config or {})
+        self.tags = [str(t) for t in (tags or [])]
+        self.batch_size = batch_size
+        self.units = units
+        self.mode = settings.mode
+        self.rank = settings.rank
+        self.world_size = settings.world_size
+        #: Whether this process records anything (mode, rank policy, not a forked child).
+        self.active = settings.sends
+        self.finished = False
+
+        self._lock = threading.Lock()
+        self._buffer: deque[Row] = deque()
+        self._memory_max = settings.memory_max
+        self._batch_max = settings.batch_max
+        self._open: dict[str, list[Any]] = {}
+        self._step: Any = None
+        self._step_loss: Any = None
+        self._step_lr: Any = None
+        self._step_examples: Any = None
+        # seq = local index · stride + offset: unique across ranks when all ranks send.
+        self._seq_stride = settings.world_size if settings.all_ranks else 1
+        self._seq = settings.rank if settings.all_ranks else 0
+        self._overflow = 0
+        self._hot_errors = 0
+        self._pid = os.getpid()
+
+        self._spool: RunSpool | None = None
+        self._sender: Sender | None = None
+        if self.active:
+            self._start(transport)
+        _live_runs.add(self)
+        _install_hooks()
+
+    def _start(self, transport: Transport | None) -> None:
+        settings = self.settings
+        body = {
+            "project": self.project,
+            "task": self.task,
+            "name": self.name,
+            "config": self.config,
+            "tags": self.tags,
+            "batch_size": self.batch_size,
+            "units": self.units,
+            "status": "running",
+            "started_at": _now_iso(),
+        }
+        try:
+            spool = RunSpool(settings.dir, self.id, settings.spool_max_bytes)
+            if spool.acquire():
+                self._spool = spool
+            else:
+                logger.warning("noisescope: spool %s is locked by another process", spool.dir)
+        except OSError as exc:
+            logger.warning("noisescope: no spool (%s); an outage may drop samples", exc)
+        if settings.mode == "online" and transport is None:
+            transport = HTTPTransport(settings.url, settings.token, settings.request_timeout)
+        if settings.mode == "offline":
+            transport = None
+        self._sender = Sender(
+            settings, self.id, body, self._buffer, transport, self._spool, self._commit_open
+        )
+        if self._spool is not None:
+            self._sender._save_meta()
+        self._sender.start()
+
+    # -- the hot path -------------------------------------------------------------------------
+    def log_sample(
+        self,
+        step: int,
+        b_small: float,
+        b_big: float,
+        g_small_sq: float,
+        g_big_sq: float,
+        *,
+        examples: float | None = None,
+        series: str = "",
+        loss: float | None = None,
+        lr: float | None = None,
+    ) -> None:
+        """Record one two-batch measurement: |G_small|² at ``b_small``, |G_big|² at ``b_big``.
+
+        The estimator (science.md, two-batch estimator) needs both squared norms of the *same*
+        step. Values for one (step, series) are merged until a later step begins.
+        """
+        if not self.active:
+            return
+        try:
+            with self._lock:
+                if step != self._step:
+                    self._advance(step)
+                record = self._open.get(series)
+                if record is None:
+                    self._open[series] = [
+                        step, examples, b_small, b_big, g_small_sq, g_big_sq,
+                        loss, lr, time.time(), series,
+                    ]  # fmt: skip
+                else:
+                    record[2] = b_small
+                    record[3] = b_big
+                    record[4] = g_small_sq
+                    record[5] = g_big_sq
+                    if examples is not None:
+                        record[1] = examples
+                    if loss is not None:
+                        record[6] = loss
+                    if lr is not None:
+                        record[7] = lr
+        except Exception as exc:
+            self._hot_error(exc)
+
+    def log(
+        self,
+        step: int | None = None,
+        *,
+        loss: float | None = None,
+        lr: float | None = None,
+        examples: float | None = None,
+    ) -> None:
+        """Training scalars for ``step`` (default: the current step).
+
+        They are attached to every sample of that step, whether the probe logged it before or
+        after this call. Scalars of a step without any sample are not stored.
+        """
+        if not self.active:
+            return
+        try:
+            with self._lock:
+                if step is not None and step != self._step:
+                    self._advance(step)
+                if loss is not None:
+                    self._step_loss = loss
+                if lr is not None:
+                    self._step_lr = lr
+                if examples is not None:
+                    self._step_examples = examples
+        except Exception as exc:
+            self._hot_error(exc)
+
+    def _advance(self, step: Any) -> None:
+        """Commit the open step (caller holds the lock) and open ``step``."""
+        if self._open:
+            self._commit()
+        self._step = step
+        self._step_loss = self._step_lr = self._step_examples = None
+
+    def _commit(self) -> None:
+        buffer = self._buffer
+        before = len(buffer)
+        seq = self._seq
+        stride = self._seq_stride
+        for record in self._open.values():
+            if record[1] is None:
+                record[1] = self._step_examples
+            if record[6] is None:
+                record[6] = self._step_loss
+            if record[7] is None:
+                record[7] = self._step_lr
+            if len(buffer) >= self._memory_max:
+                self._overflow += 1  # the sender is stuck; counted and reported
+                continue
+            buffer.append((seq, *record))
+            seq += stride
+        self._seq = seq
+        self._open.clear()
+        if before < self._batch_max <= len(buffer) and self._sender is not None:
+            self._sender.wake()
+
+    def _commit_open(self) -> None:
+        with self._lock:
+            if self._open:
+                self._commit()
+                self._step_loss = self._step_lr = self._step_examples = None
+                # keep self._step: a late log() for it starts a fresh (empty) record set
+
+    def _hot_error(self, exc: Exception) -> None:
+        self._hot_errors += 1
+        if self._hot_errors == 1:
+            logger.warning("noisescope: ignoring error in log call: %r", exc)
+
+    # -- status, flush, finish ----------------------------------------------------------------
+    def status(self) -> Status:
+        """Where the samples are: queued (memory), sent, spooled (disk), dropped."""
+        sender = self._sender
+        open_count = len(self._open)
+        if sender is None:
+            return Status(self.mode if self.active else "disabled", open_count, 0, 0, 0, None)
+        spooled = self._spool.pending_samples if self._spool is not None else 0
+        return Status(
+            mode=self.mode,
+            queued=open_count + sender.queued(),
+            sent=sender.sent,
+            spooled=spooled,
+            dropped=sender.dropped + self._overflow,
+            last_error=sender.last_error,
+            spool_dir=str(self._spool.dir) if self._spool is not None else None,
+        )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Commit the open step and wait (bounded) until the server has everything."""
+        if not self.active or self._sender is None:
+            return True
+        try:
+            self._commit_open()
+            wait = self.settings.flush_timeout if timeout is None else timeout
+            return self._sender.flush(wait)
+        except Exception as exc:
+            self._hot_error(exc)
+            return False
+
+    def finish(self, status: str = "finished", timeout: float | None = None) -> Status:
+        """Flush (bounded wait), mark the run ended, spool the rest; print one summary line."""
+        if self.finished:
+            return self.status()
+        self.finished = True
+        _live_runs.discard(self)
+        if not self.active or self._sender is None:
+            return self.status()
+        try:
+            self._commit_open()
+            wait = self.settings.flush_timeout if timeout is None else timeout
+            final = {"status": status, "ended_at": _now_iso()}
+            self._sender.close(final, wait)
+            self.active = False
+            result = self.status()
+            self._report(result)
+            if self._spool is not None and (self.mode == "offline" or self._sender._final_sent):
+                self._spool.remove_if_empty()
+            elif self._spool is not None:
+                self._spool.release()
+            return result
+        except Exception as exc:
+            self._hot_error(exc)
+            return self.status()
+
+    def _report(self, result: Status) -> None:
+        line = f"run {self.id} ({self.name}): {result.line()}"
+        sender = self._sender
+        needs_sync = result.spooled > 0 or (
+            sender is not None and not sender._final_sent and self.mode == "online"
+        )
+        if needs_sync and result.spool_dir:
+            root = os.path.dirname(result.spool_dir)
+            line += (
+                f". Not all data reached {self.settings.url}; send it with: "
+                f"noisescope sync {root} --url {self.settings.url}"
+            )
+        logger.info("noisescope: %s", line)
+        if not self.settings.quiet:
+            print(f"noisescope: {line}", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.finish("failed" if exc_type is not None else "finished")
+
+    def __repr__(self) -> str:
+        return f"<noisescope.Run {self.id} {self.project}/{self.task}/{self.name} {self.mode}>"
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child (DataLoader worker): no sender thread exists; record nothing."""
+        self._lock = threading.Lock()
+        self._buffer = deque()
+        self._open = {}
+        self.active = False
+        self.finished = True
+        self._sender = None
+        self._spool = None
+
+
+def init(
+    url: str | None = None,
+    *,
+    project: str = "default",
+    task: str = "default",
+    name: str | None = None,
+    config: dict[str, Any] | None = None,
+    tags: list[str] | None = None,
+    batch_size: float | None = None,
+    units: str = "examples",
+    run_id: str | None = None,
+    token: str | None = None,
+    mode: str | None = None,
+    dir: str | os.PathLike[str] | None = None,
+    flush_timeout: float | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    all_ranks: bool | None = None,
+    quiet: bool | None = None,
+    transport: Transport | None = None,
+    **settings: Any,
+) -> Run:
+    """Start a run; explicit arguments override ``NOISESCOPE_URL/TOKEN/MODE/DIR`` and friends.
+
+    ``units`` says what ``b_small``/``b_big``/``examples`` count ("examples" or "tokens").
+    Extra keyword arguments set advanced ``Settings`` fields (``batch_max``, ``memory_max``,
+    ``spool_max_bytes``, ``backoff_base``, ...). ``run_id`` defaults to a fresh uuid4 hex
+    (``NOISESCOPE_RUN_ID`` lets all ranks of a job share one when ``all_ranks=True``).
+    """
+    resolved = resolve(
+        url=url,
+        token=token,
+        mode=mode,
+        dir=dir,
+        flush_timeout=flush_timeout,
+        rank=rank,
+        world_size=world_size,
+        all_ranks=all_ranks,
+        quiet=quiet,
+        **settings,
+    )
+    return Run(
+        resolved,
+        project=project,
+        task=task,
+        name=name,
+        config=config,
+        tags=tags,
+        batch_size=batch_size,
+        units=units,
+        run_id=run_id or os.environ.get("NOISESCOPE_RUN_ID") or None,
+        transport=transport,
+    )
+
+
+def _finish_all_at_exit() -> None:
+    for run in list(_live_runs):
+        with contextlib.suppress(Exception):
+            if os.getpid() == run._pid:
+                run.finish()
+
+
+def _after_fork_in_child() -> None:
+    for run in list(_live_runs):
+        with contextlib.suppress(Exception):
+            run._forget_after_fork()
+    _live_runs.clear()
+
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_finish_all_at_exit)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)

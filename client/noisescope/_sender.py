@@ -1,0 +1,535 @@
+"""The background sender: batches committed samples, compresses, POSTs, retries, spools.
+
+One daemon thread per run. The training thread only appends tuples to a ``deque``; this thread
+pops them in batches (by count: ``batch_max``; by time: ``batch_interval``), encodes them
+column-wise (``_wire``), gzips large bodies and POSTs them through a ``Transport``.
+
+Failure policy (why it is safe):
+- connection errors, timeouts, 408, 429 and 5xx are *retryable*: the batch goes to the on-disk
+  spool at once (durable), the sender backs off exponentially with jitter (honouring
+  ``Retry-After``) and, while the outage lasts, spills new batches to the spool instead of
+  holding them in memory. When a retry succeeds the spool is replayed, oldest first.
+- other 4xx are the client's fault: logged once with the server's message, never retried; the
+  batch is counted as dropped. 401/403 on run creation (a token problem) switch the run to
+  spooling, so ``noisescope sync --token`` can deliver it later.
+- every sample carries (run id, seq); the server inserts-or-ignores, so a replay or a retry of a
+  batch whose answer was lost never double-counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import gzip
+import json
+import logging
+import math
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from noisescope import _wire
+from noisescope._config import Settings
+from noisescope._spool import Columns, RunSpool, batch_size
+from noisescope._transport import Request, Response, Transport, TransportError
+
+logger = logging.getLogger("noisescope")
+
+#: One committed sample as the hot path stores it: the ``_wire.SAMPLE_COLUMNS`` in order.
+Row = tuple[Any, ...]
+Outcome = Literal["ok", "retry", "fatal", "missing"]
+
+_FLOAT_REQUIRED = (3, 4, 5, 6)  # b_small, b_big, g_small_sq, g_big_sq
+_FLOAT_OPTIONAL = (2, 7, 8, 9)  # examples, loss, lr, time
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where every sample of a run is. ``queued + sent + spooled + dropped`` = committed."""
+
+    mode: str
+    #: In memory (open step, buffer, or in a request right now).
+    queued: int
+    #: Acknowledged by the server.
+    sent: int
+    #: Waiting in the on-disk spool.
+    spooled: int
+    #: Lost, with a reason logged once: buffer overflow, disk limit, rejected or invalid data.
+    dropped: int
+    last_error: str | None
+    spool_dir: str | None = None
+
+    def line(self) -> str:
+        text = (
+            f"queued {self.queued}, sent {self.sent}, spooled {self.spooled}, "
+            f"dropped {self.dropped}"
+        )
+        if self.last_error:
+            text += f"; last error: {self.last_error}"
+        return text
+
+
+class Backoff:
+    """Exponential backoff with "equal jitter": ``d = min(cap, base·2^k)``, wait U(d/2, d).
+
+    Jitter keeps many clients that lost the same server from retrying in lock step. A server's
+    ``Retry-After`` is honoured as a lower bound.
+    """
+
+    def __init__(self, base: float, cap: float, rng: random.Random | None = None) -> None:
+        self.base = base
+        self.cap = cap
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self, retry_after: float | None = None) -> float:
+        ceiling = min(self.cap, self.base * (2.0**self.failures))
+        self.failures += 1
+        delay = self._rng.uniform(ceiling / 2.0, ceiling)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, 3600.0))
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds: either delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def classify(response: Response) -> Outcome:
+    status = response.status
+    if 200 <= status < 300:
+        return "ok"
+    if status in (408, 425, 429) or status >= 500:
+        return "retry"
+    if status == 404:
+        return "missing"
+    return "fatal"
+
+
+def _finite_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def rows_to_columns(rows: list[Row], series_prefix: str = "") -> tuple[Columns, int]:
+    """Column-wise wire payload from rows; rows with non-finite/non-numeric norms are counted.
+
+    Done here, off the training thread, so the hot path never converts or validates. A
+    non-finite loss or lr becomes null (JSON has no NaN); a non-finite squared norm makes the
+    sample unusable (science.md, Pitfalls: skip non-finite gradients) and it is counted.
+    """
+    good: list[Row] = []
+    invalid = 0
+    for row in rows:
+        try:
+            values = list(row)
+            for i in _FLOAT_REQUIRED:
+                number = float(values[i])
+                if not math.isfinite(number):
+                    raise ValueError("non-finite")
+                values[i] = number
+            for i in _FLOAT_OPTIONAL:
+                values[i] = _finite_or_none(values[i])
+            values[0] = int(values[0])
+            values[1] = int(values[1])
+            series = str(values[10])
+            if series_prefix:
+                series = f"{series_prefix}/{series}" if series else series_prefix
+            values[10] = series
+        except (TypeError, ValueError, IndexError):
+            invalid += 1
+            continue
+        good.append(tuple(values))
+    if not good:
+        return {name: [] for name in _wire.SAMPLE_COLUMNS}, invalid
+    columns = {
+        name: list(col)
+        for name, col in zip(_wire.SAMPLE_COLUMNS, zip(*good, strict=True), strict=True)
+    }
+    return columns, invalid
+
+
+class Sender:
+    """Moves committed rows from ``buffer`` to the server (or the spool) on its own thread."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        run_id: str,
+        run_body: dict[str, Any],
+        buffer: deque[Row],
+        transport: Transport | None,
+        spool: RunSpool | None,
+        commit_open: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.run_id = run_id
+        self.run_body = run_body
+        self.buffer = buffer
+        self.transport = transport
+        self.spool = spool
+        self._commit_open = commit_open
+        self.series_prefix = f"rank{settings.rank}" if settings.all_ranks else ""
+        self.backoff = Backoff(settings.backoff_base, settings.backoff_max)
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        self._drain_lock = threading.Lock()
+        self._inflight: list[Row] | None = None
+        self._thread: threading.Thread | None = None
+        self._run_created = False
+        #: Why the server will not take this run (fatal answer to PUT); then we only spool.
+        self._halted: str | None = None
+        self._outage_until = 0.0
+        self._last_send = time.monotonic()
+        self._flush_requested = False
+        self._stopping = False
+        self._abandoned = False
+        self._final: dict[str, Any] | None = None
+        self._final_sent = False
+        self._warned: set[str] = set()
+        # counters
+        self.sent = 0
+        self.inserted = 0
+        self.dropped = 0
+        self.last_error: str | None = None
+        self.requests = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="noisescope-sender", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def queued(self) -> int:
+        inflight = self._inflight
+        return len(self.buffer) + (len(inflight) if inflight else 0)
+
+    def idle(self) -> bool:
+        """Nothing in memory and nothing spooled that could still be sent in this process."""
+        if self.buffer or self._inflight:
+            return False
+        if self.settings.mode == "offline" or self._halted:
+            return True
+        return not (self.spool is not None and self.spool.pending_samples > 0)
+
+    def flush(self, timeout: float) -> bool:
+        """Ask for everything to be sent now; wait up to ``timeout``. True if all was sent."""
+        self._flush_requested = True
+        self._wake.set()
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            while not self.idle():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.alive:
+                    break
+                self._cond.wait(min(remaining, 0.05))
+                self._wake.set()
+        self._flush_requested = False
+        return self.idle()
+
+    def close(self, final: dict[str, Any] | None, timeout: float) -> None:
+        """Flush for at most ``timeout``; spool what is left; stop the thread."""
+        self._final = final
+        if self.spool is not None:
+            self._save_meta()
+        self._flush_requested = True
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(max(0.0, timeout))
+        if self._thread is not None and self._thread.is_alive():
+            # The server did not take everything in time: leave the rest on disk.
+            self._abandoned = True
+            self._wake.set()
+            self._spill_everything()
+            self._thread.join(0.2)
+        elif self.buffer:  # thread died or never started
+            self._spill_everything()
+        if self.transport is not None and not self.alive:
+            with contextlib.suppress(Exception):
+                self.transport.close()
+
+    # -- the thread ---------------------------------------------------------------------------
+    def _main(self) -> None:
+        while True:
+            self._wake.wait(self._wait_time())
+            self._wake.clear()
+            try:
+                done = self._tick()
+            except Exception as exc:  # the sender must never die
+                self._error(f"internal error: {type(exc).__name__}: {exc}", key="internal")
+                logger.debug("noisescope sender error", exc_info=True)
+                done = self._stopping
+                time.sleep(0.05)
+            with self._cond:
+                self._cond.notify_all()
+            if done or self._abandoned:
+                return
+
+    def _wait_time(self) -> float:
+        interval = self.settings.batch_interval
+        if self._stopping or self._flush_requested:
+            interval = 0.02
+        now = time.monotonic()
+        if self._outage_until > now:
+            return max(0.0, min(self._outage_until - now, interval))
+        return interval
+
+    def _tick(self) -> bool:
+        """One pass; returns True when the thread may exit."""
+        if self._commit_open is not None and (self._stopping or self._flush_requested):
+            self._commit_open()
+        if self.settings.mode == "offline" or self._halted or self.transport is None:
+            self._spill(force=True)
+            return self._stopping
+        if time.monotonic() < self._outage_until:
+            # Keep retrying until close() gives up (its bounded wait); meanwhile stay on disk.
+            self._spill(force=self._stopping or self._flush_requested)
+            return False
+        if not self._ensure_run():
+            return False
+        if not self._replay_spool():
+            return False
+        if not self._send_buffer():
+            return False
+        if self._stopping and self._final is not None and not self._final_sent and self.idle():
+            self._send_final()
+        return self._stopping and self.idle()
+
+    # -- sending ------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, payload: dict[str, Any]) -> Response | None:
+        """One request; None (and the outage begins) if there was no HTTP answer."""
+        assert self.transport is not None
+        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+        headers = {"Content-Type": "application/json"}
+        if len(body) >= self.settings.gzip_min_bytes:
+            body = gzip.compress(body, compresslevel=5)
+            headers["Content-Encoding"] = "gzip"
+        self.requests += 1
+        try:
+            return self.transport.handle_request(Request(method, path, body, headers))
+        except TransportError as exc:
+            self._enter_outage(str(exc), None)
+            return None
+
+    def _enter_outage(self, reason: str, retry_after: float | None) -> None:
+        delay = self.backoff.next_delay(retry_after)
+        self._outage_until = time.monotonic() + delay
+        self._error(reason, key=None)
+        logger.debug("noisescope: %s; retrying in %.2fs", reason, delay)
+
+    def _answered(self, response: Response) -> Outcome:
+        outcome = classify(response)
+        if outcome == "retry":
+            retry_after = parse_retry_after(response.header("Retry-After"))
+            self._enter_outage(f"HTTP {response.status}: {response.detail()}", retry_after)
+        elif outcome == "ok":
+            self.backoff.reset()
+            self._outage_until = 0.0
+        return outcome
+
+    def _ensure_run(self) -> bool:
+        if self._run_created:
+            return True
+        response = self._request("PUT", _wire.runs_path(self.run_id), self.run_body)
+        if response is None:
+            return False
+        outcome = self._answered(response)
+        if outcome == "ok":
+            self._run_created = True
+            return True
+        if outcome == "retry":
+            return False
+        message = f"server refused run {self.run_id} (HTTP {response.status}): {response.detail()}"
+        self._halted = message
+        self._error(message, key="run-refused", level=logging.WARNING)
+        return False
+
+    def _post(self, columns: Columns) -> Outcome | None:
+        """POST one batch: the outcome, or None if there was no answer."""
+        response = self._request("POST", _wire.samples_path(self.run_id), {"columns": columns})
+        if response is None:
+            return None
+        outcome = self._answered(response)
+        count = len(columns["seq"])
+        if outcome == "ok":
+            self.sent += count
+            try:
+                answer = response.json()
+                self.inserted += int(answer.get("inserted", count))
+            except (ValueError, AttributeError, TypeError):
+                self.inserted += count
+            self._last_send = time.monotonic()
+        elif outcome == "missing":
+            # The server lost the run (database reset?): create it again, then resend.
+            self._run_created = False
+            self._enter_outage(f"HTTP 404: {response.detail()}", 0.0)
+        elif outcome == "fatal":
+            self.dropped += count
+            self._error(
+                f"server rejected {count} samples (HTTP {response.status}): {response.detail()}",
+                key=f"rejected-{response.status}",
+                level=logging.WARNING,
+            )
+        return outcome
+
+    def _replay_spool(self) -> bool:
+        """Send spooled batches, oldest first; a segment is deleted once all of it is taken."""
+        if self.spool is None or self.spool.pending_samples <= 0:
+            return True
+        for path in self.spool.seal():
+            for record in self.spool.read(path):
+                columns = record.get("columns")
+                if not isinstance(columns, dict) or batch_size(record) == 0:
+                    continue
+                outcome = self._post(columns)
+                if outcome is None or outcome in ("retry", "missing"):
+                    return False
+            self.spool.discard(path)
+        return True
+
+    def _send_buffer(self) -> bool:
+        while self.buffer:
+            due = (
+                len(self.buffer) >= self.settings.batch_max
+                or self._flush_requested
+                or self._stopping
+                or time.monotonic() - self._last_send >= self.settings.batch_interval
+            )
+            if not due:
+                return True
+            rows = self._take(self.settings.batch_max)
+            columns, invalid = rows_to_columns(rows, self.series_prefix)
+            self._count_invalid(invalid)
+            if columns["seq"]:
+                outcome = self._post(columns)
+                if outcome is None or outcome in ("retry", "missing"):
+                    self._to_spool(columns)
+                    self._done_inflight()
+                    self._spill(force=False)
+                    return False
+            self._done_inflight()
+            if len(self.buffer) > self.settings.memory_max // 2:
+                # Producing faster than the server takes: keep memory bounded via the disk.
+                self._spill(force=True)
+        self._last_send = time.monotonic()
+        return True
+
+    def _send_final(self) -> None:
+        assert self._final is not None
+        response = self._request("PATCH", _wire.runs_path(self.run_id), self._final)
+        if response is not None and self._answered(response) != "retry":
+            self._final_sent = True
+            if self.spool is not None:
+                self._save_meta()
+
+    # -- spooling -----------------------------------------------------------------------------
+    def _take(self, limit: int) -> list[Row]:
+        with self._drain_lock:
+            rows: list[Row] = []
+            popleft = self.buffer.popleft
+            try:
+                for _ in range(limit):
+                    rows.append(popleft())
+            except IndexError:
+                pass
+            self._inflight = rows
+            return rows
+
+    def _done_inflight(self) -> None:
+        with self._drain_lock:
+            self._inflight = None
+
+    def _spill(self, force: bool) -> None:
+        """Move buffered rows to the spool: all of them if ``force``, else whole batches only."""
+        while self.buffer and (force or len(self.buffer) >= self.settings.batch_max):
+            rows = self._take(self.settings.batch_max)
+            columns, invalid = rows_to_columns(rows, self.series_prefix)
+            self._count_invalid(invalid)
+            if columns["seq"]:
+                self._to_spool(columns)
+            self._done_inflight()
+
+    def _spill_everything(self) -> None:
+        """Called on the caller's thread at close when the wait ran out."""
+        with self._drain_lock:
+            inflight = self._inflight
+        if inflight:
+            # Possibly being sent right now: a duplicate in the spool is harmless (seq).
+            columns, _ = rows_to_columns(inflight, self.series_prefix)
+            if columns["seq"]:
+                self._to_spool(columns, count_dropped=False)
+        self._spill(force=True)
+
+    def _to_spool(self, columns: Columns, count_dropped: bool = True) -> None:
+        count = len(columns["seq"])
+        if self.spool is None:
+            if count_dropped:
+                self.dropped += count
+            return
+        try:
+            ok = self.spool.append(columns)
+        except OSError as exc:
+            ok = False
+            self._error(f"cannot write spool {self.spool.dir}: {exc}", key="spool-io")
+        if not ok and count_dropped:
+            self.dropped += count
+            self._error(
+                f"spool limit of {self.spool.max_bytes} bytes reached at {self.spool.dir}; "
+                "newer samples are dropped (raise spool_max_bytes or run `noisescope sync`)",
+                key="spool-full",
+                level=logging.WARNING,
+            )
+
+    def _count_invalid(self, invalid: int) -> None:
+        if invalid:
+            self.dropped += invalid
+            self._error(
+                f"{invalid} samples had non-finite or non-numeric squared norms/batch sizes",
+                key="invalid",
+                level=logging.WARNING,
+            )
+
+    def _save_meta(self) -> None:
+        assert self.spool is not None
+        with contextlib.suppress(OSError):
+            self.spool.write_meta(
+                {
+                    "run_id": self.run_id,
+                    "url": self.settings.url,
+                    "run": self.run_body,
+                    "final": None if self._final_sent else self._final,
+                }
+            )
+
+    def _error(self, message: str, key: str | None, level: int = logging.DEBUG) -> None:
+        self.last_error = message
+        if key is not None and key not in self._warned:
+            self._warned.add(key)
+            logger.log(max(level, logging.WARNING), "noisescope: %s", message)

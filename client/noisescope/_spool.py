@@ -1,0 +1,210 @@
+"""Crash-safe, append-only on-disk spool: where samples wait while the server is unreachable.
+
+Layout under the spool root (``NOISESCOPE_DIR``)::
+
+    <root>/<run_id>/run.json          the run's PUT body, server URL, final status (atomic replace)
+    <root>/<run_id>/seg-000001.jsonl  batches, one per line: <json>\\t<crc32 hex>\\n
+    <root>/<run_id>/lock              flock held by the live process that owns the run
+
+Each batch is written with one ``write`` on an ``O_APPEND`` descriptor and ``fsync``-ed, so a
+crash can only leave a torn *last* line, which the CRC check skips on replay. Segments are
+deleted only after the server acknowledged every batch in them; the server inserts-or-ignores on
+(run, seq), so replaying a segment twice never duplicates a sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+try:  # POSIX only; on other systems concurrent sync of a live run is not guarded.
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+SEGMENT_MAX_BYTES = 8 * 1024 * 1024
+META_NAME = "run.json"
+LOCK_NAME = "lock"
+
+Columns = dict[str, list[Any]]
+
+
+def encode_record(payload: dict[str, Any]) -> bytes:
+    text = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    return text + b"\t" + format(zlib.crc32(text), "08x").encode() + b"\n"
+
+
+def decode_records(data: bytes) -> Iterator[dict[str, Any]]:
+    """Valid records in ``data``; torn or corrupt lines (a crash mid-write) are skipped."""
+    for line in data.split(b"\n"):
+        text, sep, crc = line.rpartition(b"\t")
+        if not sep or len(crc) != 8:
+            continue
+        try:
+            if int(crc, 16) != zlib.crc32(text):
+                continue
+            record = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            yield record
+
+
+def batch_size(record: dict[str, Any]) -> int:
+    columns = record.get("columns") or {}
+    seq = columns.get("seq") or []
+    return len(seq)
+
+
+class RunSpool:
+    """One run's spool directory. Thread-safe; all methods may be called from any thread."""
+
+    def __init__(self, root: Path, run_id: str, max_bytes: int = 1 << 30) -> None:
+        self.root = Path(root)
+        self.run_id = run_id
+        self.dir = self.root / run_id
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._segment_index = 0
+        self._segment_bytes = 0
+        self._lock_fd: int | None = None
+        self.bytes_used = 0
+        self.pending_samples = 0
+
+    # -- ownership -------------------------------------------------------------------------
+    def acquire(self, blocking: bool = False) -> bool:
+        """Create the directory and take its lock; False if another live process holds it."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except OSError:
+                os.close(fd)
+                return False
+        self._lock_fd = fd
+        self._scan()
+        return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._close_segment()
+            if self._lock_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def _scan(self) -> None:
+        """Account for segments left by an earlier process (used by sync and re-opened runs)."""
+        with self._lock:
+            self.bytes_used = 0
+            self.pending_samples = 0
+            for path in self._segment_paths():
+                data = path.read_bytes()
+                self.bytes_used += len(data)
+                self.pending_samples += sum(batch_size(r) for r in decode_records(data))
+                index = int(path.stem.split("-")[1])
+                self._segment_index = max(self._segment_index, index)
+
+    # -- metadata ----------------------------------------------------------------------------
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        """Atomically replace run.json (write temp, fsync, rename)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{META_NAME}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(json.dumps(meta, indent=1, default=str).encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.dir / META_NAME)
+
+    def read_meta(self) -> dict[str, Any] | None:
+        try:
+            meta = json.loads((self.dir / META_NAME).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) else None
+
+    # -- data ---------------------------------------------------------------------------------
+    def append(self, columns: Columns) -> bool:
+        """Durably append one batch. False (nothing written) if the disk limit would be passed."""
+        line = encode_record({"columns": columns})
+        count = len(columns.get("seq", ()))
+        with self._lock:
+            if self.bytes_used + len(line) > self.max_bytes:
+                return False
+            if self._fd is None or self._segment_bytes >= SEGMENT_MAX_BYTES:
+                self._open_segment()
+            assert self._fd is not None
+            os.write(self._fd, line)
+            os.fsync(self._fd)
+            self._segment_bytes += len(line)
+            self.bytes_used += len(line)
+            self.pending_samples += count
+        return True
+
+    def seal(self) -> list[Path]:
+        """Close the segment being written and return every segment, oldest first."""
+        with self._lock:
+            self._close_segment()
+            return self._segment_paths()
+
+    def read(self, path: Path) -> list[dict[str, Any]]:
+        try:
+            return list(decode_records(path.read_bytes()))
+        except FileNotFoundError:
+            return []
+
+    def discard(self, path: Path) -> None:
+        """Delete a segment whose batches the server acknowledged."""
+        with self._lock:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                return
+            path.unlink()
+            self.bytes_used -= len(data)
+            self.pending_samples -= sum(batch_size(r) for r in decode_records(data))
+
+    def remove_if_empty(self) -> bool:
+        """Delete the run directory once nothing is left to send (and release the lock)."""
+        segments = self.seal()
+        if segments:
+            return False
+        self.release()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return True
+
+    def _segment_paths(self) -> list[Path]:
+        if not self.dir.is_dir():
+            return []
+        return sorted(self.dir.glob("seg-*.jsonl"))
+
+    def _open_segment(self) -> None:
+        self._close_segment()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._segment_index += 1
+        path = self.dir / f"seg-{self._segment_index:06d}.jsonl"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._segment_bytes = 0
+
+    def _close_segment(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+            self._segment_bytes = 0
+
+
+def spooled_run_ids(root: Path) -> list[str]:
+    """Run directories under a spool root that hold a run.json."""
+    if not Path(root).is_dir():
+        return []
+    return sorted(p.name for p in Path(root).iterdir() if (p / META_NAME).is_file())

@@ -1,0 +1,149 @@
+"""``noisescope sync [DIR]``: deliver spooled runs (offline mode, or ended during an outage).
+
+The W&B offline/sync workflow: each run directory under the spool root holds the run's PUT body
+and its batches (``_spool.py``). Sync creates the run (PUT is idempotent on the client's run id),
+posts every batch (idempotent on (run, seq)), sends the final status, and deletes what the
+server acknowledged. Directories locked by a live process are skipped, so syncing while a job
+is still running is safe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from noisescope import _wire
+from noisescope._config import resolve
+from noisescope._sender import classify
+from noisescope._spool import RunSpool, batch_size, spooled_run_ids
+from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
+
+
+@dataclass
+class SyncResult:
+    synced: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    samples: int = 0
+
+
+def _send(transport: Transport, method: str, path: str, payload: dict[str, Any]) -> Response:
+    body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    return transport.handle_request(
+        Request(method, path, body, {"Content-Type": "application/json"})
+    )
+
+
+def _check(response: Response, what: str) -> None:
+    if classify(response) != "ok":
+        raise RuntimeError(f"{what}: HTTP {response.status}: {response.detail()}")
+
+
+def sync_run(spool: RunSpool, transport: Transport) -> int:
+    """Deliver one locked run directory; returns the number of samples posted."""
+    meta = spool.read_meta()
+    if meta is None or not isinstance(meta.get("run"), dict):
+        raise RuntimeError(f"{spool.dir} has no readable run.json")
+    run_id = spool.run_id
+    _check(_send(transport, "PUT", _wire.runs_path(run_id), meta["run"]), "creating the run")
+    posted = 0
+    for path in spool.seal():
+        for record in spool.read(path):
+            columns = record.get("columns")
+            if not isinstance(columns, dict) or batch_size(record) == 0:
+                continue
+            response = _send(transport, "POST", _wire.samples_path(run_id), {"columns": columns})
+            _check(response, "posting samples")
+            posted += batch_size(record)
+        spool.discard(path)
+    final = meta.get("final")
+    if isinstance(final, dict):
+        _check(_send(transport, "PATCH", _wire.runs_path(run_id), final), "finishing the run")
+    return posted
+
+
+def sync(
+    dir: str | Path | None = None,
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    run_ids: list[str] | None = None,
+    transport: Transport | None = None,
+) -> SyncResult:
+    """Send every spooled run under ``dir`` (default ``NOISESCOPE_DIR``) to the server.
+
+    ``url`` defaults to ``NOISESCOPE_URL``, else the URL the run was recorded with.
+    """
+    settings = resolve(url=url, token=token, dir=dir, mode="online")
+    root = settings.dir
+    result = SyncResult()
+    explicit_url = url or None
+    for run_id in run_ids or spooled_run_ids(root):
+        spool = RunSpool(root, run_id)
+        if not (spool.dir / "run.json").is_file():
+            result.failed[run_id] = f"no spooled run at {spool.dir}"
+            continue
+        if not spool.acquire():
+            result.skipped[run_id] = "in use by a live process"
+            continue
+        own = None
+        try:
+            use = transport
+            if use is None:
+                meta = spool.read_meta() or {}
+                target = explicit_url or _env_url() or str(meta.get("url") or settings.url)
+                own = use = HTTPTransport(target, settings.token, settings.request_timeout)
+            result.samples += sync_run(spool, use)
+            result.synced.append(run_id)
+            spool.remove_if_empty()
+        except (RuntimeError, TransportError, OSError) as exc:
+            result.failed[run_id] = str(exc)
+        finally:
+            spool.release()
+            if own is not None:
+                own.close()
+    return result
+
+
+def _env_url() -> str | None:
+    import os
+
+    return os.environ.get("NOISESCOPE_URL") or None
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "sync",
+        help="send spooled runs (offline mode or an outage) to the server",
+        description=(
+            "Send runs recorded offline, or left in the spool when the server was unreachable "
+            "at finish, to a noisescope server. Safe to repeat: the server ignores duplicates."
+        ),
+    )
+    parser.add_argument(
+        "dir", nargs="?", default=None, help="spool directory (default: NOISESCOPE_DIR)"
+    )
+    parser.add_argument("--url", default=None, help="server URL (default: NOISESCOPE_URL)")
+    parser.add_argument("--token", default=None, help="API token (default: NOISESCOPE_TOKEN)")
+    parser.add_argument("--run", action="append", dest="runs", help="only this run id")
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    root = Path(args.dir).expanduser() if args.dir else None
+    result = sync(root, url=args.url, token=args.token, run_ids=args.runs)
+    for run_id in result.synced:
+        print(f"synced {run_id}")
+    for run_id, why in result.skipped.items():
+        print(f"skipped {run_id}: {why}")
+    for run_id, why in result.failed.items():
+        print(f"failed {run_id}: {why}", file=sys.stderr)
+    total = len(result.synced) + len(result.skipped) + len(result.failed)
+    if total == 0:
+        print(f"nothing to sync under {resolve(dir=root).dir}")
+    print(f"{len(result.synced)} runs, {result.samples} samples sent")
+    return 1 if result.failed else 0
