@@ -18,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    MetaData,
     String,
     UniqueConstraint,
 )
@@ -26,9 +27,21 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # SQLite only auto-increments an INTEGER PRIMARY KEY, not a BIGINT one.
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
 
+#: Samples per pre-aggregated block: ``sample_block`` holds sums over ``seq // BLOCK_SIZE``.
+BLOCK_SIZE = 64
+
+#: Deterministic constraint names, so Alembic can drop/alter them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
 
 class Base(DeclarativeBase):
-    pass
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
 class Project(Base):
@@ -72,12 +85,14 @@ class Run(Base):
 
 
 class Sample(Base):
-    __tablename__ = "sample"
-    __table_args__ = (Index("ix_sample_run_series_step", "run_id", "series", "step"),)
+    """One measurement. Clustered on (run_id, seq) (SQLite ``WITHOUT ROWID``): ingest appends
+    in key order, per-run scans are range reads, and there is no second index to maintain on
+    the hot write path; series queries read ``sample_block`` instead."""
 
-    run_id: Mapped[int] = mapped_column(
-        ForeignKey("run.id", ondelete="CASCADE"), primary_key=True
-    )
+    __tablename__ = "sample"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
     #: Per-run sequence number assigned by the client; (run_id, seq) makes ingest idempotent.
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger)
@@ -94,12 +109,48 @@ class Sample(Base):
     series: Mapped[str] = mapped_column(String(200), default="")
 
 
+class SampleBlock(Base):
+    """Exact sums over the samples of one run and series with ``seq // BLOCK_SIZE == block``.
+
+    Maintained in the ingest transaction (recomputed from ``sample`` for the touched blocks,
+    so re-sends and out-of-order batches stay exact). Series queries on long runs sum blocks
+    instead of samples: a 1M-sample run is ~16k block rows. All columns are sums, counts,
+    minima or maxima, so any union of blocks is again exact (science.md: ratio taken last).
+    """
+
+    __tablename__ = "sample_block"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    series: Mapped[str] = mapped_column(String(200), primary_key=True)
+    block: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
+    sum_g_sq: Mapped[float] = mapped_column(Double)
+    sum_trace_sigma: Mapped[float] = mapped_column(Double)
+    n_loss: Mapped[int] = mapped_column(BigInteger)
+    sum_loss: Mapped[float | None] = mapped_column(Double)
+    n_lr: Mapped[int] = mapped_column(BigInteger)
+    sum_lr: Mapped[float | None] = mapped_column(Double)
+    step_min: Mapped[int] = mapped_column(BigInteger)
+    step_max: Mapped[int] = mapped_column(BigInteger)
+    examples_min: Mapped[float | None] = mapped_column(Double)
+    examples_max: Mapped[float | None] = mapped_column(Double)
+    time_min: Mapped[float | None] = mapped_column(Double)
+    time_max: Mapped[float | None] = mapped_column(Double)
+    b_big_max: Mapped[float] = mapped_column(Double)
+
+
 class Event(Base):
     __tablename__ = "event"
-    __table_args__ = (Index("ix_event_run_step", "run_id", "step"),)
+    __table_args__ = (
+        Index("ix_event_run_step", "run_id", "step"),
+        #: Optional client sequence number: re-sent events are ignored (NULLs never collide).
+        UniqueConstraint("run_id", "seq", name="uq_event_run_seq"),
+    )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"))
+    seq: Mapped[int | None] = mapped_column(BigInteger)
     step: Mapped[int] = mapped_column(BigInteger)
     kind: Mapped[str] = mapped_column(String(64))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -108,6 +159,7 @@ class Event(Base):
 
 class Token(Base):
     __tablename__ = "token"
+    __table_args__ = (Index("ix_token_project", "project_id"),)
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("project.id", ondelete="CASCADE"))

@@ -1,0 +1,203 @@
+"""Engine factory, write transactions and start-up migrations.
+
+SQLite gets WAL (readers never block the writer), ``busy_timeout`` (a second writer waits
+instead of failing with "database is locked") and ``synchronous=NORMAL`` (durable at each
+checkpoint, no fsync per commit; WAL keeps the file consistent). Write transactions on SQLite
+start with ``BEGIN IMMEDIATE``: a deferred transaction that reads first and then writes cannot
+wait for the lock (SQLITE_BUSY is returned at once, whatever the timeout), which is the classic
+source of "database is locked" under concurrent writers. PostgreSQL gets ``pool_pre_ping`` so a
+database restart costs one reconnect rather than one failed request per pooled connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import ConnectionPoolEntry
+
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "current_revision",
+    "head_revision",
+    "make_engine",
+    "read_connection",
+    "sqlite_path",
+    "upgrade",
+    "write_transaction",
+]
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: Key of the PostgreSQL advisory lock held while migrating (any constant 64-bit integer).
+_MIGRATION_LOCK_KEY = int.from_bytes(hashlib.sha256(b"noisescope-migrate").digest()[:7], "big")
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a SQLite URL, None for other backends or in-memory databases."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database).expanduser()
+
+
+def make_engine(url: str, *, pool_size: int = 5, **kwargs: Any) -> Engine:
+    """An engine configured for noisescope's access pattern on SQLite or PostgreSQL."""
+    u = make_url(url)
+    backend = u.get_backend_name()
+    if backend == "sqlite":
+        path = sqlite_path(url)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        connect_args = {"check_same_thread": False, **kwargs.pop("connect_args", {})}
+        engine = create_engine(url, connect_args=connect_args, **kwargs)
+        _configure_sqlite(engine)
+        return engine
+    if backend == "postgresql":
+        kwargs.setdefault("pool_size", pool_size)
+        kwargs.setdefault("max_overflow", pool_size)
+        return create_engine(url, pool_pre_ping=True, **kwargs)
+    return create_engine(url, pool_pre_ping=True, **kwargs)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+        # Let us emit BEGIN ourselves (pysqlite's implicit transactions are always DEFERRED).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get("noisescope_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+@contextlib.contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """One transaction for one write request: committed on success, rolled back on error.
+
+    On SQLite it takes the write lock up front (``BEGIN IMMEDIATE``), so the whole request sees
+    one consistent state and waits politely (busy_timeout) behind other writers.
+    """
+    with engine.connect() as conn:
+        conn.execution_options(noisescope_write=True)
+        with conn.begin():
+            yield conn
+
+
+@contextlib.contextmanager
+def read_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection for a group of reads that should see one snapshot."""
+    with engine.connect() as conn, conn.begin():
+        yield conn
+
+
+# --- migrations ---------------------------------------------------------------------------
+
+
+def _alembic_config(conn: Connection | None = None) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", migrations_dir())
+    if conn is not None:
+        cfg.attributes["connection"] = conn
+    return cfg
+
+
+def migrations_dir() -> str:
+    """Where the Alembic scripts live: package ``noisescope_server.migrations`` (installed from
+    the top-level ``migrations/`` folder through pyproject's package-dir)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("noisescope_server.migrations")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("noisescope_server.migrations is missing from this installation")
+    return os.fspath(next(iter(spec.submodule_search_locations)))
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+@contextlib.contextmanager
+def _migration_lock(engine: Engine, conn: Connection) -> Iterator[None]:
+    """Serialise migrations across processes starting together (N workers, N test servers)."""
+    if engine.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.rollback()
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+            conn.commit()
+        return
+    path = sqlite_path(str(engine.url)) if engine.dialect.name == "sqlite" else None
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    lock_path = path.with_name(path.name + ".migrate-lock")
+    with open(lock_path, "a+b") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
+    """Apply migrations up to ``revision`` under a cross-process lock.
+
+    Returns (revision before, revision after). Safe to call from every worker at start-up:
+    the first one migrates, the others find the database already at head.
+    """
+    from alembic import command
+
+    with engine.connect() as conn, _migration_lock(engine, conn):
+        before = _current(conn)
+        if before != revision or revision == "head":
+            with conn.begin():
+                command.upgrade(_alembic_config(conn), revision)
+        after = _current(conn)
+        conn.commit()
+    return before, after
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
+    with engine.connect() as conn, _migration_lock(engine, conn), conn.begin():
+        command.downgrade(_alembic_config(conn), revision)
+
+
+def _current(conn: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    rev = MigrationContext.configure(conn).get_current_revision()
+    conn.rollback()
+    return rev

@@ -1,0 +1,83 @@
+"""Server settings, read from the environment once at start-up.
+
+Environment variables (all optional, so ``noisescope up`` needs no setup):
+
+- ``NOISESCOPE_HOME``: data directory, default ``~/.noisescope``.
+- ``NOISESCOPE_DATABASE_URL``: SQLAlchemy URL; default the SQLite file
+  ``$NOISESCOPE_HOME/noisescope.db``.
+- ``NOISESCOPE_AUTH``: ``off`` (no tokens; the zero-setup local default), ``write`` (writing
+  needs a project token, reading is open) or ``all`` (reading needs a token too).
+- ``NOISESCOPE_ADMIN_TOKEN``: enables token management over HTTP when auth is on.
+- ``NOISESCOPE_MAX_BODY_BYTES``, ``NOISESCOPE_MAX_SAMPLES``: request limits (defaults from the
+  wire format, which the client respects when batching).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from noisescope import _wire
+
+__all__ = ["AUTH_MODES", "AuthMode", "Settings", "default_database_url", "default_home"]
+
+AuthMode = Literal["off", "write", "all"]
+AUTH_MODES: tuple[AuthMode, ...] = ("off", "write", "all")
+
+
+def default_home(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get("NOISESCOPE_HOME") or Path.home() / ".noisescope").expanduser()
+
+
+def default_database_url(env: Mapping[str, str] | None = None) -> str:
+    return f"sqlite:///{default_home(env) / 'noisescope.db'}"
+
+
+def parse_auth(value: str) -> AuthMode:
+    mode = value.strip().lower()
+    for known in AUTH_MODES:
+        if mode == known:
+            return known
+    raise ValueError(f"NOISESCOPE_AUTH must be one of {', '.join(AUTH_MODES)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the app factory needs; immutable so workers cannot drift apart."""
+
+    database_url: str
+    auth: AuthMode = "off"
+    admin_token: str | None = None
+    max_body_bytes: int = _wire.MAX_BODY_BYTES
+    max_samples: int = _wire.MAX_SAMPLES_PER_REQUEST
+    #: Apply Alembic migrations when the app starts (under a lock; safe with many workers).
+    migrate: bool = True
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        env = os.environ if env is None else env
+        settings = cls(
+            database_url=env.get("NOISESCOPE_DATABASE_URL") or default_database_url(env),
+            auth=parse_auth(env.get("NOISESCOPE_AUTH", "off")),
+            admin_token=env.get("NOISESCOPE_ADMIN_TOKEN") or None,
+            max_body_bytes=int(env.get("NOISESCOPE_MAX_BODY_BYTES", _wire.MAX_BODY_BYTES)),
+            max_samples=int(env.get("NOISESCOPE_MAX_SAMPLES", _wire.MAX_SAMPLES_PER_REQUEST)),
+        )
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return replace(settings, **given) if given else settings  # type: ignore[arg-type]
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that reproduces these settings in a worker process."""
+        env = {
+            "NOISESCOPE_DATABASE_URL": self.database_url,
+            "NOISESCOPE_AUTH": self.auth,
+            "NOISESCOPE_MAX_BODY_BYTES": str(self.max_body_bytes),
+            "NOISESCOPE_MAX_SAMPLES": str(self.max_samples),
+        }
+        if self.admin_token:
+            env["NOISESCOPE_ADMIN_TOKEN"] = self.admin_token
+        return env
