@@ -312,10 +312,12 @@ class Run:
         )
         if needs_sync and result.spool_dir:
             root = os.path.dirname(result.spool_dir)
-            line += (
-                f". Not all data reached {self.settings.url}; send it with: "
-                f"noisescope sync {root} --url {self.settings.url}"
+            where = (
+                "Offline run"
+                if self.mode == "offline"
+                else f"Not all data reached {self.settings.url}"
             )
+            line += f". {where}; send it with: noisescope sync {root} --url {self.settings.url}"
         logger.info("noisescope: %s", line)
         if not self.settings.quiet:
             print(f"noisescope: {line}", file=sys.stderr, flush=True)

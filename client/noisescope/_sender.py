@@ -337,6 +337,9 @@ class Sender:
         except TransportError as exc:
             self._enter_outage(str(exc), None)
             return None
+        except Exception as exc:  # a broken transport is treated like an unreachable server
+            self._enter_outage(f"transport error: {type(exc).__name__}: {exc}", None)
+            return None
 
     def _enter_outage(self, reason: str, retry_after: float | None) -> None:
         delay = self.backoff.next_delay(retry_after)

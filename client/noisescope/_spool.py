@@ -174,13 +174,12 @@ class RunSpool:
             self.pending_samples -= sum(batch_size(r) for r in decode_records(data))
 
     def remove_if_empty(self) -> bool:
-        """Delete the run directory once nothing is left to send (and release the lock)."""
+        """Delete the run directory if nothing is left to send; always release the lock."""
         segments = self.seal()
-        if segments:
-            return False
+        if not segments:
+            shutil.rmtree(self.dir, ignore_errors=True)
         self.release()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        return True
+        return not segments
 
     def _segment_paths(self) -> list[Path]:
         if not self.dir.is_dir():

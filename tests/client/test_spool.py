@@ -1,0 +1,118 @@
+"""The on-disk spool: crash-safe records, locking, accounting; and `noisescope sync`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import noisescope
+from noisescope._spool import RunSpool, decode_records, encode_record
+from noisescope._sync import sync
+from noisescope.cli import main as cli_main
+
+from tests.client._fakes import FakeServer
+
+
+def columns(seqs: list[int]) -> dict[str, list[Any]]:
+    n = len(seqs)
+    return {
+        "seq": seqs,
+        "step": seqs,
+        "examples": [None] * n,
+        "b_small": [8.0] * n,
+        "b_big": [64.0] * n,
+        "g_small_sq": [2.0] * n,
+        "g_big_sq": [1.0] * n,
+        "loss": [None] * n,
+        "lr": [None] * n,
+        "time": [0.0] * n,
+        "series": [""] * n,
+    }
+
+
+def test_torn_and_corrupt_records_are_skipped() -> None:
+    good1 = encode_record({"columns": columns([0, 1])})
+    good2 = encode_record({"columns": columns([2])})
+    corrupt = bytearray(encode_record({"columns": columns([3])}))
+    corrupt[5] ^= 0xFF  # a flipped byte: CRC mismatch
+    torn = encode_record({"columns": columns([4])})[:-7]  # crash mid-write
+    records = list(decode_records(good1 + bytes(corrupt) + good2 + torn))
+    assert [r["columns"]["seq"] for r in records] == [[0, 1], [2]]
+
+
+def test_spool_survives_a_killed_writer(tmp_path: Path) -> None:
+    """A process SIGKILLed while spooling leaves every acknowledged append readable."""
+    script = f"""
+import os, signal
+from noisescope._spool import RunSpool
+spool = RunSpool({str(tmp_path)!r}, "r1")
+assert spool.acquire()
+for i in range(50):
+    seqs = list(range(i * 10, i * 10 + 10))
+    spool.append({{"seq": seqs, "step": seqs}})
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], check=False)
+    assert proc.returncode == -9
+    spool = RunSpool(tmp_path, "r1")
+    assert spool.acquire()  # the dead owner's lock is gone
+    assert spool.pending_samples == 500
+    seqs = [s for p in spool.seal() for r in spool.read(p) for s in r["columns"]["seq"]]
+    assert seqs == list(range(500))
+
+
+def test_a_live_runs_spool_is_locked(tmp_path: Path) -> None:
+    first = RunSpool(tmp_path, "r2")
+    assert first.acquire()
+    assert not RunSpool(tmp_path, "r2").acquire()
+    first.release()
+    assert RunSpool(tmp_path, "r2").acquire()
+
+
+def test_offline_run_then_sync_delivers_everything_once(tmp_path: Path) -> None:
+    run = noisescope.init(
+        project="p", task="t", name="offline", mode="offline", dir=tmp_path, batch_max=30
+    )
+    for step in range(100):
+        run.log_sample(step, 8, 64, 2.0 + step, 1.0)
+        run.log(loss=1.0 / (step + 1))
+    status = run.finish()
+    assert (status.spooled, status.sent) == (100, 0)
+
+    fake = FakeServer()
+    fake.faults = [503]  # the first sync attempt fails: nothing is deleted
+    first = sync(tmp_path, transport=fake)
+    assert run.id in first.failed
+    assert (tmp_path / run.id).is_dir()
+    second = sync(tmp_path, transport=fake)
+    assert second.synced == [run.id]
+    assert second.samples == 100
+    rows = fake.rows(run.id)
+    assert [r["seq"] for r in rows] == list(range(100))
+    assert rows[-1]["loss"] == 1.0 / 100
+    assert fake.runs[run.id]["status"] == "finished"
+    assert fake.runs[run.id]["name"] == "offline"
+    assert not (tmp_path / run.id).exists()
+    assert sync(tmp_path, transport=fake).synced == []  # nothing left; repeat is harmless
+
+
+def test_sync_skips_a_run_that_is_still_live(tmp_path: Path) -> None:
+    run = noisescope.init(project="p", mode="offline", dir=tmp_path)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    run.flush(0.5)
+    result = sync(tmp_path, transport=FakeServer())
+    assert result.skipped == {run.id: "in use by a live process"}
+    run.finish()
+
+
+def test_sync_cli_reports_and_fails_on_unreachable_server(tmp_path: Path, capsys: object) -> None:
+    run = noisescope.init(project="p", mode="offline", dir=tmp_path)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    run.finish()
+    code = cli_main(["sync", str(tmp_path), "--url", "http://127.0.0.1:9"])
+    assert code == 1
+    assert (tmp_path / run.id).is_dir()  # still there for the next try
+    assert os.listdir(tmp_path) == [run.id]
