@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 import streamlit as st
-from noisescope_server.models import Event, Project, Run, Sample, Task
+from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
 
 from ._charts import MAX_POINTS
 
@@ -67,14 +67,91 @@ def _frame(result: sa.CursorResult[Any]) -> pd.DataFrame:
     return pd.DataFrame(result.fetchall(), columns=list(result.keys()))
 
 
+#: Runs with at most this many samples (per series) are bucketed from ``sample`` itself, so
+#: short runs keep per-step resolution; longer ones from the server's 64-sample
+#: ``sample_block`` sums, so a 1M-sample run costs ~16k rows, not 1M.
+SMALL_RUN_SAMPLES = 64 * MAX_POINTS
+
+
+def _sample_rows() -> sa.Select[Any]:
+    """Per-sample rows in the same shape as ``_block_rows`` (a sample is a block of one)."""
+    s = Sample
+    return sa.select(
+        s.run_id,
+        s.series,
+        s.step.label("step_lo"),
+        s.step.label("step_hi"),
+        sa.literal(1, sa.BigInteger).label("n"),
+        s.g_sq_est.label("sum_g_sq"),
+        s.trace_sigma_est.label("sum_trace_sigma"),
+        sa.case((s.loss.is_(None), 0), else_=1).label("n_loss"),
+        s.loss.label("sum_loss"),
+        sa.case((s.lr.is_(None), 0), else_=1).label("n_lr"),
+        s.lr.label("sum_lr"),
+        s.examples.label("examples_max"),
+        s.time.label("time_min"),
+        s.time.label("time_max"),
+        s.b_big.label("b_big_max"),
+    )
+
+
+def _block_rows() -> sa.Select[Any]:
+    b = SampleBlock
+    return sa.select(
+        b.run_id,
+        b.series,
+        b.step_min.label("step_lo"),
+        b.step_max.label("step_hi"),
+        b.n,
+        b.sum_g_sq,
+        b.sum_trace_sigma,
+        b.n_loss,
+        b.sum_loss,
+        b.n_lr,
+        b.sum_lr,
+        b.examples_max,
+        b.time_min,
+        b.time_max,
+        b.b_big_max,
+    )
+
+
+def _sizes(conn: sa.Connection, run_ids: Sequence[int] | None = None) -> dict[int, int]:
+    """Whole-model sample count per run, from the block table (cheap at any run length)."""
+    q = (
+        sa.select(SampleBlock.run_id, sa.func.sum(SampleBlock.n))
+        .where(SampleBlock.series == "")
+        .group_by(SampleBlock.run_id)
+    )
+    if run_ids is not None:
+        q = q.where(SampleBlock.run_id.in_(list(run_ids)))
+    return {int(r): int(n or 0) for r, n in conn.execute(q)}
+
+
+def _rows(conn: sa.Connection, run_ids: Sequence[int], series: Sequence[str]) -> Any:
+    """Sample rows for short runs and block rows for long ones, as one subquery."""
+    sizes = _sizes(conn, run_ids)
+    small = [r for r in run_ids if sizes.get(r, 0) <= SMALL_RUN_SAMPLES]
+    big = [r for r in run_ids if sizes.get(r, 0) > SMALL_RUN_SAMPLES]
+    parts: list[sa.Select[Any]] = []
+    if small:
+        parts.append(_sample_rows().where(Sample.run_id.in_(small), Sample.series.in_(series)))
+    if big:
+        parts.append(
+            _block_rows().where(SampleBlock.run_id.in_(big), SampleBlock.series.in_(series))
+        )
+    if not parts:
+        parts.append(_sample_rows().where(sa.false()))
+    return (sa.union_all(*parts) if len(parts) > 1 else parts[0]).subquery("rows")
+
+
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def list_runs(url: str) -> pd.DataFrame:
     """All runs with project, task, config and their *current* B_simple window sums.
 
-    The current window is the last 10% of each run's steps on the whole-model series,
-    cut into ``CURRENT_BLOCKS`` blocks whose sums the interval is computed from.
+    The current window is the last 10% of each run's steps on the whole-model series, cut
+    into ``CURRENT_BLOCKS`` blocks whose sums the interval is computed from.
     """
-    engine = get_engine(url)
     runs_q = (
         sa.select(
             Run.id.label("run_id"),
@@ -95,39 +172,43 @@ def list_runs(url: str) -> pd.DataFrame:
         .join(Task, Task.id == Run.task_id)
         .order_by(Run.started_at.desc())
     )
-    whole = Sample.series == ""
-    stats = (
-        sa.select(
-            Sample.run_id,
-            sa.func.min(Sample.step).label("mn"),
-            sa.func.max(Sample.step).label("mx"),
-        )
-        .where(whole)
-        .group_by(Sample.run_id)
-        .subquery()
-    )
-    width_raw = (stats.c.mx - stats.c.mn + 1) / 10
-    width = sa.case((width_raw < 1, 1), else_=width_raw)
-    first = stats.c.mx - width + 1
-    block = sa.cast((Sample.step - first) * CURRENT_BLOCKS / width, sa.Integer).label("block")
-    blocks_q = (
-        sa.select(
-            Sample.run_id,
-            block,
-            sa.func.count().label("n"),
-            sa.func.sum(Sample.g_sq_est).label("sum_g_sq"),
-            sa.func.sum(Sample.trace_sigma_est).label("sum_trace_sigma"),
-            sa.func.avg(Sample.loss).label("loss"),
-            sa.func.avg(Sample.b_big).label("batch_in_use"),
-            sa.func.max(Sample.step).label("last_step"),
-        )
-        .join(stats, stats.c.run_id == Sample.run_id)
-        .where(whole, Sample.step >= first)
-        .group_by(Sample.run_id, block)
-        .order_by(Sample.run_id, block)
-    )
-    with engine.connect() as conn:
+    with get_engine(url).connect() as conn:
         runs = _frame(conn.execute(runs_q))
+        run_ids = [int(r) for r in runs["run_id"]] if not runs.empty else []
+        rows = _rows(conn, run_ids, [""])
+        stats = (
+            sa.select(
+                rows.c.run_id,
+                sa.func.min(rows.c.step_lo).label("mn"),
+                sa.func.max(rows.c.step_hi).label("mx"),
+            )
+            .group_by(rows.c.run_id)
+            .subquery("stats")
+        )
+        width_raw = (stats.c.mx - stats.c.mn + 1) / 10
+        width = sa.case((width_raw < 1, 1), else_=width_raw)
+        first = stats.c.mx - width + 1
+        block = sa.cast((rows.c.step_lo - first) * CURRENT_BLOCKS / width, sa.Integer).label(
+            "block"
+        )
+        blocks_q = (
+            sa.select(
+                rows.c.run_id,
+                block,
+                sa.func.sum(rows.c.n).label("n"),
+                sa.func.sum(rows.c.sum_g_sq).label("sum_g_sq"),
+                sa.func.sum(rows.c.sum_trace_sigma).label("sum_trace_sigma"),
+                (sa.func.sum(rows.c.sum_loss) / sa.func.nullif(sa.func.sum(rows.c.n_loss), 0)).label(
+                    "loss"
+                ),
+                sa.func.max(rows.c.b_big_max).label("batch_in_use"),
+                sa.func.max(rows.c.step_hi).label("last_step"),
+            )
+            .join(stats, stats.c.run_id == rows.c.run_id)
+            .where(rows.c.step_lo >= first)
+            .group_by(rows.c.run_id, block)
+            .order_by(rows.c.run_id, block)
+        )
         blocks = _frame(conn.execute(blocks_q))
     return _attach_current(runs, blocks)
 
@@ -182,11 +263,11 @@ def _attach_current(runs: pd.DataFrame, blocks: pd.DataFrame) -> pd.DataFrame:
 def series_names(url: str, uid: str) -> list[str]:
     """The series a run has: "" for the whole model, then per-layer / per-group names."""
     q = (
-        sa.select(Sample.series)
-        .join(Run, Run.id == Sample.run_id)
+        sa.select(SampleBlock.series)
+        .join(Run, Run.id == SampleBlock.run_id)
         .where(Run.uid == uid)
-        .group_by(Sample.series)
-        .order_by(Sample.series)
+        .group_by(SampleBlock.series)
+        .order_by(SampleBlock.series)
     )
     with get_engine(url).connect() as conn:
         return [str(r[0]) for r in conn.execute(q)]
@@ -202,55 +283,55 @@ def runs_series(
     """Bucketed sums for several runs and series in one query, at most ``max_points`` each.
 
     Buckets split each (run, series) step range evenly; per bucket the exact sums of |𝒢|^2
-    and 𝒮 and the sample count, the last step/examples/time, the mean loss, lr and B_big (the
-    batch in use). Columns: run, series, bucket, n, sum_g_sq, sum_trace_sigma, step, examples,
+    and 𝒮 and the sample count, the last step/examples/time, the mean loss and lr, and the
+    largest B_big (the batch in use). Columns: run, series, bucket, n, sum_g_sq, sum_trace_sigma, step, examples,
     time, loss, lr, batch_size.
     """
     if not uids:
         return _empty_series()
     max_points = max(1, min(int(max_points), MAX_POINTS))
-    uid_list = list(uids)
-    series_list = list(series)
-    stats = (
-        sa.select(
-            Sample.run_id,
-            Sample.series,
-            sa.func.min(Sample.step).label("mn"),
-            sa.func.max(Sample.step).label("mx"),
-            sa.func.min(Sample.time).label("t0"),
-        )
-        .join(Run, Run.id == Sample.run_id)
-        .where(Run.uid.in_(uid_list), Sample.series.in_(series_list))
-        .group_by(Sample.run_id, Sample.series)
-        .subquery()
-    )
-    bucket = sa.cast(
-        (Sample.step - stats.c.mn) * max_points / (stats.c.mx - stats.c.mn + 1), sa.Integer
-    ).label("bucket")
-    q = (
-        sa.select(
-            Run.uid.label("run"),
-            Sample.series,
-            bucket,
-            sa.func.count().label("n"),
-            sa.func.sum(Sample.g_sq_est).label("sum_g_sq"),
-            sa.func.sum(Sample.trace_sigma_est).label("sum_trace_sigma"),
-            sa.func.max(Sample.step).label("step"),
-            sa.func.max(Sample.examples).label("examples"),
-            (sa.func.max(Sample.time) - sa.func.min(stats.c.t0)).label("time"),
-            sa.func.avg(Sample.loss).label("loss"),
-            sa.func.avg(Sample.lr).label("lr"),
-            sa.func.avg(Sample.b_big).label("batch_size"),
-        )
-        .join(
-            stats,
-            sa.and_(stats.c.run_id == Sample.run_id, stats.c.series == Sample.series),
-        )
-        .join(Run, Run.id == Sample.run_id)
-        .group_by(Run.uid, Sample.series, bucket)
-        .order_by(Run.uid, Sample.series, bucket)
-    )
     with get_engine(url).connect() as conn:
+        ids = dict(conn.execute(sa.select(Run.uid, Run.id).where(Run.uid.in_(list(uids)))).all())
+        rows = _rows(conn, [int(i) for i in ids.values()], list(series))
+        stats = (
+            sa.select(
+                rows.c.run_id,
+                rows.c.series,
+                sa.func.min(rows.c.step_lo).label("mn"),
+                sa.func.max(rows.c.step_hi).label("mx"),
+                sa.func.min(rows.c.time_min).label("t0"),
+            )
+            .group_by(rows.c.run_id, rows.c.series)
+            .subquery("stats")
+        )
+        bucket = sa.cast(
+            (rows.c.step_lo - stats.c.mn) * max_points / (stats.c.mx - stats.c.mn + 1), sa.Integer
+        ).label("bucket")
+        q = (
+            sa.select(
+                Run.uid.label("run"),
+                rows.c.series,
+                bucket,
+                sa.func.sum(rows.c.n).label("n"),
+                sa.func.sum(rows.c.sum_g_sq).label("sum_g_sq"),
+                sa.func.sum(rows.c.sum_trace_sigma).label("sum_trace_sigma"),
+                sa.func.max(rows.c.step_hi).label("step"),
+                sa.func.max(rows.c.examples_max).label("examples"),
+                (sa.func.max(rows.c.time_max) - sa.func.min(stats.c.t0)).label("time"),
+                (sa.func.sum(rows.c.sum_loss) / sa.func.nullif(sa.func.sum(rows.c.n_loss), 0)).label(
+                    "loss"
+                ),
+                (sa.func.sum(rows.c.sum_lr) / sa.func.nullif(sa.func.sum(rows.c.n_lr), 0)).label("lr"),
+                sa.func.max(rows.c.b_big_max).label("batch_size"),
+            )
+            .join(
+                stats,
+                sa.and_(stats.c.run_id == rows.c.run_id, stats.c.series == rows.c.series),
+            )
+            .join(Run, Run.id == rows.c.run_id)
+            .group_by(Run.uid, rows.c.series, bucket)
+            .order_by(Run.uid, rows.c.series, bucket)
+        )
         frame = _frame(conn.execute(q))
     if frame.empty:
         return _empty_series()

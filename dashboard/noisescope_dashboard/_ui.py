@@ -61,7 +61,8 @@ def require_runs() -> tuple[str, pd.DataFrame]:
     except Exception as exc:  # a missing table, an unreachable server: say which, do not crash
         st.error(
             f"Could not read the noisescope database at `{md_text(_safe_url(url))}`: "
-            f"{md_text(type(exc).__name__)}. Run `noisescope db upgrade` (or `noisescope up`) "
+            f"{md_text(type(exc).__name__)}: {md_text(str(exc).splitlines()[0][:200] if str(exc) else '')}. "
+            "Run `noisescope db upgrade` (or `noisescope up`) "
             "to create it, then reload."
         )
         st.stop()

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import sqlalchemy as sa
-from noisescope.estimators import two_batch_estimates
-from noisescope_server.models import Base, Event, Project, Run, Sample, Task
+from noisescope_server import crud
+from noisescope_server.db import make_engine, upgrade
 
 #: B_crit of the "digits" sweep and B_simple of its runs (constant over each run).
 DIGITS_B_CRIT = 200.0
@@ -92,51 +91,43 @@ def default_runs() -> list[SynthRun]:
 
 
 def insert_runs(url: str, runs: list[SynthRun]) -> None:
-    engine = sa.create_engine(url)
-    Base.metadata.create_all(engine)
+    """Write runs through the server's one write path (``crud``) after migrating to head."""
+    engine = make_engine(url)
+    upgrade(engine)
     t0 = datetime(2026, 11, 1, tzinfo=timezone.utc)
-    with engine.begin() as conn:
-        project_ids: dict[str, int] = {}
-        task_ids: dict[tuple[str, str], int] = {}
-        for i, r in enumerate(runs):
-            if r.project not in project_ids:
-                project_ids[r.project] = conn.execute(
-                    sa.insert(Project).values(name=r.project, created_at=t0).returning(Project.id)
-                ).scalar_one()
-            pid = project_ids[r.project]
-            if (r.project, r.task) not in task_ids:
-                task_ids[(r.project, r.task)] = conn.execute(
-                    sa.insert(Task).values(project_id=pid, name=r.task).returning(Task.id)
-                ).scalar_one()
-            run_id = conn.execute(
-                sa.insert(Run)
-                .values(
-                    uid=r.uid,
-                    project_id=pid,
-                    task_id=task_ids[(r.project, r.task)],
-                    name=r.name,
-                    config=r.config,
-                    tags=r.tags,
-                    batch_size=r.batch_size,
-                    units=r.units,
-                    status=r.status,
-                    started_at=t0 + timedelta(hours=i),
-                    ended_at=None if r.status == "running" else t0 + timedelta(hours=i, minutes=30),
-                    last_seen_at=t0 + timedelta(hours=i, minutes=30),
-                )
-                .returning(Run.id)
-            ).scalar_one()
-            conn.execute(sa.insert(Sample), list(_samples(run_id, r)))
-            for step, kind, payload in r.events:
-                conn.execute(
-                    sa.insert(Event).values(
-                        run_id=run_id, step=step, kind=kind, payload=payload, time=1000.0 + step
-                    )
-                )
+    for i, r in enumerate(runs):
+        crud.upsert_run(
+            engine,
+            r.uid,
+            crud.RunIn(
+                project=r.project,
+                task=r.task,
+                name=r.name,
+                config=r.config,
+                tags=r.tags,
+                batch_size=r.batch_size,
+                units=r.units,
+                status="running",
+                started_at=t0 + timedelta(hours=i),
+            ),
+        )
+        rows = list(_samples(r))
+        for lo in range(0, len(rows), 20_000):
+            chunk = rows[lo : lo + 20_000]
+            columns = {k: [row[k] for row in chunk] for k in chunk[0]}
+            crud.ingest_samples(engine, r.uid, crud.validate_samples({"columns": columns}))
+        if r.events:
+            crud.ingest_events(
+                engine,
+                r.uid,
+                [crud.EventIn(step=step, kind=kind, payload=payload) for step, kind, payload in r.events],
+            )
+        if r.status != "running":
+            crud.patch_run(engine, r.uid, status=r.status)
     engine.dispose()
 
 
-def _samples(run_id: int, r: SynthRun) -> Any:
+def _samples(r: SynthRun) -> Any:
     seq = 0
     b_small = r.batch_size / 4
     for step in range(1, r.steps + 1):
@@ -151,10 +142,8 @@ def _samples(run_id: int, r: SynthRun) -> Any:
             scale = 1.0 if name == "" else 0.5
             g_small_sq = scale * (g_true_sq + wobble + trace_sigma / b_small)
             g_big_sq = scale * (g_true_sq + wobble + trace_sigma / batch)
-            g_sq_est, ts_est = two_batch_estimates(b_small, batch, g_small_sq, g_big_sq)
             seq += 1
             yield {
-                "run_id": run_id,
                 "seq": seq,
                 "step": step,
                 "examples": float(step * batch),
@@ -162,8 +151,6 @@ def _samples(run_id: int, r: SynthRun) -> Any:
                 "b_big": batch,
                 "g_small_sq": g_small_sq,
                 "g_big_sq": g_big_sq,
-                "g_sq_est": g_sq_est,
-                "trace_sigma_est": ts_est,
                 "loss": loss_at(step, batch, r.b_crit),
                 "lr": 0.1 * (1 - step / (2 * r.steps)),
                 "time": 1000.0 + step * 0.5,
