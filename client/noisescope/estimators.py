@@ -19,11 +19,18 @@ from dataclasses import dataclass
 __all__ = [
     "EMA",
     "CriticalBatchFit",
+    "Interval",
     "NoiseScale",
+    "NoiseScaleInterval",
+    "b_noise_from_sums",
     "b_simple_from_sums",
     "examples_ratio",
     "fit_critical_batch",
+    "interval_from_blocks",
+    "interval_from_steps",
+    "reblock",
     "steps_ratio",
+    "student_t_quantile",
     "two_batch_estimates",
 ]
 
@@ -164,9 +171,7 @@ class CriticalBatchFit:
     n_points: int
 
 
-def fit_critical_batch(
-    batch_sizes: Sequence[float], steps: Sequence[float]
-) -> CriticalBatchFit:
+def fit_critical_batch(batch_sizes: Sequence[float], steps: Sequence[float]) -> CriticalBatchFit:
     """Fit S = S_min (1 + B_crit / B) to the steps each batch size took to reach one target.
 
     The model is linear in 1/B: S = S_min + (S_min B_crit) (1/B), so ordinary least squares on
@@ -178,7 +183,8 @@ def fit_critical_batch(
     n = len(batch_sizes)
     if n < 3 or len(set(batch_sizes)) < 3:
         raise ValueError(
-            f"need at least 3 distinct batch sizes that reached the target, got {len(set(batch_sizes))}"
+            "need at least 3 distinct batch sizes that reached the target, "
+            f"got {len(set(batch_sizes))}"
         )
     xs = [1.0 / b for b in batch_sizes]
     ys = [float(s) for s in steps]
@@ -206,4 +212,384 @@ def fit_critical_batch(
         d_icept = -e_min / s_min**2
         var = d_slope**2 * var_slope + d_icept**2 * var_icept + 2 * d_slope * d_icept * cov
         stderr = math.sqrt(max(var, 0.0))
-    return CriticalBatchFit(s_min=s_min, e_min=e_min, b_crit=b_crit, b_crit_stderr=stderr, n_points=n)
+    return CriticalBatchFit(
+        s_min=s_min, e_min=e_min, b_crit=b_crit, b_crit_stderr=stderr, n_points=n
+    )
+
+
+def b_noise_from_sums(sum_g_h_g: float, sum_trace_h_sigma: float) -> float | None:
+    """B_noise = tr(H Sigma) / (G^T H G) from window sums of the two-batch estimates.
+
+    E[G_B^T H G_B] = G^T H G + tr(H Sigma)/B for a Hessian H independent of the batch (the
+    quadratic-form analogue of eq. 1), so ``two_batch_estimates`` applied to the quadratic forms
+    ``G_small^T H G_small`` and ``G_big^T H G_big`` gives unbiased G^T H G and tr(H Sigma); the
+    ratio of their sums is B_noise, with the same "not yet measurable" rule as B_simple.
+    """
+    return b_simple_from_sums(sum_g_h_g, sum_trace_h_sigma)
+
+
+# --- Confidence intervals over windows of steps ---------------------------------------------
+#
+# Per-step estimates are strongly autocorrelated (the parameters move slowly, and with Adam or
+# momentum the batches' effects linger), so treating steps as independent makes intervals far
+# too narrow. We group consecutive steps into contiguous blocks, long enough that block means
+# are nearly independent, and use the delete-one-block jackknife (Busing et al. 1999 for
+# unequal block sizes) for the variances of the window means of |𝒢|^2 and 𝒮 and their
+# covariance, Student-t quantiles with (blocks - 1) degrees of freedom, and Fieller's interval
+# for their ratio B_simple (exact for a ratio of jointly normal means; unbounded exactly when the
+# |G|^2 estimate is not significantly positive, which is our "not yet measurable" test).
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction for the regularised incomplete beta (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    front = math.exp(log_front)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def _student_t_cdf(t: float, df: float) -> float:
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def student_t_quantile(p: float, df: float) -> float:
+    """Quantile of Student's t with ``df`` degrees of freedom (pure Python, ~1e-10 accurate)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    if df <= 0:
+        raise ValueError(f"df must be positive, got {df}")
+    if p < 0.5:
+        return -student_t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while _student_t_cdf(hi, df) < p:
+        hi *= 2.0
+        if hi > 1e12:
+            return math.inf
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _student_t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a two-sided confidence interval [lo, hi]."""
+
+    value: float
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class NoiseScaleInterval:
+    """Window estimates of |G|^2, tr(Sigma), B_simple with ``level`` confidence intervals.
+
+    Any field is None when it cannot be measured yet; ``reason`` then says why (the dashboard
+    shows it instead of a number). ``b_simple`` is only given when |G|^2 is significantly
+    positive at ``level``, so its interval is always finite and non-negative.
+    """
+
+    level: float
+    n: float
+    n_blocks: int
+    g_sq: Interval | None
+    trace_sigma: Interval | None
+    b_simple: Interval | None
+    reason: str | None = None
+
+    @property
+    def measurable(self) -> bool:
+        return self.b_simple is not None
+
+
+def reblock(
+    block_n: Sequence[float],
+    block_sum_g_sq: Sequence[float],
+    block_sum_trace_sigma: Sequence[float],
+    n_blocks: int = 20,
+) -> tuple[list[float], list[float], list[float]]:
+    """Merge consecutive blocks (or single steps, n=1 each) into at most ``n_blocks`` blocks.
+
+    Blocks are contiguous and get roughly equal counts, so that block means stay nearly
+    independent even when neighbouring steps are correlated. Sums stay exact sums.
+    """
+    if not len(block_n) == len(block_sum_g_sq) == len(block_sum_trace_sigma):
+        raise ValueError("block_n, block_sum_g_sq and block_sum_trace_sigma differ in length")
+    if n_blocks < 1:
+        raise ValueError(f"n_blocks must be at least 1, got {n_blocks}")
+    total = float(sum(block_n))
+    if len(block_n) <= n_blocks or total <= 0:
+        return [float(x) for x in block_n], list(block_sum_g_sq), list(block_sum_trace_sigma)
+    out_n: list[float] = []
+    out_g: list[float] = []
+    out_s: list[float] = []
+    cum = 0.0
+    cur_n = cur_g = cur_s = 0.0
+    target = 1
+    for n_b, g_b, s_b in zip(block_n, block_sum_g_sq, block_sum_trace_sigma, strict=True):
+        cur_n += n_b
+        cur_g += g_b
+        cur_s += s_b
+        cum += n_b
+        # close the block once the running count reaches its share of the total
+        if cum >= total * target / n_blocks - 1e-9 and target < n_blocks:
+            out_n.append(cur_n)
+            out_g.append(cur_g)
+            out_s.append(cur_s)
+            cur_n = cur_g = cur_s = 0.0
+            target += 1
+    if cur_n > 0:
+        out_n.append(cur_n)
+        out_g.append(cur_g)
+        out_s.append(cur_s)
+    return out_n, out_g, out_s
+
+
+def interval_from_blocks(
+    block_n: Sequence[float],
+    block_sum_g_sq: Sequence[float],
+    block_sum_trace_sigma: Sequence[float],
+    level: float = 0.9,
+    max_blocks: int = 30,
+) -> NoiseScaleInterval:
+    """Confidence intervals for a window from contiguous per-block sums.
+
+    Inputs are what SQL computes per bucket of consecutive steps: the count ``n_b`` and the
+    sums of the per-sample estimates ``g_sq_est`` and ``trace_sigma_est`` (App. A.1). More than
+    ``max_blocks`` blocks are merged first (``reblock``) so that the blocks are long compared with
+    the step-to-step correlation. Needs at least 2 non-empty blocks.
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    merged = reblock(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks)
+    rows = [
+        (n_b, g_b, s_b)
+        for n_b, g_b, s_b in zip(*merged, strict=True)
+        if n_b > 0 and math.isfinite(g_b) and math.isfinite(s_b)
+    ]
+    n_total = float(sum(r[0] for r in rows))
+    m = len(rows)
+    if m < 2:
+        return NoiseScaleInterval(
+            level,
+            n_total,
+            m,
+            None,
+            None,
+            None,
+            f"not yet measurable: an interval needs at least 2 blocks of steps, got {m}",
+        )
+    g_mean = sum(r[1] for r in rows) / n_total
+    s_mean = sum(r[2] for r in rows) / n_total
+    # Delete-one-block jackknife for a (weighted) mean: var = (1/m) sum n_j/(N-n_j) (x_j - x)^2
+    var_g = var_s = cov_gs = 0.0
+    for n_b, g_b, s_b in rows:
+        w = n_b / (n_total - n_b)
+        dg = g_b / n_b - g_mean
+        ds = s_b / n_b - s_mean
+        var_g += w * dg * dg
+        var_s += w * ds * ds
+        cov_gs += w * dg * ds
+    var_g /= m
+    var_s /= m
+    cov_gs /= m
+    t = student_t_quantile(0.5 + level / 2.0, m - 1)
+    se_g, se_s = math.sqrt(var_g), math.sqrt(var_s)
+    # Both true quantities are >= 0, so clipping the lower ends at 0 never loses coverage.
+    g_iv = Interval(g_mean, max(0.0, g_mean - t * se_g), max(0.0, g_mean + t * se_g))
+    s_iv = Interval(s_mean, max(0.0, s_mean - t * se_s), max(0.0, s_mean + t * se_s))
+    point = NoiseScale.from_means(g_mean, s_mean, n_total)
+    if point.b_simple is None:
+        return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, None, point.reason)
+    # Fieller: {rho : (s - rho g)^2 <= t^2 (var_s - 2 rho cov + rho^2 var_g)}
+    a = g_mean * g_mean - t * t * var_g
+    if a <= 0.0:
+        return NoiseScaleInterval(
+            level,
+            n_total,
+            m,
+            g_iv,
+            s_iv,
+            None,
+            f"not yet measurable: the |G|^2 estimate ({g_mean:.3g}) is not significantly above "
+            f"zero at {level:.0%} confidence (gradient signal below the noise; widen the window)",
+        )
+    half_b = s_mean * g_mean - t * t * cov_gs
+    c = s_mean * s_mean - t * t * var_s
+    disc = max(half_b * half_b - a * c, 0.0)
+    lo = (half_b - math.sqrt(disc)) / a
+    hi = (half_b + math.sqrt(disc)) / a
+    b_iv = Interval(point.b_simple, max(0.0, min(lo, point.b_simple)), max(hi, point.b_simple))
+    return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, b_iv, None)
+
+
+def interval_from_steps(
+    g_sq: Sequence[float],
+    trace_sigma: Sequence[float],
+    level: float = 0.9,
+    n_blocks: int = 20,
+) -> NoiseScaleInterval:
+    """``interval_from_blocks`` for a sequence of per-step estimates, in ``n_blocks`` blocks."""
+    merged = reblock([1.0] * len(g_sq), g_sq, trace_sigma, n_blocks)
+    return interval_from_blocks(*merged, level=level, max_blocks=n_blocks)
+
+
+# --- Acting on the noise scale: statistical efficiency, goodput, batch-size targets ----------
+#
+# (issue 8; used by noisescope.schedule and noisescope.recommend.) In science.md's model
+# (McCandlish et al. 2018, Sec. 2.2-3) reaching a loss target costs E = E_min (1 + B/B_crit)
+# examples and S = S_min (1 + B_crit/B) steps. With B_crit ≈ φ (the measured noise scale,
+# B_simple), the per-example progress of batch B relative to a reference batch B0 is
+# E(B0)/E(B) = (φ + B0)/(φ + B): the "statistical efficiency" of AdaptDL/Pollux (Qiao et al.,
+# OSDI 2021). Their "goodput" is throughput × efficiency: useful examples per second. B0 only
+# rescales efficiency and goodput, never their argmax; B0 = 0 gives E_min/E = φ/(φ + B), the
+# fraction of the best possible per-example progress.
+
+__all__ += [
+    "goodput",
+    "goodput_optimal_batch",
+    "interpolate_throughput",
+    "scaled_lr",
+    "statistical_efficiency",
+]
+
+
+def statistical_efficiency(
+    batch_size: float, noise_scale: float, reference_batch: float = 0.0
+) -> float:
+    """(φ + B0) / (φ + B): per-example progress at ``batch_size`` relative to ``reference_batch``.
+
+    φ = ``noise_scale`` (B_simple as the estimate of B_crit). Pollux eq. 1; equals
+    examples_ratio(B0, φ) / examples_ratio(B, φ) of science.md's S-E model, and with B0 = 0 it
+    is E_min / E = 1 / examples_ratio(B, φ).
+    """
+    if not batch_size > 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if reference_batch < 0:
+        raise ValueError(f"reference_batch must be >= 0, got {reference_batch}")
+    if not noise_scale >= 0 or not math.isfinite(noise_scale):
+        raise ValueError(f"noise_scale must be finite and >= 0, got {noise_scale}")
+    if noise_scale == 0.0 and reference_batch == 0.0:
+        return 0.0
+    return (noise_scale + reference_batch) / (noise_scale + batch_size)
+
+
+def goodput(
+    throughput: float, batch_size: float, noise_scale: float, reference_batch: float = 0.0
+) -> float:
+    """Pollux goodput = throughput × statistical efficiency (useful examples per second).
+
+    ``throughput`` is examples (or tokens) per second measured at ``batch_size``.
+    """
+    if throughput < 0:
+        raise ValueError(f"throughput must be >= 0, got {throughput}")
+    return throughput * statistical_efficiency(batch_size, noise_scale, reference_batch)
+
+
+def interpolate_throughput(
+    batch_sizes: Sequence[float], throughputs: Sequence[float], batch_size: float
+) -> float | None:
+    """Throughput at ``batch_size`` from measurements, linear in log-log between neighbours.
+
+    Throughput typically rises like a power of B and then saturates, which is piecewise linear
+    in log-log. No extrapolation: None outside the measured range.
+    """
+    if len(batch_sizes) != len(throughputs):
+        raise ValueError("batch_sizes and throughputs must have the same length")
+    points = sorted(zip(batch_sizes, throughputs, strict=True))
+    if not points:
+        return None
+    for b, t in points:
+        if not b > 0 or not t > 0:
+            raise ValueError(f"batch sizes and throughputs must be positive, got ({b}, {t})")
+    if batch_size < points[0][0] or batch_size > points[-1][0]:
+        return None
+    for i in range(len(points) - 1):
+        (b_lo, t_lo), (b_hi, t_hi) = points[i], points[i + 1]
+        if b_lo <= batch_size <= b_hi:
+            if b_hi == b_lo:
+                return t_lo
+            frac = math.log(batch_size / b_lo) / math.log(b_hi / b_lo)
+            return math.exp(math.log(t_lo) + frac * (math.log(t_hi) - math.log(t_lo)))
+    return points[0][1]  # a single measured batch size
+
+
+def goodput_optimal_batch(
+    batch_sizes: Sequence[float],
+    throughputs: Sequence[float],
+    noise_scale: float,
+    candidates: Sequence[float] | None = None,
+    reference_batch: float = 0.0,
+) -> tuple[float, float]:
+    """The batch size maximising goodput, and that goodput (Pollux's batch-size choice).
+
+    Candidates are the measured batch sizes plus ``candidates`` inside the measured range
+    (throughput interpolated by ``interpolate_throughput``); ties go to the smaller batch.
+    """
+    pool = sorted(set(batch_sizes) | set(candidates or ()))
+    best: tuple[float, float] | None = None
+    for b in pool:
+        t = interpolate_throughput(batch_sizes, throughputs, b)
+        if t is None:
+            continue
+        g = goodput(t, b, noise_scale, reference_batch)
+        if best is None or g > best[1] * (1.0 + 1e-12):
+            best = (b, g)
+    if best is None:
+        raise ValueError("need at least one measured (batch size, throughput) pair")
+    return best
+
+
+def scaled_lr(base_lr: float, batch_size: float, base_batch_size: float, rule: str) -> float:
+    """Learning rate at ``batch_size`` when ``base_lr`` was tuned at ``base_batch_size``.
+
+    "linear": lr ∝ B (Goyal et al. 2017; plain SGD well below B_crit, where a step of batch B
+    does the work of B/B0 small steps: S ≈ S_min B_crit/B in science.md's model); "sqrt":
+    lr ∝ √B (Adam-family optimizers; Malladi et al. 2022); "none": unchanged.
+    """
+    powers = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
+    if rule not in powers:
+        raise ValueError(f"lr rule must be 'linear', 'sqrt' or 'none', got {rule!r}")
+    if not (batch_size > 0 and base_batch_size > 0):
+        raise ValueError("batch sizes must be positive")
+    return float(base_lr * (batch_size / base_batch_size) ** powers[rule])
