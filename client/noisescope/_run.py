@@ -93,6 +93,7 @@ class Run:
         self._seq_stride = settings.world_size if settings.all_ranks else 1
         self._seq = settings.rank if settings.all_ranks else 0
         self._overflow = 0
+        self._event_seq = 0
         self._hot_errors = 0
         self._pid = os.getpid()
 
@@ -205,6 +206,25 @@ class Run:
                     self._step_lr = lr
                 if examples is not None:
                     self._step_examples = examples
+        except Exception as exc:
+            self._hot_error(exc)
+
+    def log_event(self, step: int, kind: str, payload: dict[str, Any] | None = None) -> None:
+        """Mark ``step`` with an event (e.g. ``"batch_size"`` changes); sent in the background.
+
+        Events are rare marks the dashboard draws on the charts. They are held in memory (not
+        spooled) until the server takes them; ``seq`` makes re-sends idempotent.
+        """
+        if not self.active or self._sender is None:
+            return
+        try:
+            with self._lock:
+                seq = self._event_seq
+                self._event_seq += 1
+            event = {"seq": seq, "step": int(step), "kind": str(kind), "time": time.time()}
+            event["payload"] = dict(payload or {})
+            self._sender.events.append(event)
+            self._sender.wake()
         except Exception as exc:
             self._hot_error(exc)
 

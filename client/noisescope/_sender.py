@@ -131,6 +131,19 @@ def _finite_or_none(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _json_safe(value: Any) -> Any:
+    """Event payloads as JSON: non-finite floats become null, unknown objects their str."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
 def rows_to_columns(rows: list[Row], series_prefix: str = "") -> tuple[Columns, int]:
     """Column-wise wire payload from rows; rows with non-finite/non-numeric norms are counted.
 
@@ -213,6 +226,9 @@ class Sender:
         self.dropped = 0
         self.last_error: str | None = None
         self.requests = 0
+        #: Events (``Run.log_event``) waiting to be sent; kept in memory only (they are rare).
+        self.events: deque[dict[str, Any]] = deque(maxlen=10_000)
+        self.dropped_events = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -236,6 +252,8 @@ class Sender:
             return False
         if self.settings.mode == "offline" or self._halted:
             return True
+        if self.events:
+            return False
         return not (self.spool is not None and self.spool.pending_samples > 0)
 
     def flush(self, timeout: float) -> bool:
@@ -317,6 +335,8 @@ class Sender:
         if not self._replay_spool():
             return False
         if not self._send_buffer():
+            return False
+        if self.events and not self._send_events():
             return False
         if self._stopping and self._final is not None and not self._final_sent and self.idle():
             self._send_final()
@@ -442,6 +462,28 @@ class Sender:
                 # Producing faster than the server takes: keep memory bounded via the disk.
                 self._spill(force=True)
         self._last_send = time.monotonic()
+        return True
+
+    def _send_events(self) -> bool:
+        """POST queued events (``{"events": [...]}``); keep them on no or a retryable answer."""
+        while self.events:
+            batch = [self.events.popleft() for _ in range(min(len(self.events), 1000))]
+            payload = {"events": [_json_safe(e) for e in batch]}
+            response = self._request("POST", _wire.events_path(self.run_id), payload)
+            outcome = None if response is None else self._answered(response)
+            if outcome is None or outcome in ("retry", "missing"):
+                self.events.extendleft(reversed(batch))
+                if outcome == "missing":
+                    self._run_created = False
+                return False
+            if outcome == "fatal" and response is not None:
+                self.dropped_events += len(batch)
+                self._error(
+                    f"server rejected {len(batch)} events (HTTP {response.status}): "
+                    f"{response.detail()}",
+                    key=f"events-rejected-{response.status}",
+                    level=logging.WARNING,
+                )
         return True
 
     def _send_final(self) -> None:

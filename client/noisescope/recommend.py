@@ -1,0 +1,310 @@
+"""What to do with the measured noise scale: a batch-size recommendation (issue 8).
+
+Everything here reads numbers through ``noisescope.estimators`` (the maths: science.md's S-E
+model, Pollux's efficiency and goodput); this module only assembles them:
+
+- ``recommend(noise, batch_size, ...)`` -> ``Recommendation``: B_simple with its interval, the
+  statistical efficiency of the batch in use, S/S_min and E/E_min at the batch in use and at
+  candidate batch sizes (B_crit ≈ B_simple), and, given measured throughput at a few batch
+  sizes, the goodput-maximising batch.
+- ``NoiseTracker``: a probe sink that forwards every sample to the run and keeps running
+  averages (an EMA and a window of per-step estimates for the interval), so a training job can
+  ask for a recommendation locally at any step without the server.
+
+The server's ``GET /api/v1/runs/{run_id}/recommendation`` builds the same object from stored
+samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from noisescope.estimators import (
+    EMA,
+    NoiseScale,
+    NoiseScaleInterval,
+    examples_ratio,
+    goodput_optimal_batch,
+    interpolate_throughput,
+    interval_from_steps,
+    statistical_efficiency,
+    steps_ratio,
+    two_batch_estimates,
+)
+
+__all__ = ["BatchOption", "NoiseTracker", "Recommendation", "default_candidates", "recommend"]
+
+
+@dataclass(frozen=True)
+class BatchOption:
+    """Predicted cost of training at ``batch_size`` (science.md, B_crit ≈ B_simple)."""
+
+    batch_size: float
+    #: S/S_min = 1 + B_crit/B: optimizer steps relative to the minimum.
+    steps_ratio: float
+    #: E/E_min = 1 + B/B_crit: examples relative to the minimum.
+    examples_ratio: float
+    #: (φ + B0)/(φ + B): per-example progress relative to the reference batch B0 (Pollux).
+    efficiency: float
+    #: Measured or interpolated examples per second, and goodput = throughput × efficiency.
+    throughput: float | None = None
+    goodput: float | None = None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A recommendation for one run at one point in training.
+
+    All predictions are None with a ``reason`` while B_simple is not yet measurable.
+    """
+
+    batch_size: float
+    b_simple: float | None
+    b_simple_lo: float | None
+    b_simple_hi: float | None
+    level: float | None
+    reference_batch: float
+    #: The batch in use.
+    current: BatchOption | None
+    #: Candidate batch sizes, ascending.
+    options: tuple[BatchOption, ...]
+    #: Goodput-maximising batch among the measured/candidate sizes (needs ``throughput``).
+    goodput_batch_size: float | None
+    #: The critical-batch point B ≈ B_simple: 2x the minimum steps and 2x the minimum examples.
+    critical_batch_size: float | None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line a training script can print."""
+        if self.b_simple is None or self.current is None:
+            return f"batch {self.batch_size:g}: {self.reason or 'not yet measurable'}"
+        interval = ""
+        if self.b_simple_lo is not None and self.b_simple_hi is not None:
+            interval = f" [{self.b_simple_lo:.3g}, {self.b_simple_hi:.3g}]"
+        line = (
+            f"B_simple {self.b_simple:.3g}{interval}; batch {self.batch_size:g}: "
+            f"{self.current.steps_ratio:.2f}x min steps, "
+            f"{self.current.examples_ratio:.2f}x min examples"
+        )
+        if self.goodput_batch_size is not None:
+            line += f"; goodput-optimal batch {self.goodput_batch_size:g}"
+        return line
+
+
+def default_candidates(batch_size: float, b_simple: float | None) -> list[float]:
+    """Powers of two from batch/8 up to 8x max(batch, B_simple): the neighbourhood that matters."""
+    top = max(batch_size, b_simple or 0.0) * 8.0
+    lo = max(1.0, batch_size / 8.0)
+    out: list[float] = []
+    b = 2.0 ** math.floor(math.log2(lo))
+    while b <= top:
+        out.append(b)
+        b *= 2.0
+    return out
+
+
+def _option(
+    batch_size: float,
+    b_simple: float,
+    reference_batch: float,
+    throughput: Mapping[float, float] | None,
+) -> BatchOption:
+    thr: float | None = None
+    if throughput:
+        thr = interpolate_throughput(list(throughput), list(throughput.values()), batch_size)
+    eff = statistical_efficiency(batch_size, b_simple, reference_batch)
+    return BatchOption(
+        batch_size=batch_size,
+        steps_ratio=steps_ratio(batch_size, b_simple),
+        examples_ratio=examples_ratio(batch_size, b_simple),
+        efficiency=eff,
+        throughput=thr,
+        goodput=None if thr is None else thr * eff,
+    )
+
+
+def recommend(
+    noise: NoiseScaleInterval | NoiseScale | float | None,
+    batch_size: float,
+    *,
+    candidates: Sequence[float] | None = None,
+    throughput: Mapping[float, float] | None = None,
+    reference_batch: float = 0.0,
+) -> Recommendation:
+    """A ``Recommendation`` from a noise-scale estimate and the batch in use.
+
+    Args:
+        noise: ``NoiseScaleInterval`` (window with interval), ``NoiseScale`` (e.g. ``EMA.value``)
+            or a plain B_simple.
+        batch_size: the batch in use, in the units of the noise samples.
+        candidates: batch sizes to predict for (default: powers of two around the batch and
+            B_simple).
+        throughput: measured examples (tokens) per second at a few batch sizes; enables
+            goodput and the goodput-maximising batch (Pollux).
+        reference_batch: B0 of the efficiency (φ + B0)/(φ + B); 0 gives E_min/E.
+    """
+    if not batch_size > 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if throughput:
+        for b, t in throughput.items():
+            if not (b > 0 and t > 0):
+                raise ValueError(f"throughput needs positive batch sizes and values, got {b}: {t}")
+    b_simple: float | None
+    lo = hi = level = None
+    reason: str | None = None
+    if isinstance(noise, NoiseScaleInterval):
+        level = noise.level
+        if noise.b_simple is not None:
+            b_simple, lo, hi = noise.b_simple.value, noise.b_simple.lo, noise.b_simple.hi
+        else:
+            b_simple, reason = None, noise.reason
+    elif isinstance(noise, NoiseScale):
+        b_simple, reason = noise.b_simple, noise.reason
+    elif noise is None:
+        b_simple, reason = None, "not yet measurable: no noise-scale samples"
+    else:
+        b_simple = float(noise)
+        if not (math.isfinite(b_simple) and b_simple >= 0):
+            b_simple, reason = None, f"not measurable: B_simple = {noise}"
+    if b_simple is not None and b_simple <= 0:
+        b_simple, reason = None, "not yet measurable: B_simple is zero (no gradient noise seen)"
+    if b_simple is None:
+        return Recommendation(
+            batch_size, None, lo, hi, level, reference_batch, None, (), None, None,
+            reason or "not yet measurable",
+        )  # fmt: skip
+    pool = set(candidates if candidates is not None else default_candidates(batch_size, b_simple))
+    if throughput:
+        pool |= set(throughput)
+    options = tuple(_option(b, b_simple, reference_batch, throughput) for b in sorted(pool))
+    best: float | None = None
+    if throughput:
+        best, _ = goodput_optimal_batch(
+            list(throughput), list(throughput.values()), b_simple, sorted(pool), reference_batch
+        )
+    return Recommendation(
+        batch_size=batch_size,
+        b_simple=b_simple,
+        b_simple_lo=lo,
+        b_simple_hi=hi,
+        level=level,
+        reference_batch=reference_batch,
+        current=_option(batch_size, b_simple, reference_batch, throughput),
+        options=options,
+        goodput_batch_size=best,
+        critical_batch_size=b_simple,
+    )
+
+
+class _Sink(Protocol):
+    def log_sample(
+        self,
+        step: int,
+        b_small: float,
+        b_big: float,
+        g_small_sq: float,
+        g_big_sq: float,
+        *,
+        examples: float | None = None,
+        series: str = "",
+        loss: float | None = None,
+        lr: float | None = None,
+    ) -> None: ...
+
+
+class NoiseTracker:
+    """A probe sink that forwards to the run and keeps the running averages for ``recommend``.
+
+    ``probe = GradientNoiseProbe(model, NoiseTracker(run))``; then at any step
+    ``tracker.recommendation(batch_size=..., throughput={...})``. Only the whole-model series
+    ("") is tracked. The interval comes from the last ``window`` steps in ``n_blocks``
+    contiguous blocks (``estimators.interval_from_steps``); the EMA is the point estimate the
+    scheduler also uses.
+    """
+
+    def __init__(
+        self,
+        run: _Sink | None = None,
+        *,
+        window: int = 1000,
+        beta: float = 0.99,
+        level: float = 0.9,
+        n_blocks: int = 20,
+    ) -> None:
+        if window < 2:
+            raise ValueError(f"window must be >= 2 steps, got {window}")
+        self.run = run
+        self.ema = EMA(beta)
+        self.level = level
+        self.n_blocks = n_blocks
+        self._g_sq: deque[float] = deque(maxlen=window)
+        self._trace_sigma: deque[float] = deque(maxlen=window)
+        self.batch_size: float | None = None
+
+    def log_sample(
+        self,
+        step: int,
+        b_small: float,
+        b_big: float,
+        g_small_sq: float,
+        g_big_sq: float,
+        *,
+        examples: float | None = None,
+        series: str = "",
+        loss: float | None = None,
+        lr: float | None = None,
+    ) -> None:
+        if self.run is not None:
+            self.run.log_sample(
+                step, b_small, b_big, g_small_sq, g_big_sq,
+                examples=examples, series=series, loss=loss, lr=lr,
+            )  # fmt: skip
+        if series:
+            return
+        try:
+            g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)
+        except ValueError:
+            return
+        if not (math.isfinite(g_sq) and math.isfinite(trace_sigma)):
+            return
+        self.ema.update(g_sq, trace_sigma)
+        self._g_sq.append(g_sq)
+        self._trace_sigma.append(trace_sigma)
+        self.batch_size = b_big
+
+    def interval(self) -> NoiseScaleInterval:
+        """B_simple over the window with its ``level`` interval (block jackknife + Fieller)."""
+        return interval_from_steps(
+            list(self._g_sq), list(self._trace_sigma), level=self.level, n_blocks=self.n_blocks
+        )
+
+    def recommendation(
+        self,
+        batch_size: float | None = None,
+        *,
+        candidates: Sequence[float] | None = None,
+        throughput: Mapping[float, float] | None = None,
+        reference_batch: float = 0.0,
+    ) -> Recommendation:
+        """``recommend`` on the window (interval) or, while that is not measurable, the EMA."""
+        batch = batch_size if batch_size is not None else self.batch_size
+        if batch is None:
+            raise ValueError("no batch size yet: pass batch_size= or log a sample first")
+        window = self.interval()
+        noise: NoiseScaleInterval | NoiseScale = window
+        if window.b_simple is None and self.ema.value.b_simple is not None:
+            noise = self.ema.value
+        return recommend(
+            noise,
+            batch,
+            candidates=candidates,
+            throughput=throughput,
+            reference_batch=reference_batch,
+        )

@@ -1,0 +1,324 @@
+"""A batch-size schedule driven by the measured gradient noise scale (issue 8).
+
+The noise scale B_simple grows as the loss falls (science.md, "Ground truth" and "Findings"),
+so the batch that wastes neither steps nor examples grows during a run. ``BatchSizeScheduler``
+keeps the micro-batch fixed (memory stays fixed) and raises the number of gradient-accumulation
+micro-batches so that the effective batch follows ``target_ratio · B_simple``, the
+critical-batch point at which a step costs 2x the minimum steps and 2x the minimum examples
+(science.md, S = S_min(1 + B_crit/B), E = E_min(1 + B/B_crit)); Gray et al. (2024) and
+AdaptDL/Pollux act on the same signal.
+
+Why it does not oscillate (a Schmitt trigger):
+- the noise scale is a debiased EMA of the unbiased two-batch estimates, ratio taken last
+  (``estimators.EMA``), never a single step's ratio;
+- nothing changes before ``warmup_steps`` measured steps;
+- a change needs the target to leave a band: above ``batch · (1 + hysteresis)`` to grow, below
+  ``batch / (1 + hysteresis)`` to shrink (shrinking is off by default); after a change the batch
+  sits near the target, so the next change needs the target to move by that factor again;
+- at least ``cooldown_steps`` steps pass between changes.
+
+Pure Python and torch-free: it reads the numbers a probe returns (``ProbeSample``) or any
+``(b_small, b_big, g_small_sq, g_big_sq)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol
+
+from noisescope.estimators import EMA, scaled_lr, two_batch_estimates
+
+__all__ = ["BatchDecision", "BatchSizeScheduler", "LRRule", "NormsSample", "scaled_lr"]
+
+logger = logging.getLogger("noisescope")
+
+LRRule = Literal["linear", "sqrt", "none"]
+_LR_RULES = ("linear", "sqrt", "none")
+
+#: The event kind batch-size changes are logged under (the dashboard marks these on charts).
+EVENT_KIND = "batch_size"
+
+
+class NormsSample(Protocol):
+    """What a probe step returns (``noisescope.torch.ProbeSample`` has these fields)."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def b_small(self) -> float: ...
+    @property
+    def b_big(self) -> float: ...
+    @property
+    def g_small_sq(self) -> float: ...
+    @property
+    def g_big_sq(self) -> float: ...
+
+
+class EventSink(Protocol):
+    """``noisescope.Run`` provides ``log_event``; anything with it will do."""
+
+    def log_event(self, step: int, kind: str, payload: dict[str, Any] | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    """One batch-size change: returned by the scheduler and logged as a ``batch_size`` event."""
+
+    step: int
+    batch_size: int
+    previous_batch_size: int
+    accum_steps: int
+    micro_batch_size: int
+    lr: float | None
+    previous_lr: float | None
+    #: The smoothed B_simple that triggered the change, and the batch it asked for.
+    noise_scale: float
+    target_batch_size: float
+    direction: Literal["grow", "shrink"]
+
+    def payload(self) -> dict[str, Any]:
+        """JSON-safe event payload (the server stores it as the event's ``payload``)."""
+        return asdict(self)
+
+
+class BatchSizeScheduler:
+    """Grows the effective batch (micro-batch × accumulation steps) with the noise scale.
+
+    Loop (``probe`` from ``noisescope.torch``, source "micro" or "auto")::
+
+        sched = BatchSizeScheduler(micro_batch_size=32, max_batch_size=1024,
+                                   base_lr=0.1, lr_rule="linear", run=run)
+        for step in range(n_steps):
+            for _ in range(sched.accum_steps):
+                x, y = next(batches)                      # micro-batches of 32
+                (loss_fn(model(x), y) / sched.accum_steps).backward()
+                probe.micro_step(batch_size=len(x))
+            sample = probe.step(loss=..., lr=sched.lr)
+            sched.apply_lr(optimizer)
+            optimizer.step(); optimizer.zero_grad()
+            sched.observe(sample)                         # may change accum_steps and lr
+
+    Args:
+        micro_batch_size: examples (or tokens) per backward; fixed, so memory is fixed.
+        min_batch_size: smallest effective batch and the starting one; defaults to two
+            micro-batches, so the "micro" probe source always has two batch sizes to compare.
+        max_batch_size: largest effective batch (rounded down to whole micro-batches).
+        base_lr: learning rate tuned at ``base_batch_size`` (default: the starting batch);
+            None leaves the learning rate to the user (``lr`` stays None).
+        lr_rule: "linear", "sqrt" or "none": how the learning rate follows the batch.
+        max_lr: cap on the scaled learning rate (large batches hit a stability limit).
+        target_ratio: aim for ``target_ratio · B_simple`` (1.0: the critical-batch point).
+        hysteresis: relative band the target must leave before the batch changes.
+        cooldown_steps: minimum steps between two changes.
+        warmup_steps: measured steps before the first change (the EMA must settle; early in
+            training B_simple is small and noisy, see docs/adaptive_batch.md).
+        beta: EMA factor for the noise-scale averages (``estimators.EMA``).
+        allow_shrink: also shrink the batch when the noise scale falls (off: the noise scale
+            rising with falling loss is the expected course, and dips are usually noise).
+        run: where to log each change as an event (``noisescope.Run``); optional.
+    """
+
+    def __init__(
+        self,
+        micro_batch_size: int,
+        *,
+        min_batch_size: int | None = None,
+        max_batch_size: int,
+        base_lr: float | None = None,
+        lr_rule: LRRule = "linear",
+        base_batch_size: float | None = None,
+        max_lr: float | None = None,
+        target_ratio: float = 1.0,
+        hysteresis: float = 0.5,
+        cooldown_steps: int = 50,
+        warmup_steps: int = 50,
+        beta: float = 0.98,
+        allow_shrink: bool = False,
+        run: EventSink | None = None,
+    ) -> None:
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if min_batch_size is None:
+            min_batch_size = 2 * micro_batch_size
+        if min_batch_size < micro_batch_size:
+            raise ValueError(
+                f"min_batch_size ({min_batch_size}) must be at least micro_batch_size "
+                f"({micro_batch_size})"
+            )
+        self.min_accum = math.ceil(min_batch_size / micro_batch_size)
+        self.max_accum = max_batch_size // micro_batch_size
+        if self.max_accum < self.min_accum:
+            raise ValueError(
+                f"max_batch_size ({max_batch_size}) must hold at least min_batch_size "
+                f"({min_batch_size}) in whole micro-batches of {micro_batch_size}"
+            )
+        if lr_rule not in _LR_RULES:
+            raise ValueError(f"lr_rule must be 'linear', 'sqrt' or 'none', got {lr_rule!r}")
+        if not target_ratio > 0:
+            raise ValueError(f"target_ratio must be positive, got {target_ratio}")
+        if not hysteresis >= 0:
+            raise ValueError(f"hysteresis must be >= 0, got {hysteresis}")
+        if cooldown_steps < 0 or warmup_steps < 0:
+            raise ValueError("cooldown_steps and warmup_steps must be >= 0")
+        if base_lr is not None and not base_lr > 0:
+            raise ValueError(f"base_lr must be positive, got {base_lr}")
+        self.micro_batch_size = micro_batch_size
+        self.accum_steps = self.min_accum
+        self.base_lr = base_lr
+        self.lr_rule: LRRule = lr_rule
+        self.base_batch_size = float(base_batch_size or self.batch_size)
+        self.max_lr = max_lr
+        self.target_ratio = target_ratio
+        self.hysteresis = hysteresis
+        self.cooldown_steps = cooldown_steps
+        self.warmup_steps = warmup_steps
+        self.allow_shrink = allow_shrink
+        self.run = run
+        self.ema = EMA(beta)
+        self.decisions: list[BatchDecision] = []
+        self._last_change_step: int | None = None
+        self._observed = 0
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """The effective batch: micro-batch × accumulation steps."""
+        return self.micro_batch_size * self.accum_steps
+
+    @property
+    def min_batch_size(self) -> int:
+        return self.micro_batch_size * self.min_accum
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.micro_batch_size * self.max_accum
+
+    @property
+    def lr(self) -> float | None:
+        """The learning rate for the current batch (None when ``base_lr`` is None)."""
+        return self._lr_for(self.batch_size)
+
+    @property
+    def noise_scale(self) -> float | None:
+        """The smoothed B_simple (None until measurable)."""
+        return self.ema.value.b_simple
+
+    def _lr_for(self, batch_size: int) -> float | None:
+        if self.base_lr is None:
+            return None
+        lr = scaled_lr(self.base_lr, batch_size, self.base_batch_size, self.lr_rule)
+        return min(lr, self.max_lr) if self.max_lr is not None else lr
+
+    def apply_lr(self, optimizer: Any) -> None:
+        """Set every param group's ``lr`` of a torch optimizer to ``self.lr`` (if managed)."""
+        lr = self.lr
+        if lr is None:
+            return
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+    # -- feeding measurements ---------------------------------------------------------------
+    def observe(self, sample: NormsSample | None, step: int | None = None) -> BatchDecision | None:
+        """Feed one probe step's result (None, for unmeasured steps, is ignored)."""
+        if sample is None:
+            return None
+        return self.observe_norms(
+            sample.step if step is None else step,
+            sample.b_small,
+            sample.b_big,
+            sample.g_small_sq,
+            sample.g_big_sq,
+        )
+
+    def observe_norms(
+        self, step: int, b_small: float, b_big: float, g_small_sq: float, g_big_sq: float
+    ) -> BatchDecision | None:
+        """Feed |G_small|² at b_small and |G_big|² at b_big of one step (science.md App. A.1)."""
+        if not (math.isfinite(g_small_sq) and math.isfinite(g_big_sq)):
+            return None  # science.md, Pitfalls: skip non-finite gradients
+        g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)
+        self.ema.update(g_sq, trace_sigma)
+        return self._decide(step, self.ema.value.b_simple)
+
+    def update(self, step: int, noise_scale: float | None) -> BatchDecision | None:
+        """Decide from an already smoothed noise scale (e.g. from the server or a tracker)."""
+        return self._decide(step, noise_scale)
+
+    # -- the decision -----------------------------------------------------------------------
+    def _decide(self, step: int, noise_scale: float | None) -> BatchDecision | None:
+        self._observed += 1
+        if noise_scale is None or not math.isfinite(noise_scale) or noise_scale < 0:
+            return None  # not yet measurable: keep the batch
+        if self._observed <= self.warmup_steps:
+            return None
+        if (
+            self._last_change_step is not None
+            and step - self._last_change_step < self.cooldown_steps
+        ):
+            return None
+        current = self.batch_size
+        target = self.target_ratio * noise_scale
+        band = 1.0 + self.hysteresis
+        if target >= current * band:
+            accum = min(self.max_accum, max(self.min_accum, round(target / self.micro_batch_size)))
+            direction: Literal["grow", "shrink"] = "grow"
+            if accum <= self.accum_steps:
+                return None
+        elif self.allow_shrink and target * band <= current:
+            accum = min(self.max_accum, max(self.min_accum, round(target / self.micro_batch_size)))
+            direction = "shrink"
+            if accum >= self.accum_steps:
+                return None
+        else:
+            return None
+        previous_lr = self.lr
+        self.accum_steps = accum
+        decision = BatchDecision(
+            step=step,
+            batch_size=self.batch_size,
+            previous_batch_size=current,
+            accum_steps=accum,
+            micro_batch_size=self.micro_batch_size,
+            lr=self.lr,
+            previous_lr=previous_lr,
+            noise_scale=noise_scale,
+            target_batch_size=target,
+            direction=direction,
+        )
+        self._last_change_step = step
+        self.decisions.append(decision)
+        self._log(decision)
+        return decision
+
+    def _log(self, decision: BatchDecision) -> None:
+        """Log the change as an event; a monitoring failure never reaches the training loop."""
+        run = self.run
+        if run is None:
+            return
+        try:
+            run.log_event(decision.step, EVENT_KIND, decision.payload())
+        except Exception as exc:
+            logger.warning("noisescope: could not log the batch-size event: %r", exc)
+
+    # -- checkpointing ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed job needs to continue the schedule exactly (JSON-safe)."""
+        ema = self.ema
+        return {
+            "accum_steps": self.accum_steps,
+            "last_change_step": self._last_change_step,
+            "observed": self._observed,
+            "ema": [ema._g_sq, ema._trace_sigma, ema._weight, ema.count],
+            "decisions": [d.payload() for d in self.decisions],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.accum_steps = int(state["accum_steps"])
+        self._last_change_step = state["last_change_step"]
+        self._observed = int(state["observed"])
+        g_sq, trace_sigma, weight, count = state["ema"]
+        self.ema._g_sq, self.ema._trace_sigma = float(g_sq), float(trace_sigma)
+        self.ema._weight, self.ema.count = float(weight), int(count)
+        self.decisions = [BatchDecision(**d) for d in state["decisions"]]
