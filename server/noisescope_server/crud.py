@@ -462,7 +462,7 @@ def _pg_sample_insert() -> Executable:
 def _pg_binary_sql(stmt: Executable) -> str:
     """The statement's psycopg SQL with binary array parameters (``%(x)b``): psycopg dumps a
     Python list of floats as a binary array ~3x faster than as text."""
-    sql = str(stmt.compile(dialect=pg.psycopg.dialect()))  # type: ignore[attr-defined]
+    sql = str(stmt.compile(dialect=pg.psycopg.dialect()))  # type: ignore[attr-defined,no-untyped-call]
     binary = re.sub(r"%\((\w+)\)s::", r"%(\1)b::", sql)
     assert binary.count(")b::") == len(_SAMPLE_INSERT_COLUMNS), binary
     return binary

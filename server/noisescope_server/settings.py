@@ -58,7 +58,7 @@ class Settings:
     migrate: bool = True
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, /, **overrides: object) -> Settings:
         env = os.environ if env is None else env
         settings = cls(
             database_url=env.get("NOISESCOPE_DATABASE_URL") or default_database_url(env),

@@ -1,0 +1,120 @@
+"""FastAPI dependencies: the engine and settings of this app, and who the caller is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from sqlalchemy import Engine
+
+from noisescope_server.auth import TokenInfo, resolve_token
+from noisescope_server.settings import Settings
+
+__all__ = ["AdminDep", "EngineDep", "ReadScope", "SettingsDep", "TokenDep", "WriteScope"]
+
+
+def get_engine(request: Request) -> Engine:
+    engine: Engine = request.app.state.engine
+    return engine
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+_HOW = (
+    "create one with `noisescope token create --project NAME` "
+    "and send `Authorization: Bearer <token>`"
+)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, secret = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise HTTPException(
+            401, "Authorization header must be 'Bearer <token>'", {"WWW-Authenticate": "Bearer"}
+        )
+    return secret.strip()
+
+
+def get_token(request: Request, engine: EngineDep, settings: SettingsDep) -> TokenInfo | None:
+    """The caller's token (None when none was sent, or when auth is off)."""
+    if settings.auth == "off":
+        return None
+    secret = _bearer(request)
+    if secret is None:
+        return None
+    token = resolve_token(engine, secret)
+    if token is None:
+        raise HTTPException(401, "invalid or revoked token", {"WWW-Authenticate": "Bearer"})
+    return token
+
+
+TokenDep = Annotated[TokenInfo | None, Depends(get_token)]
+
+
+def write_scope(token: TokenDep, settings: SettingsDep) -> int | None:
+    """The project id a write is restricted to (None: unrestricted, auth off)."""
+    if settings.auth == "off":
+        return None
+    if token is None:
+        raise HTTPException(
+            401,
+            f"this server needs a project token to write: {_HOW}",
+            {"WWW-Authenticate": "Bearer"},
+        )
+    return token.project_id
+
+
+def read_scope(token: TokenDep, settings: SettingsDep) -> int | None:
+    """The project id a read is restricted to: a token always scopes; no token is fine unless
+    ``NOISESCOPE_AUTH=all``."""
+    if token is not None:
+        return token.project_id
+    if settings.auth == "all":
+        raise HTTPException(
+            401,
+            f"this server needs a project token to read: {_HOW}",
+            {"WWW-Authenticate": "Bearer"},
+        )
+    return None
+
+
+WriteScope = Annotated[int | None, Depends(write_scope)]
+ReadScope = Annotated[int | None, Depends(read_scope)]
+
+
+@dataclass(frozen=True)
+class Admin:
+    pass
+
+
+def require_admin(request: Request, settings: SettingsDep) -> Admin:
+    """Token management over HTTP: needs NOISESCOPE_ADMIN_TOKEN when auth is on."""
+    if settings.auth == "off" and not settings.admin_token:
+        return Admin()
+    if not settings.admin_token:
+        raise HTTPException(
+            403,
+            "token management over HTTP is disabled: set NOISESCOPE_ADMIN_TOKEN on the server, "
+            "or use `noisescope token create|list|revoke` on the server machine",
+        )
+    import hmac
+
+    secret = _bearer(request)
+    if secret is None or not hmac.compare_digest(secret, settings.admin_token):
+        raise HTTPException(
+            401, "this endpoint needs the admin token", {"WWW-Authenticate": "Bearer"}
+        )
+    return Admin()
+
+
+AdminDep = Annotated[Admin, Depends(require_admin)]

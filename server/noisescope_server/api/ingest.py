@@ -1,0 +1,73 @@
+"""Write endpoints for measurements: samples (columnar, bulk) and events."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
+
+from noisescope_server import crud
+from noisescope_server.api._body import json_body, openapi_body, parse_model, read_body
+from noisescope_server.api.deps import EngineDep, SettingsDep, WriteScope
+from noisescope_server.api.schemas import SAMPLES_BODY_SCHEMA, EventsBody, IngestResult
+
+router = APIRouter(tags=["ingest"])
+
+_ERRORS = {
+    400: {"description": "malformed JSON or gzip"},
+    401: {"description": "missing or invalid token (auth on)"},
+    403: {"description": "token of another project"},
+    404: {"description": "unknown run: PUT it first"},
+    413: {"description": "body or batch larger than the limit"},
+    422: {"description": "invalid values; `detail` names the column and index"},
+}
+
+
+def _ingest_samples(
+    engine: Engine, run_id: str, raw: bytes, max_samples: int, scope: int | None
+) -> IngestResult:
+    batch = crud.validate_samples(json_body(raw), max_samples=max_samples)
+    inserted = crud.ingest_samples(engine, run_id, batch, project_scope=scope)
+    return IngestResult(received=batch.n, inserted=inserted)
+
+
+@router.post(
+    "/runs/{run_id}/samples",
+    response_model=IngestResult,
+    openapi_extra=openapi_body(SAMPLES_BODY_SCHEMA),
+    responses=_ERRORS,  # type: ignore[arg-type]
+    summary="Add gradient-noise samples to a run (columnar, idempotent on seq)",
+)
+async def post_samples(
+    run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
+) -> IngestResult:
+    crud.check_run_uid(run_id)
+    raw = await read_body(request, settings.max_body_bytes)
+    return await run_in_threadpool(
+        _ingest_samples, engine, run_id, raw, settings.max_samples, scope
+    )
+
+
+def _ingest_events(engine: Engine, run_id: str, raw: bytes, scope: int | None) -> IngestResult:
+    body = parse_model(EventsBody, raw)
+    events = [
+        crud.EventIn(step=e.step, kind=e.kind, payload=e.payload, time=e.time, seq=e.seq)
+        for e in body.events
+    ]
+    inserted = crud.ingest_events(engine, run_id, events, project_scope=scope)
+    return IngestResult(received=len(events), inserted=inserted)
+
+
+@router.post(
+    "/runs/{run_id}/events",
+    response_model=IngestResult,
+    openapi_extra=openapi_body(EventsBody),
+    responses=_ERRORS,  # type: ignore[arg-type]
+    summary="Add events (batch-size changes, marks) to a run",
+)
+async def post_events(
+    run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
+) -> IngestResult:
+    crud.check_run_uid(run_id)
+    raw = await read_body(request, settings.max_body_bytes)
+    return await run_in_threadpool(_ingest_events, engine, run_id, raw, scope)

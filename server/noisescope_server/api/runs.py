@@ -1,0 +1,84 @@
+"""Run lifecycle: create/update (PUT, idempotent by client-generated id) and status (PATCH)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
+
+from noisescope_server import crud
+from noisescope_server.api._body import openapi_body, parse_model, read_body
+from noisescope_server.api.deps import EngineDep, SettingsDep, WriteScope
+from noisescope_server.api.schemas import RunPatch, RunPut, RunPutResult
+
+router = APIRouter(tags=["runs"])
+
+
+def _put(engine: Engine, run_id: str, raw: bytes, scope: int | None) -> RunPutResult:
+    body = parse_model(RunPut, raw)
+    ref, created = crud.upsert_run(
+        engine,
+        run_id,
+        crud.RunIn(
+            project=body.project,
+            task=body.task,
+            name=body.name,
+            config=body.config,
+            tags=body.tags,
+            batch_size=body.batch_size,
+            units=body.units,
+            status=body.status,
+            started_at=body.started_at,
+        ),
+        project_scope=scope,
+    )
+    return RunPutResult(run_id=ref.uid, project=ref.project, created=created)
+
+
+@router.put(
+    "/runs/{run_id}",
+    response_model=RunPutResult,
+    openapi_extra=openapi_body(RunPut),
+    summary="Create or update a run (201 when created)",
+    responses={409: {"description": "the run belongs to another project"}},
+)
+async def put_run(
+    run_id: str,
+    request: Request,
+    response: Response,
+    engine: EngineDep,
+    settings: SettingsDep,
+    scope: WriteScope,
+) -> RunPutResult:
+    crud.check_run_uid(run_id)
+    raw = await read_body(request, settings.max_body_bytes)
+    result = await run_in_threadpool(_put, engine, run_id, raw, scope)
+    response.status_code = 201 if result.created else 200
+    return result
+
+
+def _patch(engine: Engine, run_id: str, raw: bytes, scope: int | None) -> RunPutResult:
+    body = parse_model(RunPatch, raw)
+    ref = crud.patch_run(
+        engine,
+        run_id,
+        status=body.status,
+        ended_at=body.ended_at,
+        batch_size=body.batch_size,
+        project_scope=scope,
+    )
+    return RunPutResult(run_id=ref.uid, project=ref.project, created=False)
+
+
+@router.patch(
+    "/runs/{run_id}",
+    response_model=RunPutResult,
+    openapi_extra=openapi_body(RunPatch),
+    summary="Update a run's status / end time",
+)
+async def patch_run(
+    run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
+) -> RunPutResult:
+    crud.check_run_uid(run_id)
+    raw = await read_body(request, settings.max_body_bytes)
+    return await run_in_threadpool(_patch, engine, run_id, raw, scope)

@@ -1,0 +1,127 @@
+"""Pydantic models of the JSON bodies (validation + the published OpenAPI schema).
+
+Samples are deliberately NOT modelled per sample: the columnar body is validated as arrays in
+``crud.validate_samples``; ``SAMPLES_BODY_SCHEMA`` only documents it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from noisescope import _wire
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+__all__ = [
+    "SAMPLES_BODY_SCHEMA",
+    "EventItem",
+    "EventsBody",
+    "IngestResult",
+    "RunPatch",
+    "RunPut",
+    "RunPutResult",
+    "TokenCreate",
+]
+
+Name = Annotated[
+    str, StringConstraints(min_length=1, max_length=_wire.MAX_NAME_LENGTH, strip_whitespace=True)
+]
+Units = Literal["examples", "tokens"]
+Status = Literal["running", "finished", "failed", "crashed"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class RunPut(_Strict):
+    """Create or update a run (PUT is idempotent: the client generates the run id)."""
+
+    project: Name
+    task: Name
+    name: Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH)] = ""
+    config: dict[str, Any] = Field(default_factory=dict)
+    tags: list[Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH)]] = Field(
+        default_factory=list, max_length=100
+    )
+    batch_size: float | None = Field(default=None, gt=0)
+    units: Units = "examples"
+    status: Status = "running"
+    started_at: datetime | None = Field(
+        default=None, description="ISO 8601 or Unix seconds; default: now"
+    )
+
+
+class RunPutResult(BaseModel):
+    run_id: str
+    project: str
+    created: bool
+
+
+class RunPatch(_Strict):
+    status: Status | None = None
+    ended_at: datetime | None = None
+    batch_size: float | None = Field(default=None, gt=0)
+
+
+class EventItem(_Strict):
+    step: int = Field(ge=0, le=2**63 - 1)
+    kind: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    payload: dict[str, Any] = Field(default_factory=dict)
+    time: float | None = None
+    seq: int | None = Field(
+        default=None, ge=0, le=2**63 - 1, description="client sequence number: re-sends ignored"
+    )
+
+
+class EventsBody(_Strict):
+    events: list[EventItem] = Field(max_length=10_000)
+
+
+class IngestResult(BaseModel):
+    received: int
+    inserted: int
+
+
+class TokenCreate(_Strict):
+    name: Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH)] = ""
+
+
+def _column(items: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"type": "array", "items": items, "description": description}
+
+
+_NUM = {"type": "number"}
+_NUM_NULL = {"anyOf": [{"type": "number"}, {"type": "null"}]}
+SAMPLES_BODY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["columns"],
+    "properties": {
+        "columns": {
+            "type": "object",
+            "description": (
+                "One array per field, all the same length (at most "
+                f"{_wire.MAX_SAMPLES_PER_REQUEST} samples, {_wire.MAX_BODY_BYTES} bytes per "
+                "request). Re-sending a (run, seq) is ignored."
+            ),
+            "required": list(_wire.REQUIRED_COLUMNS),
+            "additionalProperties": False,
+            "properties": {
+                "seq": _column({"type": "integer", "minimum": 0}, "unique per run"),
+                "step": _column({"type": "integer", "minimum": 0}, "optimizer step"),
+                "examples": _column(_NUM_NULL, "examples (or tokens) seen so far"),
+                "b_small": _column(_NUM, "small batch size, > 0"),
+                "b_big": _column(_NUM, "big batch size, > b_small"),
+                "g_small_sq": _column(_NUM, "|G_small|^2, >= 0"),
+                "g_big_sq": _column(_NUM, "|G_big|^2, >= 0"),
+                "loss": _column(_NUM_NULL, "training loss"),
+                "lr": _column(_NUM_NULL, "learning rate"),
+                "time": _column(_NUM_NULL, "Unix time of the step"),
+                "series": _column(
+                    {"type": "string", "maxLength": _wire.MAX_NAME_LENGTH},
+                    '"" for the whole model, else a layer/group name',
+                ),
+            },
+        }
+    },
+}

@@ -1,0 +1,113 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` builds one app around one engine; migrations are applied when it
+starts (``db.upgrade`` takes a cross-process lock, so N workers starting together are safe).
+``app_from_env`` is the factory uvicorn workers call (``--factory``), reading ``Settings`` from
+the environment the parent process exported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from noisescope import _wire
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from noisescope_server import __version__, crud, db
+from noisescope_server.api import health, ingest, query, runs, tokens
+from noisescope_server.api._body import format_validation_error
+from noisescope_server.settings import Settings
+
+__all__ = ["app_from_env", "create_app"]
+
+log = logging.getLogger("noisescope_server")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = db.make_engine(settings.database_url)
+        if settings.migrate:
+            before, after = db.upgrade(engine)
+            if before != after:
+                log.info("database migrated from %s to %s", before or "empty", after)
+        app.state.engine = engine
+        try:
+            yield
+        finally:
+            engine.dispose()
+
+    app = FastAPI(
+        title="noisescope",
+        version=__version__,
+        summary="Ingest and query gradient-noise-scale measurements of training runs.",
+        lifespan=lifespan,
+        openapi_url=f"{_wire.API_PREFIX}/openapi.json",
+        docs_url=f"{_wire.API_PREFIX}/docs",
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    for module in (health, runs, ingest, query, tokens):
+        app.include_router(module.router, prefix=_wire.API_PREFIX)
+    _install_error_handlers(app)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    return create_app(Settings.from_env())
+
+
+def _detail(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(crud.BadInput)
+    async def _bad_input(_r: Request, exc: crud.BadInput) -> JSONResponse:
+        return _detail(exc.status_code, str(exc))
+
+    @app.exception_handler(crud.NotFound)
+    async def _not_found(_r: Request, exc: crud.NotFound) -> JSONResponse:
+        return _detail(404, str(exc))
+
+    @app.exception_handler(crud.Forbidden)
+    async def _forbidden(_r: Request, exc: crud.Forbidden) -> JSONResponse:
+        return _detail(403, str(exc))
+
+    @app.exception_handler(crud.Conflict)
+    async def _conflict(_r: Request, exc: crud.Conflict) -> JSONResponse:
+        return _detail(409, str(exc))
+
+    @app.exception_handler(ValueError)
+    async def _value_error(_r: Request, exc: ValueError) -> JSONResponse:
+        return _detail(422, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_r: Request, exc: RequestValidationError) -> JSONResponse:
+        malformed = any(e.get("type") == "json_invalid" for e in exc.errors())
+        return _detail(400 if malformed else 422, format_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
+        response = _detail(exc.status_code, str(exc.detail))
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    @app.exception_handler(OperationalError)
+    async def _db_unavailable(_r: Request, exc: OperationalError) -> JSONResponse:
+        log.warning("database error: %s", exc.orig)
+        return _detail(503, "the database is unavailable or busy; retry shortly")
+
+    @app.exception_handler(DBAPIError)
+    async def _db_error(_r: Request, exc: DBAPIError) -> JSONResponse:
+        log.error("database rejected a request: %s", exc.orig)
+        return _detail(500, "the database rejected the request")
