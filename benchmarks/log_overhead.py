@@ -1,0 +1,295 @@
+"""Client: cost of ``run.log_sample()`` on the training thread, side by side with a bare
+``deque.append`` floor, MLflow's ``log_metric`` (synchronous and ``synchronous=False``) and
+wandb's offline ``run.log`` (issue 4).
+
+noisescope runs in-process (online: the background sender really posts to a local noisescope
+server, or, if the server distribution cannot start, to an in-process transport that decodes
+every batch). MLflow and wandb run as subprocesses of a SEPARATE venv (``/work/bench-venv``,
+override with ``NOISESCOPE_BENCH_VENV``; create it with ``python -m venv /work/bench-venv &&
+/work/bench-venv/bin/pip install mlflow wandb``) so that they never enter the project's venv;
+each prints its figures as JSON (``benchmarks/_log_competitors.py``).
+
+    python -m benchmarks.log_overhead [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import noisescope
+from noisescope import Request, Response
+
+HERE = Path(__file__).resolve().parent
+BENCH_VENV = Path(os.environ.get("NOISESCOPE_BENCH_VENV", "/work/bench-venv"))
+BENCH_PYTHON = BENCH_VENV / "bin" / "python"
+TARGET_P50_US = 5.0
+TARGET_P99_US = 50.0
+TARGET_RATIO = 10.0
+
+
+def _stats(times_ns: list[int]) -> dict[str, Any]:
+    ordered = sorted(times_ns)
+    n = len(ordered)
+    return {
+        "n": n,
+        "p50_us": ordered[n // 2] / 1e3,
+        "p99_us": ordered[min(n - 1, int(n * 0.99))] / 1e3,
+        "mean_us": sum(ordered) / n / 1e3,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_http(url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status < 500:
+                    return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+class _DecodingTransport:
+    """Stand-in server when the real one is unavailable: decodes each body, answers 200."""
+
+    def handle_request(self, request: Request) -> Response:
+        body = request.body or b""
+        if request.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        payload = json.loads(body) if body else {}
+        n = len(payload.get("columns", {}).get("seq", []))
+        return Response(200, json.dumps({"received": n, "inserted": n}).encode())
+
+    def close(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _noisescope_server(workdir: Path) -> Iterator[str | None]:
+    """A real local noisescope server (SQLite), or None if it cannot start here."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable, "-m", "noisescope.cli", "server", "--host", "127.0.0.1",
+        "--port", str(port), "--database-url", f"sqlite:///{workdir / 'bench.db'}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        if _wait_http(url + "/api/v1/health", 60) and proc.poll() is None:
+            yield url
+        else:
+            yield None
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def measure_floor(n: int) -> dict[str, Any]:
+    """``deque.append`` of the same five values inside a Python function: the floor."""
+    buffer: deque[tuple[Any, ...]] = deque()
+    append = buffer.append
+
+    def log_sample(step: int, b_small: float, b_big: float, g_small: float, g_big: float) -> None:
+        append((step, b_small, b_big, g_small, g_big))
+
+    clock = time.perf_counter_ns
+    times = [0] * n
+    for step in range(n):
+        started = clock()
+        log_sample(step, 8.0, 64.0, 2.0, 1.0)
+        times[step] = clock() - started
+    return {"name": "bare `deque.append` in a function (floor)", **_stats(times)}
+
+
+def measure_noisescope(n: int, url: str | None, workdir: Path) -> list[dict[str, Any]]:
+    run = noisescope.init(
+        url=url or "http://127.0.0.1:9",
+        project="bench",
+        task="log_overhead",
+        dir=workdir / "spool",
+        quiet=True,
+        transport=None if url else _DecodingTransport(),
+        flush_timeout=120.0,
+    )
+    clock = time.perf_counter_ns
+    sample_times = [0] * n
+    log_times = [0] * n
+    log_sample = run.log_sample
+    log = run.log
+    for step in range(n):
+        started = clock()
+        log_sample(step, 8.0, 64.0, 2.0 + step * 1e-6, 1.0)
+        middle = clock()
+        log(step, loss=0.5)
+        sample_times[step] = middle - started
+        log_times[step] = clock() - middle
+    status = run.finish()
+    where = "real server" if url else "in-process decoding transport"
+    note = f"sender online ({where}); sent {status.sent}/{n}, dropped {status.dropped}"
+    return [
+        {"name": "noisescope `run.log_sample()`", "note": note, **_stats(sample_times)},
+        {"name": "noisescope `run.log(step, loss=)`", "note": note, **_stats(log_times)},
+    ]
+
+
+@contextlib.contextmanager
+def _mlflow_server(workdir: Path) -> Iterator[str | None]:
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    command = [
+        str(BENCH_PYTHON), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+        "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
+        "--default-artifact-root", str(workdir / "mlartifacts"), "--workers", "1",
+    ]  # fmt: skip
+    log = open(workdir / "mlflow-server.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        ok = _wait_http(uri + "/health", 120) and proc.poll() is None
+        yield uri if ok else None
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+
+
+def measure_competitor(which: str, n: int, workdir: Path, uri: str = "") -> dict[str, Any]:
+    command = [str(BENCH_PYTHON), str(HERE / "_log_competitors.py"), which, str(n)]
+    if uri:
+        command += ["--tracking-uri", uri]
+    env = dict(os.environ, WANDB_DIR=str(workdir), MLFLOW_TRACKING_URI=uri or "")
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=1800, env=env, cwd=workdir
+        )
+    except subprocess.TimeoutExpired:
+        return {"name": which, "error": "timed out after 30 min"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"name": which, "error": f"exit {done.returncode}: {' | '.join(tail)[:300]}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def collect(quick: bool) -> list[dict[str, Any]]:
+    n_ours = 100_000 if not quick else 20_000
+    n_wandb = 50_000 if not quick else 2_000
+    n_async = 20_000 if not quick else 2_000
+    n_sync = 500 if not quick else 100
+    rows: list[dict[str, Any]] = []
+    workdir = Path(tempfile.mkdtemp(prefix="ns-log-bench-"))
+    try:
+        with _noisescope_server(workdir) as url:
+            rows.append(measure_floor(n_ours))
+            rows.extend(measure_noisescope(n_ours, url, workdir))
+        if not BENCH_PYTHON.exists():
+            note = f"not run: no benchmark venv at {BENCH_VENV} (see module docstring)"
+            for name in ("wandb offline run.log", "mlflow log_metric"):
+                rows.append({"name": name, "error": note})
+            return rows
+        rows.append(measure_competitor("wandb-offline", n_wandb, workdir))
+        with _mlflow_server(workdir) as uri:
+            if uri is None:
+                rows.append({"name": "mlflow log_metric", "error": "mlflow server did not start"})
+            else:
+                rows.append(measure_competitor("mlflow-async", n_async, workdir, uri))
+                rows.append(measure_competitor("mlflow-sync", n_sync, workdir, uri))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return rows
+
+
+def render(rows: list[dict[str, Any]], quick: bool) -> str:
+    ours = next(r for r in rows if r["name"].startswith("noisescope `run.log_sample"))
+    others = [
+        r for r in rows if "error" not in r and not r["name"].startswith(("noisescope", "bare"))
+    ]
+    lines = [
+        "## Client: log() cost on the training thread (issue 4)",
+        "",
+        f"`python -m benchmarks.log_overhead{' --quick' if quick else ''}`: per-call wall time "
+        "on the calling thread (`perf_counter_ns` around each call, timer overhead included "
+        "in every row alike). Ratios are the other tool's time over noisescope "
+        "`log_sample()`'s, from this one run.",
+        "",
+        "| call | version | calls | p50 µs | p99 µs | mean µs | p50 ratio | p99 ratio | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | | | | | | | | {r['error']} |")
+            continue
+        default_version = noisescope.__version__ if r["name"].startswith("noisescope") else ""
+        lines.append(
+            f"| {r['name']} | {r.get('version', default_version)} "
+            f"| {r['n']:,} | {r['p50_us']:.2f} | {r['p99_us']:.2f} | {r['mean_us']:.2f} "
+            f"| {r['p50_us'] / ours['p50_us']:.1f}× | {r['p99_us'] / ours['p99_us']:.1f}× "
+            f"| {r.get('note', '')} |"
+        )
+    lines.append("")
+    verdicts = [
+        f"median {ours['p50_us']:.2f} µs (target < {TARGET_P50_US:g}: "
+        f"{'met' if ours['p50_us'] < TARGET_P50_US else 'MISSED'})",
+        f"p99 {ours['p99_us']:.2f} µs (target < {TARGET_P99_US:g}: "
+        f"{'met' if ours['p99_us'] < TARGET_P99_US else 'MISSED'})",
+    ]
+    if others:
+        fastest = min(others, key=lambda r: r["p50_us"])
+        ratio = fastest["p50_us"] / ours["p50_us"]
+        verdicts.append(
+            f"{ratio:.0f}× faster at the median than the fastest other tool, {fastest['name']} "
+            f"(target ≥ {TARGET_RATIO:g}×: {'met' if ratio >= TARGET_RATIO else 'MISSED'})"
+        )
+    lines.append("noisescope `log_sample()`: " + "; ".join(verdicts) + ".")
+    lines.append("")
+    lines.append(
+        "MLflow's async mode is run with `MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS=1` so its "
+        "queue drains in reasonable time; synchronous MLflow gets fewer calls because each "
+        "is an HTTP round trip. wandb and MLflow come from a separate venv "
+        f"(`{BENCH_VENV}`), run as subprocesses."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def run(quick: bool) -> str:
+    return render(collect(quick), quick)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.log_overhead", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
+    args = parser.parse_args(argv)
+    print(run(args.quick))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""A small fault-injecting HTTP proxy to put in front of the real server in fault tests.
+
+Each request first consumes one scripted fault, if any:
+- ``500`` / ``503`` / ``429``: answer that status without contacting the server
+  (429 carries ``Retry-After: <retry_after>``);
+- ``"slow"``: forward, then hold the answer ``slow_seconds`` (past the client's timeout);
+- ``"lost"``: forward (the server commits!), then drop the connection without an answer,
+  the case that makes a client resend data the server already has;
+- ``"reset"``: drop the connection without forwarding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+Fault = int | str
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, retry_after: float = 0.2, slow_seconds: float = 1.0):
+        parts = urlsplit(upstream)
+        self.upstream_host = parts.hostname or "127.0.0.1"
+        self.upstream_port = parts.port or 80
+        self.retry_after = retry_after
+        self.slow_seconds = slow_seconds
+        self.faults: deque[Fault] = deque()
+        self.lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                with proxy.lock:
+                    fault = proxy.faults.popleft() if proxy.faults else None
+                    key = str(fault) if fault is not None else "pass"
+                    proxy.counts[key] = proxy.counts.get(key, 0) + 1
+                if fault == "reset":
+                    self._drop()
+                    return
+                if isinstance(fault, int):
+                    payload = b'{"detail": "injected fault"}'
+                    self.send_response(fault)
+                    if fault == 429:
+                        self.send_header("Retry-After", str(proxy.retry_after))
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                try:
+                    status, headers, answer = proxy._forward(
+                        self.command, self.path, dict(self.headers), body
+                    )
+                except OSError:
+                    self.send_response(502)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if fault == "lost":
+                    self._drop()
+                    return
+                if fault == "slow":
+                    time.sleep(proxy.slow_seconds)
+                self.send_response(status)
+                for name, value in headers:
+                    if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def _drop(self) -> None:
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+
+            do_GET = do_PUT = do_POST = do_PATCH = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _forward(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        conn = http.client.HTTPConnection(self.upstream_host, self.upstream_port, timeout=30)
+        try:
+            headers = {k: v for k, v in headers.items() if k.lower() != "host"}
+            conn.request(method, path, body=body, headers=headers)
+            answer = conn.getresponse()
+            return answer.status, answer.getheaders(), answer.read()
+        finally:
+            conn.close()
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
