@@ -1,0 +1,148 @@
+"""``python -m experiments [--quick] [--tasks lsq,digits,charlm] [--out DIR] [--docs DIR]``.
+
+Runs each task's batch-size sweep (resuming from cached runs), logs every run to a local
+``noisescope server``, then writes the analysis, figures and ``reproduction.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+DISCUSSION_FILE = Path(__file__).with_name("discussion.md")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments",
+        description="Reproduce McCandlish et al. (2018): B_simple vs the critical batch size.",
+    )
+    p.add_argument("--quick", action="store_true", help="tiny sweeps (CI smoke; minutes)")
+    p.add_argument(
+        "--tasks", default="digits,lsq,charlm", help="comma-separated tasks (default: all)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("experiments/runs"),
+        help="cache of finished runs, server database, spool (default: experiments/runs)",
+    )
+    p.add_argument(
+        "--docs",
+        type=Path,
+        default=None,
+        help="where reproduction.md and figures/ go (default: docs/ for the full size, "
+        "<out>/report for --quick)",
+    )
+    p.add_argument(
+        "--url",
+        default=None,
+        help="log to this running noisescope server instead of starting one",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="log through the client in offline mode (spooled under <out>/spool); a later "
+        "run with a server delivers the spool with noisescope.sync",
+    )
+    p.add_argument(
+        "--no-server",
+        action="store_true",
+        help="do not log runs anywhere (development only; the docs are made with a server)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from experiments import analysis, figures, report
+    from experiments.runner import OFFLINE, Progress, run_sweep, to_sweep_runs
+    from experiments.server import LocalServer
+    from experiments.tasks import TASKS
+
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TASKS]
+    if unknown:
+        print(f"unknown task(s) {unknown}; choose from {sorted(TASKS)}", file=sys.stderr)
+        return 2
+    size = "quick" if args.quick else "full"
+    out: Path = args.out / size
+    docs: Path = args.docs or (out / "report" if args.quick else Path("docs"))
+    progress = Progress()
+
+    server: LocalServer | None = None
+    url: str | None = args.url
+    if args.offline:
+        url = OFFLINE
+    elif url is None and not args.no_server:
+        server = LocalServer(out / "noisescope.db", out / "server.log").start()
+        url = server.url
+        progress.line(f"noisescope server on {url} (database {out / 'noisescope.db'})")
+    try:
+        if url not in (None, OFFLINE) and (out / "spool").is_dir():
+            import noisescope
+
+            synced = noisescope.sync(out / "spool", url=url)
+            progress.line(
+                f"noisescope sync: {len(synced.synced)} spooled runs, {synced.samples} samples "
+                f"delivered to {url}" + (f"; failed: {synced.failed}" if synced.failed else "")
+            )
+        results = []
+        summary = []
+        for name in names:
+            spec = TASKS[name].sized(args.quick)
+            records = run_sweep(spec, out, url, progress)
+            runs = to_sweep_runs(records)
+            rows = analysis.critical_batch_rows(runs, spec.loss_targets)
+            lowest = rows[-1] if rows else None
+            best_ids = {p.run_id for p in lowest.points} if lowest else set()
+            best_runs = sorted(
+                (r for r in runs if r.run_id in best_ids), key=lambda r: r.batch_size
+            )
+            fig = f"figures/reproduction_{name}{'_quick' if args.quick else ''}.png"
+            figures.save_png(
+                figures.task_chart(spec.title, spec.units, rows, best_runs), docs / fig
+            )
+            results.append(report.TaskResult(spec, rows, records, fig))
+            for row in rows:
+                if row.fit is not None and row.b_simple is not None:
+                    summary.append(
+                        {
+                            "task": name,
+                            "target": row.target,
+                            "b_crit": row.fit.b_crit,
+                            "b_simple": row.b_simple,
+                        }
+                    )
+                progress.line(
+                    f"{name} loss {row.target:g}: B_crit "
+                    + (f"{row.fit.b_crit:.3g}" if row.fit else f"- ({row.fit_error})")
+                    + ", B_simple "
+                    + ("-" if row.b_simple is None else f"{row.b_simple:.3g}")
+                )
+        summary_fig = f"figures/reproduction_summary{'_quick' if args.quick else ''}.png"
+        figures.save_png(figures.summary_chart(summary), docs / summary_fig)
+        command = "python -m experiments" + (" " + shlex.join(argv) if argv else "")
+        if argv is None:
+            command = "python -m experiments " + shlex.join(sys.argv[1:])
+        discussion = (
+            DISCUSSION_FILE.read_text().strip()
+            if DISCUSSION_FILE.exists() and not args.quick
+            else "(Written for the full run only.)"
+        )
+        text = report.render(results, summary_fig, command.strip(), discussion)
+        docs.mkdir(parents=True, exist_ok=True)
+        (docs / "reproduction.md").write_text(text)
+        progress.line(f"wrote {docs / 'reproduction.md'}")
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
