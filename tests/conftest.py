@@ -1,0 +1,94 @@
+"""Shared fixtures: ``db_url`` (SQLite and PostgreSQL) and ``live_server``.
+
+``db_url`` is parametrised over a temporary SQLite file and the PostgreSQL server at
+``NOISESCOPE_TEST_PG`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``). Each
+PostgreSQL test gets its own freshly created database (``ns_test_<random>``), dropped afterwards,
+so tests are isolated and can run in parallel. With ``CI=true`` an unreachable PostgreSQL FAILS
+the test (the run is required there); elsewhere it is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import ServerProcess
+
+PG_URL = os.environ.get("NOISESCOPE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _pg_admin_connect() -> object:
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    u = make_url(PG_URL)
+    return psycopg.connect(
+        host=u.host or "127.0.0.1",
+        port=u.port or 5432,
+        user=u.username or "postgres",
+        password=u.password,
+        dbname=u.database or "postgres",
+        autocommit=True,
+        connect_timeout=3,
+    )
+
+
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """Create an empty PostgreSQL database, yield its URL, drop it afterwards.
+
+    Skips (or, with CI=true, fails) the calling test when PostgreSQL is unreachable.
+    """
+    from sqlalchemy.engine import make_url
+
+    try:
+        admin = _pg_admin_connect()
+    except Exception as exc:  # psycopg.OperationalError and friends
+        message = f"PostgreSQL at {PG_URL} is unreachable: {exc}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{message} (required when CI=true)")
+        pytest.skip(message)
+    name = f"ns_test_{secrets.token_hex(6)}"
+    with admin:  # type: ignore[attr-defined]
+        admin.execute(f'CREATE DATABASE "{name}"')  # type: ignore[attr-defined]
+    try:
+        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with _pg_admin_connect() as admin2:  # type: ignore[attr-defined]
+            admin2.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for this test (dropped afterwards)."""
+    with fresh_pg_database() as url:
+        yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'noisescope.db'}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh database URL, once for SQLite and once for PostgreSQL."""
+    name = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    url: str = request.getfixturevalue(name)
+    return url
+
+
+@pytest.fixture
+def live_server() -> Iterator[ServerProcess]:
+    """A real server (``python -m noisescope_server``) on a temporary SQLite database."""
+    server = ServerProcess()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,0 +1,56 @@
+"""Module-scoped real servers for the endpoint tests, on SQLite and on PostgreSQL.
+
+Starting a server costs seconds, so each test module shares one per backend; tests isolate
+themselves with unique run ids and project names.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import fresh_pg_database
+from tests.support.servers import ServerProcess
+
+
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
+def backend_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    if request.param == "sqlite":
+        path: Path = tmp_path_factory.mktemp("db") / "noisescope.db"
+        yield f"sqlite:///{path}"
+        return
+    with fresh_pg_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def server(backend_url: str) -> Iterator[ServerProcess]:
+    """A real server (auth off; 1 MiB body limit so limit tests stay small)."""
+    proc = ServerProcess(
+        database_url=backend_url,
+        env={"NOISESCOPE_MAX_BODY_BYTES": str(1 << 20), "NOISESCOPE_MAX_SAMPLES": "10000"},
+    )
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def run_id() -> str:
+    return uuid.uuid4().hex
