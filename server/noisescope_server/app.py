@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from noisescope_server import __version__, crud, db
-from noisescope_server.api import health, ingest, query, runs, tokens
+from noisescope_server.api import health, ingest, query, recommend, runs, tokens
 from noisescope_server.api._body import format_validation_error
 from noisescope_server.settings import Settings
 
@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    for module in (health, runs, ingest, query, tokens):
+    for module in (health, runs, ingest, query, recommend, tokens):
         app.include_router(module.router, prefix=_wire.API_PREFIX)
     _install_error_handlers(app)
     return app

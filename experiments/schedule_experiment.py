@@ -1,0 +1,462 @@
+"""Noise-scale-guided batch-size schedule vs fixed batch sizes (issue 8).
+
+``nice -n 10 python -m experiments.schedule_experiment [--task lsq|digits] [--repeats 5]
+[--quick]`` trains, on one reproduction task (``experiments.tasks``), with fixed seeds:
+
+1. every fixed batch size of the task's sweep with every learning rate of its grid, ``repeats``
+   times (seeds 0..repeats-1 for the initialisation and the batch sampler); per batch size the
+   learning rate with the fewest median steps to the target (all repeats must reach it);
+2. ``noisescope.schedule.BatchSizeScheduler``: starts at the smallest batch, grows the batch
+   (micro-batches of the task's granularity) toward B_simple, linear learning-rate rule capped at
+   the best learning rate of the largest fixed batch; its base learning rate is tuned on the same
+   grid by the same rule.
+
+For each loss target it reports steps and examples to the target (median and min-max over
+repeats) for the schedule, the best fixed *small* batch (fewest examples) and the best fixed
+*large* batch (fewest steps), and where the schedule sits against the fixed-batch frontier
+(S/S_min - 1)(E/E_min - 1) = 1 fitted with ``estimators.fit_critical_batch`` (a product below 1
+means the schedule beats every fixed batch size, which a fixed-batch model cannot do).
+
+Cached per run under ``experiments/runs/schedule/<task>/``; writes the markdown table to
+``<out>/<task>.md`` and the figure to ``docs/figures/adaptive_batch_<task>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from noisescope.estimators import examples_ratio, fit_critical_batch, steps_ratio
+from noisescope.schedule import BatchSizeScheduler
+
+from experiments.tasks import TASKS, TaskSpec, make_trainer
+
+__all__ = ["main", "run_fixed", "run_schedule"]
+
+DIVERGE_FACTOR = 3.0
+EVAL_SPACING = 0.02  # evaluate every 2% of the steps so far (and at least every step early)
+
+
+@dataclass
+class Trace:
+    """One training run: steps/examples at which each target was first reached."""
+
+    reached: dict[float, tuple[int, float]] = field(default_factory=dict)
+    diverged: bool = False
+    steps: int = 0
+    examples: float = 0.0
+    batch: list[tuple[int, int, float | None, float]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reached": {str(k): v for k, v in self.reached.items()},
+            "diverged": self.diverged,
+            "steps": self.steps,
+            "examples": self.examples,
+            "batch": self.batch,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Trace:
+        t = cls(
+            {float(k): (int(v[0]), float(v[1])) for k, v in d["reached"].items()},
+            d["diverged"],
+            d["steps"],
+            d["examples"],
+            [tuple(x) for x in d["batch"]],
+        )
+        return t
+
+
+def _train(
+    spec: TaskSpec,
+    seed: int,
+    targets: Sequence[float],
+    lr_of: Any,
+    batch_of: Any,
+    observe: Any = None,
+    record_every: int = 0,
+) -> Trace:
+    trainer = make_trainer(spec, seed=seed, sampler_seed=10_000 + seed)
+    loss0 = trainer.eval_loss()
+    trace = Trace()
+    pending = sorted(targets, reverse=True)
+    next_eval = 1
+    examples = 0.0
+    step = 0
+    while pending and step < spec.max_steps and examples < spec.max_examples:
+        batch = batch_of()
+        res = trainer.step(batch, lr_of())
+        step += 1
+        examples += batch
+        if observe is not None:
+            observe(step, res)
+        if record_every and step % record_every == 0:
+            truth = trainer.truth().get("b_simple_true")
+            trace.batch.append((step, batch, getattr(observe, "noise_scale", None), truth or 0.0))
+        if step >= next_eval:
+            next_eval = step + max(1, int(EVAL_SPACING * step))
+            loss = trainer.eval_loss()
+            if not math.isfinite(loss) or loss > DIVERGE_FACTOR * loss0:
+                trace.diverged = True
+                break
+            while pending and loss <= pending[0]:
+                trace.reached[pending.pop(0)] = (step, examples)
+    trace.steps, trace.examples = step, examples
+    return trace
+
+
+def run_fixed(spec: TaskSpec, batch: int, lr: float, seed: int, targets: Sequence[float]) -> Trace:
+    return _train(spec, seed, targets, lambda: lr, lambda: batch)
+
+
+class _Observer:
+    def __init__(self, sched: BatchSizeScheduler) -> None:
+        self.sched = sched
+
+    def __call__(self, step: int, res: Any) -> None:
+        self.sched.observe_norms(step, res.b_small, res.b_big, res.g_small_sq, res.g_big_sq)
+
+    @property
+    def noise_scale(self) -> float | None:
+        return self.sched.noise_scale
+
+
+def make_scheduler(spec: TaskSpec, base_lr: float, max_lr: float) -> BatchSizeScheduler:
+    """The schedule under test; every knob is a documented default except the batch range."""
+    granularity = spec.micro_batches  # the task splits each batch into this many micro-batches
+    return BatchSizeScheduler(
+        micro_batch_size=granularity,
+        min_batch_size=max(spec.batch_sizes[0], granularity),
+        max_batch_size=spec.batch_sizes[-1],
+        base_lr=base_lr,
+        lr_rule="linear",
+        max_lr=max_lr,
+    )
+
+
+def run_schedule(
+    spec: TaskSpec, base_lr: float, max_lr: float, seed: int, targets: Sequence[float]
+) -> Trace:
+    sched = make_scheduler(spec, base_lr, max_lr)
+    obs = _Observer(sched)
+    lr_of = lambda: sched.lr  # noqa: E731
+    return _train(spec, seed, targets, lr_of, lambda: sched.batch_size, obs, record_every=10)
+
+
+def _cached(path: Path, compute: Any) -> Trace:
+    if path.exists():
+        return Trace.from_json(json.loads(path.read_text()))
+    trace: Trace = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(trace.to_json()))
+    tmp.replace(path)
+    return trace
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return statistics.median(v for v in values if v is not None)
+
+
+def _best_lr(
+    traces: dict[float, list[Trace]], target: float
+) -> tuple[float, list[tuple[int, float]]] | None:
+    """The lr whose repeats all reached ``target`` with the fewest median steps."""
+    best: tuple[float, float, list[tuple[int, float]]] | None = None
+    for lr, runs in traces.items():
+        hits = [r.reached.get(target) for r in runs]
+        if any(h is None for h in hits):
+            continue
+        got = [h for h in hits if h is not None]
+        med = statistics.median(h[0] for h in got)
+        if best is None or med < best[1]:
+            best = (lr, med, got)
+    return None if best is None else (best[0], best[2])
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.schedule_experiment")
+    p.add_argument("--task", default="lsq", choices=["lsq", "digits"])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="the task's quick sweep, 2 repeats")
+    p.add_argument("--out", type=Path, default=Path("experiments/runs/schedule"))
+    p.add_argument("--figure", type=Path, default=None)
+    args = p.parse_args(argv)
+    spec = TASKS[args.task].sized(args.quick)
+    repeats = 2 if args.quick else args.repeats
+    targets = spec.loss_targets
+    lowest = min(targets)
+    out = args.out / ("quick" if args.quick else "full") / spec.name
+    t0 = time.monotonic()
+    seeds = list(range(repeats))
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:6.0f}s] {msg}", file=sys.stderr, flush=True)
+
+    # 1. fixed batch sizes x learning rates x seeds
+    fixed: dict[int, dict[float, list[Trace]]] = {}
+    for b in spec.batch_sizes:
+        fixed[b] = {}
+        for lr in spec.lrs:
+            fixed[b][lr] = [
+                _cached(
+                    out / f"fixed_B{b}_lr{lr:g}_s{s}.json",
+                    lambda b=b, lr=lr, s=s: run_fixed(spec, b, lr, s, targets),
+                )
+                for s in seeds
+            ]
+        log(f"fixed B={b} done")
+    # 2. the schedule: base lr over the same grid, cap = best lr of the largest fixed batch
+    b_max = spec.batch_sizes[-1]
+    cap = _best_lr(fixed[b_max], lowest) or _best_lr(fixed[b_max], max(targets))
+    max_lr = cap[0] if cap is not None else max(spec.lrs)
+    sched: dict[float, list[Trace]] = {}
+    for lr in spec.lrs:
+        if lr > max_lr:
+            continue  # base lr above the cap would be capped from the first step
+        sched[lr] = [
+            _cached(
+                out / f"sched_lr{lr:g}_cap{max_lr:g}_s{s}.json",
+                lambda lr=lr, s=s: run_schedule(spec, lr, max_lr, s, targets),
+            )
+            for s in seeds
+        ]
+        log(f"schedule base lr={lr:g} done")
+
+    rows: list[dict[str, Any]] = []
+    for target in targets:
+        per_b: dict[int, tuple[float, list[tuple[int, float]]]] = {}
+        for b in spec.batch_sizes:
+            best = _best_lr(fixed[b], target)
+            if best is not None:
+                per_b[b] = best
+        s_best = _best_lr(sched, target)
+        if len(per_b) < 3 or s_best is None:
+            rows.append({"target": target, "missing": True})
+            continue
+        med_steps = {b: statistics.median(h[0] for h in v[1]) for b, v in per_b.items()}
+        med_ex = {b: statistics.median(h[1] for h in v[1]) for b, v in per_b.items()}
+        small = min(per_b, key=lambda b: (med_ex[b], b))
+        large = min(per_b, key=lambda b: (med_steps[b], -b))
+        bs = sorted(per_b)
+        try:
+            fit = fit_critical_batch(bs, [med_steps[b] for b in bs])
+            s_min, e_min, b_crit = fit.s_min, fit.e_min, fit.b_crit
+        except ValueError:
+            s_min = e_min = b_crit = float("nan")
+        sched_steps = [float(h[0]) for h in s_best[1]]
+        sched_ex = [h[1] for h in s_best[1]]
+        row: dict[str, Any] = {
+            "target": target,
+            "fixed": {
+                str(b): {
+                    "lr": per_b[b][0],
+                    "steps": _stats([float(h[0]) for h in per_b[b][1]]),
+                    "examples": _stats([h[1] for h in per_b[b][1]]),
+                }
+                for b in bs
+            },
+            "small": small,
+            "large": large,
+            "s_min": s_min,
+            "e_min": e_min,
+            "b_crit": b_crit,
+            "schedule": {
+                "base_lr": s_best[0],
+                "max_lr": max_lr,
+                "steps": _stats(sched_steps),
+                "examples": _stats(sched_ex),
+            },
+        }
+        if math.isfinite(s_min):
+            s_rel = statistics.median(sched_steps) / s_min
+            e_rel = statistics.median(sched_ex) / e_min
+            sched_row: dict[str, Any] = row["schedule"]
+            sched_row["frontier_product"] = (s_rel - 1.0) * (e_rel - 1.0)
+            sched_row["steps_over_min"] = s_rel
+            sched_row["examples_over_min"] = e_rel
+            # the fixed batch at B_crit costs 2x and 2x: steps_ratio = examples_ratio = 2
+            row["at_b_crit"] = [steps_ratio(b_crit, b_crit), examples_ratio(b_crit, b_crit)]
+        rows.append(row)
+    # the schedule's batch trajectory at the chosen base lr (first repeat), for the figure
+    chosen = _best_lr(sched, lowest)
+    trajectory = sched[chosen[0]][0].batch if chosen is not None else []
+    result = {
+        "task": spec.name,
+        "repeats": repeats,
+        "quick": args.quick,
+        "rows": rows,
+        "trajectory": trajectory,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    table = markdown(result, spec)
+    (out / "result.md").write_text(table)
+    print(table)
+    figure = args.figure or (
+        Path("docs/figures") / f"adaptive_batch_{spec.name}.png"
+        if not args.quick
+        else out / "figure.png"
+    )
+    try:
+        save_figure(result, figure)
+        log(f"figure written to {figure}")
+    except Exception as exc:  # the table is the result; a figure failure is reported
+        log(f"figure not written: {exc!r}")
+    log("done")
+    return 0
+
+
+def _fmt(s: dict[str, float]) -> str:
+    return f"{s['median']:.4g} [{s['min']:.4g}-{s['max']:.4g}]"
+
+
+def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
+    lines = [
+        f"Task `{spec.name}` ({spec.title}), {result['repeats']} repeats (seeds 0-"
+        f"{result['repeats'] - 1}); median [min-max] over repeats.",
+        "",
+        "| loss target | schedule steps | best small B: steps | schedule examples | "
+        "best large B: examples | fewer steps than small? | fewer examples than large? | "
+        "schedule S/S_min, E/E_min | (S/S_min-1)(E/E_min-1) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        if row.get("missing"):
+            lines.append(f"| {row['target']:g} | not reached by enough runs | | | | | | | |")
+            continue
+        sc = row["schedule"]
+        small = row["fixed"][str(row["small"])]
+        large = row["fixed"][str(row["large"])]
+        win_s = sc["steps"]["median"] < small["steps"]["median"]
+        win_e = sc["examples"]["median"] < large["examples"]["median"]
+        rel = (
+            f"{sc['steps_over_min']:.2f}, {sc['examples_over_min']:.2f}"
+            if "steps_over_min" in sc
+            else "n/a"
+        )
+        prod = f"{sc['frontier_product']:.2f}" if "frontier_product" in sc else "n/a"
+        lines.append(
+            f"| {row['target']:g} | {_fmt(sc['steps'])} "
+            f"| {_fmt(small['steps'])} (B={row['small']}) "
+            f"| {_fmt(sc['examples'])} | {_fmt(large['examples'])} (B={row['large']}) "
+            f"| {'yes' if win_s else 'no'} | {'yes' if win_e else 'no'} | {rel} | {prod} |"
+        )
+    lines.append("")
+    lines.append(
+        "Fixed-batch frontier per target (best lr per B; fit S = S_min(1 + B_crit/B)): "
+        + "; ".join(
+            f"L={r['target']:g}: S_min={r['s_min']:.4g}, E_min={r['e_min']:.4g}, "
+            f"B_crit={r['b_crit']:.3g}"
+            for r in result["rows"]
+            if not r.get("missing")
+        )
+    )
+    return "\n".join(lines) + "\n"
+
+
+def save_figure(result: dict[str, Any], path: Path) -> None:
+    import altair as alt
+    import pandas as pd
+
+    points: list[dict[str, Any]] = []
+    for row in result["rows"]:
+        if row.get("missing"):
+            continue
+        for b, f in row["fixed"].items():
+            points.append(
+                {
+                    "target": f"loss {row['target']:g}",
+                    "who": "fixed batch",
+                    "label": f"B={b}",
+                    "steps": f["steps"]["median"],
+                    "steps_lo": f["steps"]["min"],
+                    "steps_hi": f["steps"]["max"],
+                    "examples": f["examples"]["median"],
+                    "examples_lo": f["examples"]["min"],
+                    "examples_hi": f["examples"]["max"],
+                }
+            )
+        sc = row["schedule"]
+        points.append(
+            {
+                "target": f"loss {row['target']:g}",
+                "who": "noise-scale schedule",
+                "label": "schedule",
+                "steps": sc["steps"]["median"],
+                "steps_lo": sc["steps"]["min"],
+                "steps_hi": sc["steps"]["max"],
+                "examples": sc["examples"]["median"],
+                "examples_lo": sc["examples"]["min"],
+                "examples_hi": sc["examples"]["max"],
+            }
+        )
+    log_x = alt.Scale(type="log")
+    base = alt.Chart(pd.DataFrame(points))
+    color = alt.Color("who:N", title=None, legend=alt.Legend(orient="bottom"))
+    dots = base.mark_point(filled=True, size=50).encode(
+        x=alt.X("examples:Q", scale=log_x, title="examples to target"),
+        y=alt.Y("steps:Q", scale=alt.Scale(type="log"), title="optimizer steps to target"),
+        color=color,
+        tooltip=["label:N", "steps:Q", "examples:Q"],
+    )
+    ybars = base.mark_rule().encode(x="examples:Q", y="steps_lo:Q", y2="steps_hi:Q", color=color)
+    xbars = base.mark_rule().encode(x="examples_lo:Q", x2="examples_hi:Q", y="steps:Q", color=color)
+    text = base.mark_text(dx=14, dy=-6, fontSize=9).encode(
+        x="examples:Q", y="steps:Q", text="label:N", color=color
+    )
+    frontier = (
+        alt.layer(ybars, xbars, dots, text)
+        .properties(width=230, height=210)
+        .facet(facet=alt.Facet("target:N", title=None), columns=4)
+        .resolve_scale(x="independent", y="independent")
+    )
+    traj = [
+        {"step": s, "series": "batch size (schedule)", "value": b}
+        for s, b, _, _ in result["trajectory"]
+    ]
+    traj += [
+        {"step": s, "series": "B_simple (scheduler's EMA)", "value": n}
+        for s, _, n, _ in result["trajectory"]
+        if n
+    ]
+    traj += [
+        {"step": s, "series": "B_simple (closed form)", "value": t}
+        for s, _, _, t in result["trajectory"]
+        if t
+    ]
+    lines = (
+        alt.Chart(pd.DataFrame(traj))
+        .mark_line()
+        .encode(
+            x=alt.X("step:Q", title="optimizer step"),
+            y=alt.Y("value:Q", scale=alt.Scale(type="log"), title="examples"),
+            color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")),
+        )
+        .properties(width=480, height=200, title="Batch size chosen by the schedule (seed 0)")
+    )
+    chart = alt.vconcat(frontier, lines).properties(
+        title=f"{result['task']}: noise-scale schedule vs fixed batch sizes "
+        f"({result['repeats']} repeats; bars: min-max)"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    chart.save(str(path), ppi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
