@@ -99,12 +99,12 @@ class Recommendation:
 
 
 def default_candidates(batch_size: float, b_simple: float | None) -> list[float]:
-    """Powers of two from batch/8 up to 8x max(batch, B_simple): the neighbourhood that matters."""
+    """Powers of two from batch/8 through 8x max(batch, B_simple): where the choice lies."""
     top = max(batch_size, b_simple or 0.0) * 8.0
     lo = max(1.0, batch_size / 8.0)
     out: list[float] = []
     b = 2.0 ** math.floor(math.log2(lo))
-    while b <= top:
+    while b < 2.0 * top:  # up to the first power of two at or above ``top``
         out.append(b)
         b *= 2.0
     return out

@@ -13,8 +13,13 @@ Why it does not oscillate (a Schmitt trigger):
   (``estimators.EMA``), never a single step's ratio;
 - nothing changes before ``warmup_steps`` measured steps;
 - a change needs the target to leave a band: above ``batch · (1 + hysteresis)`` to grow, below
-  ``batch / (1 + hysteresis)`` to shrink (shrinking is off by default); after a change the batch
-  sits near the target, so the next change needs the target to move by that factor again;
+  ``batch / (1 + hysteresis)²`` to shrink (shrinking is off by default; the wider band because
+  the noise scale is expected to rise, and an early overshoot should not be undone by noise);
+  after a change the batch sits near the target, so the next change needs the target to move
+  by that factor again;
+- one change moves the batch by at most ``max_step_factor``, so a spike of the estimate (large
+  while the batch is far below B_simple, when the two-batch estimates are noisiest) cannot jump
+  to the maximum;
 - at least ``cooldown_steps`` steps pass between changes.
 
 Pure Python and torch-free: it reads the numbers a probe returns (``ProbeSample``) or any
@@ -111,6 +116,9 @@ class BatchSizeScheduler:
         max_lr: cap on the scaled learning rate (large batches hit a stability limit).
         target_ratio: aim for ``target_ratio · B_simple`` (1.0: the critical-batch point).
         hysteresis: relative band the target must leave before the batch changes.
+        max_step_factor: largest factor one change may grow (or shrink) the batch by; the
+            schedule approaches a far target geometrically, so one noisy spike of the estimate
+            (large while the batch is much smaller than B_simple) cannot jump to the maximum.
         cooldown_steps: minimum steps between two changes.
         warmup_steps: measured steps before the first change (the EMA must settle; early in
             training B_simple is small and noisy, see docs/adaptive_batch.md).
@@ -132,6 +140,7 @@ class BatchSizeScheduler:
         max_lr: float | None = None,
         target_ratio: float = 1.0,
         hysteresis: float = 0.5,
+        max_step_factor: float = 2.0,
         cooldown_steps: int = 50,
         warmup_steps: int = 50,
         beta: float = 0.98,
@@ -160,6 +169,11 @@ class BatchSizeScheduler:
             raise ValueError(f"target_ratio must be positive, got {target_ratio}")
         if not hysteresis >= 0:
             raise ValueError(f"hysteresis must be >= 0, got {hysteresis}")
+        if not max_step_factor > 1.0 + hysteresis:
+            raise ValueError(
+                f"max_step_factor ({max_step_factor}) must exceed 1 + hysteresis "
+                f"({1.0 + hysteresis}), or no change could leave the band"
+            )
         if cooldown_steps < 0 or warmup_steps < 0:
             raise ValueError("cooldown_steps and warmup_steps must be >= 0")
         if base_lr is not None and not base_lr > 0:
@@ -172,6 +186,7 @@ class BatchSizeScheduler:
         self.max_lr = max_lr
         self.target_ratio = target_ratio
         self.hysteresis = hysteresis
+        self.max_step_factor = max_step_factor
         self.cooldown_steps = cooldown_steps
         self.warmup_steps = warmup_steps
         self.allow_shrink = allow_shrink
@@ -262,12 +277,14 @@ class BatchSizeScheduler:
         target = self.target_ratio * noise_scale
         band = 1.0 + self.hysteresis
         if target >= current * band:
-            accum = min(self.max_accum, max(self.min_accum, round(target / self.micro_batch_size)))
+            wanted = min(target, current * self.max_step_factor)
+            accum = min(self.max_accum, max(self.min_accum, round(wanted / self.micro_batch_size)))
             direction: Literal["grow", "shrink"] = "grow"
             if accum <= self.accum_steps:
                 return None
-        elif self.allow_shrink and target * band <= current:
-            accum = min(self.max_accum, max(self.min_accum, round(target / self.micro_batch_size)))
+        elif self.allow_shrink and target * band * band <= current:
+            wanted = max(target, current / self.max_step_factor)
+            accum = min(self.max_accum, max(self.min_accum, round(wanted / self.micro_batch_size)))
             direction = "shrink"
             if accum >= self.accum_steps:
                 return None

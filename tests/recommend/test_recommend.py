@@ -1,0 +1,143 @@
+"""Recommendations against hand-computed values of science.md's formulas and Pollux's goodput."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from noisescope.estimators import (
+    Interval,
+    NoiseScale,
+    NoiseScaleInterval,
+    goodput,
+    goodput_optimal_batch,
+    interpolate_throughput,
+    scaled_lr,
+    statistical_efficiency,
+)
+from noisescope.recommend import NoiseTracker, default_candidates, recommend
+
+
+def test_efficiency_is_pollux_and_the_examples_ratio_of_the_s_e_model() -> None:
+    # phi = 100, B = 50, B0 = 25: (100 + 25) / (100 + 50)
+    assert statistical_efficiency(50, 100, 25) == pytest.approx(125 / 150)
+    # B0 = 0: E_min / E = 1 / (1 + B / B_crit) = 1 / 1.5
+    assert statistical_efficiency(50, 100) == pytest.approx(1 / 1.5)
+    assert statistical_efficiency(25, 100, 25) == 1.0
+    assert goodput(3000, 128, 100) == pytest.approx(3000 * 100 / 228)
+
+
+def test_recommendation_matches_hand_computed_values() -> None:
+    noise = NoiseScaleInterval(
+        level=0.9,
+        n=500,
+        n_blocks=20,
+        g_sq=None,
+        trace_sigma=None,
+        b_simple=Interval(100.0, 80.0, 130.0),
+    )
+    rec = recommend(noise, 50, candidates=[25, 100, 400])
+    assert (rec.b_simple, rec.b_simple_lo, rec.b_simple_hi, rec.level) == (100.0, 80.0, 130.0, 0.9)
+    cur = rec.current
+    assert cur is not None
+    # S/S_min = 1 + B_crit/B = 1 + 100/50; E/E_min = 1 + B/B_crit = 1 + 50/100
+    assert cur.steps_ratio == pytest.approx(3.0)
+    assert cur.examples_ratio == pytest.approx(1.5)
+    assert cur.efficiency == pytest.approx(100 / 150)
+    by_b = {o.batch_size: o for o in rec.options}
+    assert sorted(by_b) == [25, 100, 400]
+    assert by_b[25].steps_ratio == pytest.approx(5.0)
+    assert by_b[25].examples_ratio == 1.25
+    # at B = B_crit: twice the minimum steps and twice the minimum examples
+    assert by_b[100].steps_ratio == pytest.approx(2.0)
+    assert by_b[100].examples_ratio == 2.0
+    assert by_b[400].steps_ratio == pytest.approx(1.25)
+    assert by_b[400].examples_ratio == 5.0
+    assert rec.critical_batch_size == 100.0
+    assert rec.goodput_batch_size is None  # no throughput given
+    assert "B_simple 100 [80, 130]" in rec.summary()
+
+
+def test_goodput_optimal_batch_from_measured_throughput() -> None:
+    throughput: dict[float, float] = {32: 1000.0, 64: 1800.0, 128: 3000.0, 256: 4000.0}
+    rec = recommend(100.0, 64, throughput=throughput, candidates=[96])
+    goodputs = {32: 1000 * 100 / 132, 64: 1800 * 100 / 164, 128: 3000 * 100 / 228}
+    goodputs[256] = 4000 * 100 / 356
+    # 96 lies between 64 and 128: throughput linear in log-log
+    t96 = math.exp(math.log(1800) + math.log(1.5) / math.log(2) * math.log(3000 / 1800))
+    goodputs[96] = t96 * 100 / 196
+    by_b = {o.batch_size: o for o in rec.options}
+    for b, g in goodputs.items():
+        assert by_b[b].goodput == pytest.approx(g)
+    assert rec.goodput_batch_size == max(goodputs, key=lambda b: goodputs[b]) == 128
+    best_b, best_g = goodput_optimal_batch(list(throughput), list(throughput.values()), 100.0)
+    assert best_b == 128
+    assert best_g == pytest.approx(goodputs[128])
+    # a much larger noise scale makes big batches efficient: the argmax moves to 256
+    assert recommend(10_000.0, 64, throughput=throughput).goodput_batch_size == 256
+    assert interpolate_throughput([32, 64], [1.0, 2.0], 512) is None  # no extrapolation
+
+
+def test_not_measurable_gives_a_reason_and_no_numbers() -> None:
+    rec = recommend(NoiseScale.from_means(-1.0, 5.0, 100), 64)
+    assert rec.b_simple is None
+    assert rec.current is None
+    assert rec.options == ()
+    assert rec.reason is not None
+    assert "not yet measurable" in rec.reason
+    assert "not yet measurable" in rec.summary()
+    assert recommend(None, 64).reason is not None
+
+
+def test_default_candidates_bracket_the_batch_and_the_noise_scale() -> None:
+    cands = default_candidates(64, 1000)
+    assert cands[0] <= 8
+    assert cands[-1] >= 8000
+    assert all(b2 == 2 * b1 for b1, b2 in itertools.pairwise(cands))
+
+
+def test_scaled_lr_rules() -> None:
+    assert scaled_lr(0.1, 400, 100, "linear") == pytest.approx(0.4)
+    assert scaled_lr(0.1, 400, 100, "sqrt") == pytest.approx(0.2)
+    assert scaled_lr(0.1, 400, 100, "none") == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="lr rule"):
+        scaled_lr(0.1, 400, 100, "cubic")
+
+
+def test_bad_throughput_is_refused_with_a_message() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        recommend(100.0, 64, throughput={64: -1.0})
+    with pytest.raises(ValueError, match="batch_size"):
+        recommend(100.0, 0)
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.rows: list[tuple[object, ...]] = []
+
+    def log_sample(self, *args: object, **kw: object) -> None:
+        self.rows.append((*args, kw.get("series", "")))
+
+
+def test_tracker_forwards_every_sample_and_recovers_b_simple() -> None:
+    sink = Collect()
+    tracker = NoiseTracker(sink, window=200)
+    # exact norms from eq. 1: |G|^2 = 2, tr(Sigma) = 300 -> B_simple = 150, with a small
+    # deterministic wobble so the window has a spread
+    for step in range(200):
+        wobble = 1.0 + 0.01 * math.sin(step)
+        small = (2.0 + 300.0 / 8) * wobble
+        big = (2.0 + 300.0 / 32) * wobble
+        tracker.log_sample(step, 8, 32, small, big, loss=1.0)
+        tracker.log_sample(step, 8, 32, 1.0, 0.5, series="layer0")
+    assert len(sink.rows) == 400  # forwarded, both series
+    rec = tracker.recommendation(candidates=[150])
+    assert rec.batch_size == 32  # the last b_big seen
+    assert rec.b_simple == pytest.approx(150.0, rel=0.02)
+    assert rec.b_simple_lo is not None
+    assert rec.b_simple_hi is not None
+    assert rec.b_simple_lo <= 150.0 * 1.02
+    assert rec.b_simple_hi >= 150.0 * 0.98
+    assert tracker.ema.value.b_simple == pytest.approx(150.0, rel=0.02)
+    assert rec.options[0].steps_ratio == pytest.approx(2.0, rel=0.02)
