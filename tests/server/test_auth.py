@@ -1,0 +1,175 @@
+"""Projects and tokens: a token of project A can neither write nor read project B; revocation
+is immediate; secrets are stored hashed and never logged. Real servers, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.server._data import columns, run_body
+from tests.support.servers import ServerProcess
+
+API = "/api/v1"
+ADMIN = "admin-secret-for-tests"
+
+
+def _server(url: str, auth: str) -> Iterator[ServerProcess]:
+    proc = ServerProcess(database_url=url, auth=auth, env={"NOISESCOPE_ADMIN_TOKEN": ADMIN})
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+@pytest.fixture(scope="module")
+def write_server(backend_url: str) -> Iterator[ServerProcess]:
+    yield from _server(backend_url, "write")
+
+
+def _token(base: str, project: str) -> str:
+    r = httpx.post(
+        f"{base}{API}/projects/{project}/tokens",
+        json={"name": f"{project}-ci"},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+    )
+    assert r.status_code == 201, r.text
+    secret: str = r.json()["token"]
+    return secret
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def projects(write_server: ServerProcess) -> dict[str, str]:
+    suffix = uuid.uuid4().hex[:6]
+    return {name: _token(write_server.url, f"{name}-{suffix}") for name in ("a", "b")}
+
+
+def _project(projects: dict[str, str], name: str, base: str) -> str:
+    who = httpx.get(f"{base}{API}/auth/whoami", headers=_bearer(projects[name])).json()
+    project: str = who["project"]
+    return project
+
+
+def test_writing_needs_a_token(write_server: ServerProcess) -> None:
+    rid = uuid.uuid4().hex
+    r = httpx.put(f"{write_server.url}{API}/runs/{rid}", json=run_body())
+    assert r.status_code == 401
+    assert "token" in r.json()["detail"]
+    r = httpx.put(
+        f"{write_server.url}{API}/runs/{rid}", json=run_body(), headers=_bearer("nsk_wrong")
+    )
+    assert r.status_code == 401
+    r = httpx.put(
+        f"{write_server.url}{API}/runs/{rid}",
+        json=run_body(),
+        headers={"Authorization": "Basic abc"},
+    )
+    assert r.status_code == 401
+    assert "Bearer" in r.json()["detail"]
+
+
+def test_token_of_a_cannot_write_or_read_b(
+    write_server: ServerProcess, projects: dict[str, str]
+) -> None:
+    base = write_server.url
+    proj_a = _project(projects, "a", base)
+    proj_b = _project(projects, "b", base)
+    run_a, run_b = uuid.uuid4().hex, uuid.uuid4().hex
+    with (
+        httpx.Client(base_url=base, headers=_bearer(projects["a"])) as a,
+        httpx.Client(base_url=base, headers=_bearer(projects["b"])) as b,
+    ):
+        assert a.put(f"{API}/runs/{run_a}", json=run_body(project=proj_a)).status_code == 201
+        assert b.put(f"{API}/runs/{run_b}", json=run_body(project=proj_b)).status_code == 201
+        # A writes into B: creating a run in B, adding samples, events, status
+        assert (
+            a.put(f"{API}/runs/{uuid.uuid4().hex}", json=run_body(project=proj_b)).status_code
+            == 403
+        )
+        r = a.post(f"{API}/runs/{run_b}/samples", json={"columns": columns(5)})
+        assert r.status_code == 403
+        assert a.post(f"{API}/runs/{run_b}/events", json={"events": []}).status_code == 403
+        assert a.patch(f"{API}/runs/{run_b}", json={"status": "failed"}).status_code == 403
+        # A reads B
+        assert a.get(f"{API}/runs/{run_b}").status_code == 403
+        assert a.get(f"{API}/runs/{run_b}/series").status_code == 403
+        assert a.get(f"{API}/runs/{run_b}/samples.csv").status_code == 403
+        assert {r["uid"] for r in a.get(f"{API}/runs").json()} == {run_a}
+        assert a.get(f"{API}/projects").json() == [proj_a]
+        # B's run is untouched
+        assert b.get(f"{API}/runs/{run_b}").json()["n_samples"] == 0
+        assert b.get(f"{API}/runs/{run_b}").json()["status"] == "running"
+        # A's own writes work
+        r = a.post(f"{API}/runs/{run_a}/samples", json={"columns": columns(5)})
+        assert r.json()["inserted"] == 5
+    # reading without a token is open in "write" mode
+    assert httpx.get(f"{base}{API}/runs/{run_b}").status_code == 200
+
+
+def test_revoke_takes_effect_at_once(write_server: ServerProcess) -> None:
+    base = write_server.url
+    project = f"rev-{uuid.uuid4().hex[:6]}"
+    created = httpx.post(f"{base}{API}/projects/{project}/tokens", headers=_bearer(ADMIN)).json()
+    rid = uuid.uuid4().hex
+    headers = _bearer(created["token"])
+    assert (
+        httpx.put(
+            f"{base}{API}/runs/{rid}", json=run_body(project=project), headers=headers
+        ).status_code
+        == 201
+    )
+    assert (
+        httpx.delete(f"{base}{API}/tokens/{created['id']}", headers=_bearer(ADMIN)).status_code
+        == 204
+    )
+    r = httpx.post(f"{base}{API}/runs/{rid}/samples", json={"columns": columns(3)}, headers=headers)
+    assert r.status_code == 401
+    listed = httpx.get(f"{base}{API}/projects/{project}/tokens", headers=_bearer(ADMIN)).json()
+    assert listed[0]["revoked_at"] is not None
+    assert "token" not in listed[0]  # the secret is never shown again
+
+
+def test_admin_endpoints_need_the_admin_token(write_server: ServerProcess) -> None:
+    r = httpx.post(f"{write_server.url}{API}/projects/x/tokens")
+    assert r.status_code == 401
+    r = httpx.get(f"{write_server.url}{API}/projects/x/tokens", headers=_bearer("nope"))
+    assert r.status_code == 401
+
+
+def test_secrets_are_stored_hashed_and_never_logged(
+    write_server: ServerProcess, projects: dict[str, str], backend_url: str
+) -> None:
+    secret = projects["a"]
+    httpx.get(f"{write_server.url}{API}/runs", headers=_bearer(secret))
+    engine = create_engine(backend_url)
+    with engine.connect() as conn:
+        hashes = {r[0] for r in conn.execute(text("SELECT token_hash FROM token"))}
+        dump = " ".join(str(v) for row in conn.execute(text("SELECT * FROM token")) for v in row)
+    engine.dispose()
+    assert hashlib.sha256(secret.encode()).hexdigest() in hashes
+    assert secret not in dump
+    assert secret not in write_server.log()
+
+
+@pytest.fixture(scope="module")
+def read_server(backend_url: str) -> Iterator[ServerProcess]:
+    yield from _server(backend_url, "all")
+
+
+def test_auth_all_requires_a_token_to_read(read_server: ServerProcess) -> None:
+    base = read_server.url
+    assert httpx.get(f"{base}{API}/runs").status_code == 401
+    assert httpx.get(f"{base}{API}/tasks").status_code == 401
+    assert httpx.get(f"{base}{API}/health").status_code == 200  # liveness stays open
+    token = _token(base, f"all-{uuid.uuid4().hex[:6]}")
+    r = httpx.get(f"{base}{API}/runs", headers=_bearer(token))
+    assert r.status_code == 200

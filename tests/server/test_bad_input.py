@@ -1,0 +1,198 @@
+"""Bad input gets a 4xx whose ``detail`` names the problem, never a 5xx, and stores nothing.
+
+The module's server runs with a 1 MiB body limit and 10 000 samples per request.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import uuid
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.server._data import columns, run_body
+
+API = "/api/v1"
+
+
+@pytest.fixture(scope="module")
+def target(server: Any) -> str:
+    """One run with 20 stored samples that every bad request aims at."""
+    rid = uuid.uuid4().hex
+    with httpx.Client(base_url=server.url) as c:
+        assert c.put(f"{API}/runs/{rid}", json=run_body()).status_code == 201
+        r = c.post(f"{API}/runs/{rid}/samples", json={"columns": columns(20)})
+        assert r.json()["inserted"] == 20
+    return rid
+
+
+def _with(**changes: Any) -> bytes:
+    cols = columns(5, start=1000)
+    cols.update(changes)
+    return orjson.dumps({"columns": cols})
+
+
+def _raw(text: str) -> bytes:
+    return text.encode()
+
+
+GOOD = columns(5, start=1000)
+BAD_SAMPLES: list[tuple[str, bytes, dict[str, str], int, str]] = [
+    ("malformed json", b'{"columns": {', {}, 400, "not valid JSON"),
+    ("empty body", b"", {}, 400, "empty"),
+    ("array body", b"[1, 2]", {}, 422, "JSON object"),
+    ("no columns key", b'{"cols": {}}', {}, 422, "columns"),
+    ("column not an array", _with(seq=5), {}, 422, "'seq' must be a JSON array"),
+    ("string in seq", _with(seq=[0, 1, "2", 3, 4]), {}, 422, "'seq'[2]"),
+    ("bool in step", _with(step=[0, 1, True, 3, 4]), {}, 422, "'step'[2]"),
+    ("float step", _with(step=[0, 1.5, 2, 3, 4]), {}, 422, "'step'[1]"),
+    ("NaN literal", _raw('{"columns": {"seq": [NaN]}}'), {}, 400, "NaN"),
+    ("overflowing number", _raw('{"columns": {"seq": [1e400]}}'), {}, 400, "JSON"),
+    ("negative seq", _with(seq=[-1, 1, 2, 3, 4]), {}, 422, "out of range"),
+    ("seq beyond int64", _with(seq=[2**64 - 1, 1, 2, 3, 4]), {}, 422, "out of range"),
+    ("zero b_small", _with(b_small=[0, 8, 8, 8, 8]), {}, 422, "0 < b_small < b_big"),
+    ("negative b_big", _with(b_big=[-32, 32, 32, 32, 32]), {}, 422, "0 < b_small < b_big"),
+    ("b_small == b_big", _with(b_small=[32] * 5), {}, 422, "must differ"),
+    ("b_small > b_big", _with(b_small=[64] * 5), {}, 422, "0 < b_small < b_big"),
+    ("length mismatch", _with(loss=[1.0, 2.0]), {}, 422, "same length"),
+    ("missing column", orjson.dumps({"columns": {"seq": [1]}}), {}, 422, "missing required"),
+    ("unknown column", _with(gradient=[1] * 5), {}, 422, "unknown column"),
+    ("null in required", _with(g_big_sq=[1.0, None, 1.0, 1.0, 1.0]), {}, 422, "'g_big_sq'[1]"),
+    ("string loss", _with(loss=[1.0, "x", 1.0, 1.0, 1.0]), {}, 422, "'loss'[1]"),
+    ("negative norm", _with(g_small_sq=[1.0, -1.0, 1.0, 1.0, 1.0]), {}, 422, "negative"),
+    ("series not string", _with(series=["", 3, "", "", ""]), {}, 422, "'series'[1]"),
+    ("series too long", _with(series=["x" * 201] * 5), {}, 422, "longer than"),
+    ("overflowing estimate", _with(g_big_sq=[1e308] * 5), {}, 422, "overflows"),
+    (
+        "too many samples",
+        orjson.dumps({"columns": columns(10_001)}),
+        {},
+        413,
+        "10000",
+    ),
+    ("body too large", b'{"columns": {"seq": [' + b"0," * 600_000 + b"0]}}", {}, 413, "limit"),
+    (
+        "gzip bomb",
+        gzip.compress(b'{"columns": {"seq": [' + b" " * (50 << 20) + b"]}}"),
+        {"Content-Encoding": "gzip"},
+        413,
+        "decompressed",
+    ),
+    ("corrupt gzip", b"\x1f\x8b\x08\x00garbage", {"Content-Encoding": "gzip"}, 400, "gzip"),
+    ("truncated gzip", gzip.compress(_with())[:40], {"Content-Encoding": "gzip"}, 400, "gzip"),
+    ("unknown encoding", _with(), {"Content-Encoding": "br"}, 415, "Content-Encoding"),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "needle"),
+    [pytest.param(b, h, s, n, id=name) for name, b, h, s, n in BAD_SAMPLES],
+)
+def test_bad_samples_are_rejected_with_a_reason(
+    client: httpx.Client,
+    target: str,
+    body: bytes,
+    headers: dict[str, str],
+    status: int,
+    needle: str,
+) -> None:
+    r = client.post(f"{API}/runs/{target}/samples", content=body, headers=headers)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["detail"]
+    assert client.get(f"{API}/runs/{target}").json()["n_samples"] == 20
+
+
+def test_a_bad_batch_stores_nothing_even_when_most_of_it_is_valid(
+    client: httpx.Client, target: str
+) -> None:
+    cols = columns(500, start=5000)
+    cols["b_big"][499] = cols["b_small"][499]  # only the last sample is bad
+    r = client.post(f"{API}/runs/{target}/samples", json={"columns": cols})
+    assert r.status_code == 422
+    assert "sample 499" in r.json()["detail"]
+    assert client.get(f"{API}/runs/{target}").json()["n_samples"] == 20
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        pytest.param(
+            b'{"project": "p", "task": "t", "batch_size": "big"}', 422, "batch_size", id="type"
+        ),
+        pytest.param(b'{"project": "p", "task": "t", "config": {"x": NaN}}', 400, "NaN", id="nan"),
+        pytest.param(
+            b'{"project": "p", "task": "t", "batch_size": -1}', 422, "batch_size", id="neg"
+        ),
+        pytest.param(
+            b'{"project": "p", "task": "t", "batch_size": 0}', 422, "batch_size", id="zero"
+        ),
+        pytest.param(b'{"project": "p", "task": "t", "colour": 1}', 422, "colour", id="extra"),
+        pytest.param(b'{"task": "t"}', 422, "project", id="missing"),
+        pytest.param(b'{"project": "", "task": "t"}', 422, "project", id="empty"),
+        pytest.param(b'{"project": "p", "task": "t", "units": "bytes"}', 422, "units", id="units"),
+        pytest.param(b'{"project": "p", "task": "t", "tags": "a"}', 422, "tags", id="tags"),
+        pytest.param(
+            b'{"project": "p", "task": "t", "started_at": "soon"}', 422, "started_at", id="time"
+        ),
+        pytest.param(b'{"project": "' + b"p" * 300 + b'", "task": "t"}', 422, "project", id="long"),
+    ],
+)
+def test_bad_run_bodies(client: httpx.Client, body: bytes, status: int, needle: str) -> None:
+    r = client.put(f"{API}/runs/{uuid.uuid4().hex}", content=body)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["detail"]
+
+
+@pytest.mark.parametrize("bad_id", ["a%20b", "x" * 65, "%C3%A9t%C3%A9"])
+def test_bad_run_ids(client: httpx.Client, bad_id: str) -> None:
+    r = client.put(f"{API}/runs/{bad_id}", json=run_body())
+    assert r.status_code == 422
+    assert "run id" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"events": [{"step": "x", "kind": "m"}]}',
+        b'{"events": [{"step": 1}]}',
+        b'{"events": [{"step": -1, "kind": "m"}]}',
+        b'{"events": {"step": 1}}',
+    ],
+)
+def test_bad_events(client: httpx.Client, target: str, body: bytes) -> None:
+    r = client.post(f"{API}/runs/{target}/events", content=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]
+
+
+def test_bad_query_parameters(client: httpx.Client, target: str) -> None:
+    assert client.get(f"{API}/runs/{target}/series", params={"max_points": 0}).status_code == 422
+    assert client.get(f"{API}/runs", params={"limit": "many"}).status_code == 422
+    r = client.get(f"{API}/tasks/t/crossings")
+    assert r.status_code == 422
+    assert "targets" in r.json()["detail"]
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_column_maps = st.dictionaries(
+    st.sampled_from([*GOOD.keys(), "junk"]), st.lists(_json_values, max_size=4), max_size=11
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(payload=st.one_of(_json_values, st.builds(lambda c: {"columns": c}, _column_maps)))
+def test_fuzzed_bodies_never_cause_a_5xx(client: httpx.Client, target: str, payload: Any) -> None:
+    r = client.post(f"{API}/runs/{target}/samples", content=json.dumps(payload).encode())
+    assert r.status_code < 500, r.text

@@ -1,0 +1,155 @@
+"""The write path on both backends: estimates from the estimator module, exact block sums
+under re-sends, out-of-order and concurrent batches, one transaction per request."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+
+import pytest
+from noisescope.estimators import two_batch_estimates
+from noisescope_server import crud, db, queries
+from noisescope_server.models import Sample, SampleBlock
+from sqlalchemy import Engine, func, select
+
+from tests.server._data import columns, expected_sums
+
+
+@pytest.fixture
+def engine(db_url: str) -> Engine:
+    e = db.make_engine(db_url)
+    db.upgrade(e)
+    crud.upsert_run(e, "run1", crud.RunIn(project="p", task="t", batch_size=32))
+    return e
+
+
+def _blocks_match_samples(engine: Engine) -> None:
+    with engine.connect() as conn:
+        raw = conn.execute(
+            select(
+                Sample.series,
+                (Sample.seq // 64).label("b"),
+                func.count(),
+                func.sum(Sample.g_sq_est),
+                func.sum(Sample.trace_sigma_est),
+                func.min(Sample.step),
+                func.max(Sample.step),
+            ).group_by(Sample.series, "b")
+        ).all()
+        blocks = conn.execute(
+            select(
+                SampleBlock.series,
+                SampleBlock.block,
+                SampleBlock.n,
+                SampleBlock.sum_g_sq,
+                SampleBlock.sum_trace_sigma,
+                SampleBlock.step_min,
+                SampleBlock.step_max,
+            )
+        ).all()
+    want = {(r[0], int(r[1])): r[2:] for r in raw}
+    got = {(r[0], int(r[1])): r[2:] for r in blocks}
+    assert want.keys() == got.keys()
+    for key, (n, g, s, lo, hi) in want.items():
+        gn, gg, gs, glo, ghi = got[key]
+        assert int(gn) == n
+        assert math.isclose(gg, g, rel_tol=1e-9, abs_tol=1e-9)
+        assert math.isclose(gs, s, rel_tol=1e-9, abs_tol=1e-9)
+        assert (glo, ghi) == (lo, hi)
+
+
+def test_estimates_come_from_the_estimator_module() -> None:
+    cols = columns(10, seed=5)
+    batch = crud.validate_samples({"columns": cols})
+    for i in range(10):
+        g, s = two_batch_estimates(
+            cols["b_small"][i], cols["b_big"][i], cols["g_small_sq"][i], cols["g_big_sq"][i]
+        )
+        assert batch.g_sq_est[i] == g
+        assert batch.trace_sigma_est[i] == s
+
+
+def test_missing_optional_columns_are_null() -> None:
+    cols = {
+        k: v
+        for k, v in columns(4).items()
+        if k in ("seq", "step", "b_small", "b_big", "g_small_sq", "g_big_sq")
+    }
+    batch = crud.validate_samples({"columns": cols})
+    assert batch.columns["loss"] == [None] * 4
+    assert batch.columns["series"] == [""] * 4
+
+
+def test_blocks_stay_exact_under_resends_and_shuffled_batches(engine: Engine) -> None:
+    cols = columns(1000, seed=2)
+    order = list(range(1000))
+    random.Random(0).shuffle(order)
+    for start in range(0, 1000, 170):  # shuffled, overlapping batches, each sent twice
+        idx = order[start : start + 250]
+        part = {k: [v[i] for i in idx] for k, v in cols.items()}
+        batch = crud.validate_samples({"columns": part})
+        crud.ingest_samples(engine, "run1", batch)
+        assert crud.ingest_samples(engine, "run1", batch) == 0
+    _blocks_match_samples(engine)
+    series = queries.run_series(engine, "run1", max_points=5)
+    g_total, s_total = expected_sums(cols)
+    assert sum(p.n for p in series.points) == 1000
+    assert math.isclose(sum(p.sum_g_sq for p in series.points), g_total, rel_tol=1e-9)
+    assert math.isclose(sum(p.sum_trace_sigma for p in series.points), s_total, rel_tol=1e-9)
+
+
+def test_concurrent_writers_into_one_run_keep_blocks_exact(engine: Engine) -> None:
+    """Interleaved seqs from several threads land in the same blocks at the same time."""
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            for rep in range(5):
+                seqs = list(range(k + 4 * 40 * rep, k + 4 * 40 * (rep + 1), 4))
+                cols = columns(len(seqs), seed=k)
+                cols["seq"] = seqs
+                cols["step"] = seqs
+                crud.ingest_samples(engine, "run1", crud.validate_samples({"columns": cols}))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Sample)).scalar_one() == 800
+    _blocks_match_samples(engine)
+
+
+def test_concurrent_run_creation_is_race_safe(engine: Engine) -> None:
+    results: list[bool] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def create() -> None:
+        try:
+            barrier.wait()
+            _, created = crud.upsert_run(engine, "raced", crud.RunIn(project="new-p", task="new-t"))
+            results.append(created)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(results) == [False, False, False, True]
+
+
+def test_failed_request_rolls_back_completely(engine: Engine) -> None:
+    batch = crud.validate_samples({"columns": columns(100)})
+    with pytest.raises(crud.Forbidden):
+        crud.ingest_samples(engine, "run1", batch, project_scope=999)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Sample)).scalar_one() == 0
