@@ -170,10 +170,15 @@ def serve(
         f"({workers} worker{'s' if workers > 1 else ''}, auth {settings.auth})",
         flush=True,
     )
-    if workers > 1:
-        Multiprocess(config, sockets=[sock]).run()
-    else:
-        uvicorn.Server(config).run(sockets=[sock])
+    try:
+        if workers > 1:
+            Multiprocess(config, sockets=[sock]).run()
+        else:
+            uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has already shut down cleanly
+        pass
+    finally:
+        sock.close()
 
 
 def _url_host(host: str) -> str:
