@@ -1,0 +1,428 @@
+"""Hugging Face ``transformers`` integration: a ``TrainerCallback`` that tracks the noise scale.
+
+A thin layer over the plain-loop API: ``noisescope.init`` plus
+``noisescope.torch.GradientNoiseProbe(source="micro")``. Each micro-batch's backward gives a
+G_small, the accumulated (and DDP all-reduced) gradient the optimizer sees is G_big
+(science.md, "Where the two batch sizes come from"; two-batch estimator, App. A.1).
+
+Where it hooks into ``Trainer`` (transformers >= 4.46):
+
+- a forward pre-hook on the model sees each training micro-batch's ``labels`` and the Trainer's
+  ``num_items_in_batch`` (the real count of label tokens in the optimizer step, across devices
+  when ``average_tokens_across_devices``);
+- a gradient hook on the model's outputs queues an autograd-engine callback that runs when that
+  backward has finished, re-queued once so it lands after DDP's end-of-backward all-reduce. It
+  calls ``probe.micro_step`` and, on the micro-batch that ends the accumulation cycle
+  (``accelerate``'s ``GradientState.sync_gradients``, set by the Trainer before the forward),
+  ``probe.step``. That is before the Trainer clips (``_clip_grad_norm`` runs after
+  ``training_step`` returns) and before accelerate un-scales fp16 gradients (the probe divides
+  by the ``GradScaler``'s scale squared). No Trainer event fits: ``on_pre_optimizer_step`` runs
+  after clipping.
+
+Units (science.md, "Pitfalls"): when the model receives ``num_items_in_batch`` its loss is
+``sum(token losses) / N`` (times the world size with ``average_tokens_across_devices``), so the
+backward of micro-batch j adds ``c_j g_j`` with ``c_j = n_j * s / N``, ``g_j`` the mean gradient
+over its ``n_j`` real label tokens; the callback passes that ``c_j`` to the probe, so B_small and
+B_big are real token counts (padding and ``-100`` labels excluded). Otherwise the Trainer divides
+the model's mean loss by the number of micro-batches ("mean/k").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+import noisescope
+from noisescope._run import Run
+from noisescope.torch import GradientNoiseProbe
+
+__all__ = ["HuggingFaceCallback"]
+
+logger = logging.getLogger("noisescope")
+
+_IGNORE_INDEX = -100  # the label value Hugging Face losses skip
+
+
+def queue_after_backward(fn: Callable[[], None]) -> None:
+    """Run ``fn`` once the running backward pass has finished, after DDP's finalizer.
+
+    DDP queues its all-reduce finalizer when its last gradient bucket is ready, i.e. after any
+    hook on the loss fires; a callback queued from inside our first callback lands behind it
+    (the engine runs callbacks queued while it runs callbacks). Must be called during backward.
+    """
+    engine: Any = torch.autograd.Variable._execution_engine
+    engine.queue_callback(lambda: engine.queue_callback(fn))
+
+
+@dataclass
+class _Micro:
+    """One training forward: what its backward will need to tell the probe."""
+
+    count: Tensor | float  # real items (label tokens or examples) in this micro-batch
+    n_items: Tensor | float | None  # the Trainer's num_items_in_batch, if the model got it
+    loss: Tensor | None
+    queued: bool = False
+
+
+def _first_tensor(value: Any) -> Tensor | None:
+    if isinstance(value, Tensor):
+        return value
+    return None
+
+
+class HuggingFaceCallback(TrainerCallback):
+    """Track the gradient noise scale of a ``transformers.Trainer`` run.
+
+    Usage::
+
+        trainer = Trainer(model, args, train_dataset=ds,
+                          callbacks=[HuggingFaceCallback(project="lm", task="gpt2-small")])
+
+    The Trainer needs two batch sizes per step: ``gradient_accumulation_steps > 1`` and/or
+    several DDP processes. Run name, config and batch size come from ``TrainingArguments``; the
+    task defaults to the model type. It only observes: training is bit-identical without it.
+
+    Args:
+        run: an existing ``noisescope.Run`` to log to (not finished by the callback);
+            by default one is created with ``noisescope.init`` on the first training step and
+            finished at the end of training.
+        project, task, name, tags: passed to ``noisescope.init`` (name defaults to
+            ``args.run_name`` or the output directory's name).
+        units: "examples" or "tokens"; default: tokens when the labels have a sequence
+            dimension (language modelling, token classification), else examples.
+        layers: also log one series per layer (see ``GradientNoiseProbe``).
+        every: measure every n-th optimizer step only.
+        init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
+    """
+
+    def __init__(
+        self,
+        run: Run | None = None,
+        *,
+        project: str | None = None,
+        task: str | None = None,
+        name: str | None = None,
+        tags: list[str] | None = None,
+        units: str | None = None,
+        layers: bool | Mapping[str, Any] = False,
+        every: int = 1,
+        **init_kwargs: Any,
+    ) -> None:
+        if units not in (None, "examples", "tokens"):
+            raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
+        self.run = run
+        self._owns_run = run is None
+        self.project = project
+        self.task = task
+        self.name = name
+        self.tags = tags
+        self.units = units
+        self.layers = layers
+        self.every = every
+        self.init_kwargs = init_kwargs
+        self.probe: GradientNoiseProbe | None = None
+        self._args: TrainingArguments | None = None
+        self._state: TrainerState | None = None
+        self._model: nn.Module | None = None
+        self._ddp: nn.Module | None = None
+        self._expect_ddp = False
+        self._optimizer: Any = None
+        self._scheduler: Any = None
+        self._gradient_state: Any = None
+        self._shifts_labels = False
+        self._handles: list[RemovableHandle] = []
+        self._ddp_finder: RemovableHandle | None = None
+        self._micro: _Micro | None = None
+        self._loss_sum: Tensor | None = None
+        self._n_micro = 0
+        self._n_items_cache: tuple[int, float] | None = None
+        self._disabled: str | None = None
+
+    # --- Trainer events ----------------------------------------------------------------------
+
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: nn.Module | None = None,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Install the model hooks; the run and probe start at the first training forward."""
+        self._remove_hooks()
+        self._args, self._state = args, state
+        self._optimizer, self._scheduler = optimizer, lr_scheduler
+        self._disabled = None
+        if model is None:
+            self._disable("the Trainer passed no model to the callback")
+            return
+        self._model = model
+        if getattr(args, "n_gpu", 1) > 1:
+            self._disable("nn.DataParallel (several GPUs in one process) is not supported; use DDP")
+            return
+        world = int(getattr(args, "world_size", 1) or 1)
+        self._expect_ddp = world > 1 and torch.distributed.is_initialized()
+        if args.gradient_accumulation_steps <= 1 and world <= 1:
+            warnings.warn(
+                "noisescope: one process and gradient_accumulation_steps=1 give a single batch "
+                "size per step, so nothing can be measured: set gradient_accumulation_steps > 1 "
+                "or train on several processes",
+                stacklevel=2,
+            )
+        try:
+            from accelerate.state import GradientState  # type: ignore[import-untyped]
+
+            self._gradient_state = GradientState()
+        except ImportError:  # pragma: no cover - the Trainer itself needs accelerate
+            self._gradient_state = None
+        self._shifts_labels = _loss_shifts_labels(model)
+        self._handles.append(
+            model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+        )
+        self._handles.append(model.register_forward_hook(self._after_forward, with_kwargs=True))
+        if self._expect_ddp:
+            self._ddp_finder = nn.modules.module.register_module_forward_pre_hook(
+                self._find_ddp_wrapper
+            )
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Detach every hook; finish the run if the callback started it."""
+        self._remove_hooks()
+        if self.probe is not None:
+            self.probe.remove()
+            self.probe = None
+        if self.run is not None and self._owns_run:
+            self.run.finish()
+            self.run = None
+
+    # --- hooks -------------------------------------------------------------------------------
+
+    def _find_ddp_wrapper(self, module: nn.Module, args: Any) -> None:
+        """Global forward pre-hook, only until found: the DDP wrapper the Trainer built."""
+        if isinstance(module, nn.parallel.DistributedDataParallel) and module.module is self._model:
+            self._ddp = module
+
+    def _before_forward(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        if self._disabled is not None or not (module.training and torch.is_grad_enabled()):
+            return
+        try:
+            labels = _first_tensor(kwargs.get("shift_labels"))
+            shifted = labels is not None
+            if labels is None:
+                labels = _first_tensor(kwargs.get("labels"))
+            if labels is None:
+                self._disable(
+                    "the model's forward got no `labels` (a custom compute_loss_func or label "
+                    "smoothing pops them), so the micro-batch sizes are unknown"
+                )
+                return
+            if self.probe is None:
+                self._start(module, labels)
+            if self._shifts_labels and not shifted and labels.dim() >= 2:
+                labels = labels[..., 1:]  # causal LM: the last position predicts nothing
+            count: Tensor | float
+            if labels.is_floating_point():  # regression / multi-label targets: one per example
+                count = float(labels.shape[0])
+            else:
+                count = labels.ne(_IGNORE_INDEX).sum()
+            self._micro = _Micro(count, kwargs.get("num_items_in_batch"), None)
+        except Exception as exc:
+            self._disable(f"could not read the micro-batch: {exc!r}")
+
+    def _after_forward(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        micro, self._micro = self._micro, None
+        if micro is None or self._disabled is not None:
+            return
+        values = output.values() if isinstance(output, Mapping) else output
+        if isinstance(values, Tensor):
+            values = [values]
+        if isinstance(output, Mapping) and isinstance(output.get("loss"), Tensor):
+            micro.loss = output["loss"].detach()
+        tensors = [v for v in values if isinstance(v, Tensor) and v.requires_grad and v.grad_fn]
+
+        def on_grad(grad: Tensor) -> None:
+            if not micro.queued:
+                micro.queued = True
+                queue_after_backward(lambda: self._after_backward(micro))
+
+        for tensor in tensors:
+            tensor.register_hook(on_grad)  # type: ignore[no-untyped-call]
+
+    def _after_backward(self, micro: _Micro) -> None:
+        """End of one micro-batch's backward (after DDP's all-reduce): feed the probe."""
+        probe = self.probe
+        if probe is None or self._disabled is not None:
+            return
+        try:
+            count = float(micro.count)
+            if count > 0:  # a micro-batch whose labels are all ignored adds nothing
+                grad_scale = None
+                if micro.n_items is not None:
+                    # loss = sum / N (x world with average_tokens_across_devices): c_j = n_j s / N
+                    grad_scale = count * self._token_scale() / self._n_items(micro.n_items)
+                probe.micro_step(batch_size=count, grad_scale=grad_scale)
+                if micro.loss is not None:
+                    loss_sum = self._loss_sum
+                    self._loss_sum = micro.loss if loss_sum is None else loss_sum + micro.loss
+                self._n_micro += 1
+            sync = True if self._gradient_state is None else self._gradient_state.sync_gradients
+            if sync and self._n_micro > 0:
+                self._step(micro)
+        except Exception as exc:
+            self._disable(f"measurement failed: {exc!r}")
+
+    def _step(self, micro: _Micro) -> None:
+        assert self.probe is not None
+        loss: float | None = None
+        if self._loss_sum is not None:
+            total = float(self._loss_sum)
+            # sum/N losses add up to the step's mean; plain mean losses are averaged
+            if micro.n_items is not None:
+                loss = total * self._token_scale()
+            else:
+                loss = total / self._n_micro
+        self._loss_sum, self._n_micro = None, 0
+        self.probe.step(loss=loss, lr=self._lr())
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _start(self, module: nn.Module, labels: Tensor) -> None:
+        """First training forward: the units are known now; start the run and the probe."""
+        args, state = self._args, self._state
+        assert args is not None
+        assert state is not None
+        units = self.units or ("tokens" if labels.dim() >= 2 else "examples")
+        if self._expect_ddp and self._ddp is None:
+            warnings.warn(
+                "noisescope: several processes but no DistributedDataParallel wrapper found; "
+                "measuring each process on its own",
+                stacklevel=2,
+            )
+        if self._ddp_finder is not None:
+            self._ddp_finder.remove()  # only needed until the first forward
+            self._ddp_finder = None
+        if self.run is None:
+            self.run = noisescope.init(**self._init_kwargs(args, module, units, labels))
+        scaler = getattr(self._optimizer, "scaler", None)
+        self.probe = GradientNoiseProbe(
+            self._ddp if self._ddp is not None else module,
+            self.run,
+            source="micro",
+            units="tokens" if units == "tokens" else "examples",
+            micro_loss="mean/k",  # used when the model gets no num_items_in_batch
+            layers=self.layers,
+            scaler=scaler,
+            every=self.every,
+        )
+        self.probe.step_count = int(state.global_step)  # steps match the Trainer's on resume
+
+    def _init_kwargs(
+        self, args: TrainingArguments, module: nn.Module, units: str, labels: Tensor
+    ) -> dict[str, Any]:
+        world = int(getattr(args, "world_size", 1) or 1)
+        examples_per_step = (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+        )
+        batch_size: float = float(examples_per_step)
+        if units == "tokens" and labels.dim() >= 2:  # nominal: full-length sequences
+            batch_size *= float(labels.shape[-1] - (1 if self._shifts_labels else 0))
+        config: dict[str, Any] = {"training_args": args.to_sanitized_dict()}
+        model_config = getattr(module, "config", None)
+        if model_config is not None and hasattr(model_config, "to_diff_dict"):
+            config["model_config"] = model_config.to_diff_dict()
+        config["examples_per_step"] = examples_per_step
+        name = self.name or args.run_name
+        if not name and args.output_dir:
+            name = os.path.basename(os.path.normpath(args.output_dir))
+        task = self.task or getattr(model_config, "model_type", None) or type(module).__name__
+        kwargs: dict[str, Any] = {
+            "task": task,
+            "name": name or None,
+            "config": config,
+            "tags": self.tags,
+            "batch_size": batch_size,
+            "units": units,
+            **self.init_kwargs,
+        }
+        if self.project is not None:
+            kwargs["project"] = self.project
+        return kwargs
+
+    def _token_scale(self) -> float:
+        """The Trainer multiplies sum/N losses by the world size when N counts every device."""
+        args = self._args
+        if args is None or not getattr(args, "average_tokens_across_devices", False):
+            return 1.0
+        return float(max(int(getattr(args, "world_size", 1) or 1), 1))
+
+    def _n_items(self, n_items: Tensor | float) -> float:
+        key = id(n_items)  # the Trainer passes one object to every micro-batch of a step
+        if self._n_items_cache is not None and self._n_items_cache[0] == key:
+            return self._n_items_cache[1]
+        value = float(n_items)
+        self._n_items_cache = (key, value)
+        return value
+
+    def _lr(self) -> float | None:
+        try:
+            if self._scheduler is not None:
+                return float(self._scheduler.get_last_lr()[0])
+            if self._optimizer is not None:
+                return float(self._optimizer.param_groups[0]["lr"])
+        except Exception:
+            return None
+        return None
+
+    def _disable(self, reason: str) -> None:
+        if self._disabled is None:
+            self._disabled = reason
+            warnings.warn(f"noisescope: not measuring this run: {reason}", stacklevel=2)
+            logger.warning("noisescope: not measuring this run: %s", reason)
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._ddp_finder is not None:
+            self._ddp_finder.remove()
+            self._ddp_finder = None
+
+
+def _loss_shifts_labels(model: nn.Module) -> bool:
+    """Whether the model's loss shifts labels by one (causal LM), so position 0 counts for nothing.
+
+    Asks the loss the model actually uses (``PreTrainedModel.loss_function``, which falls back to
+    the causal-LM loss when ``loss_type`` is unset): the Trainer's own count looks only at
+    ``loss_type`` and then over-counts by one token per sequence for models such as
+    ``GPT2LMHeadModel``; the callback follows the loss, and ``c_j = n_j s / N`` absorbs the
+    Trainer's ``N`` whatever it counted.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    try:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+    except ImportError:  # pragma: no cover - older transformers
+        return type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+    try:
+        loss_function = getattr(model, "loss_function", None)
+    except Exception:
+        return False
+    return loss_function is ForCausalLMLoss

@@ -1,0 +1,272 @@
+"""PyTorch Lightning integration: a ``Callback`` that tracks the gradient noise scale.
+
+A thin layer over the plain-loop API: ``noisescope.init`` plus
+``noisescope.torch.GradientNoiseProbe(source="micro")``. Each micro-batch's backward gives a
+G_small, the gradient the optimizer sees (accumulated over ``accumulate_grad_batches``,
+all-reduced by the DDP strategy) is G_big (science.md, "Where the two batch sizes come from").
+
+Where it hooks in (automatic optimization, Lightning 2.x): ``on_after_backward`` runs after each
+backward, when DDP has all-reduced the last micro-batch's gradient, and, for that last
+micro-batch, inside the optimizer closure: before the AMP plugin un-scales the gradients and
+before ``on_before_optimizer_step`` and gradient clipping. The probe's step is taken there, so
+the norms are pre-clipping and the probe divides out the ``GradScaler``'s scale. Lightning
+divides ``training_step``'s loss by ``accumulate_grad_batches`` (K) on every micro-batch, so a
+backward adds ``c_j g_j`` with ``c_j = 1/K`` for a mean-reduced loss (``b_j/K`` for a summed one);
+the callback passes ``c_j`` to the probe, which is exact even for a short last cycle.
+
+Manual optimization: steps are closed in ``on_before_optimizer_step`` (the probe's
+``micro_loss`` convention applies); with fp16 AMP the gradients are already un-scaled there, so
+those steps are not measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.data import extract_batch_size
+from torch import Tensor, nn
+
+import noisescope
+from noisescope._run import Run
+from noisescope.torch import GradientNoiseProbe
+
+__all__ = ["LightningCallback"]
+
+logger = logging.getLogger("noisescope")
+
+
+class LightningCallback(pl.Callback):
+    """Track the gradient noise scale of a ``lightning.pytorch.Trainer`` fit.
+
+    Usage::
+
+        trainer = L.Trainer(accumulate_grad_batches=4,
+                            callbacks=[LightningCallback(project="digits", task="mlp")])
+
+    Needs two batch sizes per step: ``accumulate_grad_batches > 1`` and/or the DDP strategy on
+    several devices. It only observes: training is bit-identical without it.
+
+    Args:
+        run: an existing ``noisescope.Run`` (not finished by the callback); by default one is
+            created on the first training batch and finished when training ends.
+        project, task, name, tags: passed to ``noisescope.init`` (task defaults to the
+            LightningModule's class name; config to its ``hparams``).
+        units: "examples" or "tokens"; what ``batch_size_fn`` counts.
+        batch_size_fn: items in a micro-batch (e.g. real tokens: ``lambda b: (b["labels"] !=
+            -100).sum()``); default: Lightning's ``extract_batch_size`` (examples).
+        loss_reduction: how ``training_step``'s loss is reduced over the micro-batch's items:
+            "mean" (the default) or "sum".
+        micro_loss: the probe's convention for manual optimization (see ``GradientNoiseProbe``).
+        layers: also log one series per layer (see ``GradientNoiseProbe``).
+        every: measure every n-th optimizer step only.
+        init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
+    """
+
+    def __init__(
+        self,
+        run: Run | None = None,
+        *,
+        project: str | None = None,
+        task: str | None = None,
+        name: str | None = None,
+        tags: list[str] | None = None,
+        units: str = "examples",
+        batch_size_fn: Callable[[Any], float | int | Tensor] | None = None,
+        loss_reduction: str = "mean",
+        micro_loss: str = "mean/k",
+        layers: bool | Mapping[str, Any] = False,
+        every: int = 1,
+        **init_kwargs: Any,
+    ) -> None:
+        if units not in ("examples", "tokens"):
+            raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        self.run = run
+        self._owns_run = run is None
+        self.project = project
+        self.task = task
+        self.name = name
+        self.tags = tags
+        self.units = units
+        self.batch_size_fn = batch_size_fn
+        self.loss_reduction = loss_reduction
+        self.micro_loss = micro_loss
+        self.layers = layers
+        self.every = every
+        self.init_kwargs = init_kwargs
+        self.probe: GradientNoiseProbe | None = None
+        self._batch_items: float | None = None
+        self._loss: Tensor | None = None
+        self._loss_sum: Tensor | None = None
+        self._n_micro = 0
+        self._disabled: str | None = None
+
+    # --- Lightning hooks ---------------------------------------------------------------------
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._disabled = None
+        k = int(trainer.accumulate_grad_batches)
+        if k <= 1 and trainer.world_size <= 1:
+            warnings.warn(
+                "noisescope: one process and accumulate_grad_batches=1 give a single batch size "
+                "per step, so nothing can be measured: set accumulate_grad_batches > 1 or use "
+                "the DDP strategy on several devices",
+                stacklevel=2,
+            )
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._disabled is not None:
+            return
+        try:
+            fn = self.batch_size_fn or extract_batch_size
+            self._batch_items = float(fn(batch))
+            if self.probe is None:
+                self._start(trainer, pl_module, self._batch_items)
+        except Exception as exc:
+            self._disable(f"could not read the micro-batch: {exc!r}")
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor
+    ) -> None:
+        self._loss = loss.detach()
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        probe, items = self.probe, self._batch_items
+        if probe is None or items is None or self._disabled is not None:
+            return
+        try:
+            automatic = pl_module.automatic_optimization
+            k = float(trainer.accumulate_grad_batches)
+            if automatic:
+                # Lightning backpropagates training_step's loss / K: c_j = 1/K (mean) or b_j/K
+                grad_scale = (items if self.loss_reduction == "sum" else 1.0) / k
+                probe.micro_step(batch_size=items, grad_scale=grad_scale)
+            else:
+                probe.micro_step(batch_size=items)
+            self._n_micro += 1
+            if self._loss is not None:
+                loss = self._loss * k if automatic else self._loss
+                self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+            self._batch_items = None
+            if automatic and not _accumulating(trainer):
+                self._step(trainer)
+        except Exception as exc:
+            self._disable(f"measurement failed: {exc!r}")
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        """Manual optimization only: close the step (automatic steps closed after backward)."""
+        if self.probe is None or self._n_micro == 0 or self._disabled is not None:
+            return
+        scaler = getattr(trainer.strategy.precision_plugin, "scaler", None)
+        if scaler is not None and scaler.is_enabled():
+            self._disable("manual optimization with fp16 AMP: gradients are un-scaled here")
+            return
+        try:
+            self._step(trainer)
+        except Exception as exc:
+            self._disable(f"measurement failed: {exc!r}")
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.probe is not None:
+            self.probe.remove()
+            self.probe = None
+        if self.run is not None and self._owns_run:
+            self.run.finish()
+            self.run = None
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self.probe is not None:
+            self.probe.remove()
+            self.probe = None
+        if self.run is not None and self._owns_run:
+            self.run.finish("failed")
+            self.run = None
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _step(self, trainer: pl.Trainer) -> None:
+        assert self.probe is not None
+        loss = None
+        if self._loss_sum is not None:
+            loss = float(self._loss_sum) / self._n_micro
+        self._loss_sum, self._n_micro = None, 0
+        lr: float | None = None
+        if trainer.optimizers:
+            lr = float(trainer.optimizers[0].param_groups[0]["lr"])
+        self.probe.step(loss=loss, lr=lr)
+
+    def _start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, items: float) -> None:
+        """First training batch: start the run (on every rank; only rank 0 sends) and probe."""
+        model = trainer.strategy.model  # the DDP wrapper under the DDP strategy
+        ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+        if model is None or not (ddp and torch.distributed.is_initialized()):
+            model = pl_module
+        if self.run is None:
+            k = int(trainer.accumulate_grad_batches)
+            world = int(trainer.world_size)
+            config: dict[str, Any] = {"hparams": dict(pl_module.hparams)}
+            config["trainer"] = {
+                "accumulate_grad_batches": k,
+                "world_size": world,
+                "precision": str(trainer.precision),
+                "max_steps": trainer.max_steps,
+                "max_epochs": trainer.max_epochs,
+                "gradient_clip_val": trainer.gradient_clip_val,
+                "strategy": type(trainer.strategy).__name__,
+            }
+            kwargs: dict[str, Any] = {
+                "task": self.task or type(pl_module).__name__,
+                "name": self.name,
+                "config": config,
+                "tags": self.tags,
+                "batch_size": items * k * world,  # nominal: the first micro-batch's size
+                "units": self.units,
+                "rank": int(trainer.global_rank),
+                "world_size": world,
+                **self.init_kwargs,
+            }
+            if self.project is not None:
+                kwargs["project"] = self.project
+            self.run = noisescope.init(**kwargs)
+        self.probe = GradientNoiseProbe(
+            model,
+            self.run,
+            source="micro",
+            units="tokens" if self.units == "tokens" else "examples",
+            micro_loss=self.micro_loss,  # type: ignore[arg-type]
+            layers=self.layers,
+            scaler=getattr(trainer.strategy.precision_plugin, "scaler", None),
+            every=self.every,
+        )
+        self.probe.step_count = int(trainer.global_step)  # steps match Lightning's on resume
+
+    def _disable(self, reason: str) -> None:
+        if self._disabled is None:
+            self._disabled = reason
+            warnings.warn(f"noisescope: not measuring this run: {reason}", stacklevel=2)
+            logger.warning("noisescope: not measuring this run: %s", reason)
+
+
+def _accumulating(trainer: pl.Trainer) -> bool:
+    """Whether the optimizer will *not* step after the current batch (Lightning's own rule)."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    should_accumulate = getattr(epoch_loop, "_should_accumulate", None)
+    if should_accumulate is not None:
+        return bool(should_accumulate())
+    # fallback for a Lightning without the private helper: the public counters
+    progress = epoch_loop.batch_progress.current.ready
+    k = int(trainer.accumulate_grad_batches)
+    last = progress == trainer.num_training_batches or epoch_loop.batch_progress.is_last_batch
+    return progress % k != 0 and not last
