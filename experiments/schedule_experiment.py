@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments.tasks import TASKS, TaskSpec, make_trainer
 from noisescope.estimators import examples_ratio, fit_critical_batch, steps_ratio
 from noisescope.schedule import BatchSizeScheduler
-
-from experiments.tasks import TASKS, TaskSpec, make_trainer
 
 __all__ = ["main", "run_fixed", "run_schedule"]
 

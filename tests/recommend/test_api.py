@@ -10,10 +10,10 @@ import math
 from collections.abc import Iterator
 
 import httpx
-import noisescope
 import pytest
-from noisescope.schedule import BatchSizeScheduler
 
+import noisescope
+from noisescope.schedule import BatchSizeScheduler
 from tests.support.servers import ServerProcess
 
 G_SQ, TRACE_SIGMA = 2.0, 300.0  # B_simple = 150

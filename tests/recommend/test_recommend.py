@@ -6,6 +6,7 @@ import itertools
 import math
 
 import pytest
+
 from noisescope.estimators import (
     Interval,
     NoiseScale,

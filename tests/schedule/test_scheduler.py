@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import pytest
+
 from noisescope.schedule import BatchDecision, BatchSizeScheduler
 
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
+
 from noisescope.estimators import Interval, NoiseScale, NoiseScaleInterval
 from noisescope.recommend import Recommendation, recommend
 from noisescope.schedule import EVENT_KIND
-
 from noisescope_server import queries
 from noisescope_server.api.deps import EngineDep, ReadScope
 
