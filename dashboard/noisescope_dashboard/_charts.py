@@ -8,7 +8,7 @@ bucketed in SQL (at most ``MAX_POINTS`` rows per series), so no builder aggregat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import altair as alt
 import pandas as pd
@@ -51,7 +51,14 @@ def _y(field: str, title: str, *, log: bool) -> alt.Y:
     return alt.Y(f"{field}:Q", title=title, scale=scale)
 
 
-def _props(chart: Any, title: str) -> Any:
+C = TypeVar("C", alt.Chart, alt.LayerChart)
+
+
+def _layer(*charts: Any) -> alt.LayerChart:
+    return cast(alt.LayerChart, alt.layer(*charts))
+
+
+def _props(chart: C, title: str) -> C:
     return chart.properties(title=title, width=_WIDTH, height=_HEIGHT)
 
 
@@ -82,19 +89,20 @@ def metric_chart(
     layers: list[Any] = [line]
     if events is not None and not events.empty:
         layers.append(_event_rules(events, x))
-    return _props(alt.layer(*layers), title)
+    return _props(_layer(*layers), title)
 
 
 def _event_rules(events: pd.DataFrame, x: str) -> alt.Chart:
     """Vertical marks at batch-size changes and other events (issue 8's scheduler writes them)."""
     data = events.dropna(subset=[x])
-    return (
+    return cast(
+        alt.Chart,
         alt.Chart(data)
         .mark_rule(color="#7f7f7f", strokeDash=[4, 3])
         .encode(
             x=alt.X(f"{x}:Q"),
             tooltip=[alt.Tooltip("kind:N"), alt.Tooltip("label:N"), alt.Tooltip("step:Q")],
-        )
+        ),
     )
 
 
@@ -144,9 +152,7 @@ def b_simple_chart(
     line = (
         alt.Chart(line_data)
         .mark_line(interpolate="monotone")
-        .encode(
-            x=x_enc, y=_y("b_simple", "B_simple", log=log_y), tooltip=tooltip, **color_enc
-        )
+        .encode(x=x_enc, y=_y("b_simple", "B_simple", log=log_y), tooltip=tooltip, **color_enc)
     )
     layers: list[Any] = [band, line]
     if batch_size and "batch_size" in data.columns:
@@ -162,7 +168,7 @@ def b_simple_chart(
         layers.append(batch)
     if events is not None and not events.empty:
         layers.append(_event_rules(events, x))
-    return _props(alt.layer(*layers), title)
+    return _props(_layer(*layers), title)
 
 
 def compare_chart(
@@ -188,7 +194,8 @@ def compare_chart(
     if log_x:
         data = data[data[x] > 0]
     pick = alt.selection_point(fields=[color], bind="legend", name="legend_pick")
-    return _props(
+    chart = cast(
+        alt.Chart,
         alt.Chart(data)
         .mark_line(point=False, interpolate="monotone")
         .encode(
@@ -205,8 +212,8 @@ def compare_chart(
             ],
         )
         .add_params(pick),
-        title,
     )
+    return _props(chart, title)
 
 
 def sweep_chart(points: pd.DataFrame, curves: pd.DataFrame, *, units: str) -> alt.LayerChart:
@@ -225,7 +232,12 @@ def sweep_chart(points: pd.DataFrame, curves: pd.DataFrame, *, units: str) -> al
             x=x,
             y=y,
             color=enc_color,
-            tooltip=["target:N", "batch_size:Q", "steps:Q", alt.Tooltip("examples:Q", format=".4g")],
+            tooltip=[
+                "target:N",
+                "batch_size:Q",
+                "steps:Q",
+                alt.Tooltip("examples:Q", format=".4g"),
+            ],
         )
     )
     lines = (
@@ -233,7 +245,7 @@ def sweep_chart(points: pd.DataFrame, curves: pd.DataFrame, *, units: str) -> al
         .mark_line(strokeDash=[5, 3])
         .encode(x=x, y=y, color=enc_color, order="batch_size:Q")
     )
-    return _props(alt.layer(lines, dots), "Steps vs examples per loss target, fitted S-E model")
+    return _props(_layer(lines, dots), "Steps vs examples per loss target, fitted S-E model")
 
 
 def bcrit_vs_loss_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerChart:
@@ -263,7 +275,7 @@ def bcrit_vs_loss_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerChart:
     bars_data = frame.dropna(subset=["lo", "hi"])
     bars_data = bars_data[(bars_data["lo"] > 0) & (bars_data["hi"] > 0)]
     bars = alt.Chart(bars_data).mark_rule().encode(x=x, y="lo:Q", y2="hi:Q", color=color)
-    return _props(alt.layer(bars, points), "B_crit against loss, with B_simple at the same loss")
+    return _props(_layer(bars, points), "B_crit against loss, with B_simple at the same loss")
 
 
 def tradeoff_chart(curve: pd.DataFrame, chosen: pd.DataFrame, *, units: str) -> alt.LayerChart:
@@ -293,7 +305,7 @@ def tradeoff_chart(curve: pd.DataFrame, chosen: pd.DataFrame, *, units: str) -> 
         .mark_text(align="left", dx=10, dy=-8)
         .encode(x=x, y=y, text=alt.Text("label:N"))
     )
-    return _props(alt.layer(line, point, label), "Time/compute trade-off (science.md model)")
+    return _props(_layer(line, point, label), "Time/compute trade-off (science.md model)")
 
 
 def spec_layers(spec: dict[str, Any]) -> Sequence[dict[str, Any]]:

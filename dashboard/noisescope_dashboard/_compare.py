@@ -71,9 +71,13 @@ def compare_view(url: str, chosen: pd.DataFrame, *, color: str, key: str) -> pd.
     if series.empty:
         st.info("These runs have no samples yet; they appear once training loops post them.")
         return series
-    smoothed = _model.smooth_groups(series, method="window", window_frac=float(frac))
+    smoothed = _model.smooth_groups(
+        series, method="window", window_frac=float(frac), interval=False
+    )
     meta = chosen.set_index("uid")
-    smoothed["task"] = smoothed["run"].map(lambda u: f"{meta.at[u, 'project']}/{meta.at[u, 'task']}")
+    smoothed["task"] = smoothed["run"].map(
+        lambda u: f"{meta.at[u, 'project']}/{meta.at[u, 'task']}"
+    )
     smoothed["run_name"] = smoothed["run"].map(lambda u: str(meta.at[u, "name"]))
     csv_cols = ["task", "run", "run_name", "step", "examples", "progress", "loss", "b_simple"]
     csv_cols += ["b_simple_lo", "b_simple_hi"]
@@ -81,7 +85,11 @@ def compare_view(url: str, chosen: pd.DataFrame, *, color: str, key: str) -> pd.
     with left:
         chart_with_downloads(
             _charts.compare_chart(
-                smoothed, x="loss", color=color, detail="run", reverse_x=True,
+                smoothed,
+                x="loss",
+                color=color,
+                detail="run",
+                reverse_x=True,
                 title="B_simple against loss (loss falls to the right)",
             ),
             smoothed[csv_cols],
@@ -91,7 +99,11 @@ def compare_view(url: str, chosen: pd.DataFrame, *, color: str, key: str) -> pd.
     with right:
         chart_with_downloads(
             _charts.compare_chart(
-                smoothed, x=str(progress_x), color=color, detail="run", log_x=log_x,
+                smoothed,
+                x=str(progress_x),
+                color=color,
+                detail="run",
+                log_x=log_x,
                 title="B_simple against training progress",
             ),
             smoothed[csv_cols],

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 import streamlit as st
+
 from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
 
 from ._charts import MAX_POINTS
@@ -73,7 +74,7 @@ def _frame(result: sa.CursorResult[Any]) -> pd.DataFrame:
 SMALL_RUN_SAMPLES = 64 * MAX_POINTS
 
 
-def _sample_rows() -> sa.Select[Any]:
+def _sample_rows() -> Any:
     """Per-sample rows in the same shape as ``_block_rows`` (a sample is a block of one)."""
     s = Sample
     return sa.select(
@@ -95,7 +96,7 @@ def _sample_rows() -> sa.Select[Any]:
     )
 
 
-def _block_rows() -> sa.Select[Any]:
+def _block_rows() -> Any:
     b = SampleBlock
     return sa.select(
         b.run_id,
@@ -133,7 +134,7 @@ def _rows(conn: sa.Connection, run_ids: Sequence[int], series: Sequence[str]) ->
     sizes = _sizes(conn, run_ids)
     small = [r for r in run_ids if sizes.get(r, 0) <= SMALL_RUN_SAMPLES]
     big = [r for r in run_ids if sizes.get(r, 0) > SMALL_RUN_SAMPLES]
-    parts: list[sa.Select[Any]] = []
+    parts: list[Any] = []
     if small:
         parts.append(_sample_rows().where(Sample.run_id.in_(small), Sample.series.in_(series)))
     if big:
@@ -142,7 +143,8 @@ def _rows(conn: sa.Connection, run_ids: Sequence[int], series: Sequence[str]) ->
         )
     if not parts:
         parts.append(_sample_rows().where(sa.false()))
-    return (sa.union_all(*parts) if len(parts) > 1 else parts[0]).subquery("rows")
+    combined: Any = parts[0] if len(parts) == 1 else sa.union_all(parts[0], parts[1])
+    return combined.subquery("rows")
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -198,9 +200,9 @@ def list_runs(url: str) -> pd.DataFrame:
                 sa.func.sum(rows.c.n).label("n"),
                 sa.func.sum(rows.c.sum_g_sq).label("sum_g_sq"),
                 sa.func.sum(rows.c.sum_trace_sigma).label("sum_trace_sigma"),
-                (sa.func.sum(rows.c.sum_loss) / sa.func.nullif(sa.func.sum(rows.c.n_loss), 0)).label(
-                    "loss"
-                ),
+                (
+                    sa.func.sum(rows.c.sum_loss) / sa.func.nullif(sa.func.sum(rows.c.n_loss), 0)
+                ).label("loss"),
                 sa.func.max(rows.c.b_big_max).label("batch_in_use"),
                 sa.func.max(rows.c.step_hi).label("last_step"),
             )
@@ -214,9 +216,9 @@ def list_runs(url: str) -> pd.DataFrame:
 
 
 def _attach_current(runs: pd.DataFrame, blocks: pd.DataFrame) -> pd.DataFrame:
-    from ._model import block_interval
-
     from noisescope.estimators import NoiseScale
+
+    from ._model import block_interval
 
     cols: dict[str, list[Any]] = {
         k: []
@@ -230,7 +232,10 @@ def _attach_current(runs: pd.DataFrame, blocks: pd.DataFrame) -> pd.DataFrame:
             "batch_in_use",
         )
     }
-    grouped = {rid: g for rid, g in blocks.groupby("run_id")} if not blocks.empty else {}
+    grouped: dict[Any, pd.DataFrame] = {}
+    if not blocks.empty:
+        for rid, group in blocks.groupby("run_id"):
+            grouped[rid] = group
     for rid in runs["run_id"] if not runs.empty else []:
         g = grouped.get(rid)
         if g is None:
@@ -255,7 +260,9 @@ def _attach_current(runs: pd.DataFrame, blocks: pd.DataFrame) -> pd.DataFrame:
         cols["batch_in_use"].append(g["batch_in_use"].iloc[-1])
     out = runs.copy()
     for k, v in cols.items():
-        out[k] = pd.Series(v, index=out.index, dtype="object" if k == "b_simple_reason" else "float")
+        out[k] = pd.Series(
+            v, index=out.index, dtype="object" if k == "b_simple_reason" else "float"
+        )
     return out
 
 
@@ -284,8 +291,8 @@ def runs_series(
 
     Buckets split each (run, series) step range evenly; per bucket the exact sums of |𝒢|^2
     and 𝒮 and the sample count, the last step/examples/time, the mean loss and lr, and the
-    largest B_big (the batch in use). Columns: run, series, bucket, n, sum_g_sq, sum_trace_sigma, step, examples,
-    time, loss, lr, batch_size.
+    largest B_big (the batch in use). Columns: run, series, bucket, n, sum_g_sq,
+    sum_trace_sigma, step, examples, time, loss, lr, batch_size.
     """
     if not uids:
         return _empty_series()
@@ -318,10 +325,12 @@ def runs_series(
                 sa.func.max(rows.c.step_hi).label("step"),
                 sa.func.max(rows.c.examples_max).label("examples"),
                 (sa.func.max(rows.c.time_max) - sa.func.min(stats.c.t0)).label("time"),
-                (sa.func.sum(rows.c.sum_loss) / sa.func.nullif(sa.func.sum(rows.c.n_loss), 0)).label(
-                    "loss"
+                (
+                    sa.func.sum(rows.c.sum_loss) / sa.func.nullif(sa.func.sum(rows.c.n_loss), 0)
+                ).label("loss"),
+                (sa.func.sum(rows.c.sum_lr) / sa.func.nullif(sa.func.sum(rows.c.n_lr), 0)).label(
+                    "lr"
                 ),
-                (sa.func.sum(rows.c.sum_lr) / sa.func.nullif(sa.func.sum(rows.c.n_lr), 0)).label("lr"),
                 sa.func.max(rows.c.b_big_max).label("batch_size"),
             )
             .join(
@@ -371,7 +380,9 @@ def run_events(url: str, uid: str) -> pd.DataFrame:
         frame = _frame(conn.execute(q))
     if frame.empty:
         return pd.DataFrame(columns=["step", "kind", "label", "time"])
-    frame["label"] = [_event_label(k, p) for k, p in zip(frame["kind"], frame["payload"], strict=True)]
+    frame["label"] = [
+        _event_label(k, p) for k, p in zip(frame["kind"], frame["payload"], strict=True)
+    ]
     return frame.drop(columns=["payload"])
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from noisescope import estimators
 from noisescope.estimators import EMA, NoiseScale, examples_ratio, steps_ratio
 
@@ -23,8 +24,8 @@ __all__ = [
     "block_interval",
     "critical_batch_analysis",
     "default_targets",
-    "loss_crossings",
     "format_batch",
+    "loss_crossings",
     "place_events",
     "smooth",
     "smooth_groups",
@@ -39,38 +40,31 @@ LEVEL = 0.9
 def block_interval(
     sums_g_sq: Sequence[float], sums_trace_sigma: Sequence[float], counts: Sequence[float]
 ) -> tuple[float | None, float | None]:
-    """Interval on B_simple from per-block sums, from the estimator module (issue 3).
+    """90% interval on B_simple from contiguous per-block sums (``interval_from_blocks``).
 
-    Returns (None, None) where the estimator module cannot give one (too few blocks, |G|^2 not
-    positive); the chart then draws the line without a band rather than an invented one.
+    (None, None) where the estimator module gives none (fewer than 2 blocks, |G|^2 not
+    significantly positive): the chart then draws the line without a band, never a made-up one.
     """
-    fn = getattr(estimators, "b_simple_interval", None)
+    fn = getattr(estimators, "interval_from_blocks", None)
     if fn is None or len(counts) < 2:
         return None, None
     try:
-        result = fn(list(sums_g_sq), list(sums_trace_sigma), list(counts), level=LEVEL)
+        result = fn(list(counts), list(sums_g_sq), list(sums_trace_sigma), level=LEVEL)
     except (ValueError, ZeroDivisionError):
         return None, None
-    lo, hi = _lo_hi(result)
-    return lo, hi
-
-
-def _lo_hi(result: Any) -> tuple[float | None, float | None]:
-    """Accept the interval as a (lo, hi) pair or an object with ``lo``/``hi`` (or ``low``/``high``)."""
-    if result is None:
+    b_iv = getattr(result, "b_simple", None)
+    if b_iv is None:
         return None, None
-    if isinstance(result, tuple) and len(result) == 2:
-        lo, hi = result
-    else:
-        lo = getattr(result, "lo", getattr(result, "low", None))
-        hi = getattr(result, "hi", getattr(result, "high", None))
-    lo_f = float(lo) if lo is not None and math.isfinite(float(lo)) else None
-    hi_f = float(hi) if hi is not None and math.isfinite(float(hi)) else None
-    return lo_f, hi_f
+    return float(b_iv.lo), float(b_iv.hi)
 
 
 def smooth(
-    buckets: pd.DataFrame, *, method: str = "window", window_steps: float = 100.0, beta: float = 0.99
+    buckets: pd.DataFrame,
+    *,
+    method: str = "window",
+    window_steps: float = 100.0,
+    beta: float = 0.99,
+    interval: bool = True,
 ) -> pd.DataFrame:
     """Add g_sq, trace_sigma, b_simple, b_simple_lo/hi to a frame of bucket sums (one series).
 
@@ -80,7 +74,9 @@ def smooth(
     ``method="ema"``: the estimator module's debiased ``EMA`` of |𝒢|^2 and 𝒮 (ratio last); a
     bucket of n steps advances it with beta**n so the half-life stays in steps, not buckets.
     ``method="none"``: each bucket on its own.
+    ``interval=False`` skips the intervals (the Compare pages draw no bands).
     """
+    span_for_interval = window_steps if method == "window" else _ema_span_steps(beta)
     out = buckets.reset_index(drop=True).copy()
     n_rows = len(out)
     g_sq: list[float] = []
@@ -103,8 +99,8 @@ def smooth(
             trace_sigma.append(value.trace_sigma)
             b_simple.append(value.b_simple)
             # The interval of the EMA is taken from the trailing buckets it mostly weighs.
-            start = _window_start(steps, i, _ema_span_steps(beta))
-            lo_i, hi_i = block_interval(sum_g[start : i + 1], sum_t[start : i + 1], counts[start : i + 1])
+            start = _window_start(steps, i, span_for_interval)
+            lo_i, hi_i = _interval_at(sum_g, sum_t, counts, start, i, interval)
             lo.append(lo_i)
             hi.append(hi_i)
     else:
@@ -127,7 +123,7 @@ def smooth(
             g_sq.append(value.g_sq)
             trace_sigma.append(value.trace_sigma)
             b_simple.append(value.b_simple)
-            lo_i, hi_i = block_interval(sum_g[start : i + 1], sum_t[start : i + 1], counts[start : i + 1])
+            lo_i, hi_i = _interval_at(sum_g, sum_t, counts, start, i, interval)
             lo.append(lo_i)
             hi.append(hi_i)
     out["g_sq"] = g_sq
@@ -138,6 +134,14 @@ def smooth(
     return out
 
 
+def _interval_at(
+    sum_g: list[float], sum_t: list[float], counts: list[float], start: int, end: int, on: bool
+) -> tuple[float | None, float | None]:
+    if not on:
+        return None, None
+    return block_interval(sum_g[start : end + 1], sum_t[start : end + 1], counts[start : end + 1])
+
+
 def smooth_groups(
     frame: pd.DataFrame,
     *,
@@ -146,6 +150,7 @@ def smooth_groups(
     beta: float = 0.99,
     by: Sequence[str] = ("run", "series"),
     window_frac: float | None = None,
+    interval: bool = True,
 ) -> pd.DataFrame:
     """``smooth`` each (run, series) group; adds ``progress`` = step / the run's last step.
 
@@ -165,6 +170,7 @@ def smooth_groups(
             if window_frac is None
             else max(1.0, window_frac * float(group["step"].max())),
             beta=beta,
+            interval=interval,
         )
         for _, group in frame.groupby(list(by), sort=False)
     ]
@@ -259,7 +265,9 @@ def verdict(
     )
 
 
-def tradeoff_curve(b_crit: float, *, lo: float | None = None, hi: float | None = None) -> pd.DataFrame:
+def tradeoff_curve(
+    b_crit: float, *, lo: float | None = None, hi: float | None = None
+) -> pd.DataFrame:
     """Steps and examples relative to their minimum over batch sizes spanning B_crit / 100..x100."""
     lo = lo if lo is not None else b_crit / 100.0
     hi = hi if hi is not None else b_crit * 100.0
@@ -284,7 +292,9 @@ class CriticalBatchResult:
     messages: list[str]
 
 
-def critical_batch_analysis(crossings: pd.DataFrame, targets: Sequence[float]) -> CriticalBatchResult:
+def critical_batch_analysis(
+    crossings: pd.DataFrame, targets: Sequence[float]
+) -> CriticalBatchResult:
     """Fit the S-E hyperbola per loss target with ``fit_critical_batch`` (science.md Sec. 2.2-3).
 
     ``crossings``: one row per (run, target) the run reached: target, run, batch_size, steps,

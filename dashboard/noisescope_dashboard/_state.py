@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import streamlit as st
 
-__all__ = ["select", "multiselect"]
+__all__ = ["multiselect", "select"]
 
 T = TypeVar("T")
 

@@ -27,9 +27,14 @@ __all__ = [
 #: What a user adds to a training loop; shown wherever there is nothing to display yet.
 QUICKSTART = """\
 import noisescope
-run = noisescope.init(url="http://127.0.0.1:8000", project="demo", task="digits")
-probe = run.probe(model, optimizer)    # measures |G|² at two batch sizes each step
-...                                    # your training loop: loss.backward(); probe.step(); optimizer.step()
+from noisescope.torch import GradientNoiseProbe
+
+run = noisescope.init(project="demo", task="digits", batch_size=64)   # 1
+probe = GradientNoiseProbe(model, run)                                # 2
+for x, y in loader:                # your loop; with k micro-batches per step:
+    ...                            #   loss.backward(); probe.micro_step(batch_size=len(x))
+    probe.step(loss=loss.item())   # 3: after the backward(s), before clipping
+    optimizer.step()
 run.finish()
 """
 
@@ -61,7 +66,7 @@ def require_runs() -> tuple[str, pd.DataFrame]:
     except Exception as exc:  # a missing table, an unreachable server: say which, do not crash
         st.error(
             f"Could not read the noisescope database at `{md_text(_safe_url(url))}`: "
-            f"{md_text(type(exc).__name__)}: {md_text(str(exc).splitlines()[0][:200] if str(exc) else '')}. "
+            f"{md_text(type(exc).__name__)}: {md_text(_first_line(exc))}. "
             "Run `noisescope db upgrade` (or `noisescope up`) "
             "to create it, then reload."
         )
@@ -69,11 +74,16 @@ def require_runs() -> tuple[str, pd.DataFrame]:
     if runs.empty:
         st.info(
             "No runs yet. Add these lines to a training loop (or run the bundled example, "
-            "`python -m noisescope.examples.digits`), and the run appears here live:"
+            "`python examples/digits.py`), and the run appears here live:"
         )
         st.code(QUICKSTART, language="python")
         st.stop()
     return url, runs
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0][:200] if text else ""
 
 
 def _safe_url(url: str) -> str:
@@ -81,7 +91,7 @@ def _safe_url(url: str) -> str:
     return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
 
 
-def _png(chart: alt.TopLevelMixin) -> bytes:
+def _png(chart: alt.Chart | alt.LayerChart) -> bytes:
     import vl_convert as vlc
 
     png: bytes = vlc.vegalite_to_png(chart.to_dict(), scale=2)
@@ -95,7 +105,7 @@ def _csv(frame: pd.DataFrame) -> str:
 
 
 def chart_with_downloads(
-    chart: alt.TopLevelMixin, frame: pd.DataFrame, *, name: str, key: str
+    chart: alt.Chart | alt.LayerChart, frame: pd.DataFrame, *, name: str, key: str
 ) -> None:
     """Draw a chart with PNG (rendered offline by vl-convert, on click) and CSV downloads."""
     st.altair_chart(chart, width="stretch", key=f"chart_{key}")

@@ -15,7 +15,9 @@ _HERE = Path(__file__).parent
 st.set_page_config(page_title="noisescope", page_icon=":material/blur_on:", layout="wide")
 
 PAGES = [
-    st.Page(_HERE / "pages/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True),
+    st.Page(
+        _HERE / "pages/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True
+    ),
     st.Page(_HERE / "pages/run.py", title="Run", icon=":material/show_chart:", url_path="run"),
     st.Page(
         _HERE / "pages/compare_runs.py",
@@ -35,7 +37,9 @@ PAGES = [
         icon=":material/functions:",
         url_path="critical-batch",
     ),
-    st.Page(_HERE / "pages/what_if.py", title="What-if", icon=":material/tune:", url_path="what-if"),
+    st.Page(
+        _HERE / "pages/what_if.py", title="What-if", icon=":material/tune:", url_path="what-if"
+    ),
 ]
 
 st.navigation(PAGES).run()

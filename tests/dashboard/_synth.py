@@ -120,7 +120,10 @@ def insert_runs(url: str, runs: list[SynthRun]) -> None:
             crud.ingest_events(
                 engine,
                 r.uid,
-                [crud.EventIn(step=step, kind=kind, payload=payload) for step, kind, payload in r.events],
+                [
+                    crud.EventIn(step=step, kind=kind, payload=payload)
+                    for step, kind, payload in r.events
+                ],
             )
         if r.status != "running":
             crud.patch_run(engine, r.uid, status=r.status)

@@ -22,8 +22,12 @@ if not chosen_uids:
     st.info("Pick two or more runs above to compare their noise scales.")
     st.stop()
 color = _state.select(
-    "Colour by", ["run_name", "task"], key="color",
-    format_func=lambda c: {"run_name": "run", "task": "task"}[c], widget="radio", horizontal=True,
+    "Colour by",
+    ["run_name", "task"],
+    key="color",
+    format_func=lambda c: {"run_name": "run", "task": "task"}[c],
+    widget="radio",
+    horizontal=True,
 )
 chosen = runs[runs["uid"].isin(chosen_uids)]
 smoothed = compare_view(url, chosen, color=str(color), key="runs")

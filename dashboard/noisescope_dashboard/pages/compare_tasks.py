@@ -34,6 +34,10 @@ st.dataframe(
     },
 )
 st.download_button(
-    "Summary CSV", summary.to_csv(index=False), file_name="task_summary.csv", mime="text/csv",
-    on_click="ignore", icon=":material/download:",
+    "Summary CSV",
+    summary.to_csv(index=False),
+    file_name="task_summary.csv",
+    mime="text/csv",
+    on_click="ignore",
+    icon=":material/download:",
 )

@@ -41,7 +41,7 @@ if len(sizes) < 3:
     st.stop()
 
 series = _data.runs_series(url, tuple(chosen["uid"]), ("",), 1000)
-smoothed = _model.smooth_groups(series, method="window", window_frac=0.05)
+smoothed = _model.smooth_groups(series, method="window", window_frac=0.05, interval=False)
 defaults = _model.default_targets(smoothed)
 targets_text = st.text_input(
     "Loss targets (comma separated)",

@@ -79,7 +79,7 @@ st.caption(
 with st.expander("Config"):
     st.json(run["config"] or {})
 
-series = _data.runs_series(url, (uid,), ("",) + tuple(layers))
+series = _data.runs_series(url, (uid,), ("", *tuple(layers)))
 if series.empty or not (series["series"] == "").any():
     st.info(
         "This run has no samples yet. Samples appear a few seconds after the training loop "
@@ -96,7 +96,9 @@ events = _model.place_events(_data.run_events(url, uid), whole, x)
 
 current = whole.dropna(subset=["b_simple"]).tail(1)
 b_now = float(current["b_simple"].iloc[0]) if not current.empty else None
-batch_now = float(whole["batch_size"].dropna().iloc[-1]) if whole["batch_size"].notna().any() else None
+batch_now = (
+    float(whole["batch_size"].dropna().iloc[-1]) if whole["batch_size"].notna().any() else None
+)
 m1, m2, m3, m4 = st.columns(4)
 if b_now is not None:
     lo, hi = current["b_simple_lo"].iloc[0], current["b_simple_hi"].iloc[0]
@@ -112,9 +114,7 @@ else:
     reason = whole["b_simple"].isna().all() and "not yet measurable"
     m1.metric("B_simple (latest window)", "—", help=str(reason))
 m2.metric("Batch in use", _model.format_batch(batch_now) if batch_now else "—")
-m3.metric(
-    "B / B_simple", f"{batch_now / b_now:.2g}×" if batch_now and b_now else "—"
-)
+m3.metric("B / B_simple", f"{batch_now / b_now:.2g}×" if batch_now and b_now else "—")
 loss_now = whole["loss"].dropna()
 m4.metric("Loss", f"{loss_now.iloc[-1]:.4g}" if not loss_now.empty else "—")
 if batch_now:
@@ -138,8 +138,13 @@ left, right = st.columns(2)
 with left:
     chart_with_downloads(
         _charts.metric_chart(
-            whole, x=x, y="g_sq", title="|G|² (true-gradient norm², unbiased)", log_y=log_y,
-            log_x=log_x, events=events,
+            whole,
+            x=x,
+            y="g_sq",
+            title="|G|² (true-gradient norm², unbiased)",
+            log_y=log_y,
+            log_x=log_x,
+            events=events,
         ),
         whole[["step", x, "g_sq"]] if x != "step" else whole[["step", "g_sq"]],
         name=f"g_sq_{slug}",
@@ -148,8 +153,13 @@ with left:
 with right:
     chart_with_downloads(
         _charts.metric_chart(
-            whole, x=x, y="trace_sigma", title="tr(Σ) (per-example gradient noise)",
-            log_y=log_y, log_x=log_x, events=events,
+            whole,
+            x=x,
+            y="trace_sigma",
+            title="tr(Σ) (per-example gradient noise)",
+            log_y=log_y,
+            log_x=log_x,
+            events=events,
         ),
         whole[["step", x, "trace_sigma"]] if x != "step" else whole[["step", "trace_sigma"]],
         name=f"trace_sigma_{slug}",
@@ -172,7 +182,12 @@ with right:
     if whole["lr"].notna().any():
         chart_with_downloads(
             _charts.metric_chart(
-                whole, x=x, y="lr", title="Learning rate", log_y=log_y, log_x=log_x,
+                whole,
+                x=x,
+                y="lr",
+                title="Learning rate",
+                log_y=log_y,
+                log_x=log_x,
                 events=events,
             ),
             whole[["step", x, "lr"]] if x != "step" else whole[["step", "lr"]],
@@ -184,16 +199,19 @@ with right:
 
 if layers:
     st.subheader("Per layer")
-    chosen = st.multiselect(
-        "Layers", layers, default=layers[:8], key="layers", bind="query-params"
-    )
+    chosen = st.multiselect("Layers", layers, default=layers[:8], key="layers", bind="query-params")
     per_layer = smoothed[smoothed["series"].isin(chosen)].rename(columns={"series": "layer"})
     if per_layer.empty:
         st.caption("Pick layers to compare their noise scales.")
     else:
         chart_with_downloads(
             _charts.b_simple_chart(
-                per_layer, x=x, log_y=log_y, log_x=log_x, color="layer", batch_size=False,
+                per_layer,
+                x=x,
+                log_y=log_y,
+                log_x=log_x,
+                color="layer",
+                batch_size=False,
                 title="B_simple per layer",
             ),
             per_layer[["layer", "step", x, "b_simple", "b_simple_lo", "b_simple_hi"]]

@@ -35,7 +35,9 @@ projects = f1.multiselect(
 )
 tasks = f2.multiselect(
     "Task",
-    sorted(runs[runs["project"].isin(projects)]["task"].unique() if projects else runs["task"].unique()),
+    sorted(
+        runs[runs["project"].isin(projects)]["task"].unique() if projects else runs["task"].unique()
+    ),
     key="task",
     bind="query-params",
 )
@@ -62,7 +64,9 @@ sort = _state.select(
     container=s2,
 )
 live_default = bool((runs["status"] == "running").any())
-live = s3.toggle("Live", value=live_default, key="live", help="Refresh every 5 s while runs are active")
+live = s3.toggle(
+    "Live", value=live_default, key="live", help="Refresh every 5 s while runs are active"
+)
 
 
 def _filtered(frame: pd.DataFrame) -> pd.DataFrame:
@@ -138,8 +142,18 @@ def runs_table() -> None:
         selection_mode="single-row",
         key="runs_table",
         column_order=[
-            "name", "project", "task", "status", "tags", "batch", "b_simple", "interval",
-            "ratio", "loss", "step", "started_at",
+            "name",
+            "project",
+            "task",
+            "status",
+            "tags",
+            "batch",
+            "b_simple",
+            "interval",
+            "ratio",
+            "loss",
+            "step",
+            "started_at",
         ],
         column_config={
             "name": st.column_config.TextColumn("Run"),
@@ -156,12 +170,14 @@ def runs_table() -> None:
             "started_at": st.column_config.DatetimeColumn("Started", format="YYYY-MM-DD HH:mm"),
         },
     )
-    rows = event.selection.rows if event is not None else []  # type: ignore[union-attr]
+    rows = event.selection.rows if event is not None else []
     if rows:
         row = shown.iloc[rows[0]]
         label = run_label(row)
         st.page_link(
-            "pages/run.py", label=f"Open {label}", icon=":material/show_chart:",
+            "pages/run.py",
+            label=f"Open {label}",
+            icon=":material/show_chart:",
             query_params={"run": str(row["uid"])},
         )
     else:

@@ -22,19 +22,23 @@ units = str(chosen["units"].iloc[0] or "examples")
 sources: dict[str, tuple[float, float | None, float | None]] = {}
 if chosen["batch_size"].nunique() >= 3:
     series = _data.runs_series(url, tuple(chosen["uid"]), ("",), 1000)
-    smoothed = _model.smooth_groups(series, method="window", window_frac=0.05)
+    smoothed = _model.smooth_groups(series, method="window", window_frac=0.05, interval=False)
     targets = _model.default_targets(smoothed)
     result = _model.critical_batch_analysis(
         _model.loss_crossings(smoothed, chosen, targets), targets
     )
     for _, fit in result.fits.iterrows():
         sources[f"B_crit fitted at loss {fit['target']:g}"] = (
-            float(fit["b_crit"]), float(fit["s_min"]), float(fit["e_min"])
+            float(fit["b_crit"]),
+            float(fit["s_min"]),
+            float(fit["e_min"]),
         )
 b_simple_now = chosen["b_simple"].dropna()
 if not b_simple_now.empty:
     sources["B_simple now (median over the task's runs)"] = (
-        float(b_simple_now.median()), None, None
+        float(b_simple_now.median()),
+        None,
+        None,
     )
 if not sources:
     st.info(
@@ -47,7 +51,11 @@ b_crit, s_min, e_min = sources[str(source)]
 st.caption(f"B_crit = {_model.format_batch(b_crit)} {md_text(units)}")
 
 mode = _state.select(
-    "Batch", ["batch", "gpus"], key="mode", widget="radio", horizontal=True,
+    "Batch",
+    ["batch", "gpus"],
+    key="mode",
+    widget="radio",
+    horizontal=True,
     format_func=lambda m: {"batch": "batch size", "gpus": "GPUs × per-GPU batch"}[m],
 )
 in_use = chosen["batch_in_use"].dropna()
@@ -56,14 +64,22 @@ if mode == "gpus":
     g1, g2 = st.columns(2)
     gpus = g1.number_input("GPUs", min_value=1, value=8, step=1, key="gpus", bind="query-params")
     per_gpu = g2.number_input(
-        f"Per-GPU batch ({units})", min_value=1, value=max(1, default_batch // 8), step=1,
-        key="per_gpu", bind="query-params",
+        f"Per-GPU batch ({units})",
+        min_value=1,
+        value=max(1, default_batch // 8),
+        step=1,
+        key="per_gpu",
+        bind="query-params",
     )
     batch = float(gpus * per_gpu)
 else:
     batch = float(
         st.number_input(
-            f"Batch size ({units})", min_value=1, value=default_batch, step=1, key="b",
+            f"Batch size ({units})",
+            min_value=1,
+            value=default_batch,
+            step=1,
+            key="b",
             bind="query-params",
         )
     )
