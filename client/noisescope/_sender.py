@@ -87,7 +87,9 @@ class Backoff:
         self._rng = rng or random.Random()
 
     def next_delay(self, retry_after: float | None = None) -> float:
-        ceiling = min(self.cap, self.base * (2.0**self.failures))
+        # the exponent is capped: 2.0**1024 overflows, i.e. after ~1000 failed retries (hours
+        # of outage) the sender would otherwise fail on every tick and stop backing off
+        ceiling = min(self.cap, self.base * (2.0 ** min(self.failures, 64)))
         self.failures += 1
         delay = self._rng.uniform(ceiling / 2.0, ceiling)
         if retry_after is not None:
@@ -260,6 +262,9 @@ class Sender:
         self._final: dict[str, Any] | None = None
         self._final_sent = False
         self._warned: set[str] = set()
+        #: Per sealed spool segment: how many leading records the server already acknowledged
+        #: (a replay interrupted mid-segment resumes there, so nothing is counted twice).
+        self._replayed: dict[str, int] = {}
         # counters
         self.sent = 0
         self.inserted = 0
@@ -467,14 +472,17 @@ class Sender:
         if self.spool is None or self.spool.pending_samples <= 0:
             return True
         for path in self.spool.seal():
-            for record in self.spool.read(path):
+            done = self._replayed.get(str(path), 0)
+            for index, record in enumerate(self.spool.read(path)):
                 columns = record.get("columns")
-                if not isinstance(columns, dict) or batch_size(record) == 0:
+                if index < done or not isinstance(columns, dict) or batch_size(record) == 0:
                     continue
                 outcome = self._post(columns)
                 if outcome is None or outcome in ("retry", "missing"):
                     return False
+                self._replayed[str(path)] = index + 1
             self.spool.discard(path)
+            self._replayed.pop(str(path), None)
         return True
 
     def _send_buffer(self) -> bool:

@@ -1,0 +1,91 @@
+"""Regression: the client's ``status()`` must count each acknowledged sample once.
+
+Found by the reliability harness (server SIGKILLed during load): when a spool replay was
+interrupted part-way through a segment, the next replay re-posted the segment's already
+acknowledged batches and ``status().sent`` counted them again (87 200 "sent" for 80 000
+samples), breaking ``queued + sent + spooled + dropped = committed``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import noisescope
+import pytest
+from noisescope import Request, Response, TransportError
+
+from tests.support.servers import ServerProcess
+
+
+class FlakyTransport:
+    """The real HTTP transport, with scripted connection failures on samples POSTs."""
+
+    def __init__(self, url: str) -> None:
+        self.inner = noisescope.HTTPTransport(url)
+        self.lock = threading.Lock()
+        self.down = True
+        self.script: list[bool] = []  # per samples POST: True = fail
+        self.posts = 0
+
+    def handle_request(self, request: Request) -> Response:
+        with self.lock:
+            is_post = request.method == "POST" and request.path.endswith("/samples")
+            fail = self.down or (is_post and self.script and self.script.pop(0))
+            if is_post:
+                self.posts += 1
+        if fail:
+            raise TransportError("connection refused (scripted)")
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    with ServerProcess() as proc:
+        yield proc
+
+
+def test_interrupted_spool_replay_does_not_count_samples_twice(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    transport = FlakyTransport(server.url)
+    run = noisescope.init(
+        url=server.url,
+        project="acct",
+        dir=tmp_path,
+        transport=transport,
+        batch_max=100,
+        batch_interval=0.05,
+        backoff_base=0.05,
+        backoff_max=0.2,
+        quiet=True,
+    )
+    for step in range(1001):  # step 1000 stays open until finish
+        run.log_sample(step, 8.0, 32.0, 6.0, 2.3)
+    deadline = time.monotonic() + 30
+    while run.status().spooled < 1000 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert run.status().spooled == 1000  # ten batches in one spool segment
+    with transport.lock:
+        # replay: batches 1-3 acknowledged, then the connection drops mid-segment
+        transport.script = [False, False, False, True]
+        transport.down = False
+    status = run.finish(timeout=30)
+    assert (status.spooled, status.dropped, status.queued) == (0, 0, 0)
+    assert status.sent == 1001, status
+
+
+def test_backoff_survives_a_very_long_outage() -> None:
+    """Regression: 2.0**failures overflowed after ~1000 failed retries (hours of outage at the
+    default 30 s cap); the sender then raised on every tick instead of backing off."""
+    from noisescope._sender import Backoff
+
+    backoff = Backoff(0.5, 30.0)
+    delays = [backoff.next_delay() for _ in range(5000)]
+    assert max(delays) <= 30.0
+    assert min(delays[20:]) >= 15.0  # still capped and jittered, not reset
