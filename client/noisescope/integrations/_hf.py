@@ -161,6 +161,8 @@ class HuggingFaceCallback(TrainerCallback):
     ) -> None:
         """Install the model hooks; the run and probe start at the first training forward."""
         self._remove_hooks()
+        if self._owns_run and self.run is not None and self.run.finished:
+            self.run = None  # a second train() on the same callback starts a new run
         self._args, self._state = args, state
         self._optimizer, self._scheduler = optimizer, lr_scheduler
         self._disabled = None
@@ -205,8 +207,7 @@ class HuggingFaceCallback(TrainerCallback):
             self.probe.remove()
             self.probe = None
         if self.run is not None and self._owns_run:
-            self.run.finish()
-            self.run = None
+            self.run.finish()  # kept (finished) so that ``callback.run.id`` stays readable
 
     # --- hooks -------------------------------------------------------------------------------
 

@@ -111,6 +111,8 @@ class LightningCallback(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._disabled = None
+        if self._owns_run and self.run is not None and self.run.finished:
+            self.run = None  # a second fit() on the same callback starts a new run
         k = int(trainer.accumulate_grad_batches)
         if k <= 1 and trainer.world_size <= 1:
             warnings.warn(
@@ -181,8 +183,7 @@ class LightningCallback(pl.Callback):
             self.probe.remove()
             self.probe = None
         if self.run is not None and self._owns_run:
-            self.run.finish()
-            self.run = None
+            self.run.finish()  # kept (finished) so that ``callback.run.id`` stays readable
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
@@ -192,7 +193,6 @@ class LightningCallback(pl.Callback):
             self.probe = None
         if self.run is not None and self._owns_run:
             self.run.finish("failed")
-            self.run = None
 
     # --- helpers -----------------------------------------------------------------------------
 

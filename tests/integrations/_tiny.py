@@ -1,0 +1,74 @@
+"""Tiny models and data for the integration tests: built from configs, nothing downloaded.
+
+Text is the source of a stdlib module read as bytes (one token per byte), cut into sequences of
+varying length so batches are padded and the real token counts differ from micro-batch to
+micro-batch: the units the callbacks must get right.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+PAD = 256  # byte tokens are 0..255; 256 pads
+VOCAB = 257
+
+
+def byte_sequences(n: int, min_len: int = 6, max_len: int = 20, seed: int = 0) -> list[list[int]]:
+    """``n`` token sequences of varying length from a stdlib file's bytes."""
+    data = Path(json.__file__).read_bytes()
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    pos = 0
+    for _ in range(n):
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=gen))
+        if pos + length > len(data):
+            pos = 0
+        out.append(list(data[pos : pos + length]))
+        pos += length
+    return out
+
+
+class ByteLMDataset(torch.utils.data.Dataset[dict[str, list[int]]]):
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.seqs = byte_sequences(n, seed=seed)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        return {"input_ids": self.seqs[i]}
+
+
+class RecordingCollator:
+    """Pads a batch (labels -100 on padding) and records each batch's labels in order."""
+
+    def __init__(self) -> None:
+        self.labels: list[Tensor] = []
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Tensor]:
+        longest = max(len(f["input_ids"]) for f in features)
+        ids = torch.full((len(features), longest), PAD, dtype=torch.long)
+        mask = torch.zeros((len(features), longest), dtype=torch.long)
+        for i, f in enumerate(features):
+            seq = torch.tensor(f["input_ids"], dtype=torch.long)
+            ids[i, : len(seq)] = seq
+            mask[i, : len(seq)] = 1
+        labels = ids.masked_fill(mask == 0, -100)
+        self.labels.append(labels.clone())
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def tiny_gpt2(seed: int = 0) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+        bos_token_id=PAD, eos_token_id=PAD, pad_token_id=PAD,
+    )  # fmt: skip
+    return GPT2LMHeadModel(config)

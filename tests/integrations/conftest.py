@@ -1,0 +1,68 @@
+"""A real noisescope server (SQLite) shared by the integration tests, and a reader for its rows.
+
+The callbacks are exercised end to end: training -> probe -> Run -> HTTP -> server -> database.
+Rows are read back with SQLAlchemy from the server's SQLite file (no mocks of the database).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from tests.support.servers import ServerProcess
+
+# Keep the 2-core machine usable for everyone: one intra-op thread per training process.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    path: Path = tmp_path_factory.mktemp("integrations-db") / "noisescope.db"
+    proc = ServerProcess(database_url=f"sqlite:///{path}")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@dataclass
+class Stored:
+    """A run as the server stored it: its row and its whole-model samples by step."""
+
+    run: dict[str, Any]
+    samples: list[dict[str, Any]]
+
+
+def stored_run(server: ServerProcess, run_id: str, series: str = "") -> Stored:
+    engine = sa.create_engine(server.database_url)
+    try:
+        with engine.connect() as conn:
+            run = conn.execute(sa.text("SELECT * FROM run WHERE uid = :uid"), {"uid": run_id})
+            run_row = run.mappings().one()
+            rows = conn.execute(
+                sa.text(
+                    "SELECT * FROM sample WHERE run_id = :id AND series = :series ORDER BY step"
+                ),
+                {"id": run_row["id"], "series": series},
+            )
+            samples = [dict(r) for r in rows.mappings()]
+    finally:
+        engine.dispose()
+    return Stored(dict(run_row), samples)

@@ -1,0 +1,193 @@
+"""The Hugging Face Trainer callback, end to end against a real server.
+
+Tiny models built from configs (nothing downloaded), a few optimizer steps with gradient
+accumulation and clipping switched on. The expected batch sizes come from the batches the data
+collator produced (real label tokens, padding excluded); the expected |G_big|^2 comes from the
+Trainer's own ``grad_norm`` log, which is the norm *before* clipping: with ``max_grad_norm``
+tiny, a measurement taken after clipping would be ~1e-4 and fail.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+from transformers import Trainer, TrainingArguments
+
+from noisescope.integrations import HuggingFaceCallback
+from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
+from tests.integrations.conftest import stored_run
+from tests.support.servers import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _args(tmp_path: Path, **overrides: Any) -> TrainingArguments:
+    settings: dict[str, Any] = {
+        "output_dir": str(tmp_path / "out"),
+        "run_name": "tiny-gpt2",
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "max_steps": 4,
+        "learning_rate": 1e-3,
+        "max_grad_norm": 0.01,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": True,
+        "seed": 0,
+        "disable_tqdm": True,
+    }
+    settings.update(overrides)
+    return TrainingArguments(**settings)
+
+
+def _callback(server: ServerProcess, tmp_path: Path, **kwargs: Any) -> HuggingFaceCallback:
+    return HuggingFaceCallback(
+        project="integrations", url=server.url, dir=tmp_path / "spool", quiet=True, **kwargs
+    )
+
+
+def _grad_norms(trainer: Trainer) -> list[float]:
+    return [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+
+
+def test_gpt2_token_counts_and_preclip_norms_reach_the_server(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    collator = RecordingCollator()
+    callback = _callback(server, tmp_path)
+    trainer = Trainer(
+        model=tiny_gpt2(),
+        args=_args(tmp_path),
+        train_dataset=ByteLMDataset(64),
+        data_collator=collator,
+        callbacks=[callback],
+    )
+    trainer.train()
+    assert callback.run is not None
+    stored = stored_run(server, callback.run.id)
+
+    assert stored.run["units"] == "tokens"
+    assert stored.run["name"] == "tiny-gpt2"
+    config = stored.run["config"]
+    config = json.loads(config) if isinstance(config, str) else config
+    assert config["training_args"]["gradient_accumulation_steps"] == 2
+    assert config["examples_per_step"] == 8
+    assert [s["step"] for s in stored.samples] == [0, 1, 2, 3]
+
+    norms = _grad_norms(trainer)
+    assert len(norms) == 4
+    for step, sample in enumerate(stored.samples):
+        # the two micro-batches of this step, as the collator produced them
+        micro_labels = collator.labels[2 * step : 2 * step + 2]
+        # GPT-2's loss shifts labels: position 0 of each row predicts nothing
+        n_tokens = [float(lab[:, 1:].ne(-100).sum()) for lab in micro_labels]
+        trainer_n = sum(float(lab.ne(-100).sum()) for lab in micro_labels)
+        assert sample["b_big"] == pytest.approx(sum(n_tokens))
+        assert sample["b_small"] == pytest.approx(2 / sum(1 / n for n in n_tokens))
+        # the Trainer divides the summed token loss by its own count; G_big is the mean
+        # gradient over the real tokens, so it is the Trainer's gradient rescaled
+        expected_big = norms[step] ** 2 * (trainer_n / sum(n_tokens)) ** 2
+        assert sample["g_big_sq"] == pytest.approx(expected_big, rel=1e-4)
+        assert math.isfinite(sample["g_small_sq"])
+        assert sample["g_small_sq"] > 0
+        assert math.isfinite(sample["loss"])
+        assert sample["lr"] == pytest.approx(trainer.args.learning_rate * (1 - step / 4))
+    # micro-batch gradients are noisier than their average: E|G_small|^2 > E|G_big|^2 (eq. 1)
+    mean_small = sum(s["g_small_sq"] for s in stored.samples) / 4
+    mean_big = sum(s["g_big_sq"] for s in stored.samples) / 4
+    assert mean_small > mean_big
+
+
+class MeanLossClassifier(nn.Module):
+    """A plain nn.Module whose forward takes no loss kwargs: the Trainer divides by k."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+    def forward(self, x: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        logits = self.net(x)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+class DigitsDataset(torch.utils.data.Dataset[dict[str, Tensor]]):
+    def __init__(self, n: int) -> None:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        self.x = torch.tensor(digits.data[:n], dtype=torch.float32) / 16.0
+        self.y = torch.tensor(digits.target[:n], dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+def test_mean_loss_model_in_examples_with_a_short_last_cycle(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    # 24 examples, 4 per micro-batch, 4 micro-batches per step: cycles of 4 and then 2
+    callback = _callback(server, tmp_path, task="digits-mlp")
+    args = _args(tmp_path, gradient_accumulation_steps=4, max_steps=-1, num_train_epochs=1)
+    trainer = Trainer(
+        model=MeanLossClassifier(), args=args, train_dataset=DigitsDataset(24), callbacks=[callback]
+    )
+    trainer.train()
+    assert callback.run is not None
+    stored = stored_run(server, callback.run.id)
+    assert stored.run["units"] == "examples"
+    assert stored.run["batch_size"] == 16
+    assert [(s["b_small"], s["b_big"]) for s in stored.samples] == [(4, 16), (4, 8)]
+    norms = _grad_norms(trainer)
+    for sample, norm in zip(stored.samples, norms, strict=True):
+        # mean loss / k: the accumulated gradient is the step's mean gradient
+        assert sample["g_big_sq"] == pytest.approx(norm**2, rel=1e-4)
+        assert sample["g_small_sq"] > 0
+
+
+def _train_params(tmp_path: Path, callbacks: list[Any]) -> dict[str, Tensor]:
+    trainer = Trainer(
+        model=tiny_gpt2(seed=1),
+        args=_args(tmp_path, max_steps=3),
+        train_dataset=ByteLMDataset(48, seed=1),
+        data_collator=RecordingCollator(),
+        callbacks=callbacks,
+    )
+    trainer.train()
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_parameters_identical_with_and_without_the_callback(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    callback = _callback(server, tmp_path, layers=True)
+    with_cb = _train_params(tmp_path, [callback])
+    without = _train_params(tmp_path, [])
+    assert callback.run is not None
+    assert callback.run.status().sent > 0  # it did measure (per-layer series too)
+    assert with_cb.keys() == without.keys()
+    changed = [k for k in with_cb if not torch.equal(with_cb[k], without[k])]
+    assert changed == []
+
+
+def test_importing_noisescope_stays_light() -> None:
+    code = (
+        "import sys, noisescope, noisescope.integrations as i\n"
+        "assert i.__all__ == ['HuggingFaceCallback', 'LightningCallback']\n"
+        "heavy = [m for m in ('torch', 'transformers', 'lightning', 'accelerate')"
+        " if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,0 +1,120 @@
+"""The Lightning callback, end to end against a real server, on one process and under DDP.
+
+The module under test records |G_big|^2 itself in ``on_before_optimizer_step`` (before Lightning
+clips; ``gradient_clip_val`` is tiny, so a post-clip reading could not match).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import Tensor
+
+from noisescope.integrations import LightningCallback
+from tests.integrations._lit import DigitsMLP, digits_loader
+from tests.integrations.conftest import stored_run
+from tests.support.servers import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _trainer(callbacks: list[Any], **overrides: Any) -> pl.Trainer:
+    settings: dict[str, Any] = {
+        "max_epochs": 2,
+        "accumulate_grad_batches": 3,
+        "gradient_clip_val": 0.01,
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "callbacks": callbacks,
+    }
+    settings.update(overrides)
+    return pl.Trainer(**settings)
+
+
+def test_accumulation_samples_reach_the_server(server: ServerProcess, tmp_path: Path) -> None:
+    # 80 examples in micro-batches of 16: 5 per epoch, so cycles of 3 and then 2 micro-batches
+    torch.manual_seed(0)
+    module = DigitsMLP()
+    callback = LightningCallback(
+        project="integrations", task="digits", url=server.url, dir=tmp_path, quiet=True
+    )
+    _trainer([callback]).fit(module, digits_loader(16, n=80))
+    assert callback.run is not None
+    stored = stored_run(server, callback.run.id)
+
+    assert stored.run["units"] == "examples"
+    assert stored.run["batch_size"] == 48
+    config = stored.run["config"]
+    config = json.loads(config) if isinstance(config, str) else config
+    assert config["hparams"]["lr"] == 0.05
+    assert config["trainer"]["accumulate_grad_batches"] == 3
+    assert [s["step"] for s in stored.samples] == [0, 1, 2, 3]
+    assert [(s["b_small"], s["b_big"]) for s in stored.samples] == [(16, 48), (16, 32)] * 2
+    assert len(module.big_norms_sq) == 4
+    for sample, recorded in zip(stored.samples, module.big_norms_sq, strict=True):
+        k_used = sample["b_big"] / 16
+        # Lightning divides by K=3 even when the cycle holds 2: its gradient is (k/3) G_big
+        assert sample["g_big_sq"] * (k_used / 3) ** 2 == pytest.approx(recorded, rel=1e-5)
+        assert math.isfinite(sample["g_small_sq"])
+        assert sample["g_small_sq"] > sample["g_big_sq"] * 0.5
+        assert sample["loss"] == pytest.approx(math.log(10), rel=0.2)
+        assert sample["lr"] == 0.05
+
+
+def _fit_params(callbacks: list[Any]) -> dict[str, Tensor]:
+    torch.manual_seed(3)
+    module = DigitsMLP()
+    _trainer(callbacks, max_epochs=1).fit(module, digits_loader(16, n=96, shuffle=True))
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def test_parameters_identical_with_and_without_the_callback(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    callback = LightningCallback(url=server.url, dir=tmp_path, quiet=True, layers=True)
+    with_cb = _fit_params([callback])
+    without = _fit_params([])
+    assert callback.run is not None
+    assert callback.run.status().sent > 0
+    assert with_cb.keys() == without.keys()
+    assert [k for k in with_cb if not torch.equal(with_cb[k], without[k])] == []
+
+
+def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
+    """Lightning's ``ddp`` strategy, 2 CPU processes: micro-batch per rank vs all-reduced."""
+    out = tmp_path / "ddp.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("_lightning_ddp.py")), server.url, str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    stored = stored_run(server, result["run_id"])
+    # per rank: micro-batches of 8, 2 per step; 2 ranks: B_big = 8 * 2 * 2
+    assert [s["step"] for s in stored.samples] == [0, 1, 2]
+    assert [(s["b_small"], s["b_big"]) for s in stored.samples] == [(8, 32)] * 3
+    assert stored.run["batch_size"] == 32
+    # rank 0's module read the all-reduced gradient before clipping: the same |G_big|^2
+    for sample, recorded in zip(stored.samples, result["big_norms_sq"], strict=True):
+        assert sample["g_big_sq"] == pytest.approx(recorded, rel=1e-5)
+        assert sample["g_small_sq"] > 0
+    # only rank 0 sent: one run, no duplicate samples
+    assert len(stored.samples) == 3
