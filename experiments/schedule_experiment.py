@@ -129,8 +129,19 @@ class _Observer:
         return self.sched.noise_scale
 
 
-def make_scheduler(spec: TaskSpec, base_lr: float, max_lr: float) -> BatchSizeScheduler:
-    """The schedule under test; every knob is a documented default except the batch range."""
+#: Scheduler settings compared. "default": the library defaults (EMA horizon ~50 steps, 50
+#: warm-up and cool-down steps, sized for runs of thousands of steps). "fast": the same rule
+#: with a ~10-step horizon, for runs that reach their targets in a few hundred steps.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "fast": {"warmup_steps": 10, "cooldown_steps": 10, "beta": 0.9},
+}
+
+
+def make_scheduler(
+    spec: TaskSpec, base_lr: float, max_lr: float, variant: str = "default"
+) -> BatchSizeScheduler:
+    """The schedule under test: library defaults except the batch range and ``VARIANTS``."""
     granularity = spec.micro_batches  # the task splits each batch into this many micro-batches
     return BatchSizeScheduler(
         micro_batch_size=granularity,
@@ -139,13 +150,19 @@ def make_scheduler(spec: TaskSpec, base_lr: float, max_lr: float) -> BatchSizeSc
         base_lr=base_lr,
         lr_rule="linear",
         max_lr=max_lr,
+        **VARIANTS[variant],
     )
 
 
 def run_schedule(
-    spec: TaskSpec, base_lr: float, max_lr: float, seed: int, targets: Sequence[float]
+    spec: TaskSpec,
+    base_lr: float,
+    max_lr: float,
+    seed: int,
+    targets: Sequence[float],
+    variant: str = "default",
 ) -> Trace:
-    sched = make_scheduler(spec, base_lr, max_lr)
+    sched = make_scheduler(spec, base_lr, max_lr, variant)
     obs = _Observer(sched)
     lr_of = lambda: sched.lr  # noqa: E731
     return _train(spec, seed, targets, lr_of, lambda: sched.batch_size, obs, record_every=10)
@@ -195,12 +212,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="the task's quick sweep, 2 repeats")
     p.add_argument("--out", type=Path, default=Path("experiments/runs/schedule"))
     p.add_argument("--figure", type=Path, default=None)
+    p.add_argument(
+        "--targets", default=None, help="comma-separated loss targets (default: the task's)"
+    )
+    p.add_argument("--variants", default="default,fast", help=f"of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
     spec = TASKS[args.task].sized(args.quick)
     repeats = 2 if args.quick else args.repeats
-    targets = spec.loss_targets
+    targets = (
+        tuple(float(t) for t in args.targets.split(",")) if args.targets else spec.loss_targets
+    )
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            p.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
     lowest = min(targets)
-    out = args.out / ("quick" if args.quick else "full") / spec.name
+    tag = "_".join(f"{t:g}" for t in sorted(targets, reverse=True))
+    out = args.out / ("quick" if args.quick else "full") / f"{spec.name}_targets_{tag}"
     t0 = time.monotonic()
     seeds = list(range(repeats))
 
@@ -224,18 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     b_max = spec.batch_sizes[-1]
     cap = _best_lr(fixed[b_max], lowest) or _best_lr(fixed[b_max], max(targets))
     max_lr = cap[0] if cap is not None else max(spec.lrs)
-    sched: dict[float, list[Trace]] = {}
-    for lr in spec.lrs:
-        if lr > max_lr:
-            continue  # base lr above the cap would be capped from the first step
-        sched[lr] = [
-            _cached(
-                out / f"sched_lr{lr:g}_cap{max_lr:g}_s{s}.json",
-                lambda lr=lr, s=s: run_schedule(spec, lr, max_lr, s, targets),
-            )
-            for s in seeds
-        ]
-        log(f"schedule base lr={lr:g} done")
+    scheds: dict[str, dict[float, list[Trace]]] = {}
+    for variant in variants:
+        scheds[variant] = {}
+        for lr in spec.lrs:
+            if lr > max_lr:
+                continue  # base lr above the cap would be capped from the first step
+            scheds[variant][lr] = [
+                _cached(
+                    out / f"sched_{variant}_lr{lr:g}_cap{max_lr:g}_s{s}.json",
+                    lambda lr=lr, s=s, v=variant: run_schedule(spec, lr, max_lr, s, targets, v),
+                )
+                for s in seeds
+            ]
+        log(f"schedule {variant} done")
 
     rows: list[dict[str, Any]] = []
     for target in targets:
@@ -244,8 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             best = _best_lr(fixed[b], target)
             if best is not None:
                 per_b[b] = best
-        s_best = _best_lr(sched, target)
-        if len(per_b) < 3 or s_best is None:
+        if len(per_b) < 3:
             rows.append({"target": target, "missing": True})
             continue
         med_steps = {b: statistics.median(h[0] for h in v[1]) for b, v in per_b.items()}
@@ -258,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
             s_min, e_min, b_crit = fit.s_min, fit.e_min, fit.b_crit
         except ValueError:
             s_min = e_min = b_crit = float("nan")
-        sched_steps = [float(h[0]) for h in s_best[1]]
-        sched_ex = [h[1] for h in s_best[1]]
         row: dict[str, Any] = {
             "target": target,
             "fixed": {
@@ -275,32 +302,44 @@ def main(argv: list[str] | None = None) -> int:
             "s_min": s_min,
             "e_min": e_min,
             "b_crit": b_crit,
-            "schedule": {
+            "schedules": {},
+        }
+        for variant, sched in scheds.items():
+            s_best = _best_lr(sched, target)
+            if s_best is None:
+                continue
+            sched_steps = [float(h[0]) for h in s_best[1]]
+            sched_ex = [h[1] for h in s_best[1]]
+            entry: dict[str, Any] = {
                 "base_lr": s_best[0],
                 "max_lr": max_lr,
                 "steps": _stats(sched_steps),
                 "examples": _stats(sched_ex),
-            },
-        }
-        if math.isfinite(s_min):
-            s_rel = statistics.median(sched_steps) / s_min
-            e_rel = statistics.median(sched_ex) / e_min
-            sched_row: dict[str, Any] = row["schedule"]
-            sched_row["frontier_product"] = (s_rel - 1.0) * (e_rel - 1.0)
-            sched_row["steps_over_min"] = s_rel
-            sched_row["examples_over_min"] = e_rel
-            # the fixed batch at B_crit costs 2x and 2x: steps_ratio = examples_ratio = 2
+            }
+            if math.isfinite(s_min):
+                s_rel = statistics.median(sched_steps) / s_min
+                e_rel = statistics.median(sched_ex) / e_min
+                entry["frontier_product"] = (s_rel - 1.0) * (e_rel - 1.0)
+                entry["steps_over_min"] = s_rel
+                entry["examples_over_min"] = e_rel
+            row["schedules"][variant] = entry
+        if math.isfinite(b_crit):
+            # a fixed batch at B_crit costs 2x the minimum steps and 2x the minimum examples
             row["at_b_crit"] = [steps_ratio(b_crit, b_crit), examples_ratio(b_crit, b_crit)]
         rows.append(row)
-    # the schedule's batch trajectory at the chosen base lr (first repeat), for the figure
-    chosen = _best_lr(sched, lowest)
-    trajectory = sched[chosen[0]][0].batch if chosen is not None else []
+    # each schedule's batch trajectory at its chosen base lr (seed 0), for the figure
+    trajectories: dict[str, list[Any]] = {}
+    for variant, sched in scheds.items():
+        chosen = _best_lr(sched, lowest)
+        trajectories[variant] = sched[chosen[0]][0].batch if chosen is not None else []
     result = {
         "task": spec.name,
+        "targets": list(targets),
         "repeats": repeats,
         "quick": args.quick,
+        "variants": {v: VARIANTS[v] for v in variants},
         "rows": rows,
-        "trajectory": trajectory,
+        "trajectories": trajectories,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=1))
@@ -322,41 +361,47 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fmt(s: dict[str, float]) -> str:
-    return f"{s['median']:.4g} [{s['min']:.4g}-{s['max']:.4g}]"
+    return f"{s['median']:.4g} [{s['min']:.4g}–{s['max']:.4g}]"
 
 
 def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
     lines = [
-        f"Task `{spec.name}` ({spec.title}), {result['repeats']} repeats (seeds 0-"
-        f"{result['repeats'] - 1}); median [min-max] over repeats.",
+        f"Task `{spec.name}` ({spec.title}), {result['repeats']} repeats (seeds 0–"
+        f"{result['repeats'] - 1}); median [min–max] over repeats; learning rate tuned per "
+        "fixed batch and per schedule variant on the same grid (fewest median steps).",
         "",
-        "| loss target | schedule steps | best small B: steps | schedule examples | "
-        "best large B: examples | fewer steps than small? | fewer examples than large? | "
-        "schedule S/S_min, E/E_min | (S/S_min-1)(E/E_min-1) |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in result["rows"]:
-        if row.get("missing"):
-            lines.append(f"| {row['target']:g} | not reached by enough runs | | | | | | | |")
-            continue
-        sc = row["schedule"]
-        small = row["fixed"][str(row["small"])]
-        large = row["fixed"][str(row["large"])]
-        win_s = sc["steps"]["median"] < small["steps"]["median"]
-        win_e = sc["examples"]["median"] < large["examples"]["median"]
-        rel = (
-            f"{sc['steps_over_min']:.2f}, {sc['examples_over_min']:.2f}"
-            if "steps_over_min" in sc
-            else "n/a"
-        )
-        prod = f"{sc['frontier_product']:.2f}" if "frontier_product" in sc else "n/a"
-        lines.append(
-            f"| {row['target']:g} | {_fmt(sc['steps'])} "
-            f"| {_fmt(small['steps'])} (B={row['small']}) "
-            f"| {_fmt(sc['examples'])} | {_fmt(large['examples'])} (B={row['large']}) "
-            f"| {'yes' if win_s else 'no'} | {'yes' if win_e else 'no'} | {rel} | {prod} |"
-        )
-    lines.append("")
+    for variant, settings in result["variants"].items():
+        lines += [
+            f"Schedule variant `{variant}` ({settings or 'library defaults'}):",
+            "",
+            "| loss target | schedule steps | best small B: steps | schedule examples | "
+            "best large B: examples | fewer steps than small? | fewer examples than large? | "
+            "S/S_min, E/E_min | (S/S_min−1)(E/E_min−1) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in result["rows"]:
+            sc = row.get("schedules", {}).get(variant)
+            if row.get("missing") or sc is None:
+                lines.append(f"| {row['target']:g} | not reached by all repeats | | | | | | | |")
+                continue
+            small = row["fixed"][str(row["small"])]
+            large = row["fixed"][str(row["large"])]
+            win_s = sc["steps"]["median"] < small["steps"]["median"]
+            win_e = sc["examples"]["median"] < large["examples"]["median"]
+            rel = (
+                f"{sc['steps_over_min']:.2f}, {sc['examples_over_min']:.2f}"
+                if "steps_over_min" in sc
+                else "n/a"
+            )
+            prod = f"{sc['frontier_product']:.2f}" if "frontier_product" in sc else "n/a"
+            lines.append(
+                f"| {row['target']:g} | {_fmt(sc['steps'])} "
+                f"| {_fmt(small['steps'])} (B={row['small']}) "
+                f"| {_fmt(sc['examples'])} | {_fmt(large['examples'])} (B={row['large']}) "
+                f"| {'yes' if win_s else 'no'} | {'yes' if win_e else 'no'} | {rel} | {prod} |"
+            )
+        lines.append("")
     lines.append(
         "Fixed-batch frontier per target (best lr per B; fit S = S_min(1 + B_crit/B)): "
         + "; ".join(
@@ -369,6 +414,20 @@ def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _point(target: float, who: str, label: str, stats: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "target": f"loss {target:g}",
+        "who": who,
+        "label": label,
+        "steps": stats["steps"]["median"],
+        "steps_lo": stats["steps"]["min"],
+        "steps_hi": stats["steps"]["max"],
+        "examples": stats["examples"]["median"],
+        "examples_lo": stats["examples"]["min"],
+        "examples_hi": stats["examples"]["max"],
+    }
+
+
 def save_figure(result: dict[str, Any], path: Path) -> None:
     import altair as alt
     import pandas as pd
@@ -378,66 +437,51 @@ def save_figure(result: dict[str, Any], path: Path) -> None:
         if row.get("missing"):
             continue
         for b, f in row["fixed"].items():
-            points.append(
-                {
-                    "target": f"loss {row['target']:g}",
-                    "who": "fixed batch",
-                    "label": f"B={b}",
-                    "steps": f["steps"]["median"],
-                    "steps_lo": f["steps"]["min"],
-                    "steps_hi": f["steps"]["max"],
-                    "examples": f["examples"]["median"],
-                    "examples_lo": f["examples"]["min"],
-                    "examples_hi": f["examples"]["max"],
-                }
-            )
-        sc = row["schedule"]
-        points.append(
-            {
-                "target": f"loss {row['target']:g}",
-                "who": "noise-scale schedule",
-                "label": "schedule",
-                "steps": sc["steps"]["median"],
-                "steps_lo": sc["steps"]["min"],
-                "steps_hi": sc["steps"]["max"],
-                "examples": sc["examples"]["median"],
-                "examples_lo": sc["examples"]["min"],
-                "examples_hi": sc["examples"]["max"],
-            }
-        )
-    log_x = alt.Scale(type="log")
+            points.append(_point(row["target"], "fixed batch", f"B={b}", f))
+        for variant, sc in row["schedules"].items():
+            points.append(_point(row["target"], f"schedule ({variant})", variant, sc))
+    whos = ["fixed batch"] + [f"schedule ({v})" for v in result["variants"]]
+    palette = ["#7f7f7f", "#d62728", "#1f77b4", "#2ca02c"][: len(whos)]
+    color = alt.Color(
+        "who:N",
+        title=None,
+        scale=alt.Scale(domain=whos, range=palette),
+        legend=alt.Legend(orient="bottom"),
+    )
     base = alt.Chart(pd.DataFrame(points))
-    color = alt.Color("who:N", title=None, legend=alt.Legend(orient="bottom"))
     dots = base.mark_point(filled=True, size=50).encode(
-        x=alt.X("examples:Q", scale=log_x, title="examples to target"),
+        x=alt.X("examples:Q", scale=alt.Scale(type="log"), title="examples to target"),
         y=alt.Y("steps:Q", scale=alt.Scale(type="log"), title="optimizer steps to target"),
         color=color,
         tooltip=["label:N", "steps:Q", "examples:Q"],
     )
     ybars = base.mark_rule().encode(x="examples:Q", y="steps_lo:Q", y2="steps_hi:Q", color=color)
     xbars = base.mark_rule().encode(x="examples_lo:Q", x2="examples_hi:Q", y="steps:Q", color=color)
-    text = base.mark_text(dx=14, dy=-6, fontSize=9).encode(
-        x="examples:Q", y="steps:Q", text="label:N", color=color
+    text = (
+        base.transform_filter(alt.datum.who == "fixed batch")
+        .mark_text(dx=16, dy=-6, fontSize=9)
+        .encode(x="examples:Q", y="steps:Q", text="label:N", color=color)
     )
     frontier = (
         alt.layer(ybars, xbars, dots, text)
-        .properties(width=230, height=210)
-        .facet(facet=alt.Facet("target:N", title=None), columns=4)
+        .properties(width=210, height=190)
+        .facet(facet=alt.Facet("target:N", title=None, sort=None), columns=3)
         .resolve_scale(x="independent", y="independent")
     )
-    traj = [
-        {"step": s, "series": "batch size (schedule)", "value": b}
-        for s, b, _, _ in result["trajectory"]
-    ]
+    traj: list[dict[str, Any]] = []
+    for variant, rows in result["trajectories"].items():
+        traj += [
+            {"step": s, "series": f"batch size, schedule ({variant})", "value": b}
+            for s, b, _, _ in rows
+        ]
+        traj += [
+            {"step": s, "series": f"B_simple EMA ({variant})", "value": n}
+            for s, _, n, _ in rows
+            if n
+        ]
+    first = next(iter(result["trajectories"].values()), [])
     traj += [
-        {"step": s, "series": "B_simple (scheduler's EMA)", "value": n}
-        for s, _, n, _ in result["trajectory"]
-        if n
-    ]
-    traj += [
-        {"step": s, "series": "B_simple (closed form)", "value": t}
-        for s, _, _, t in result["trajectory"]
-        if t
+        {"step": s, "series": "B_simple, closed form", "value": t} for s, _, _, t in first if t
     ]
     lines = (
         alt.Chart(pd.DataFrame(traj))
@@ -447,11 +491,11 @@ def save_figure(result: dict[str, Any], path: Path) -> None:
             y=alt.Y("value:Q", scale=alt.Scale(type="log"), title="examples"),
             color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")),
         )
-        .properties(width=480, height=200, title="Batch size chosen by the schedule (seed 0)")
+        .properties(width=520, height=200, title="Batch size chosen by the schedules (seed 0)")
     )
     chart = alt.vconcat(frontier, lines).properties(
         title=f"{result['task']}: noise-scale schedule vs fixed batch sizes "
-        f"({result['repeats']} repeats; bars: min-max)"
+        f"({result['repeats']} repeats; bars: min–max)"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     chart.save(str(path), ppi=110)
