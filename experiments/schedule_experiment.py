@@ -479,7 +479,7 @@ def save_figure(result: dict[str, Any], path: Path) -> None:
             for s, _, n, _ in rows
             if n
         ]
-    first = next(iter(result["trajectories"].values()), [])
+    first: list[Any] = next(iter(result["trajectories"].values()), [])
     traj += [
         {"step": s, "series": "B_simple, closed form", "value": t} for s, _, _, t in first if t
     ]
