@@ -261,8 +261,21 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
         proc.wait()
 
 
+def _interrupt_on_termination() -> None:
+    """Make SIGTERM/SIGHUP (and a SIGINT ignored by a background shell) stop like Ctrl-C,
+    so ``kill`` or a closed terminal never leaves the server and dashboard behind."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, interrupt)
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     from noisescope_server import db
+
+    _interrupt_on_termination()
 
     settings = _settings(args, auth="off")
     engine = db.make_engine(settings.database_url)
