@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = to_sweep_runs(records)
             rows = analysis.critical_batch_rows(runs, spec.loss_targets)
             lowest = rows[-1] if rows else None
-            best_ids = {p.run_id for p in lowest.points} if lowest else set()
+            best_ids = {p.run_ids[0] for p in lowest.points} if lowest else set()
             best_runs = sorted(
                 (r for r in runs if r.run_id in best_ids), key=lambda r: r.batch_size
             )

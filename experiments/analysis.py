@@ -113,6 +113,7 @@ class SweepRun:
     lr: float
     curve: LossCurve
     samples: NoiseSamples | None = None
+    seed: int = 0
 
 
 def window_noise_scale(samples: NoiseSamples, lo_step: float, hi_step: float) -> NoiseScale:
@@ -131,43 +132,67 @@ def window_noise_scale(samples: NoiseSamples, lo_step: float, hi_step: float) ->
     return NoiseScale.from_sums(sum_g_sq, sum_trace_sigma, n)
 
 
-def b_simple_at_loss(run: SweepRun, target: float, window: float = 1.25) -> NoiseScale | None:
-    """B_simple in the step window [s*/window, s*·window] around the crossing step s*.
+def b_simple_at_loss(
+    runs: SweepRun | Sequence[SweepRun], target: float, window: float = 1.25
+) -> NoiseScale | None:
+    """B_simple in the step window [s*/window, s*·window] around each run's crossing step s*.
 
-    None when the run never reaches ``target`` or has no samples. A window in log-steps keeps
-    the same relative width for runs of very different lengths.
+    Several runs (repeats) pool their window sums before the ratio is taken. None when no run
+    reaches ``target`` or none has samples. A window in log-steps keeps the same relative
+    width for runs of very different lengths.
     """
-    if run.samples is None:
+    group = [runs] if isinstance(runs, SweepRun) else list(runs)
+    sum_g_sq = 0.0
+    sum_trace_sigma = 0.0
+    n = 0.0
+    for run in group:
+        if run.samples is None:
+            continue
+        s_star = crossing_step(run.curve.steps, run.curve.losses, target)
+        if s_star is None:
+            continue
+        scale = window_noise_scale(run.samples, s_star / window, s_star * window)
+        sum_g_sq += scale.g_sq * scale.n
+        sum_trace_sigma += scale.trace_sigma * scale.n
+        n += scale.n
+    if n == 0:
         return None
-    s_star = crossing_step(run.curve.steps, run.curve.losses, target)
-    if s_star is None:
-        return None
-    return window_noise_scale(run.samples, s_star / window, s_star * window)
+    return NoiseScale.from_sums(sum_g_sq, sum_trace_sigma, n)
 
 
 @dataclass(frozen=True)
 class TargetPoint:
-    """The fastest run at one batch size for one loss target."""
+    """The fastest learning rate at one batch size for one loss target.
+
+    ``steps`` is the mean over the seeds of that (batch size, lr); ``run_ids`` are those runs.
+    """
 
     batch_size: float
     lr: float
     steps: float
     examples: float
-    run_id: str
+    run_ids: tuple[str, ...]
 
 
 def best_per_batch(runs: Sequence[SweepRun], target: float) -> list[TargetPoint]:
-    """Per batch size, the learning rate that reached ``target`` in the fewest steps."""
-    best: dict[float, TargetPoint] = {}
+    """Per batch size, the learning rate that reached ``target`` in the fewest steps.
+
+    Runs that share a batch size and lr are repeats (seeds): their crossing steps are averaged,
+    and the pair counts only if every repeat reached the target.
+    """
+    groups: dict[tuple[float, float], list[SweepRun]] = {}
     for run in runs:
-        s = crossing_step(run.curve.steps, run.curve.losses, target)
-        if s is None:
+        groups.setdefault((run.batch_size, run.lr), []).append(run)
+    best: dict[float, TargetPoint] = {}
+    for (batch_size, lr), group in groups.items():
+        crossings = [crossing_step(r.curve.steps, r.curve.losses, target) for r in group]
+        if any(c is None for c in crossings):
             continue
-        current = best.get(run.batch_size)
+        s = statistics.fmean(c for c in crossings if c is not None)
+        current = best.get(batch_size)
         if current is None or s < current.steps:
-            best[run.batch_size] = TargetPoint(
-                run.batch_size, run.lr, s, s * run.batch_size, run.run_id
-            )
+            ids = tuple(r.run_id for r in group)
+            best[batch_size] = TargetPoint(batch_size, lr, s, s * batch_size, ids)
     return [best[b] for b in sorted(best)]
 
 
@@ -222,7 +247,7 @@ def critical_batch_rows(
         fitted = fit_target(points)
         per_run: dict[float, float] = {}
         for p in points:
-            scale = b_simple_at_loss(by_id[p.run_id], target, window)
+            scale = b_simple_at_loss([by_id[i] for i in p.run_ids], target, window)
             if scale is not None and scale.b_simple is not None:
                 per_run[p.batch_size] = scale.b_simple
         b_simple = statistics.median(per_run.values()) if per_run else None

@@ -14,6 +14,8 @@ from experiments.analysis import CriticalBatchRow, SweepRun, noise_scale_curve
 
 __all__ = ["summary_chart", "task_chart"]
 
+#: Wider step window than the table's, only to make the along-the-run curves legible.
+CURVE_WINDOW = 1.5
 WIDTH = 300
 HEIGHT = 240
 
@@ -101,7 +103,13 @@ def task_chart(
             )
     crit_df = pd.DataFrame(crit)
     y_scale = alt.Scale(type="log")
-    x_loss = alt.X("loss:Q", scale=alt.Scale(type="log", reverse=True), title="loss (falls →)")
+    targets = [r.target for r in rows] or [1.0]
+    loss_domain = [min(targets) / 1.15, max(targets) * 1.15]
+    x_loss = alt.X(
+        "loss:Q",
+        scale=alt.Scale(type="log", reverse=True, domain=loss_domain, nice=False),
+        title="loss target (falls →)",
+    )
     what = alt.Color("what:N", title=None, legend=alt.Legend(orient="bottom", direction="vertical"))
     if crit_df.empty:
         versus: alt.LayerChart | alt.Chart = alt.Chart(pd.DataFrame({"x": []})).mark_point()
@@ -116,9 +124,11 @@ def task_chart(
     versus = versus.properties(width=WIDTH, height=HEIGHT, title="critical batch vs noise scale")
 
     curves = []
+    curve_domain = [min(targets) / 1.15, max(targets) * 2.0]
     for run in best_runs:
-        for _step, loss, b in noise_scale_curve(run):
-            if b is not None and b > 0 and math.isfinite(loss):
+        for _step, loss, b in noise_scale_curve(run, window=CURVE_WINDOW):
+            inside = curve_domain[0] <= loss <= curve_domain[1]
+            if b is not None and b > 0 and math.isfinite(loss) and inside:
                 curves.append({"loss": loss, "b_simple": b, "run": f"B={run.batch_size:g}"})
     curve_df = pd.DataFrame(curves)
     if curve_df.empty:
@@ -129,7 +139,9 @@ def task_chart(
             .mark_line(opacity=0.8)
             .encode(
                 x=alt.X(
-                    "loss:Q", scale=alt.Scale(type="log", reverse=True), title="loss (falls →)"
+                    "loss:Q",
+                    scale=alt.Scale(type="log", reverse=True, domain=curve_domain, nice=False),
+                    title="loss (falls →)",
                 ),
                 y=alt.Y("b_simple:Q", scale=y_scale, title=f"B_simple ({units})"),
                 color=alt.Color("run:N", sort=None, title="run"),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from experiments.analysis import CriticalBatchRow, crossing_step
+from experiments.runner import run_name
 from experiments.tasks import TaskSpec
 
 __all__ = ["TaskResult", "render"]
@@ -32,16 +33,17 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 def _truth_at(records: Sequence[dict[str, Any]], row: CriticalBatchRow, key: str) -> float | None:
     """Median over the best runs of a closed-form quantity at the crossing (lsq only)."""
     values = []
-    by_id = {f"B{r['batch_size']}-lr{r['lr']:.6g}": r for r in records}
+    by_id = {run_name(r["batch_size"], r["lr"], r.get("seed", 0)): r for r in records}
     for p in row.points:
-        ev = by_id[p.run_id]["evals"]
-        if key not in ev:
-            return None
-        s = crossing_step(ev["step"], ev["loss"], row.target)
-        if s is None:
-            continue
-        i = min(range(len(ev["step"])), key=lambda j: abs(ev["step"][j] - s))
-        values.append(ev[key][i])
+        for run_id in p.run_ids:
+            ev = by_id[run_id]["evals"]
+            if key not in ev:
+                return None
+            s = crossing_step(ev["step"], ev["loss"], row.target)
+            if s is None:
+                continue
+            i = min(range(len(ev["step"])), key=lambda j: abs(ev["step"][j] - s))
+            values.append(ev[key][i])
     return statistics.median(values) if values else None
 
 

@@ -1,16 +1,21 @@
 """The batch-size sweep: train every (batch size, learning rate) pair, cache each finished run.
 
-Resumable: each finished run is written atomically to ``<out>/<task>/B<b>_lr<lr>.json``; a
-rerun loads it instead of training again. Every run is logged through the noisescope client
+Resumable: each finished run is written atomically to ``<out>/<task>-<settings hash>/``; a rerun
+loads it instead of training again. Every run is logged through the noisescope client
 (``noisescope.init`` → ``Run.log_sample``), as a user's training loop would.
 
-Learning rates for one batch size are tried nearest-first around the best lr of the previous
-batch size. A run stops when (i) it reached the lowest loss target and ran ``window``× as many
-steps again (so B_simple has a window on both sides of the crossing), (ii) it diverged, (iii) it
-hit the step/example budget, or (iv) it is *pruned*: it passed the step at which an already
-finished lr of the same batch size reached the lowest target. A pruned run cannot be the fastest
-for any target (it has not reached the lowest one by then, and every higher target was reached
-no later by that faster run), so pruning never changes the per-target best.
+Batch sizes are swept from the largest down; learning rates for one batch size are tried
+nearest-first around the best lr of the previous (larger) batch size. A run stops when:
+
+(i) it reached the lowest loss target and ran ``WINDOW``× as many steps again (so B_simple has a
+window on both sides of the crossing); (ii) it diverged; (iii) it hit the task's step/example
+cap; (iv) it is *pruned*: it passed the step at which an already finished lr of the same batch
+size reached the lowest target (× the number of repeats). A pruned run cannot be the fastest for
+any target (every higher target was reached no later by that faster run), so pruning never
+changes the per-target best; (v) it ran out of *budget*: in the paper's model the examples to
+reach a loss never grow as the batch shrinks (E = E_min(1 + B/B_crit)), so at batch B a run gets
+CAP_FACTOR × E(B')/B steps, E(B') the fewest examples any larger batch needed; a run slower than
+that is far off the model and is stopped.
 """
 
 from __future__ import annotations
@@ -29,12 +34,22 @@ from typing import Any, TextIO
 from experiments.analysis import LossCurve, NoiseSamples, SweepRun, crossing_step
 from experiments.tasks import TaskSpec, make_trainer
 
-__all__ = ["OFFLINE", "Progress", "RunRecord", "load_runs", "run_sweep", "to_sweep_runs"]
+__all__ = [
+    "OFFLINE",
+    "Progress",
+    "RunRecord",
+    "load_runs",
+    "run_name",
+    "run_sweep",
+    "to_sweep_runs",
+]
 
 INIT_SEED = 1234
 EVAL_SPACING = 0.04  # evaluate every 4% of the steps so far (relative resolution)
 DIVERGE_FACTOR = 3.0
 WINDOW = 1.25
+#: Budget for a batch size B, from the previously swept larger batch B' (see run_sweep).
+CAP_FACTOR = 3.0
 #: Pass as ``url`` to log through the client in offline mode (spooled; ``noisescope sync``).
 OFFLINE = "offline"
 
@@ -134,37 +149,43 @@ def task_dir(out: Path, spec: TaskSpec) -> Path:
     return out / f"{spec.name}-{zlib.crc32(repr(fields).encode()):08x}"
 
 
-def _run_path(out: Path, spec: TaskSpec, batch_size: int, lr: float) -> Path:
-    return task_dir(out, spec) / f"B{batch_size}_lr{lr:.6g}.json"
+def run_name(batch_size: int, lr: float, seed: int) -> str:
+    return f"B{batch_size}-lr{lr:.6g}-s{seed}"
+
+
+def _run_path(out: Path, spec: TaskSpec, batch_size: int, lr: float, seed: int) -> Path:
+    return task_dir(out, spec) / f"{run_name(batch_size, lr, seed)}.json"
 
 
 def train_one(
     spec: TaskSpec,
     batch_size: int,
     lr: float,
+    seed: int,
     prune_at: float | None,
+    budget_at: float | None,
     url: str | None,
     out: Path,
     progress: Progress,
     label: str,
 ) -> RunRecord:
     """Train one (batch size, lr) run and return its record (evaluations and noise samples)."""
-    sampler_seed = zlib.crc32(f"{spec.name}-{batch_size}-{lr:.6g}".encode())
-    trainer = make_trainer(spec, INIT_SEED, sampler_seed)
+    sampler_seed = zlib.crc32(f"{spec.name}-{batch_size}-{lr:.6g}-{seed}".encode())
+    trainer = make_trainer(spec, INIT_SEED + seed, sampler_seed)
     tpe = spec.tokens_per_example
     units_per_step = batch_size * tpe
     lowest = min(spec.loss_targets)
-    max_steps = min(spec.max_steps, math.ceil(spec.max_examples / batch_size))
+    max_steps = _max_steps(spec, batch_size)
     config = {
         "batch_size": batch_size,
         "batch_size_units": units_per_step,
         "lr": lr,
         "optimizer": spec.optimizer,
         "micro_batches": spec.micro_batches,
-        "init_seed": INIT_SEED,
+        "init_seed": INIT_SEED + seed,
         "sampler_seed": sampler_seed,
     }
-    logger = _Logger.open(url, out / "spool", spec, f"B{batch_size}-lr{lr:.6g}", config)
+    logger = _Logger.open(url, out / "spool", spec, run_name(batch_size, lr, seed), config)
     first = trainer.eval_loss()
     evals: dict[str, list[float]] = {"step": [0.0], "loss": [first]}
     for key, value in trainer.truth().items():
@@ -204,6 +225,9 @@ def train_one(
             if reached_at is None and prune_at is not None and step > prune_at:
                 status = "pruned"
                 break
+            if reached_at is None and budget_at is not None and step > budget_at:
+                status = "budget"
+                break
         else:
             if reached_at is not None:
                 status = "reached"
@@ -217,6 +241,7 @@ def train_one(
         "batch_size_units": units_per_step,
         "units": spec.units,
         "lr": lr,
+        "seed": seed,
         "status": status,
         "steps": step,
         "reached_lowest_at": reached_at,
@@ -235,6 +260,24 @@ def _save(path: Path, record: RunRecord) -> None:
     os.replace(tmp, path)
 
 
+def _max_steps(spec: TaskSpec, batch_size: int) -> int:
+    return min(spec.max_steps, math.ceil(spec.max_examples / batch_size))
+
+
+def _stopped_short(
+    record: RunRecord, spec: TaskSpec, prune_at: float | None, budget_at: float | None
+) -> bool:
+    """A cached run cut by a tighter prune/budget bound than today's must be trained again."""
+    steps = float(record["steps"])
+    if record["status"] == "pruned":
+        return prune_at is None or steps < prune_at
+    if record["status"] == "budget" and record["reached_lowest_at"] is None:
+        if steps >= _max_steps(spec, int(record["batch_size"])):
+            return False
+        return budget_at is None or steps < budget_at
+    return False
+
+
 def _lr_order(lrs: tuple[float, ...], guess: float) -> list[float]:
     """Nearest-first around ``guess`` (ties: the larger lr first)."""
     return sorted(lrs, key=lambda lr: (round(abs(math.log(lr / guess)), 9), -lr))
@@ -250,37 +293,55 @@ def run_sweep(
     """Every batch size × lr of ``spec`` (cached runs are loaded, not retrained)."""
     records: list[RunRecord] = []
     lowest = min(spec.loss_targets)
-    guess = math.exp(sum(math.log(lr) for lr in spec.lrs) / len(spec.lrs))
-    total = len(spec.batch_sizes) * len(spec.lrs)
+    guess = max(spec.lrs)
+    total = len(spec.batch_sizes) * len(spec.lrs) * spec.seeds
     done = 0
-    for batch_size in spec.batch_sizes:
+    examples_needed: float | None = None
+    for batch_size in sorted(spec.batch_sizes, reverse=True):
+        budget_at = None if examples_needed is None else CAP_FACTOR * examples_needed / batch_size
         best_steps: float | None = None
         best_lr: float | None = None
         for lr in _lr_order(spec.lrs, guess):
-            done += 1
-            label = f"{spec.name} [{done}/{total}] B={batch_size} lr={lr:.3g}"
-            path = _run_path(out, spec, batch_size, lr)
-            if path.exists():
-                record: RunRecord = json.loads(path.read_text())
-                how = "cached"
-            else:
-                progress.update(f"{label} starting")
-                record = train_one(spec, batch_size, lr, best_steps, url, out, progress, label)
-                _save(path, record)
-                how = f"{record['wall_s']:.1f}s"
-            records.append(record)
-            reached = record["reached_lowest_at"]
-            progress.line(
-                f"{label}: {record['status']} after {record['steps']} steps"
-                + (f", loss {lowest:g} at step {reached:.0f}" if reached else "")
-                + f" ({how})"
-            )
-            if reached is not None and (best_steps is None or reached < best_steps):
-                best_steps, best_lr = reached, lr
-            if on_run is not None:
-                on_run(record)
-        if best_lr is not None:
+            # With n repeats a run slower than n x the best mean cannot give a better mean.
+            prune_at = None if best_steps is None else best_steps * spec.seeds
+            reached_all: list[float] = []
+            for seed in range(spec.seeds):
+                done += 1
+                label = f"{spec.name} [{done}/{total}] B={batch_size} lr={lr:.3g} seed={seed}"
+                path = _run_path(out, spec, batch_size, lr, seed)
+                record: RunRecord | None = None
+                if path.exists():
+                    record = json.loads(path.read_text())
+                    if _stopped_short(record, spec, prune_at, budget_at):
+                        record = None
+                    else:
+                        how = "cached"
+                if record is None:
+                    progress.update(f"{label} starting")
+                    record = train_one(
+                        spec, batch_size, lr, seed, prune_at, budget_at, url, out, progress, label
+                    )
+                    _save(path, record)
+                    how = f"{record['wall_s']:.1f}s"
+                records.append(record)
+                reached = record["reached_lowest_at"]
+                if reached is not None:
+                    reached_all.append(reached)
+                progress.line(
+                    f"{label}: {record['status']} after {record['steps']} steps"
+                    + (f", loss {lowest:g} at step {reached:.0f}" if reached else "")
+                    + f" ({how})"
+                )
+                if on_run is not None:
+                    on_run(record)
+            if len(reached_all) == spec.seeds:
+                mean = sum(reached_all) / len(reached_all)
+                if best_steps is None or mean < best_steps:
+                    best_steps, best_lr = mean, lr
+        if best_lr is not None and best_steps is not None:
             guess = best_lr
+            needed = best_steps * batch_size
+            examples_needed = needed if examples_needed is None else min(examples_needed, needed)
     return records
 
 
@@ -291,13 +352,14 @@ def to_sweep_runs(records: list[RunRecord]) -> list[SweepRun]:
         s = r["samples"]
         runs.append(
             SweepRun(
-                run_id=f"B{r['batch_size']}-lr{r['lr']:.6g}",
+                run_id=run_name(r["batch_size"], r["lr"], r.get("seed", 0)),
                 batch_size=float(r["batch_size_units"]),
                 lr=float(r["lr"]),
                 curve=LossCurve(r["evals"]["step"], r["evals"]["loss"]),
                 samples=NoiseSamples(
                     s["step"], s["b_small"], s["b_big"], s["g_small_sq"], s["g_big_sq"]
                 ),
+                seed=int(r.get("seed", 0)),
             )
         )
     return runs
@@ -306,4 +368,4 @@ def to_sweep_runs(records: list[RunRecord]) -> list[SweepRun]:
 def load_runs(out: Path, spec: TaskSpec) -> list[RunRecord]:
     """All cached records of a task (for re-analysis without training)."""
     folder = task_dir(out, spec)
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("B*_lr*.json"))]
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("B*-lr*-s*.json"))]

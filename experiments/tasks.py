@@ -75,6 +75,7 @@ class TaskSpec:
     micro_batches: int
     optimizer: str
     description: str
+    seeds: int = 1
     quick: dict[str, object] = field(default_factory=dict)
 
     def sized(self, quick: bool) -> TaskSpec:
@@ -368,6 +369,7 @@ TASKS: dict[str, TaskSpec] = {
         max_examples=200_000,
         micro_batches=4,
         optimizer="SGD",
+        seeds=3,
         description="64-64-10 tanh MLP, plain SGD, 1437 training images sampled with "
         "replacement; loss = cross-entropy on the whole training set",
         quick={
@@ -375,6 +377,7 @@ TASKS: dict[str, TaskSpec] = {
             "lrs": (0.8, 0.2),
             "loss_targets": (1.0, 0.5),
             "max_steps": 1500,
+            "seeds": 1,
         },
     ),
     "lsq": TaskSpec(
@@ -384,18 +387,20 @@ TASKS: dict[str, TaskSpec] = {
         tokens_per_example=1,
         batch_sizes=(4, 8, 16, 32, 64, 128, 256, 512),
         lrs=(1.6, 0.8, 0.4, 0.2, 0.1, 0.05, 0.025, 0.0125),
-        loss_targets=(2.0, 1.0, 0.75, 0.6),
+        loss_targets=(1.0, 0.75, 0.6, 0.55),
         max_steps=20_000,
         max_examples=2_000_000,
         micro_batches=4,
         optimizer="SGD",
+        seeds=3,
         description=f"d={LSQ_D}, S = diag(geomspace(1, 1/{LSQ_KAPPA:g})), σ={LSQ_SIGMA:g}, "
         "fresh Gaussian data every step, plain SGD; loss ½(δᵀSδ+σ²) exact",
         quick={
             "batch_sizes": (8, 32, 128),
             "lrs": (0.8, 0.2, 0.05),
-            "loss_targets": (2.0, 1.0),
+            "loss_targets": (1.0, 0.75),
             "max_steps": 3000,
+            "seeds": 1,
         },
     ),
     "charlm": TaskSpec(
@@ -405,8 +410,8 @@ TASKS: dict[str, TaskSpec] = {
         tokens_per_example=64,
         batch_sizes=(2, 4, 8, 16, 32, 64),
         lrs=(8e-3, 4e-3, 2e-3, 1e-3),
-        loss_targets=(2.4, 2.2, 2.0, 1.8),
-        max_steps=6000,
+        loss_targets=(2.5, 2.3, 2.15, 2.0),
+        max_steps=5000,
         max_examples=80_000,
         micro_batches=4,
         optimizer="Adam",
