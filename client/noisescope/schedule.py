@@ -73,11 +73,11 @@ class BatchDecision:
 
     step: int
     batch_size: int
-    previous_batch_size: int
+    old_batch_size: int
     accum_steps: int
     micro_batch_size: int
     lr: float | None
-    previous_lr: float | None
+    old_lr: float | None
     #: The smoothed B_simple that triggered the change, and the batch it asked for.
     noise_scale: float
     target_batch_size: float
@@ -290,16 +290,16 @@ class BatchSizeScheduler:
                 return None
         else:
             return None
-        previous_lr = self.lr
+        old_lr = self.lr
         self.accum_steps = accum
         decision = BatchDecision(
             step=step,
             batch_size=self.batch_size,
-            previous_batch_size=current,
+            old_batch_size=current,
             accum_steps=accum,
             micro_batch_size=self.micro_batch_size,
             lr=self.lr,
-            previous_lr=previous_lr,
+            old_lr=old_lr,
             noise_scale=noise_scale,
             target_batch_size=target,
             direction=direction,

@@ -80,7 +80,7 @@ def test_rising_sequence_grows_monotonically_within_bounds() -> None:
     steps = [d.step for d in sched.decisions]
     assert all(s2 - s1 >= 20 for s1, s2 in itertools.pairwise(steps))
     for d in sched.decisions[:-1]:  # the last one may be clamped at max_batch_size
-        assert d.batch_size >= 1.5 * d.previous_batch_size - sched.micro_batch_size
+        assert d.batch_size >= 1.5 * d.old_batch_size - sched.micro_batch_size
     # bounded number of changes: a factor >= 1.5 each from 16 to 1024
     assert len(sched.decisions) <= math.ceil(math.log(1024 / 16) / math.log(1.5)) + 1
 
@@ -162,7 +162,7 @@ def test_lr_rules_and_cap() -> None:
             sched.update(step, 64.0)  # 16 -> 32 -> 64: 4x in two changes
         assert sched.batch_size == 64
         assert sched.lr == pytest.approx(expected)
-        assert sched.decisions[0].previous_lr == pytest.approx(0.1)
+        assert sched.decisions[0].old_lr == pytest.approx(0.1)
         assert sched.decisions[-1].lr == pytest.approx(expected)
     capped = _sched(base_lr=0.1, lr_rule="linear", max_lr=0.25)
     for step in range(100):
