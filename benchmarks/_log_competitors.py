@@ -26,6 +26,8 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
         "p50_us": ordered[n // 2] / 1e3,
         "p99_us": ordered[min(n - 1, int(n * 0.99))] / 1e3,
         "mean_us": sum(ordered) / n / 1e3,
+        "max_ms": ordered[-1] / 1e6,
+        "over_1ms": sum(1 for t in ordered if t > 1_000_000),
     }
 
 
@@ -44,7 +46,7 @@ def bench_wandb(n: int) -> dict[str, object]:
         started = clock()
         log(payload, step=step)
         times[step] = clock() - started
-    run.finish(quiet=True)
+    run.finish()
     return {
         "name": "wandb offline run.log",
         "version": wandb.__version__,

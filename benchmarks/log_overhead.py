@@ -50,6 +50,8 @@ def _stats(times_ns: list[int]) -> dict[str, Any]:
         "p50_us": ordered[n // 2] / 1e3,
         "p99_us": ordered[min(n - 1, int(n * 0.99))] / 1e3,
         "mean_us": sum(ordered) / n / 1e3,
+        "max_ms": ordered[-1] / 1e6,
+        "over_1ms": sum(1 for t in ordered if t > 1_000_000),
     }
 
 
@@ -240,17 +242,19 @@ def render(rows: list[dict[str, Any]], quick: bool) -> str:
         "in every row alike). Ratios are the other tool's time over noisescope "
         "`log_sample()`'s, from this one run.",
         "",
-        "| call | version | calls | p50 µs | p99 µs | mean µs | p50 ratio | p99 ratio | note |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| call | version | calls | p50 µs | p99 µs | mean µs | max ms | calls > 1 ms "
+        "| p50 ratio | p99 ratio | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | | | | | | | | {r['error']} |")
+            lines.append(f"| {r['name']} | | | | | | | | | | {r['error']} |")
             continue
         default_version = noisescope.__version__ if r["name"].startswith("noisescope") else ""
         lines.append(
             f"| {r['name']} | {r.get('version', default_version)} "
             f"| {r['n']:,} | {r['p50_us']:.2f} | {r['p99_us']:.2f} | {r['mean_us']:.2f} "
+            f"| {r.get('max_ms', float('nan')):.1f} | {r.get('over_1ms', '')} "
             f"| {r['p50_us'] / ours['p50_us']:.1f}× | {r['p99_us'] / ours['p99_us']:.1f}× "
             f"| {r.get('note', '')} |"
         )

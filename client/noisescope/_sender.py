@@ -28,7 +28,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -224,6 +224,49 @@ def rows_to_columns(rows: list[Row], series_prefix: str = "") -> tuple[Columns, 
     return columns, invalid
 
 
+def encode_columns(columns: Columns) -> bytes:
+    """``{"columns": {...}}`` encoded one column at a time.
+
+    ``json.dumps`` runs in C without releasing the GIL; encoding one column (<= batch_max
+    values) per call bounds how long the training thread can wait for the GIL to a fraction of
+    a millisecond, instead of the whole batch's encoding time.
+    """
+    dumps = json.dumps
+    parts = [
+        f"{dumps(name)}:{dumps(values, separators=(',', ':'), allow_nan=False)}"
+        for name, values in columns.items()
+    ]
+    return ('{"columns":{' + ",".join(parts) + "}}").encode()
+
+
+def merge_records(
+    records: list[dict[str, Any]], start: int, limit: int
+) -> Iterator[tuple[int, Columns]]:
+    """(index of the last record used, merged columns) for records[start:], <= limit samples
+    per merge (a single larger record is passed through whole)."""
+    merged: Columns | None = None
+    count = 0
+    last = start - 1
+    for index in range(start, len(records)):
+        columns = records[index].get("columns")
+        size = batch_size(records[index])
+        if not isinstance(columns, dict) or size == 0:
+            last = index
+            continue
+        if merged is not None and count + size > limit:
+            yield last, merged
+            merged, count = None, 0
+        if merged is None:
+            merged = {name: list(values) for name, values in columns.items()}
+        else:
+            for name in merged:
+                merged[name].extend(columns.get(name) or [None] * size)
+        count += size
+        last = index
+    if merged is not None:
+        yield last, merged
+
+
 class Sender:
     """Moves committed rows from ``buffer`` to the server (or the spool) on its own thread."""
 
@@ -245,6 +288,8 @@ class Sender:
         self.spool = spool
         self._commit_open = commit_open
         self.series_prefix = f"rank{settings.rank}" if settings.all_ranks else ""
+        #: Samples per request when replaying the spool.
+        self.replay_max = min(max(settings.batch_max, 5000), _wire.MAX_SAMPLES_PER_REQUEST)
         self.backoff = Backoff(settings.backoff_base, settings.backoff_max)
         self._wake = threading.Event()
         self._cond = threading.Condition()
@@ -256,6 +301,7 @@ class Sender:
         self._halted: str | None = None
         self._outage_until = 0.0
         self._last_send = time.monotonic()
+        self._last_spill = time.monotonic()
         self._flush_requested = False
         self._stopping = False
         self._abandoned = False
@@ -391,7 +437,11 @@ class Sender:
     def _request(self, method: str, path: str, payload: dict[str, Any]) -> Response | None:
         """One request; None (and the outage begins) if there was no HTTP answer."""
         assert self.transport is not None
-        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+        columns = payload.get("columns") if len(payload) == 1 else None
+        if isinstance(columns, dict):
+            body = encode_columns(columns)
+        else:
+            body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
         headers = {"Content-Type": "application/json"}
         if len(body) >= self.settings.gzip_min_bytes:
             body = gzip.compress(body, compresslevel=5)
@@ -468,19 +518,21 @@ class Sender:
         return outcome
 
     def _replay_spool(self) -> bool:
-        """Send spooled batches, oldest first; a segment is deleted once all of it is taken."""
+        """Send spooled batches, oldest first; a segment is deleted once all of it is taken.
+
+        Consecutive spooled batches are merged into requests of up to ``replay_max`` samples:
+        after an outage the backlog drains in a few large requests, not many small ones.
+        """
         if self.spool is None or self.spool.pending_samples <= 0:
             return True
         for path in self.spool.seal():
             done = self._replayed.get(str(path), 0)
-            for index, record in enumerate(self.spool.read(path)):
-                columns = record.get("columns")
-                if index < done or not isinstance(columns, dict) or batch_size(record) == 0:
-                    continue
+            records = self.spool.read(path)
+            for last, columns in merge_records(records, done, self.replay_max):
                 outcome = self._post(columns)
                 if outcome is None or outcome in ("retry", "missing"):
                     return False
-                self._replayed[str(path)] = index + 1
+                self._replayed[str(path)] = last + 1
             self.spool.discard(path)
             self._replayed.pop(str(path), None)
         return True
@@ -560,7 +612,14 @@ class Sender:
             self._inflight = None
 
     def _spill(self, force: bool) -> None:
-        """Move buffered rows to the spool: all of them if ``force``, else whole batches only."""
+        """Move buffered rows to the spool: all of them if ``force`` or ``batch_interval`` has
+        passed since the last spill (so an outage keeps at most that much in memory), else
+        whole batches only."""
+        now = time.monotonic()
+        if now - self._last_spill >= self.settings.batch_interval:
+            force = True
+        if self.buffer and force:
+            self._last_spill = now
         while self.buffer and (force or len(self.buffer) >= self.settings.batch_max):
             rows = self._take(self.settings.batch_max)
             columns, invalid = rows_to_columns(rows, self.series_prefix)

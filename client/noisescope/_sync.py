@@ -10,6 +10,7 @@ is still running is safe.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from dataclasses import dataclass, field
@@ -18,9 +19,12 @@ from typing import Any
 
 from noisescope import _wire
 from noisescope._config import resolve
-from noisescope._sender import classify
-from noisescope._spool import RunSpool, batch_size, spooled_run_ids
+from noisescope._sender import classify, encode_columns, merge_records
+from noisescope._spool import RunSpool, spooled_run_ids
 from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
+
+#: Samples per request when syncing (well under the server's per-request limit).
+SYNC_BATCH = 10_000
 
 
 @dataclass
@@ -32,10 +36,16 @@ class SyncResult:
 
 
 def _send(transport: Transport, method: str, path: str, payload: dict[str, Any]) -> Response:
-    body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-    return transport.handle_request(
-        Request(method, path, body, {"Content-Type": "application/json"})
-    )
+    columns = payload.get("columns")
+    if isinstance(columns, dict):
+        body = encode_columns(columns)
+    else:
+        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    headers = {"Content-Type": "application/json"}
+    if len(body) >= 1024:
+        body = gzip.compress(body, compresslevel=5)
+        headers["Content-Encoding"] = "gzip"
+    return transport.handle_request(Request(method, path, body, headers))
 
 
 def _check(response: Response, what: str) -> None:
@@ -52,13 +62,10 @@ def sync_run(spool: RunSpool, transport: Transport) -> int:
     _check(_send(transport, "PUT", _wire.runs_path(run_id), meta["run"]), "creating the run")
     posted = 0
     for path in spool.seal():
-        for record in spool.read(path):
-            columns = record.get("columns")
-            if not isinstance(columns, dict) or batch_size(record) == 0:
-                continue
+        for _, columns in merge_records(spool.read(path), 0, SYNC_BATCH):
             response = _send(transport, "POST", _wire.samples_path(run_id), {"columns": columns})
             _check(response, "posting samples")
-            posted += batch_size(record)
+            posted += len(columns["seq"])
         spool.discard(path)
     final = meta.get("final")
     if isinstance(final, dict):

@@ -89,7 +89,7 @@ class HTTPTransport:
                 timeout=self.timeout,
             )
         except self._requests.RequestException as exc:
-            reason = str(exc.__context__ or exc).split(": ")[-1][:160]
+            reason = str(exc.__context__ or exc).split(": ")[-1].rstrip("\"')")[:160]
             raise TransportError(f"{type(exc).__name__} to {self.url}: {reason}") from exc
         return Response(answer.status_code, answer.content, dict(answer.headers))
 

@@ -6,9 +6,9 @@ import os
 import threading
 from pathlib import Path
 
-import noisescope
 import pytest
 
+import noisescope
 from tests.client._fakes import FakeServer, wait_for
 
 

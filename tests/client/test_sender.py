@@ -10,12 +10,12 @@ import random
 import time
 from pathlib import Path
 
-import noisescope
 import pytest
+
+import noisescope
 from noisescope import TransportError
 from noisescope._sender import Backoff, classify, parse_retry_after
 from noisescope._transport import Response
-
 from tests.client._fakes import FakeServer, wait_for
 
 
@@ -239,3 +239,18 @@ def test_refused_run_is_kept_in_the_spool(fake: FakeServer, tmp_path: Path) -> N
     assert "401" in (status.last_error or "")
     puts = [r for _, r in fake.requests if r.method == "PUT"]
     assert len(puts) == 1  # not retried
+
+
+def test_spool_replay_merges_batches_into_few_requests(fake: FakeServer, tmp_path: Path) -> None:
+    run = make_run(fake, batch_max=10, batch_interval=0.01, dir=tmp_path)
+    fake.down = True
+    log_steps(run, 3000)
+    run.log(step=3000)
+    assert wait_for(lambda: run.status().spooled == 3000)
+    posts_before = len(fake.sample_posts())
+    fake.down = False
+    status = run.finish()
+    assert_exactly_once(fake, run, 3000)
+    assert status.sent == 3000
+    # 300 spooled batches of 10 replay in requests of up to 5000 samples
+    assert len(fake.sample_posts()) - posts_before <= 3

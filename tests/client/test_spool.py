@@ -12,7 +12,6 @@ import noisescope
 from noisescope._spool import RunSpool, decode_records, encode_record
 from noisescope._sync import sync
 from noisescope.cli import main as cli_main
-
 from tests.client._fakes import FakeServer
 
 

@@ -1,0 +1,270 @@
+"""Fault tests against the REAL server process: down at start, SIGKILLed and restarted,
+slow answers, 5xx, 429 and lost answers. Afterwards the database must hold every sample
+exactly once.
+
+Stated bound for the training loop: no ``log_sample``/``log`` call blocks for more than
+``HOT_CALL_BOUND_S`` (0.5 s), and at most 1% of calls take more than 50 ms, while the server
+is killed, restarted, slow or failing. Calls are counted, not timed against small numbers:
+typical calls take a few microseconds (``benchmarks/log_overhead.py``), but on a loaded
+2-core machine the OS alone can delay any Python statement by tens of milliseconds. Any I/O on
+the caller's thread would show up as seconds here (server restarts, 1 s slow answers,
+request timeouts, backoff sleeps).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import noisescope
+from tests.client._fakes import wait_for
+from tests.client._proxy import FaultProxy
+from tests.support.servers import ServerProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+HOT_CALL_BOUND_S = 0.5
+SLOW_CALL_S = 0.05
+
+
+@pytest.fixture
+def server(sqlite_url: str) -> Iterator[ServerProcess]:
+    proc = ServerProcess(sqlite_url)
+    proc.start()
+    yield proc
+    proc.close()
+
+
+def stored(db_url: str, run_id: str) -> list[tuple[int, int, float, float | None]]:
+    """(seq, step, g_small_sq, loss) of every stored sample of a run, by seq."""
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT s.seq, s.step, s.g_small_sq, s.loss FROM sample s "
+                    "JOIN run r ON r.id = s.run_id WHERE r.uid = :uid ORDER BY s.seq"
+                ),
+                {"uid": run_id},
+            ).all()
+    finally:
+        engine.dispose()
+    return [(int(a), int(b), float(c), d) for a, b, c, d in rows]
+
+
+def run_status(db_url: str, run_id: str) -> str:
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return str(
+                conn.execute(
+                    sa.text("SELECT status FROM run WHERE uid = :u"), {"u": run_id}
+                ).scalar_one()
+            )
+    finally:
+        engine.dispose()
+
+
+def assert_exactly_once(db_url: str, run_id: str, n: int) -> None:
+    rows = stored(db_url, run_id)
+    assert len(rows) == n, f"{len(rows)} rows stored, {n} logged"
+    assert [r[0] for r in rows] == list(range(n))
+    assert [r[1] for r in rows] == list(range(n))
+    assert [r[2] for r in rows] == [2.0 + step for step in range(n)]
+    assert all(r[3] == pytest.approx(1.0 / (r[1] + 1)) for r in rows)
+
+
+class Loop:
+    """A training loop stand-in that records how long each client call blocked it."""
+
+    def __init__(self, run: noisescope.Run) -> None:
+        self.run = run
+        self.step = 0
+        self.calls = 0
+        self.slow_calls = 0
+        self.blocked_calls = 0
+        self.longest = 0.0
+
+    def steps(self, n: int, pause: float = 0.0) -> None:
+        for _ in range(n):
+            step = self.step
+            self._timed(self.run.log_sample, step, 8, 64, 2.0 + step, 1.0)
+            self._timed(self.run.log, step, loss=1.0 / (step + 1))
+            self.step += 1
+            if pause:
+                time.sleep(pause)
+
+    def check_bound(self) -> None:
+        longest = f"longest call {self.longest * 1e3:.1f} ms"
+        assert self.blocked_calls == 0, longest
+        assert self.slow_calls <= self.calls // 100, f"{self.slow_calls} calls over 50 ms"
+
+    def _timed(self, call: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        started = time.perf_counter()
+        call(*args, **kwargs)
+        took = time.perf_counter() - started
+        self.calls += 1
+        self.longest = max(self.longest, took)
+        self.blocked_calls += took > HOT_CALL_BOUND_S
+        self.slow_calls += took > SLOW_CALL_S
+
+
+def fast_retry_run(url: str, tmp_path: Path, **kwargs: object) -> noisescope.Run:
+    options: dict[str, object] = {
+        "url": url,
+        "project": "faults",
+        "task": "client",
+        "dir": tmp_path / "spool",
+        "batch_max": 100,
+        "batch_interval": 0.05,
+        "backoff_base": 0.05,
+        "backoff_max": 0.5,
+        "request_timeout": 2.0,
+        "flush_timeout": 60.0,
+    }
+    options.update(kwargs)
+    return noisescope.init(**options)  # type: ignore[arg-type]
+
+
+def test_server_down_at_start(db_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    proc = ServerProcess(db_url, port=port)
+    run = fast_retry_run(f"http://127.0.0.1:{port}", tmp_path)
+    loop = Loop(run)
+    loop.steps(500)
+    assert wait_for(lambda: run.status().spooled == 499)  # step 499 is still open
+    proc.start()
+    try:
+        loop.steps(500)
+        status = run.finish()
+        assert (status.sent >= 1000, status.spooled, status.dropped) == (True, 0, 0)
+        assert_exactly_once(db_url, run.id, 1000)
+        assert run_status(db_url, run.id) == "finished"
+    finally:
+        proc.close()
+    loop.check_bound()
+
+
+def test_sigkill_and_restart_mid_run(sqlite_url: str, tmp_path: Path) -> None:
+    server = ServerProcess(sqlite_url).start()
+    try:
+        _kill_and_restart_mid_run(sqlite_url, server, tmp_path)
+    finally:
+        server.close()
+
+
+def _kill_and_restart_mid_run(db_url: str, server: ServerProcess, tmp_path: Path) -> None:
+    run = fast_retry_run(server.url, tmp_path)
+    loop = Loop(run)
+    cycles = 3
+    done = threading.Event()
+    kills: list[int] = []
+
+    def chaos() -> None:
+        for _ in range(cycles):
+            target = run.status().sent + 300
+            wait_for(lambda target=target: run.status().sent >= target, timeout=60)  # type: ignore[misc]
+            server.kill()
+            kills.append(loop.step)
+            time.sleep(0.5)  # down long enough for batches to hit the spool
+            server.start()
+        done.set()
+
+    killer = threading.Thread(target=chaos)
+    killer.start()
+    deadline = time.monotonic() + 120
+    while not done.is_set() and time.monotonic() < deadline:
+        loop.steps(10, pause=0.005)
+    killer.join()
+    loop.steps(200)
+    status = run.finish()
+    assert len(kills) == cycles
+    assert (status.spooled, status.dropped) == (0, 0)
+    assert_exactly_once(db_url, run.id, loop.step)
+    loop.check_bound()
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        [500, 503, 500, 502, 500],
+        [429, 429, 429],
+        ["lost", "lost", "lost"],
+        ["slow", "slow"],
+        ["reset", 500, "lost", 429, "slow", "reset"],
+    ],
+    ids=["5xx", "429", "lost-answers", "slow", "mixed"],
+)
+def test_faulty_network_in_front_of_real_server(
+    sqlite_url: str, server: ServerProcess, tmp_path: Path, faults: list[int | str]
+) -> None:
+    _through_faulty_proxy(sqlite_url, server, tmp_path, faults)
+
+
+@pytest.mark.postgres
+def test_lost_answers_and_kills_on_postgresql(pg_url: str, tmp_path: Path) -> None:
+    """The same faults with PostgreSQL behind the server (its insert-or-ignore path)."""
+    server = ServerProcess(pg_url).start()
+    try:
+        _through_faulty_proxy(pg_url, server, tmp_path, ["lost", 500, "lost", 429, "reset"])
+        server.kill()
+        server.start()
+        _through_faulty_proxy(pg_url, server, tmp_path / "again", ["lost", "lost"])
+    finally:
+        server.close()
+
+
+def _through_faulty_proxy(
+    db_url: str, server: ServerProcess, tmp_path: Path, faults: list[int | str]
+) -> None:
+    proxy = FaultProxy(server.url, retry_after=0.1, slow_seconds=1.0).start()
+    try:
+        run = fast_retry_run(proxy.url, tmp_path, request_timeout=0.3)
+        loop = Loop(run)
+        loop.steps(200)
+        run.flush(30)
+        proxy.faults.extend(faults)  # hit the samples path, not only run creation
+        loop.steps(800, pause=0.0002)
+        status = run.finish()
+    finally:
+        proxy.stop()
+    assert not proxy.faults, "every scripted fault was exercised"
+    assert (status.spooled, status.dropped) == (0, 0)
+    assert_exactly_once(db_url, run.id, 1000)
+    loop.check_bound()
+
+
+def test_run_ended_while_server_down_then_sync_cli(sqlite_url: str, tmp_path: Path) -> None:
+    db_url = sqlite_url
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    run = fast_retry_run(url, tmp_path, flush_timeout=0.5)
+    Loop(run).steps(300)
+    status = run.finish()
+    assert (status.spooled, status.sent) == (300, 0)
+    proc = ServerProcess(db_url, port=port)
+    proc.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "noisescope.cli", "sync", str(tmp_path / "spool")],
+            capture_output=True,
+            text=True,
+            env={"NOISESCOPE_URL": url, "PATH": "/usr/bin:/bin"},
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"synced {run.id}" in result.stdout
+        assert_exactly_once(db_url, run.id, 300)
+        assert run_status(db_url, run.id) == "finished"
+    finally:
+        proc.close()
+    assert not (tmp_path / "spool" / run.id).exists()
