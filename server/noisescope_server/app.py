@@ -107,6 +107,18 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.warning("database error: %s", exc.orig)
         return _detail(503, "the database is unavailable or busy; retry shortly")
 
+    async def _driver_unavailable(_r: Request, exc: Exception) -> JSONResponse:
+        # the bulk insert uses the driver's cursor directly, so its errors arrive unwrapped
+        log.warning("database error: %s", exc)
+        return _detail(503, "the database is unavailable or busy; retry shortly")
+
+    import sqlite3
+
+    import psycopg
+
+    app.add_exception_handler(sqlite3.OperationalError, _driver_unavailable)
+    app.add_exception_handler(psycopg.OperationalError, _driver_unavailable)
+
     @app.exception_handler(DBAPIError)
     async def _db_error(_r: Request, exc: DBAPIError) -> JSONResponse:
         log.error("database rejected a request: %s", exc.orig)

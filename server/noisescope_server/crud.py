@@ -387,6 +387,9 @@ def validate_samples(
             raise BadInput(
                 f"column 'series'[{i}] is longer than {_wire.MAX_NAME_LENGTH} characters"
             )
+        if n and "\x00" in "".join(series):  # PostgreSQL text cannot hold U+0000
+            i = _first_bad(series, lambda v: "\x00" not in v)
+            raise BadInput(f"column 'series'[{i}] must not contain NUL (U+0000) characters")
         out["series"] = series
     b_small, b_big = out["b_small"], out["b_big"]
     if n and not all(map(_batch_sizes_ok, b_small, b_big)):

@@ -242,12 +242,16 @@ def list_runs(
     if project_scope is not None:
         stmt = stmt.where(Run.project_id == project_scope)
     if search:
-        pattern = f"%{search.lower()}%"
+        # a literal substring: LIKE wildcards and the escape character are escaped, and both
+        # sides are lowered by the database (SQLite's lower() leaves non-ASCII as is, so a
+        # Python-lowered pattern would never match a name like "Ωμέγα")
+        escaped = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        pattern = func.lower(f"%{escaped}%")
         stmt = stmt.where(
             or_(
-                func.lower(Run.name).like(pattern),
-                func.lower(Run.uid).like(pattern),
-                func.lower(Task.name).like(pattern),
+                func.lower(Run.name).like(pattern, escape="\\"),
+                func.lower(Run.uid).like(pattern, escape="\\"),
+                func.lower(Task.name).like(pattern, escape="\\"),
             )
         )
     with engine.connect() as conn:

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from noisescope import _wire
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 __all__ = [
     "SAMPLES_BODY_SCHEMA",
@@ -23,8 +23,19 @@ __all__ = [
     "TokenCreate",
 ]
 
+
+def _no_nul(value: str) -> str:
+    """PostgreSQL text cannot hold U+0000: reject it here (422) instead of failing in the DB."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (U+0000) characters")
+    return value
+
+
+NoNul = AfterValidator(_no_nul)
 Name = Annotated[
-    str, StringConstraints(min_length=1, max_length=_wire.MAX_NAME_LENGTH, strip_whitespace=True)
+    str,
+    StringConstraints(min_length=1, max_length=_wire.MAX_NAME_LENGTH, strip_whitespace=True),
+    NoNul,
 ]
 Units = Literal["examples", "tokens"]
 Status = Literal["running", "finished", "failed", "crashed"]
@@ -39,9 +50,9 @@ class RunPut(_Strict):
 
     project: Name
     task: Name
-    name: Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH)] = ""
+    name: Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH), NoNul] = ""
     config: dict[str, Any] = Field(default_factory=dict)
-    tags: list[Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH)]] = Field(
+    tags: list[Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH), NoNul]] = Field(
         default_factory=list, max_length=100
     )
     batch_size: float | None = Field(default=None, gt=0)
@@ -66,7 +77,7 @@ class RunPatch(_Strict):
 
 class EventItem(_Strict):
     step: int = Field(ge=0, le=2**63 - 1)
-    kind: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    kind: Annotated[str, StringConstraints(min_length=1, max_length=64), NoNul]
     payload: dict[str, Any] = Field(default_factory=dict)
     time: float | None = None
     seq: int | None = Field(
@@ -84,7 +95,7 @@ class IngestResult(BaseModel):
 
 
 class TokenCreate(_Strict):
-    name: Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH)] = ""
+    name: Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH), NoNul] = ""
 
 
 def _column(items: dict[str, Any], description: str) -> dict[str, Any]:
