@@ -12,6 +12,7 @@ ratios, which is biased and unstable).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -287,6 +288,7 @@ def _student_t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
+@functools.lru_cache(maxsize=1024)  # pure; the server calls it once per bucket (2000/query)
 def student_t_quantile(p: float, df: float) -> float:
     """Quantile of Student's t with ``df`` degrees of freedom (pure Python, ~1e-10 accurate)."""
     if not 0.0 < p < 1.0:
