@@ -239,6 +239,27 @@ def encode_columns(columns: Columns) -> bytes:
     return ('{"columns":{' + ",".join(parts) + "}}").encode()
 
 
+def replay_requests(
+    records: list[dict[str, Any]], start: int, limit: int
+) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(index of the last record used, "samples" | "events", request payload) for
+    records[start:], in order; consecutive sample batches are merged (``merge_records``)."""
+    index = start
+    while index < len(records):
+        events = records[index].get("events")
+        if isinstance(events, list):
+            if events:
+                yield index, "events", {"events": events}
+            index += 1
+            continue
+        end = index
+        while end < len(records) and not isinstance(records[end].get("events"), list):
+            end += 1
+        for last, columns in merge_records(records[:end], index, limit):
+            yield last, "samples", {"columns": columns}
+        index = end
+
+
 def merge_records(
     records: list[dict[str, Any]], start: int, limit: int
 ) -> Iterator[tuple[int, Columns]]:
@@ -345,7 +366,7 @@ class Sender:
             return True
         if self.events:
             return False
-        return not (self.spool is not None and self.spool.pending_samples > 0)
+        return not (self.spool is not None and self.spool.bytes_used > 0)
 
     def flush(self, timeout: float) -> bool:
         """Ask for everything to be sent now; wait up to ``timeout``. True if all was sent."""
@@ -378,8 +399,10 @@ class Sender:
             self._wake.set()
             self._spill_everything()
             self._thread.join(0.2)
-        elif self.buffer:  # thread died or never started
+            self._spill_events()
+        elif self.buffer or self.events:  # thread died or never started
             self._spill_everything()
+            self._spill_events()
         if self.transport is not None and not self.alive:
             with contextlib.suppress(Exception):
                 self.transport.close()
@@ -416,6 +439,8 @@ class Sender:
             self._commit_open()
         if self.settings.mode == "offline" or self._halted or self.transport is None:
             self._spill(force=True)
+            if self._stopping:
+                self._spill_events()
             return self._stopping
         if time.monotonic() < self._outage_until:
             # Keep retrying until close() gives up (its bounded wait); meanwhile stay on disk.
@@ -523,13 +548,16 @@ class Sender:
         Consecutive spooled batches are merged into requests of up to ``replay_max`` samples:
         after an outage the backlog drains in a few large requests, not many small ones.
         """
-        if self.spool is None or self.spool.pending_samples <= 0:
+        if self.spool is None or self.spool.bytes_used <= 0:
             return True
         for path in self.spool.seal():
             done = self._replayed.get(str(path), 0)
             records = self.spool.read(path)
-            for last, columns in merge_records(records, done, self.replay_max):
-                outcome = self._post(columns)
+            for last, kind, payload in replay_requests(records, done, self.replay_max):
+                if kind == "events":
+                    outcome = self._post_events(payload["events"])
+                else:
+                    outcome = self._post(payload["columns"])
                 if outcome is None or outcome in ("retry", "missing"):
                     return False
                 self._replayed[str(path)] = last + 1
@@ -568,23 +596,43 @@ class Sender:
         """POST queued events (``{"events": [...]}``); keep them on no or a retryable answer."""
         while self.events:
             batch = [self.events.popleft() for _ in range(min(len(self.events), 1000))]
-            payload = {"events": [_json_safe(e) for e in batch]}
-            response = self._request("POST", _wire.events_path(self.run_id), payload)
-            outcome = None if response is None else self._answered(response)
+            outcome = self._post_events([_json_safe(e) for e in batch])
             if outcome is None or outcome in ("retry", "missing"):
                 self.events.extendleft(reversed(batch))
-                if outcome == "missing":
-                    self._run_created = False
                 return False
-            if outcome == "fatal" and response is not None:
-                self.dropped_events += len(batch)
-                self._error(
-                    f"server rejected {len(batch)} events (HTTP {response.status}): "
-                    f"{response.detail()}",
-                    key=f"events-rejected-{response.status}",
-                    level=logging.WARNING,
-                )
         return True
+
+    def _post_events(self, events: list[Any]) -> Outcome | None:
+        response = self._request("POST", _wire.events_path(self.run_id), {"events": events})
+        outcome = None if response is None else self._answered(response)
+        if outcome == "missing":
+            self._run_created = False
+            self._enter_outage("HTTP 404: unknown run", 0.0)
+        if outcome == "fatal" and response is not None:
+            self.dropped_events += len(events)
+            self._error(
+                f"server rejected {len(events)} events (HTTP {response.status}): "
+                f"{response.detail()}",
+                key=f"events-rejected-{response.status}",
+                level=logging.WARNING,
+            )
+        return outcome
+
+    def _spill_events(self) -> None:
+        """Events go to the spool too when the run ends offline or unreachable."""
+        if self.spool is None or not self.events:
+            return
+        batch: list[Any] = []
+        with contextlib.suppress(IndexError):
+            while True:
+                batch.append(_json_safe(self.events.popleft()))
+        if batch:
+            try:
+                ok = self.spool.append_record({"events": batch})
+            except OSError:
+                ok = False
+            if not ok:
+                self.dropped_events += len(batch)
 
     def _send_final(self) -> None:
         assert self._final is not None
@@ -638,6 +686,7 @@ class Sender:
             if columns["seq"]:
                 self._to_spool(columns, count_dropped=False)
         self._spill(force=True)
+        self._spill_events()
 
     def _to_spool(self, columns: Columns, count_dropped: bool = True) -> None:
         count = len(columns["seq"])

@@ -135,8 +135,12 @@ class RunSpool:
     # -- data ---------------------------------------------------------------------------------
     def append(self, columns: Columns) -> bool:
         """Durably append one batch. False (nothing written) if the disk limit would be passed."""
-        line = encode_record({"columns": columns})
-        count = len(columns.get("seq", ()))
+        return self.append_record({"columns": columns})
+
+    def append_record(self, record: dict[str, Any]) -> bool:
+        """Durably append one record (``{"columns": ...}`` or ``{"events": [...]}``)."""
+        line = encode_record(record)
+        count = batch_size(record)
         with self._lock:
             if self.bytes_used + len(line) > self.max_bytes:
                 return False

@@ -19,7 +19,7 @@ from typing import Any
 
 from noisescope import _wire
 from noisescope._config import resolve
-from noisescope._sender import classify, encode_columns, merge_records
+from noisescope._sender import classify, encode_columns, replay_requests
 from noisescope._spool import RunSpool, spooled_run_ids
 from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
 
@@ -62,10 +62,14 @@ def sync_run(spool: RunSpool, transport: Transport) -> int:
     _check(_send(transport, "PUT", _wire.runs_path(run_id), meta["run"]), "creating the run")
     posted = 0
     for path in spool.seal():
-        for _, columns in merge_records(spool.read(path), 0, SYNC_BATCH):
-            response = _send(transport, "POST", _wire.samples_path(run_id), {"columns": columns})
+        for _, kind, payload in replay_requests(spool.read(path), 0, SYNC_BATCH):
+            if kind == "events":
+                response = _send(transport, "POST", _wire.events_path(run_id), payload)
+                _check(response, "posting events")
+                continue
+            response = _send(transport, "POST", _wire.samples_path(run_id), payload)
             _check(response, "posting samples")
-            posted += len(columns["seq"])
+            posted += len(payload["columns"]["seq"])
         spool.discard(path)
     final = meta.get("final")
     if isinstance(final, dict):

@@ -27,6 +27,7 @@ class FakeServer:
         self.lock = threading.Lock()
         self.runs: dict[str, dict[str, Any]] = {}
         self.samples: dict[str, dict[int, dict[str, Any]]] = {}
+        self.events: dict[str, dict[int, dict[str, Any]]] = {}
         self.faults: list[Fault] = []
         #: While True every request raises TransportError (server unreachable).
         self.down = False
@@ -64,7 +65,7 @@ class FakeServer:
         if request.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         payload = json.loads(body) if body else {}
-        match = re.fullmatch(r"/api/v1/runs/([0-9a-f]+)(/samples)?", request.path)
+        match = re.fullmatch(r"/api/v1/runs/([0-9a-f]+)(/samples|/events)?", request.path)
         if match is None:
             return Response(404, b'{"detail": "no such route"}')
         run_id, samples = match.group(1), match.group(2)
@@ -77,6 +78,10 @@ class FakeServer:
                 return Response(404, b'{"detail": "unknown run"}')
             if request.method == "PATCH":
                 self.runs[run_id].update(payload)
+                return Response(200, b"{}")
+            if samples == "/events":
+                for event in payload["events"]:
+                    self.events.setdefault(run_id, {})[event["seq"]] = event
                 return Response(200, b"{}")
             columns = payload["columns"]
             n = len(columns["seq"])

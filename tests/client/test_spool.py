@@ -115,3 +115,33 @@ def test_sync_cli_reports_and_fails_on_unreachable_server(tmp_path: Path, capsys
     assert code == 1
     assert (tmp_path / run.id).is_dir()  # still there for the next try
     assert os.listdir(tmp_path) == [run.id]
+
+
+def test_events_of_an_offline_run_are_spooled_and_synced(tmp_path: Path) -> None:
+    run = noisescope.init(project="p", mode="offline", dir=tmp_path)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    run.log_event(0, "batch_size", {"from": 64, "to": 128})
+    run.log_sample(1, 8, 64, 2.0, 1.0)
+    run.finish()
+    fake = FakeServer()
+    assert sync(tmp_path, transport=fake).synced == [run.id]
+    assert len(fake.rows(run.id)) == 2
+    [event] = fake.events[run.id].values()
+    assert (event["step"], event["kind"], event["payload"]) == (
+        0,
+        "batch_size",
+        {"from": 64, "to": 128},
+    )
+
+
+def test_events_left_at_finish_during_an_outage_are_spooled(tmp_path: Path) -> None:
+    fake = FakeServer()
+    fake.down = True
+    run = noisescope.init(project="p", transport=fake, dir=tmp_path, flush_timeout=0.2)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    run.log_event(0, "batch_size", {"to": 128})
+    run.finish()
+    fake.down = False
+    assert sync(tmp_path, transport=fake).synced == [run.id]
+    assert [e["kind"] for e in fake.events[run.id].values()] == ["batch_size"]
+    assert len(fake.rows(run.id)) == 1
