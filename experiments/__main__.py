@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from experiments import analysis, figures, report
-    from experiments.runner import OFFLINE, Progress, run_sweep, to_sweep_runs
+    from experiments.runner import OFFLINE, Progress, ensure_logged, run_sweep, to_sweep_runs
     from experiments.server import LocalServer
     from experiments.tasks import TASKS
 
@@ -93,9 +93,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         results = []
         summary = []
+        resent_total: dict[str, int] = {}
         for name in names:
             spec = TASKS[name].sized(args.quick)
             records = run_sweep(spec, out, url, progress)
+            if url not in (None, OFFLINE):
+                resent = ensure_logged(records, spec, url, out, progress)
+                progress.line(
+                    f"{name}: all {len(records)} runs are on the server"
+                    + (f" ({resent} re-sent from the run cache)" if resent else "")
+                )
+                resent_total[name] = resent
             runs = to_sweep_runs(records)
             rows = analysis.critical_batch_rows(runs, spec.loss_targets)
             lowest = rows[-1] if rows else None

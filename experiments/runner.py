@@ -4,8 +4,8 @@ Resumable: each finished run is written atomically to ``<out>/<task>-<settings h
 loads it instead of training again. Every run is logged through the noisescope client
 (``noisescope.init`` → ``Run.log_sample``), as a user's training loop would.
 
-Batch sizes are swept from the largest down; learning rates for one batch size are tried
-nearest-first around the best lr of the previous (larger) batch size. A run stops when:
+Batch sizes are swept from the largest down; at each, the lr grid is searched locally from the
+best lr of the previous (larger) batch size (``run_sweep``). A run stops when:
 
 (i) it reached the lowest loss target and ran ``WINDOW``× as many steps again (so B_simple has a
 window on both sides of the crossing); (ii) it diverged; (iii) it hit the task's step/example
@@ -25,6 +25,7 @@ import math
 import os
 import sys
 import time
+import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,8 +37,10 @@ from experiments.tasks import TaskSpec, make_trainer
 
 __all__ = [
     "OFFLINE",
+    "PROJECT",
     "Progress",
     "RunRecord",
+    "ensure_logged",
     "load_runs",
     "run_name",
     "run_sweep",
@@ -50,6 +53,7 @@ DIVERGE_FACTOR = 3.0
 WINDOW = 1.25
 #: Budget for a batch size B, from the previously swept larger batch B' (see run_sweep).
 CAP_FACTOR = 3.0
+PROJECT = "noisescope-reproduction"
 #: Pass as ``url`` to log through the client in offline mode (spooled; ``noisescope sync``).
 OFFLINE = "offline"
 
@@ -101,7 +105,7 @@ class _Logger:
         run = noisescope.init(
             url=None if offline else url,
             mode="offline" if offline else "online",
-            project="noisescope-reproduction",
+            project=PROJECT,
             task=spec.name,
             name=name,
             config=config,
@@ -236,6 +240,7 @@ def train_one(
         raise
     sent = logger.finish(status)
     return {
+        "run_id": logger.run.id if logger.run is not None else None,
         "task": spec.name,
         "batch_size": batch_size,
         "batch_size_units": units_per_step,
@@ -251,6 +256,60 @@ def train_one(
         "evals": evals,
         "samples": samples,
     }
+
+
+def ensure_logged(
+    records: list[RunRecord], spec: TaskSpec, url: str, out: Path, progress: Progress
+) -> int:
+    """Make sure the server has every cached run; re-send missing ones from the cache.
+
+    A run is normally on the server already (logged live, or spooled offline and delivered by
+    ``noisescope.sync``). A cached run whose data never arrived (its spool was lost, the
+    database was replaced) is sent again through the same client API, with the same run id
+    and the recorded samples. Returns how many runs were re-sent.
+    """
+    import requests
+
+    resent = 0
+    for record in records:
+        name = run_name(record["batch_size"], record["lr"], record.get("seed", 0))
+        run_id = (
+            record.get("run_id") or uuid.uuid5(uuid.NAMESPACE_URL, f"{out}/{spec.name}/{name}").hex
+        )
+        answer = requests.get(f"{url}/api/v1/runs/{run_id}", timeout=30)
+        if answer.status_code == 200:
+            continue
+        import noisescope
+
+        run = noisescope.init(
+            url=url,
+            project=PROJECT,
+            task=spec.name,
+            name=name,
+            config=record["config"],
+            batch_size=record["batch_size_units"],
+            units=spec.units,
+            run_id=run_id,
+            dir=str(out / "spool"),
+            quiet=True,
+        )
+        sm = record["samples"]
+        per_step = record["batch_size_units"]
+        for i, step in enumerate(sm["step"]):
+            run.log_sample(
+                int(step),
+                sm["b_small"][i],
+                sm["b_big"][i],
+                sm["g_small_sq"][i],
+                sm["g_big_sq"][i],
+                examples=step * per_step,
+                loss=sm["loss"][i],
+                lr=record["lr"],
+            )
+        run.finish()
+        resent += 1
+        progress.update(f"{spec.name}: re-sent {name} from the cache")
+    return resent
 
 
 def _save(path: Path, record: RunRecord) -> None:
@@ -278,9 +337,69 @@ def _stopped_short(
     return False
 
 
-def _lr_order(lrs: tuple[float, ...], guess: float) -> list[float]:
-    """Nearest-first around ``guess`` (ties: the larger lr first)."""
-    return sorted(lrs, key=lambda lr: (round(abs(math.log(lr / guess)), 9), -lr))
+@dataclass
+class _Sweep:
+    """State of one task's sweep: where runs go, what was trained, the best lr at this B."""
+
+    spec: TaskSpec
+    out: Path
+    url: str | None
+    progress: Progress
+    on_run: Callable[[RunRecord], None] | None
+    records: list[RunRecord]
+    done: int = 0
+    batch_size: int = 0
+    budget_at: float | None = None
+    best_steps: float | None = None
+    best_lr: float | None = None
+
+    def evaluate(self, lr: float) -> bool:
+        """Train (or load) every repeat of (batch size, lr); True if it is the best lr so far.
+
+        The mean over repeats of the steps to the lowest target decides; every repeat must
+        reach it. With n repeats a run slower than n × the best mean cannot give a better
+        mean, hence the prune bound.
+        """
+        spec, b = self.spec, self.batch_size
+        lowest = min(spec.loss_targets)
+        prune_at = None if self.best_steps is None else self.best_steps * spec.seeds
+        reached_all: list[float] = []
+        for seed in range(spec.seeds):
+            self.done += 1
+            label = f"{spec.name} [{self.done}] B={b} lr={lr:.3g} seed={seed}"
+            path = _run_path(self.out, spec, b, lr, seed)
+            record: RunRecord | None = None
+            how = "cached"
+            if path.exists():
+                record = json.loads(path.read_text())
+                if _stopped_short(record, spec, prune_at, self.budget_at):
+                    record = None
+            if record is None:
+                self.progress.update(f"{label} starting")
+                record = train_one(
+                    spec, b, lr, seed, prune_at, self.budget_at, self.url, self.out,
+                    self.progress, label,
+                )  # fmt: skip
+                _save(path, record)
+                how = f"{record['wall_s']:.1f}s"
+            self.records.append(record)
+            reached = record["reached_lowest_at"]
+            if reached is not None:
+                reached_all.append(reached)
+            self.progress.line(
+                f"{label}: {record['status']} after {record['steps']} steps"
+                + (f", loss {lowest:g} at step {reached:.0f}" if reached else "")
+                + f" ({how})"
+            )
+            if self.on_run is not None:
+                self.on_run(record)
+        if len(reached_all) < spec.seeds:
+            return False
+        mean = sum(reached_all) / len(reached_all)
+        if self.best_steps is None or mean < self.best_steps:
+            self.best_steps, self.best_lr = mean, lr
+            return True
+        return False
 
 
 def run_sweep(
@@ -290,59 +409,39 @@ def run_sweep(
     progress: Progress,
     on_run: Callable[[RunRecord], None] | None = None,
 ) -> list[RunRecord]:
-    """Every batch size × lr of ``spec`` (cached runs are loaded, not retrained)."""
-    records: list[RunRecord] = []
-    lowest = min(spec.loss_targets)
-    guess = max(spec.lrs)
-    total = len(spec.batch_sizes) * len(spec.lrs) * spec.seeds
-    done = 0
+    """The sweep of ``spec``: batch sizes largest first, a local lr search at each.
+
+    At each batch size the grid is searched from the previous batch size's best lr: upward
+    (larger lr) while the lowest target is reached in fewer mean steps, then, if the first step
+    up did not improve, downward likewise (and downward also while no lr has reached the
+    target yet: too large an lr stalls above it). Cached runs are loaded, not retrained.
+    """
+    sweep = _Sweep(spec, out, url, progress, on_run, [])
+    grid = sorted(spec.lrs)
+    guess = grid[-1]
     examples_needed: float | None = None
     for batch_size in sorted(spec.batch_sizes, reverse=True):
-        budget_at = None if examples_needed is None else CAP_FACTOR * examples_needed / batch_size
-        best_steps: float | None = None
-        best_lr: float | None = None
-        for lr in _lr_order(spec.lrs, guess):
-            # With n repeats a run slower than n x the best mean cannot give a better mean.
-            prune_at = None if best_steps is None else best_steps * spec.seeds
-            reached_all: list[float] = []
-            for seed in range(spec.seeds):
-                done += 1
-                label = f"{spec.name} [{done}/{total}] B={batch_size} lr={lr:.3g} seed={seed}"
-                path = _run_path(out, spec, batch_size, lr, seed)
-                record: RunRecord | None = None
-                if path.exists():
-                    record = json.loads(path.read_text())
-                    if _stopped_short(record, spec, prune_at, budget_at):
-                        record = None
-                    else:
-                        how = "cached"
-                if record is None:
-                    progress.update(f"{label} starting")
-                    record = train_one(
-                        spec, batch_size, lr, seed, prune_at, budget_at, url, out, progress, label
-                    )
-                    _save(path, record)
-                    how = f"{record['wall_s']:.1f}s"
-                records.append(record)
-                reached = record["reached_lowest_at"]
-                if reached is not None:
-                    reached_all.append(reached)
-                progress.line(
-                    f"{label}: {record['status']} after {record['steps']} steps"
-                    + (f", loss {lowest:g} at step {reached:.0f}" if reached else "")
-                    + f" ({how})"
-                )
-                if on_run is not None:
-                    on_run(record)
-            if len(reached_all) == spec.seeds:
-                mean = sum(reached_all) / len(reached_all)
-                if best_steps is None or mean < best_steps:
-                    best_steps, best_lr = mean, lr
-        if best_lr is not None and best_steps is not None:
-            guess = best_lr
-            needed = best_steps * batch_size
+        sweep.batch_size = batch_size
+        sweep.best_steps = sweep.best_lr = None
+        sweep.budget_at = (
+            None if examples_needed is None else CAP_FACTOR * examples_needed / batch_size
+        )
+        start = grid.index(guess)
+        sweep.evaluate(grid[start])
+        i = start + 1
+        improved_up = False
+        while i < len(grid) and sweep.evaluate(grid[i]):
+            improved_up = True
+            i += 1
+        if not improved_up:
+            i = start - 1
+            while i >= 0 and (sweep.evaluate(grid[i]) or sweep.best_steps is None):
+                i -= 1
+        if sweep.best_steps is not None and sweep.best_lr is not None:
+            guess = sweep.best_lr
+            needed = sweep.best_steps * batch_size
             examples_needed = needed if examples_needed is None else min(examples_needed, needed)
-    return records
+    return sweep.records
 
 
 def to_sweep_runs(records: list[RunRecord]) -> list[SweepRun]:
