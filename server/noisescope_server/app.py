@@ -15,10 +15,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from noisescope import _wire
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from noisescope import _wire
 from noisescope_server import __version__, crud, db
 from noisescope_server.api import health, ingest, query, recommend, runs, tokens
 from noisescope_server.api._body import format_validation_error

@@ -23,8 +23,6 @@ from datetime import datetime, timezone
 from itertools import repeat
 from typing import Any
 
-from noisescope import _wire
-from noisescope.estimators import two_batch_estimates
 from sqlalchemy import (
     ARRAY,
     BigInteger,
@@ -41,6 +39,8 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql.expression import Executable
 
+from noisescope import _wire
+from noisescope.estimators import two_batch_estimates
 from noisescope_server.db import write_transaction
 from noisescope_server.models import (
     BLOCK_SIZE,

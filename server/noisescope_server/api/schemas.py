@@ -9,8 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from noisescope import _wire
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+from noisescope import _wire
 
 __all__ = [
     "SAMPLES_BODY_SCHEMA",
