@@ -16,29 +16,29 @@ st.set_page_config(page_title="noisescope", page_icon=":material/blur_on:", layo
 
 PAGES = [
     st.Page(
-        _HERE / "pages/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True
+        _HERE / "views/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True
     ),
-    st.Page(_HERE / "pages/run.py", title="Run", icon=":material/show_chart:", url_path="run"),
+    st.Page(_HERE / "views/run.py", title="Run", icon=":material/show_chart:", url_path="run"),
     st.Page(
-        _HERE / "pages/compare_runs.py",
+        _HERE / "views/compare_runs.py",
         title="Compare runs",
         icon=":material/compare_arrows:",
         url_path="compare-runs",
     ),
     st.Page(
-        _HERE / "pages/compare_tasks.py",
+        _HERE / "views/compare_tasks.py",
         title="Compare tasks",
         icon=":material/stacked_line_chart:",
         url_path="compare-tasks",
     ),
     st.Page(
-        _HERE / "pages/critical_batch.py",
+        _HERE / "views/critical_batch.py",
         title="Critical batch size",
         icon=":material/functions:",
         url_path="critical-batch",
     ),
     st.Page(
-        _HERE / "pages/what_if.py", title="What-if", icon=":material/tune:", url_path="what-if"
+        _HERE / "views/what_if.py", title="What-if", icon=":material/tune:", url_path="what-if"
     ),
 ]
 

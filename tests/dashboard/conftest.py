@@ -57,7 +57,7 @@ def make_app(monkeypatch: pytest.MonkeyPatch) -> Callable[..., AppTest]:
             monkeypatch.delenv("NOISESCOPE_DATABASE_URL", raising=False)
         else:
             monkeypatch.setenv("NOISESCOPE_DATABASE_URL", url)
-        script = APP if page is None else APP.parent / "pages" / f"{page}.py"
+        script = APP if page is None else APP.parent / "views" / f"{page}.py"
         at = AppTest.from_file(str(script), default_timeout=60)
         for key, value in query.items():
             at.query_params[key] = value

@@ -76,7 +76,7 @@ def test_app_navigates_all_pages(make_app: MakeApp, synth_db: str) -> None:
         ("critical_batch", "Critical batch size"),
         ("what_if", "What-if"),
     ]:
-        at.switch_page(f"pages/{page}.py").run()
+        at.switch_page(f"views/{page}.py").run()
         assert not at.exception, (page, at.exception)
         assert at.title[0].value == title
 

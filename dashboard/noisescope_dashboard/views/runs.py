@@ -175,7 +175,7 @@ def runs_table() -> None:
         row = shown.iloc[rows[0]]
         label = run_label(row)
         st.page_link(
-            "pages/run.py",
+            "views/run.py",
             label=f"Open {label}",
             icon=":material/show_chart:",
             query_params={"run": str(row["uid"])},
