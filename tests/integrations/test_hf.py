@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -166,6 +167,7 @@ def _train_params(tmp_path: Path, callbacks: list[Any]) -> dict[str, Tensor]:
         callbacks=callbacks,
     )
     trainer.train()
+    assert trainer.model is not None
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
@@ -191,3 +193,32 @@ def test_importing_noisescope_stays_light() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
+    """Trainer under torch.distributed.run: per-rank micro-batches vs the all-reduced gradient.
+
+    ``average_tokens_across_devices`` (the default) makes the Trainer divide by the token count
+    of *both* ranks and multiply by the world size; B_big must still be the real token total.
+    """
+    from tests.support.servers import free_port
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    script = Path(__file__).with_name("_hf_ddp.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command += ["--master_port", str(free_port()), str(script), server.url, str(tmp_path)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    stored = stored_run(server, ranks[0]["run_id"])
+    assert [s["step"] for s in stored.samples] == [0, 1, 2]
+    for step, sample in enumerate(stored.samples):
+        micro = slice(2 * step, 2 * step + 2)
+        n_tokens = [float(n) for r in ranks for n in r["shifted"][0][micro]]
+        trainer_n = sum(float(n) for r in ranks for n in r["unshifted"][0][micro])
+        assert sample["b_big"] == pytest.approx(sum(n_tokens))
+        assert sample["b_small"] == pytest.approx(4 / sum(1 / n for n in n_tokens))
+        expected_big = ranks[0]["grad_norms"][step] ** 2 * (trainer_n / sum(n_tokens)) ** 2
+        assert sample["g_big_sq"] == pytest.approx(expected_big, rel=1e-4)
+        assert sample["g_small_sq"] > 0

@@ -93,6 +93,7 @@ def test_parameters_identical_with_and_without_the_callback(
     assert [k for k in with_cb if not torch.equal(with_cb[k], without[k])] == []
 
 
+@pytest.mark.slow
 def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
     """Lightning's ``ddp`` strategy, 2 CPU processes: micro-batch per rank vs all-reduced."""
     out = tmp_path / "ddp.json"
