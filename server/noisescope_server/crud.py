@@ -13,8 +13,11 @@ insert-or-ignore on (run_id, seq) so a re-sent batch never duplicates.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import math
+import operator
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -625,9 +628,142 @@ def ingest_samples(
             return 0
         inserted = _insert_samples(conn, run.id, batch)
         if inserted:
-            _refresh_blocks(conn, run.id, batch.columns["seq"])
+            deltas = _block_deltas(batch) if inserted == batch.n else None
+            if deltas is not None:  # every row was new: add the batch's own sums
+                _add_block_deltas(conn, run.id, deltas)
+            else:  # some rows were already stored: recompute the touched blocks
+                _refresh_blocks(conn, run.id, batch.columns["seq"])
             conn.execute(update(Run).where(Run.id == run.id).values(last_seen_at=utcnow()))
         return inserted
+
+
+def _nonnull(values: list[Any]) -> list[Any]:
+    return [v for v in values if v is not None]
+
+
+def _block_deltas(batch: SampleBatch) -> list[tuple[Any, ...]] | None:
+    """Per-block sums of a batch whose seqs are strictly increasing and share one series.
+
+    That is what clients send (one series per batch is the common case; anything else falls
+    back to recomputing from ``sample``). Slices and C-level ``sum``/``min``/``max`` keep this
+    well under a microsecond per sample. Rows match ``_BLOCK_COLUMNS``.
+    """
+    cols = batch.columns
+    seq = cols["seq"]
+    series = cols["series"]
+    if batch.n == 0 or series.count(series[0]) != batch.n:
+        return None
+    if batch.n > 1 and not all(map(operator.lt, seq, itertools.islice(seq, 1, None))):
+        return None
+    step, examples, time_ = cols["step"], cols["examples"], cols["time"]
+    loss, lr, b_big = cols["loss"], cols["lr"], cols["b_big"]
+    g_sq, trace_sigma = batch.g_sq_est, batch.trace_sigma_est
+    out: list[tuple[Any, ...]] = []
+    i = 0
+    while i < batch.n:
+        block = seq[i] // BLOCK_SIZE
+        j = bisect.bisect_left(seq, (block + 1) * BLOCK_SIZE, i)
+        ex = _nonnull(examples[i:j])
+        tm = _nonnull(time_[i:j])
+        ls = _nonnull(loss[i:j])
+        lrs = _nonnull(lr[i:j])
+        out.append(
+            (
+                series[0],
+                block,
+                j - i,
+                math.fsum(g_sq[i:j]),
+                math.fsum(trace_sigma[i:j]),
+                len(ls),
+                math.fsum(ls) if ls else None,
+                len(lrs),
+                math.fsum(lrs) if lrs else None,
+                min(step[i:j]),
+                max(step[i:j]),
+                min(ex) if ex else None,
+                max(ex) if ex else None,
+                min(tm) if tm else None,
+                max(tm) if tm else None,
+                float(max(b_big[i:j])),
+            )
+        )
+        i = j
+    return out
+
+
+_BLOCK_COLUMNS = (
+    "series",
+    "block",
+    "n",
+    "sum_g_sq",
+    "sum_trace_sigma",
+    "n_loss",
+    "sum_loss",
+    "n_lr",
+    "sum_lr",
+    "step_min",
+    "step_max",
+    "examples_min",
+    "examples_max",
+    "time_min",
+    "time_max",
+    "b_big_max",
+)
+
+
+def _block_add_sql(dialect_name: str) -> str:
+    """INSERT a block's delta, or add it to the stored block (sums add, extremes widen).
+
+    Commutative, so the order of batches does not matter; NULL-safe on both backends (SQLite's
+    two-argument min() would return NULL if either side were NULL).
+    """
+    lo, hi = ("least", "greatest") if dialect_name == "postgresql" else ("min", "max")
+    t, e = "sample_block", "excluded"
+
+    def add(c: str) -> str:
+        return f"{c} = coalesce({t}.{c}, 0) + coalesce({e}.{c}, 0)"
+
+    def add_nullable(c: str) -> str:
+        return (
+            f"{c} = CASE WHEN {t}.{c} IS NULL THEN {e}.{c} WHEN {e}.{c} IS NULL THEN {t}.{c} "
+            f"ELSE {t}.{c} + {e}.{c} END"
+        )
+
+    def widen(c: str, f: str) -> str:
+        return f"{c} = {f}(coalesce({t}.{c}, {e}.{c}), coalesce({e}.{c}, {t}.{c}))"
+
+    sets = [
+        add("n"),
+        add("sum_g_sq"),
+        add("sum_trace_sigma"),
+        add("n_loss"),
+        add_nullable("sum_loss"),
+        add("n_lr"),
+        add_nullable("sum_lr"),
+        widen("step_min", lo),
+        widen("step_max", hi),
+        widen("examples_min", lo),
+        widen("examples_max", hi),
+        widen("time_min", lo),
+        widen("time_max", hi),
+        widen("b_big_max", hi),
+    ]
+    marks = ", ".join(["?" if dialect_name == "sqlite" else "%s"] * (len(_BLOCK_COLUMNS) + 1))
+    return (
+        f"INSERT INTO {t} (run_id, {', '.join(_BLOCK_COLUMNS)}) VALUES ({marks}) "
+        f"ON CONFLICT (run_id, series, block) DO UPDATE SET {', '.join(sets)}"
+    )
+
+
+_BLOCK_ADD = {d: _block_add_sql(d) for d in ("sqlite", "postgresql")}
+
+
+def _add_block_deltas(conn: Connection, run_id: int, deltas: list[tuple[Any, ...]]) -> None:
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.executemany(_BLOCK_ADD[conn.dialect.name], [(run_id, *d) for d in deltas])
+    finally:
+        cursor.close()
 
 
 # --- events ------------------------------------------------------------------------------------

@@ -153,3 +153,25 @@ def test_failed_request_rolls_back_completely(engine: Engine) -> None:
         crud.ingest_samples(engine, "run1", batch, project_scope=999)
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Sample)).scalar_one() == 0
+
+
+def test_incremental_block_sums_across_batch_boundaries(engine: Engine) -> None:
+    """In-order batches whose boundaries split blocks take the additive path; nulls included."""
+    cols = columns(1000, seed=4)
+    cols["loss"][10:300] = [None] * 290
+    cols["examples"][0:100] = [None] * 100
+    for start in range(0, 1000, 90):  # 90 is not a multiple of the 64-sample block
+        part = {k: v[start : start + 90] for k, v in cols.items()}
+        batch = crud.validate_samples({"columns": part})
+        assert crud._block_deltas(batch) is not None
+        crud.ingest_samples(engine, "run1", batch)
+    _blocks_match_samples(engine)
+    with engine.connect() as conn:
+        n_loss, sum_loss = conn.execute(
+            select(func.sum(SampleBlock.n_loss), func.sum(SampleBlock.sum_loss))
+        ).one()
+        ex_min = conn.execute(select(func.min(SampleBlock.examples_min))).scalar_one()
+    losses = [v for v in cols["loss"] if v is not None]
+    assert int(n_loss) == len(losses)
+    assert math.isclose(sum_loss, sum(losses), rel_tol=1e-12)
+    assert ex_min == cols["examples"][100]
