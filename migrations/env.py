@@ -9,8 +9,9 @@ transaction. Without one (``alembic`` CLI), the URL comes from ``sqlalchemy.url`
 from __future__ import annotations
 
 from alembic import context
-from noisescope_server.models import Base
 from sqlalchemy import Connection
+
+from noisescope_server.models import Base
 
 config = context.config
 target_metadata = Base.metadata

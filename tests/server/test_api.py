@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from noisescope.estimators import NoiseScale
 
+from noisescope.estimators import NoiseScale
 from tests.server._data import columns, expected_sums, run_body
 
 API = "/api/v1"

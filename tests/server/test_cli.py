@@ -11,10 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from noisescope.cli import main
 from noisescope_server import db
 from noisescope_server.cli import bind_socket, dashboard_command
-
 from tests.support.servers import ServerProcess, free_port, wait_for_health
 
 

@@ -8,11 +8,11 @@ import random
 import threading
 
 import pytest
+from sqlalchemy import Engine, func, select
+
 from noisescope.estimators import two_batch_estimates
 from noisescope_server import crud, db, queries
 from noisescope_server.models import Sample, SampleBlock
-from sqlalchemy import Engine, func, select
-
 from tests.server._data import columns, expected_sums
 
 

@@ -10,10 +10,10 @@ from typing import Any
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from noisescope_server import crud, db
-from noisescope_server.models import Base
 from sqlalchemy import Engine, inspect, text
 
+from noisescope_server import crud, db
+from noisescope_server.models import Base
 from tests.server._data import columns
 
 TABLES = {"project", "task", "run", "sample", "sample_block", "event", "token"}
