@@ -1,1 +1,27 @@
-"""noisescope."""
+"""noisescope's PyTorch probes: gradient-noise measurements inside the training loop.
+
+Importing this module needs torch; ``import noisescope`` never does. See docs/sources.md for
+which source of the two batch sizes to use, what each costs, and the pitfalls.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        "noisescope.torch needs PyTorch: pip install torch (noisescope itself does not)"
+    ) from exc
+
+from ._hessian import BNoiseEstimate, hessian_noise_scale
+from ._per_example import PerExampleNorms
+from ._probe import GradientNoiseProbe, ProbeSample, Sink
+
+__all__ = [
+    "BNoiseEstimate",
+    "GradientNoiseProbe",
+    "PerExampleNorms",
+    "ProbeSample",
+    "Sink",
+    "hessian_noise_scale",
+]

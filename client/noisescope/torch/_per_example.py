@@ -1,0 +1,295 @@
+"""Per-example squared gradient norms without per-example gradients (B_small = 1).
+
+For a layer y = x W^T + b applied at T positions of example i, the per-example gradient is
+g_i = sum_t delta_it x_it^T, so (Goodfellow 2015; Li et al. 2022 "ghost norm"; Gray et al.
+2023/2024, nanoGNS)::
+
+    |g_i|^2 = sum_{t,s} (delta_it . delta_is)(x_it . x_is)       (T x T Gram matrices)
+
+or, when cheaper, |delta_i^T x_i|_F^2 with the (d_out x d_in) product formed per example. We save
+each layer's input in a forward hook and read delta = dL/dy from a tensor hook on the output,
+so nothing but a length-B vector per parameter is kept. Conv layers are Linear layers over
+unfolded patches; Embedding uses the Gram identity with an "equal token id" mask; LayerNorm's
+affine parameters have cheap (B, D) per-example gradients. Any other module that owns parameters
+falls back to ``torch.func``: per-example vector-Jacobian products of the module alone, vmapped
+over the batch (exact, costlier). Batch is dimension 0 of each module's first input and output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+PerExampleMethod = Literal["auto", "identities", "func"]
+
+
+def _linear_sq(x: Tensor, delta: Tensor) -> Tensor:
+    """|sum_t delta_t x_t^T|_F^2 per example; x: (B, T, d_in), delta: (B, T, d_out)."""
+    t, d_in, d_out = x.shape[1], x.shape[2], delta.shape[2]
+    if t == 1:
+        return delta.square().sum((1, 2)) * x.square().sum((1, 2))
+    if t * (d_in + d_out) <= d_in * d_out:
+        gram_x = torch.bmm(x, x.transpose(1, 2))
+        gram_d = torch.bmm(delta, delta.transpose(1, 2))
+        return (gram_x * gram_d).sum((1, 2))
+    return torch.bmm(delta.transpose(1, 2), x).square().sum((1, 2))
+
+
+def _as_btd(t: Tensor, d: int) -> Tensor:
+    return t.reshape(t.shape[0], -1, d).float()
+
+
+class _Entry:
+    """One hooked module: how to turn (saved input, output gradient) into per-example norms."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        params: list[tuple[str, int]],
+        kind: str,
+    ) -> None:
+        self.module = module
+        self.params = params  # (attribute name, global parameter index)
+        self.kind = kind
+
+
+def _supported_kind(module: nn.Module) -> str | None:
+    if type(module) is nn.Linear:
+        return "linear"
+    if type(module) in (nn.Conv1d, nn.Conv2d):
+        conv: nn.Conv1d | nn.Conv2d = module  # type: ignore[assignment]
+        if conv.groups == 1 and conv.padding_mode == "zeros" and not isinstance(conv.padding, str):
+            return "conv"
+        return None
+    if type(module) is nn.Embedding:
+        emb = module
+        assert isinstance(emb, nn.Embedding)
+        if emb.max_norm is None and not emb.sparse and emb.scale_grad_by_freq is False:
+            return "embedding"
+        return None
+    if type(module) is nn.LayerNorm:
+        return "layernorm"
+    return None
+
+
+class PerExampleNorms:
+    """Hooks that compute, per backward, each parameter's per-example squared gradient norms."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        param_index: dict[int, int],
+        method: PerExampleMethod = "auto",
+    ) -> None:
+        if method not in ("auto", "identities", "func"):
+            raise ValueError(f"per_example must be 'auto', 'identities' or 'func', got {method!r}")
+        self.n_params = len(param_index)
+        self.armed = False
+        self._recomputing = False
+        self._results: dict[int, Tensor] = {}
+        self._calls: dict[int, int] = {}
+        self._batch: int | None = None
+        self._handles: list[RemovableHandle] = []
+        self.entries: list[_Entry] = []
+        owners: dict[int, str] = {}
+        for mod_name, module in model.named_modules():
+            direct = [
+                (name, p)
+                for name, p in module.named_parameters(recurse=False)
+                if id(p) in param_index
+            ]
+            if not direct:
+                continue
+            for name, p in direct:
+                if id(p) in owners:
+                    raise ValueError(
+                        f"parameter {mod_name or '(model)'}.{name} is shared with "
+                        f"{owners[id(p)]} (tied weights): per-example norms need each parameter "
+                        "in one module; use source='micro' (accumulation/DDP) for this model"
+                    )
+                owners[id(p)] = f"{mod_name or '(model)'}.{name}"
+            own = [(name, param_index[id(p)]) for name, p in direct]
+            kind = _supported_kind(module) if method != "func" else None
+            if kind is None and method == "identities":
+                raise ValueError(
+                    f"module {mod_name or '(model)'} ({type(module).__name__}) has no cheap "
+                    "per-example identity; use per_example='auto' to fall back to torch.func"
+                )
+            entry = _Entry(module, own, kind or "func")
+            self.entries.append(entry)
+            self._handles.append(
+                module.register_forward_hook(self._make_forward_hook(entry), with_kwargs=True)
+            )
+
+    @property
+    def methods(self) -> dict[str, int]:
+        """How many modules use each method (for the docs and the user's sanity)."""
+        out: dict[str, int] = {}
+        for e in self.entries:
+            out[e.kind] = out.get(e.kind, 0) + 1
+        return out
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _make_forward_hook(
+        self, entry: _Entry
+    ) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], None]:
+        def hook(
+            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+        ) -> None:
+            if not self.armed or self._recomputing or not torch.is_grad_enabled():
+                return
+            out = output[0] if isinstance(output, tuple) else output
+            if not isinstance(out, Tensor) or not out.requires_grad:
+                return
+            key = id(entry)
+            self._calls[key] = self._calls.get(key, 0) + 1
+            if self._calls[key] > 1:
+                raise RuntimeError(
+                    f"{type(module).__name__} ran twice in one forward pass; its per-example "
+                    "gradient is a sum over both uses, which per-example norms cannot split. "
+                    "Use source='micro' (accumulation or DDP) for this model."
+                )
+            saved_args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+
+            def on_grad(delta: Tensor) -> None:
+                self._backward(entry, saved_args, kwargs, delta.detach())
+
+            out.register_hook(on_grad)  # type: ignore[no-untyped-call]
+
+        return hook
+
+    def _store(self, idx: int, sq: Tensor) -> None:
+        prev = self._results.get(idx)
+        self._results[idx] = sq if prev is None else prev + sq
+        if self._batch is None:
+            self._batch = int(sq.shape[0])
+
+    def _backward(
+        self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any], delta: Tensor
+    ) -> None:
+        m = entry.module
+        names = dict(entry.params)
+        if entry.kind == "func":
+            for name, sq in self._func_norms(entry, args, kwargs, delta).items():
+                self._store(names[name], sq)
+            return
+        x = args[0]
+        if entry.kind == "linear":
+            lin: nn.Linear = m  # type: ignore[assignment]
+            xs = _as_btd(x, lin.in_features)
+            ds = _as_btd(delta, lin.out_features)
+            if "weight" in names:
+                self._store(names["weight"], _linear_sq(xs, ds))
+            if "bias" in names:
+                self._store(names["bias"], ds.sum(1).square().sum(1))
+        elif entry.kind == "conv":
+            conv: nn.Conv1d | nn.Conv2d = m  # type: ignore[assignment]
+            xs, ds = self._conv_unfold(conv, x, delta)
+            if "weight" in names:
+                self._store(names["weight"], _linear_sq(xs, ds))
+            if "bias" in names:
+                self._store(names["bias"], ds.sum(1).square().sum(1))
+        elif entry.kind == "embedding":
+            emb: nn.Embedding = m  # type: ignore[assignment]
+            ids = x.reshape(x.shape[0], -1)
+            ds = _as_btd(delta, emb.embedding_dim)
+            if emb.padding_idx is not None:
+                ds = ds * (ids != emb.padding_idx).unsqueeze(-1)
+            if ids.shape[1] == 1:
+                sq = ds.square().sum((1, 2))
+            else:
+                same = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(ds.dtype)
+                sq = (same * torch.bmm(ds, ds.transpose(1, 2))).sum((1, 2))
+            self._store(names["weight"], sq)
+        elif entry.kind == "layernorm":
+            ln: nn.LayerNorm = m  # type: ignore[assignment]
+            d = math.prod(ln.normalized_shape)
+            x_hat = F.layer_norm(x.float(), ln.normalized_shape, None, None, ln.eps)
+            xs = x_hat.reshape(x.shape[0], -1, d)
+            ds = _as_btd(delta, d)
+            if "weight" in names:
+                self._store(names["weight"], (ds * xs).sum(1).square().sum(1))
+            if "bias" in names:
+                self._store(names["bias"], ds.sum(1).square().sum(1))
+
+    @staticmethod
+    def _conv_unfold(
+        conv: nn.Conv1d | nn.Conv2d, x: Tensor, delta: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Patches (B, L, C_in k) and output gradients (B, L, C_out) of a conv layer."""
+        if isinstance(conv, nn.Conv1d):
+            x = x.unsqueeze(2)
+            kernel: tuple[int, ...] = (1, conv.kernel_size[0])
+            dilation: tuple[int, ...] = (1, conv.dilation[0])
+            padding: tuple[int, ...] = (0, int(conv.padding[0]))
+            stride: tuple[int, ...] = (1, conv.stride[0])
+        else:
+            kernel, dilation = tuple(conv.kernel_size), tuple(conv.dilation)
+            padding = tuple(int(p) for p in conv.padding)
+            stride = tuple(conv.stride)
+        patches = F.unfold(x.float(), kernel, dilation=dilation, padding=padding, stride=stride)
+        xs = patches.transpose(1, 2)
+        ds = delta.float().reshape(delta.shape[0], delta.shape[1], -1).transpose(1, 2)
+        return xs, ds
+
+    def _func_norms(
+        self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any], delta: Tensor
+    ) -> dict[str, Tensor]:
+        """Per-example |grad|^2 of the module's own parameters via vmap(vjp) (torch.func)."""
+        module = entry.module
+        own = {name: getattr(module, name).detach() for name, _ in entry.params}
+        tensor_pos = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.dim() > 0]
+        batched = tuple(args[i] for i in tensor_pos)
+
+        def per_example(p: dict[str, Tensor], xs: tuple[Tensor, ...], d: Tensor) -> Tensor:
+            full = list(args)
+            for i, xi in zip(tensor_pos, xs, strict=True):
+                full[i] = xi.unsqueeze(0)
+
+            def f(params: dict[str, Tensor]) -> Tensor:
+                out = torch.func.functional_call(module, params, tuple(full), kwargs, strict=False)
+                first = out[0] if isinstance(out, tuple) else out
+                assert isinstance(first, Tensor)
+                return first
+
+            vjp_out = torch.func.vjp(f, p)
+            (g,) = vjp_out[1](d.unsqueeze(0).to(delta.dtype))
+            return torch.stack([g[name].float().square().sum() for name in p])
+
+        self._recomputing = True
+        try:
+            with torch.enable_grad():
+                sq = torch.func.vmap(per_example, in_dims=(None, 0, 0), randomness="same")(
+                    own, batched, delta
+                )
+        finally:
+            self._recomputing = False
+        return {name: sq[:, j] for j, name in enumerate(own)}
+
+    def take(self, device: torch.device) -> Tensor:
+        """Per-parameter per-example squared norms of the last backward, shape (n_params, B)."""
+        if self._batch is None:
+            raise RuntimeError(
+                "no per-example gradients were captured: run the forward pass and "
+                "loss.backward() (with grad enabled) before probe.micro_step()/step()"
+            )
+        out = torch.zeros(self.n_params, self._batch, device=device)
+        for idx, sq in self._results.items():
+            out[idx] = sq.to(device)
+        self.reset()
+        return out
+
+    def reset(self) -> None:
+        self._results = {}
+        self._calls = {}
+        self._batch = None

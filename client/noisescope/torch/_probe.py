@@ -1,0 +1,481 @@
+"""GradientNoiseProbe: squared gradient norms at two batch sizes, measured in the training loop.
+
+Every source gives, per optimizer step, |G_small|^2 at B_small and |G_big|^2 at B_big (the inputs
+of the two-batch estimator, science.md App. A.1):
+
+- ``micro``: each backward (a micro-batch, on this rank) is one G_small; the gradient the
+  optimizer sees (accumulated over micro-batches, all-reduced over DDP ranks) is G_big. Covers
+  gradient accumulation, DDP, and both combined. Per-parameter tensor hooks see each backward's
+  incoming gradient before it is accumulated into ``.grad`` and before DDP's reducer runs.
+- ``per_example``: each example is one G_small (B_small = 1 in examples, or its real token
+  count in tokens); see ``_per_example``.
+
+Normalisation (science.md "Pitfalls"): a backward adds ``c_j x`` (mean gradient of micro-batch
+j), where ``c_j`` follows from how the user's loss was reduced (``micro_loss``) and the AMP loss
+scale. We divide each G_small by ``c_j``; the optimizer's gradient is sum_j c_j g_j (averaged over
+ranks), which we divide by sum_j c_j. Its covariance is Sigma * sum_j (c_j^2 / b_j) / (sum_j c_j)^2,
+so B_big = (sum c_j)^2 / sum (c_j^2 / b_j) -- the total item count when c_j is proportional to
+b_j or the micro-batches are equal. With unequal micro-batches the average of |g_j|^2 has
+E = |G|^2 + tr(Sigma) mean(1/b_j) (eq. 1), so B_small is their harmonic mean.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from ._per_example import PerExampleMethod, PerExampleNorms
+
+Source = Literal["auto", "micro", "per_example"]
+MicroLoss = Literal["mean/k", "mean", "sum/N", "sum"]
+Units = Literal["examples", "tokens"]
+
+
+class Sink(Protocol):
+    """Where samples go: ``noisescope.Run`` implements this; a list-collector is fine in tests."""
+
+    def log_sample(
+        self,
+        step: int,
+        b_small: float,
+        b_big: float,
+        g_small_sq: float,
+        g_big_sq: float,
+        *,
+        examples: float | None = None,
+        series: str = "",
+        loss: float | None = None,
+        lr: float | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class ProbeSample:
+    """What one measured step produced for the whole model (series "")."""
+
+    step: int
+    b_small: float
+    b_big: float
+    g_small_sq: float
+    g_big_sq: float
+    examples: float
+
+
+@dataclass
+class _Micro:
+    small: Tensor  # micro: (n_series,) sum of |incoming|^2; per_example: (n_series, B)
+    batch_size: float
+    grad_scale: float | None
+    item_counts: Tensor | None
+
+
+def _is_ddp(model: nn.Module) -> bool:
+    return isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+class GradientNoiseProbe:
+    """Measures |G_small|^2 and |G_big|^2 each optimizer step and logs them to ``sink``.
+
+    Usage (call ``step`` after the last backward, before unscaling, clipping and the
+    optimizer step)::
+
+        probe = GradientNoiseProbe(model, run)
+        for micro in micro_batches:
+            (loss_fn(model(micro.x), micro.y) / k).backward()
+            probe.micro_step(batch_size=len(micro.x))
+        probe.step(loss=loss.item(), lr=sched.get_last_lr()[0])
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    Args:
+        model: the model (or its DDP wrapper; its all-reduced gradient is G_big).
+        sink: anything with ``log_sample(...)``, normally the ``Run`` from ``noisescope.init``.
+        source: "micro" (accumulation and/or DDP), "per_example" (B_small = 1), or "auto":
+            per-example while a step has a single backward on a single process, micro-batches
+            as soon as there are several (accumulation or DDP).
+        units: "examples" or "tokens"; ``batch_size`` and ``item_counts`` are in these units.
+        micro_loss: how each backward's loss is reduced: "mean/k" (mean over the micro-batch,
+            divided by the number of micro-batches: PyTorch/nanoGPT), "mean" (plain mean, not
+            divided), "sum/N" (summed, divided by the step's total item count on this rank:
+            Hugging Face ``num_items_in_batch``), or "sum" (plain sum).
+        layers: also log one series per layer (True: per module owning parameters) or per
+            named parameter group (a mapping name -> parameters).
+        scaler: a ``torch.amp.GradScaler``; norms are un-scaled by its current scale.
+        every: measure every n-th step only (hooks do nothing on the others).
+        per_example: "auto" (cheap identities, torch.func for other modules), "identities"
+            (fail on unsupported modules), "func" (torch.func everywhere).
+        process_group: DDP process group (default: the world).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sink: Sink,
+        *,
+        source: Source = "auto",
+        units: Units = "examples",
+        micro_loss: MicroLoss = "mean/k",
+        layers: bool | Mapping[str, Iterable[nn.Parameter]] = False,
+        scaler: Any = None,
+        every: int = 1,
+        per_example: PerExampleMethod = "auto",
+        process_group: Any = None,
+    ) -> None:
+        if source not in ("auto", "micro", "per_example"):
+            raise ValueError(f"source must be 'auto', 'micro' or 'per_example', got {source!r}")
+        if units not in ("examples", "tokens"):
+            raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
+        if micro_loss not in ("mean/k", "mean", "sum/N", "sum"):
+            raise ValueError(
+                f"micro_loss must be 'mean/k', 'mean', 'sum/N' or 'sum', got {micro_loss!r}"
+            )
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.model = model
+        self.sink = sink
+        self.units = units
+        self.micro_loss = micro_loss
+        self.scaler = scaler
+        self.every = every
+        self.process_group = process_group
+        self.distributed = _is_ddp(model) and torch.distributed.is_initialized()
+        self.world_size = torch.distributed.get_world_size(process_group) if self.distributed else 1
+        module = self._inner(model)
+        self.params: list[nn.Parameter] = []
+        seen: set[int] = set()
+        for p in module.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                self.params.append(p)
+        if not self.params:
+            raise ValueError("the model has no parameters that require gradients")
+        self._device = self.params[0].device
+        self.series_names, series_of_param = self._series(module, layers)
+        # one extra slot ("rest") for parameters outside every named group
+        self._n_slots = len(self.series_names) + 1
+        self._slot = torch.tensor(series_of_param, device=self._device)
+
+        self.step_count = 0  # optimizer steps seen (measured or not)
+        self.measured_steps = 0
+        self.skipped_steps = 0  # measured steps dropped for non-finite norms
+        self.examples_seen = 0.0  # in ``units``, over all ranks
+        self._micro: list[_Micro] = []
+        self._pending: list[Tensor | None] = [None] * len(self.params)
+        self._step_items = 0.0
+        self._warned_single = False
+
+        if source == "auto":
+            source = "micro" if self.world_size > 1 else "per_example"
+            self._auto = True
+        else:
+            self._auto = False
+        self.source: str = source
+        self._handles: list[RemovableHandle] = []
+        self._per_example: PerExampleNorms | None = None
+        self._per_example_method = per_example
+        self._param_index = {id(p): i for i, p in enumerate(self.params)}
+        self._install()
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _inner(model: nn.Module) -> nn.Module:
+        inner = model.module if _is_ddp(model) else model
+        assert isinstance(inner, nn.Module)
+        return inner
+
+    def _series(
+        self, module: nn.Module, layers: bool | Mapping[str, Iterable[nn.Parameter]]
+    ) -> tuple[list[str], list[int]]:
+        rest = -1
+        if layers is False:
+            return [], [0] * len(self.params)
+        names: list[str] = []
+        slot: dict[int, int] = {}
+        if layers is True:
+            for mod_name, m in module.named_modules():
+                for _, p in m.named_parameters(recurse=False):
+                    if p.requires_grad and id(p) not in slot:
+                        name = mod_name or "(model)"
+                        if name not in names:
+                            names.append(name)
+                        slot[id(p)] = names.index(name)
+        else:
+            for name, group in layers.items():
+                if not name:
+                    raise ValueError("layer group names must be non-empty ('' is the total)")
+                names.append(name)
+                for p in group:
+                    slot[id(p)] = len(names) - 1
+        rest = len(names)
+        return names, [slot.get(id(p), rest) for p in self.params]
+
+    def _install(self) -> None:
+        self.remove()
+        if self.source == "micro":
+            for i, p in enumerate(self.params):
+                self._handles.append(p.register_hook(self._make_hook(i)))  # type: ignore[no-untyped-call]
+        else:
+            self._per_example = PerExampleNorms(
+                self._inner(self.model),
+                self._param_index,
+                self._per_example_method,
+            )
+            self._per_example.armed = self._armed
+
+    def _make_hook(self, i: int) -> Any:
+        def hook(grad: Tensor) -> None:
+            if not self._armed:
+                return
+            if not grad.is_floating_point():
+                return
+            flat = grad.detach().reshape(-1)
+            if flat.dtype in (torch.float32, torch.float64):
+                sq = torch.dot(flat, flat).float()
+            else:  # fp16/bf16: accumulate in fp32, a scaled fp16 norm overflows easily
+                sq = torch.linalg.vector_norm(flat, dtype=torch.float32).square()
+            prev = self._pending[i]
+            self._pending[i] = sq if prev is None else prev + sq
+
+        return hook
+
+    def remove(self) -> None:
+        """Detach every hook (the model trains on untouched)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._per_example is not None:
+            self._per_example.remove()
+            self._per_example = None
+
+    @property
+    def _armed(self) -> bool:
+        return self.step_count % self.every == 0
+
+    # --- the training-loop API ------------------------------------------------------------
+
+    def micro_step(
+        self,
+        batch_size: float,
+        *,
+        grad_scale: float | None = None,
+        item_counts: Sequence[float] | Tensor | None = None,
+    ) -> None:
+        """Record the backward that just ran: its micro-batch held ``batch_size`` items.
+
+        ``grad_scale`` overrides ``micro_loss`` for this backward: the factor between the
+        gradient it added and the micro-batch's mean gradient. ``item_counts`` (per-example
+        source, tokens): each example's real token count, padding excluded.
+        """
+        if not batch_size > 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self._step_items += float(batch_size)
+        if not self._armed:
+            self._pending = [None] * len(self.params)
+            if self._per_example is not None:
+                self._per_example.reset()
+            return
+        counts = None
+        if item_counts is not None:
+            counts = torch.as_tensor(item_counts, dtype=torch.float32, device=self._device)
+        if self.source == "micro":
+            zero = torch.zeros((), device=self._device)
+            per_param = torch.stack([zero if s is None else s for s in self._pending])
+            small = torch.zeros(self._n_slots, device=self._device).index_add_(
+                0, self._slot, per_param
+            )
+            self._pending = [None] * len(self.params)
+        else:
+            assert self._per_example is not None
+            per_param_ex = self._per_example.take(self._device)
+            small = torch.zeros(
+                self._n_slots, per_param_ex.shape[1], device=self._device
+            ).index_add_(0, self._slot, per_param_ex)
+            if counts is not None and counts.shape[0] != small.shape[1]:
+                raise ValueError(
+                    f"item_counts has {counts.shape[0]} entries but the batch has "
+                    f"{small.shape[1]} examples"
+                )
+        self._micro.append(_Micro(small, float(batch_size), grad_scale, counts))
+
+    def step(
+        self,
+        *,
+        batch_size: float | None = None,
+        loss: float | None = None,
+        lr: float | None = None,
+        grad_scale: float | None = None,
+        item_counts: Sequence[float] | Tensor | None = None,
+    ) -> ProbeSample | None:
+        """Close the optimizer step: compute both norms and log them (one host sync).
+
+        Call after the last backward and before ``scaler.unscale_``, gradient clipping and
+        ``optimizer.step()``. ``batch_size`` is a shorthand for a final ``micro_step``. Returns
+        the whole-model sample, or None on unmeasured or skipped steps.
+        """
+        if batch_size is not None:
+            self.micro_step(batch_size, grad_scale=grad_scale, item_counts=item_counts)
+        armed = self._armed
+        step = self.step_count
+        self.step_count += 1
+        micros, self._micro = self._micro, []
+        step_items, self._step_items = self._step_items, 0.0
+        if not armed:
+            self.examples_seen += step_items * self.world_size
+            return None
+        if not micros:
+            raise RuntimeError(
+                "probe.step() saw no backward: call probe.micro_step(batch_size=...) after each "
+                "loss.backward(), or pass batch_size= to probe.step()"
+            )
+        try:
+            return self._measure(step, micros, loss, lr)
+        finally:
+            self._maybe_switch(len(micros))
+            if self._per_example is not None:
+                self._per_example.armed = self._armed
+
+    def _maybe_switch(self, k: int) -> None:
+        """Auto source: several backwards per step means accumulation; micro-batches are free."""
+        if self._auto and self.source == "per_example" and k > 1:
+            self.source = "micro"
+            self._install()
+
+    def _grad_scales(self, micros: list[_Micro]) -> list[float]:
+        k = len(micros)
+        n_local = sum(m.batch_size for m in micros)
+        amp = 1.0
+        if self.scaler is not None and self.scaler.is_enabled():
+            amp = float(self.scaler.get_scale())
+        out = []
+        for m in micros:
+            if m.grad_scale is not None:
+                c = m.grad_scale
+            elif self.micro_loss == "mean/k":
+                c = 1.0 / k
+            elif self.micro_loss == "mean":
+                c = 1.0
+            elif self.micro_loss == "sum/N":
+                c = m.batch_size / n_local
+            else:
+                c = m.batch_size
+            out.append(c * amp)
+        return out
+
+    def _grad_sq_norms(self) -> Tensor:
+        """|.grad|^2 per parameter, batched (fp16/bf16 reduced in fp32: no overflow)."""
+        dev = self._device
+        full_idx: list[int] = []
+        full: list[Tensor] = []
+        low_idx: list[int] = []
+        low: list[Tensor] = []
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                continue
+            if g.dtype in (torch.float16, torch.bfloat16):
+                low_idx.append(i)
+                low.append(g.detach())
+            else:
+                full_idx.append(i)
+                full.append(g.detach())
+        out = torch.zeros(len(self.params), device=dev)
+        if full:
+            norms = torch.stack(torch._foreach_norm(full)).float().square()
+            out[torch.tensor(full_idx, device=dev)] = norms
+        if low:
+            norms = torch.stack(torch._foreach_norm(low, 2, dtype=torch.float32)).square()
+            out[torch.tensor(low_idx, device=dev)] = norms
+        return out
+
+    def _measure(
+        self, step: int, micros: list[_Micro], loss: float | None, lr: float | None
+    ) -> ProbeSample | None:
+        dev = self._device
+        scales = self._grad_scales(micros)
+        small_sum = torch.zeros(self._n_slots, device=dev)
+        small_count = 0.0
+        small_inv_b = 0.0
+        for m, c in zip(micros, scales, strict=True):
+            if m.small.dim() == 1:
+                small_sum += m.small / (c * c)
+                small_count += 1.0
+                small_inv_b += 1.0 / m.batch_size
+            else:
+                # per-example: gamma_i = c n_i g_i / b  =>  |g_i|^2 = |gamma_i|^2 (b / (c n_i))^2
+                n_ex = m.small.shape[1]
+                counts = (
+                    m.item_counts
+                    if m.item_counts is not None
+                    else torch.full((n_ex,), m.batch_size / n_ex, device=dev)
+                )
+                small_sum += (m.small * (m.batch_size / c) ** 2 / counts.square()).sum(1)
+                small_count += float(n_ex)
+                small_inv_b += float((1.0 / counts).sum())
+        sum_c = sum(scales)
+        sum_c2_over_b = sum(c * c / m.batch_size for m, c in zip(micros, scales, strict=True))
+        n_items = sum(m.batch_size for m in micros)
+        per_param = self._grad_sq_norms()
+        big = torch.zeros(self._n_slots, device=dev).index_add_(0, self._slot, per_param)
+        scalars = torch.tensor(
+            [small_count, small_inv_b, sum_c, sum_c2_over_b, n_items],
+            dtype=torch.float64,
+            device=dev,
+        )
+        if self.distributed:
+            packed = torch.cat([small_sum.double(), scalars])
+            torch.distributed.all_reduce(packed, group=self.process_group)
+            small_sum = packed[: self._n_slots]
+            scalars = packed[self._n_slots :]
+        values = torch.cat([small_sum.double(), big.double(), scalars]).tolist()  # the one sync
+        s = self._n_slots
+        small_l, big_l = values[:s], values[s : 2 * s]
+        count, inv_b, c_tot, c2b_tot, items = values[2 * s :]
+        b_small = count / inv_b
+        b_big = c_tot * c_tot / c2b_tot
+        # averaged over ranks: grad = (1/W) sum_r sum_j c_rj g_rj, so divide by (sum c)/W
+        big_norm = (c_tot / self.world_size) ** 2
+        self.measured_steps += 1
+        self.examples_seen += items
+        if not all(v == v and abs(v) != float("inf") for v in values):
+            self.skipped_steps += 1
+            return None
+        if not b_big > b_small * (1.0 + 1e-9):
+            if not self._warned_single:
+                warnings.warn(
+                    "noisescope: this step has one batch size only (one process, one backward):"
+                    " use source='per_example' or gradient accumulation / DDP",
+                    stacklevel=3,
+                )
+                self._warned_single = True
+            return None
+        total_small = sum(small_l) / count
+        total_big = sum(big_l) / big_norm
+        self.sink.log_sample(
+            step,
+            b_small,
+            b_big,
+            total_small,
+            total_big,
+            examples=self.examples_seen,
+            series="",
+            loss=loss,
+            lr=lr,
+        )
+        for name, sm, bg in zip(self.series_names, small_l, big_l, strict=False):
+            self.sink.log_sample(
+                step,
+                b_small,
+                b_big,
+                sm / count,
+                bg / big_norm,
+                examples=self.examples_seen,
+                series=name,
+            )
+        return ProbeSample(step, b_small, b_big, total_small, total_big, self.examples_seen)
