@@ -73,11 +73,11 @@ class TimingTransport:
         took = time.perf_counter() - t0
         key = str(response.status)
         self.statuses[key] = self.statuses.get(key, 0) + 1
-        if request.method == "POST" and request.path.endswith("/samples"):
-            if 200 <= response.status < 300:
-                self.latencies.append(took)
-                if self._ack_fd is not None:
-                    self._log_ack(request)
+        is_samples = request.method == "POST" and request.path.endswith("/samples")
+        if is_samples and 200 <= response.status < 300:
+            self.latencies.append(took)
+            if self._ack_fd is not None:
+                self._log_ack(request)
         return response
 
     def _log_ack(self, request: Any) -> None:

@@ -128,6 +128,10 @@ class Server(ServerProcess):
             cmd.append("--access-log")
         return cmd
 
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
     def crash_and_restart(self, down_s: float) -> None:
         """SIGKILL the server and its workers, stay down ``down_s``, start on the same port."""
         self.kill()
@@ -147,7 +151,7 @@ class MemorySampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def rss(self) -> int:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         proc = self.server.proc
         if proc is None or proc.poll() is not None:
@@ -199,20 +203,26 @@ class Worker:
             return ""
 
 
-def start_worker(spec: ClientSpec, workdir: Path, user: str | None = None) -> Worker:
-    """Spawn ``python -m reliability._client`` (optionally as another user, e.g. ``nobody``)."""
+#: Run a command without the capabilities that let root ignore file permissions, so that a
+#: read-only directory is read-only for it too (``setpriv`` from util-linux).
+NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+
+
+def start_worker(spec: ClientSpec, workdir: Path, respect_permissions: bool = False) -> Worker:
+    """Spawn ``python -m reliability._client``; with ``respect_permissions`` a root harness
+    drops its permission-override capabilities in the child (read-only spool scenario)."""
+    prefix = NO_DAC if respect_permissions and os.geteuid() == 0 else []
     log_path = workdir / f"client-{spec.run_id}.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for name in ("NOISESCOPE_URL", "NOISESCOPE_TOKEN", "NOISESCOPE_DIR", "NOISESCOPE_MODE"):
         env.pop(name, None)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "reliability._client", json.dumps(asdict(spec))],
+            [*prefix, sys.executable, "-m", "reliability._client", json.dumps(asdict(spec))],
             cwd=REPO,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            user=user,
             start_new_session=True,
         )
     return Worker(spec, proc, log_path)
@@ -267,11 +277,11 @@ def create_token(database_url: str, project: str) -> str:
             "-m",
             "noisescope.cli",
             "token",
+            "--database-url",
+            database_url,
             "create",
             "--project",
             project,
-            "--database-url",
-            database_url,
         ],
         capture_output=True,
         text=True,

@@ -142,7 +142,8 @@ def table_checksum(engine: Any) -> str:
         "SELECT run_id, seq, step, b_small, b_big, g_small_sq, g_big_sq, g_sq_est, "
         "trace_sigma_est, loss, lr, time, series FROM sample ORDER BY run_id, seq",
         "SELECT id, uid, project_id, task_id, name, status FROM run ORDER BY id",
-        "SELECT run_id, series, block, n, sum_g_sq FROM sample_block ORDER BY run_id, series, block",
+        "SELECT run_id, series, block, n, sum_g_sq FROM sample_block "
+        "ORDER BY run_id, series, block",
         "SELECT id, name FROM project ORDER BY id",
         "SELECT id, project_id, token_hash, revoked_at FROM token ORDER BY id",
     ]

@@ -13,10 +13,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import noisescope
 import pytest
-from noisescope import Request, Response, TransportError
 
+import noisescope
+from noisescope import Request, Response, TransportError
 from tests.support.servers import ServerProcess
 
 

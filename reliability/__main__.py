@@ -1,0 +1,362 @@
+"""``python -m reliability [--quick]``: load, faults, bad input, isolation and browser safety,
+measured against real server processes on SQLite and PostgreSQL; writes docs/reliability.md.
+
+Full size (the default): 32 runs x 100 000 samples per backend, PostgreSQL restarted during a
+load (the cluster is always restarted/started again in a ``finally``). ``--quick`` runs small
+sizes in a few minutes and never restarts PostgreSQL. Sections are written to the report as
+they finish, so an interrupted run still leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+
+from reliability._infra import (
+    REPO,
+    Server,
+    Workdir,
+    database,
+    engine_for,
+    ensure_postgres_running,
+    postgres_available,
+)
+
+OUT = REPO / "docs" / "reliability.md"
+
+
+@dataclass
+class Sizes:
+    runs: int
+    samples: int
+    rate: float
+    fault_runs: int
+    fault_samples: int
+    fault_rate: float
+    kills: int
+    kill_every: float
+    pg_restarts: int
+    hostile_bomb: int
+    schemathesis: list[str]
+    properties: int
+    browser_runs: int
+    time_limit: float
+
+    @classmethod
+    def full(cls) -> Sizes:
+        return cls(32, 100_000, 1000.0, 8, 20_000, 1000.0, 3, 5.0, 2, 1 << 30,
+                   ["-n", "50"], 500, 5, 5400.0)  # fmt: skip
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(4, 3000, 1000.0, 3, 3000, 500.0, 2, 2.0, 0, 64 << 20,
+                   ["--phases", "fuzzing", "-n", "5"], 60, 1, 600.0)  # fmt: skip
+
+
+@dataclass
+class Report:
+    command: str
+    sizes: Sizes
+    out: Path
+    sections: list[str] = field(default_factory=list)
+    verdicts: list[tuple[str, bool]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def add(self, title: str, ok: bool, body: str) -> None:
+        self.verdicts.append((title, ok))
+        self.sections.append(f"## {title}\n\n{body.strip()}\n")
+        self.write()
+        print(f"[reliability] {title}: {'ok' if ok else 'FAILED'}", file=sys.stderr, flush=True)
+
+    def write(self) -> None:
+        s = self.sizes
+        took = time.monotonic() - self.started
+        head = [
+            "# Reliability and security, measured",
+            "",
+            f"Written by `{self.command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
+            f"({platform.machine()}, {os.cpu_count()} cores shared with other work, Python "
+            f"{platform.python_version()}; {took / 60:.0f} min). Every figure below comes from "
+            "that run; rerun it to reproduce. Client processes, servers and databases are all "
+            "on 127.0.0.1. `python -m reliability --quick` runs the same checks at small sizes; "
+            "the CI-sized tests are in `tests/reliability/`.",
+            "",
+            f"Sizes of this run: load {s.runs} runs x {s.samples:,} samples per backend at "
+            f"{s.rate:,.0f} samples/s per run; faults {s.fault_runs} runs x "
+            f"{s.fault_samples:,} samples at {s.fault_rate:,.0f}/s.",
+            "",
+            "| check | held |",
+            "|---|---|",
+            *[f"| {t} | {'yes' if ok else '**NO**'} |" for t, ok in self.verdicts],
+            "",
+        ]
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text("\n".join(head) + "\n" + "\n".join(self.sections))
+
+
+def _table(rows: list[dict[str, str]]) -> str:
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]).replace("|", "\\|") for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _guard(report: Report, title: str, fn: Callable[[], tuple[bool, str]]) -> None:
+    try:
+        ok, body = fn()
+    except Exception:
+        ok, body = False, f"The scenario itself failed:\n\n```\n{traceback.format_exc()}```"
+    report.add(title, ok, body)
+
+
+def _workers(backend: str) -> int:
+    return 2 if backend == "postgresql" else 1
+
+
+def load_section(backend: str, s: Sizes) -> tuple[bool, str]:
+    from reliability._load import run_load, summary_row
+
+    wd = Workdir.make(f"load-{backend}")
+    try:
+        with database(backend, wd.path) as url, Server(url, workers=_workers(backend)) as srv:
+            r = run_load(srv, backend=backend, workdir=wd.path, runs=s.runs, samples=s.samples,
+                         rate=s.rate, time_limit=s.time_limit)  # fmt: skip
+    finally:
+        wd.close()
+    body = _table([summary_row(r, "load")]) + (
+        f"\n\n{r.runs} client processes (the real client: `noisescope.init`, `log_sample`, "
+        f"`finish`) against `noisescope server --workers {r.workers}`. stored/s = rows in the "
+        "database / wall time from the first client start to the last client exit. Latency: "
+        f"every samples POST ({len(r.latencies):,} requests, batches of up to 1000 samples, "
+        "gzip), timed in the client's transport. Acknowledged by the server: "
+        f"{r.acknowledged:,}; left in spools at finish and delivered by `noisescope sync`: "
+        f"{r.spooled_at_finish:,}; dropped: {r.dropped}. Longest `log_sample` call on a "
+        f"training thread: {r.max_log_call_s * 1e3:.1f} ms (the machine was shared; see "
+        "docs/benchmarks.md for the hot-path figures)."
+    )
+    if r.problems:
+        body += "\n\nProblems: " + "; ".join(r.problems)
+    return r.ok, body
+
+
+def fault_section(backend: str, s: Sizes, pg_restart: bool) -> tuple[bool, str]:
+    from reliability._faults import FaultResult, client_killed, readonly_spool
+    from reliability._load import postgres_restarts, run_load, server_kills, summary_row
+
+    rows: list[dict[str, str]] = []
+    notes: list[str] = []
+    ok = True
+    wd = Workdir.make(f"faults-{backend}")
+    try:
+        with database(backend, wd.path) as url, Server(url, workers=_workers(backend)) as srv:
+            scenarios = [(f"server SIGKILLed x{s.kills}", server_kills(s.kills, s.kill_every, 1.0))]
+            if pg_restart:
+                scenarios.append((f"PostgreSQL restarted x{s.pg_restarts}",
+                                  postgres_restarts(s.pg_restarts, s.kill_every * 2)))  # fmt: skip
+            for i, (label, injector) in enumerate(scenarios):
+                sub = wd.path / f"s{i}"
+                sub.mkdir()
+                try:
+                    r = run_load(srv, backend=backend, workdir=sub, runs=s.fault_runs,
+                                 samples=s.fault_samples, rate=s.fault_rate, injector=injector,
+                                 project=f"faults{i}", time_limit=s.time_limit)  # fmt: skip
+                finally:
+                    if pg_restart:
+                        ensure_postgres_running()
+                rows.append(summary_row(r, label))
+                ok &= r.ok
+                notes.append(f"- {label}: " + "; ".join(r.faults + r.problems) + (
+                    f"; left in spools at finish {r.spooled_at_finish:,}, delivered by "
+                    f"`noisescope sync`" if r.spooled_at_finish else "")
+                )  # fmt: skip
+            client_rows = []
+            n, rate = s.fault_samples, s.fault_rate * 4
+            client_faults: list[Callable[[], FaultResult]] = [
+                partial(client_killed, srv, wd.path, samples=n, rate=rate, during_outage=False),
+                partial(client_killed, srv, wd.path, samples=n, rate=rate, during_outage=True),
+                partial(readonly_spool, srv, wd.path, samples=n // 2, rate=rate),
+            ]
+            for fault in client_faults:
+                fr = fault()
+                ok &= fr.ok
+                facts = "; ".join(f"{k}: {v}" for k, v in fr.facts.items())
+                if fr.problems:
+                    facts += "; problems: " + "; ".join(fr.problems)
+                client_rows.append(
+                    {"fault": fr.name, "held": "yes" if fr.ok else "NO", "facts": facts}
+                )
+    finally:
+        wd.close()
+    body = (
+        _table(rows)
+        + "\n\n"
+        + "\n".join(notes)
+        + "\n\nClient faults (a separate client process; acknowledgements are logged by its "
+        "transport as they arrive, so the record survives the SIGKILL):\n\n" + _table(client_rows)
+    )
+    return ok, body
+
+
+def bad_input_section(backend: str, s: Sizes) -> tuple[bool, str]:
+    import json
+    import subprocess
+
+    from reliability._hostile import build_corpus, run_corpus, run_roundtrips
+
+    wd = Workdir.make(f"bad-{backend}")
+    try:
+        with database(backend, wd.path) as url, Server(url) as srv:
+            engine = engine_for(url)
+            try:
+                results, unchanged = run_corpus(srv.url, engine, build_corpus(s.hostile_bomb))
+            finally:
+                engine.dispose()
+            trips = run_roundtrips(srv.url)
+            report = wd.path / "schemathesis.json"
+            cmd = [sys.executable, "-m", "schemathesis.cli", "run",
+                   f"{srv.url}/api/v1/openapi.json", "--checks", "not_a_server_error",
+                   *s.schemathesis, "--seed", "1", "--workers", "1", "--no-color",
+                   "--generation-database", "none", "--report", "json",
+                   "--report-json-path", str(report)]  # fmt: skip
+            st_run = subprocess.run(cmd, capture_output=True, text=True, timeout=3000)
+            st = json.loads(report.read_text()) if report.exists() else {}
+            five_xx = srv.log().count(" 500 ") + srv.log().count("Traceback")
+    finally:
+        wd.close()
+    rows = [{"input": r.case.name, "request": f"{r.case.method} {r.case.path}",
+             "expected": str(r.case.status), "got": str(r.status),
+             "detail": r.detail[:110], "ok": "yes" if r.ok else "NO"} for r in results]  # fmt: skip
+    corpus_ok = all(r.ok for r in results) and unchanged
+    trips_ok = all(t.ok for t in trips)
+    cases = st.get("test_cases", {})
+    st_ok = st_run.returncode == 0 and not st.get("failures") and cases.get("generated", 0) > 0
+    body = (
+        f"{len(results)} hostile requests; stored tables (checksum over every sample, block, "
+        f"run, project and token row) {'unchanged' if unchanged else '**CHANGED**'}.\n\n"
+        + _table(rows)
+        + "\n\nValid but nasty names stored and returned verbatim (project, task, name, series; "
+        "search finds exactly that run): "
+        + ", ".join(f"{t.what} {'ok' if t.ok else 'NO: ' + t.got[:60]}" for t in trips)
+        + f"\n\nschemathesis {st.get('schemathesis_version', '?')} against "
+        f"`/api/v1/openapi.json` (`{' '.join(s.schemathesis)}`, check `not_a_server_error`): "
+        f"{cases.get('generated', 0)} generated requests over "
+        f"{st.get('operations', {}).get('tested', 0)} operations, "
+        f"{len(st.get('failures', []))} failures. Server log: {five_xx} 5xx/tracebacks."
+    )
+    if not st_ok:
+        body += f"\n\n```\n{st_run.stdout[-3000:]}\n```"
+    return corpus_ok and trips_ok and st_ok and five_xx == 0, body
+
+
+def properties_section(s: Sizes) -> tuple[bool, str]:
+    from reliability._properties import run_properties
+
+    results = run_properties(s.properties)
+    rows = [{"property (hypothesis)": r.name, "examples": str(r.examples),
+             "held": "yes" if r.ok else "NO: " + r.error} for r in results]  # fmt: skip
+    return all(r.ok for r in results), _table(rows)
+
+
+def auth_section(backend: str) -> tuple[bool, str]:
+    from reliability._auth import run_auth
+
+    wd = Workdir.make(f"auth-{backend}")
+    try:
+        with (
+            database(backend, wd.path) as url,
+            Server(url, auth="all", workers=2, log_level="debug") as srv,
+        ):
+            result = run_auth(srv, wd.path)
+    finally:
+        wd.close()
+    rows = [{"check": c.what, "expected": c.expected[:60], "got": c.got[:60],
+             "held": "yes" if c.ok else "NO"} for c in result.checks]  # fmt: skip
+    return result.ok, (
+        "Server with `--auth all --workers 2`, debug log level and access log; tokens made "
+        "with `noisescope token create`, revoked with `noisescope token revoke`.\n\n" + _table(rows)
+    )
+
+
+def browser_section(s: Sizes) -> tuple[bool, str]:
+    from reliability._browser import PAYLOADS, check_dashboard, seed_runs
+
+    wd = Workdir.make("browser")
+    try:
+        with database("sqlite", wd.path) as url:
+            with Server(url) as srv:
+                uids = seed_runs(srv)
+            result = check_dashboard(url, uids[: s.browser_runs], wd.path)
+    finally:
+        wd.close()
+    rows = [{"page": k, "result": v} for k, v in result.pages.items()]
+    return result.ok, (
+        "Runs whose project, task, name, tags, config and layer names are "
+        + ", ".join(f"`{p}`" for p in PAYLOADS)
+        + ", opened in headless Chromium (Playwright, system chromium). A payload that ran "
+        "would set `window.__ns_xss` or open a dialog.\n\n"
+        + _table(rows)
+        + ("\n\nProblems: " + "; ".join(result.problems) if result.problems else "")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reliability", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes (minutes)")
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--only", default="load,faults,bad,properties,auth,browser")
+    parser.add_argument("--runs", type=int, help="load: simulated runs")
+    parser.add_argument("--samples", type=int, help="load: samples per run")
+    parser.add_argument("--rate", type=float, help="load: samples/s per run (0: unpaced)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    sizes = Sizes.quick() if args.quick else Sizes.full()
+    if args.runs:
+        sizes.runs = args.runs
+    if args.samples:
+        sizes.samples = args.samples
+    if args.rate is not None:
+        sizes.rate = args.rate
+    only = set(args.only.split(","))
+    backends = [b for b in args.backends.split(",") if b]
+    if "postgresql" in backends and not postgres_available():
+        print("[reliability] PostgreSQL unreachable: running SQLite only", file=sys.stderr)
+        backends.remove("postgresql")
+    command = "python -m reliability " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = Report(command.strip(), sizes, args.out)
+    try:
+        for backend in backends:
+            pg = backend == "postgresql" and not args.quick and sizes.pg_restarts > 0
+            steps: list[tuple[str, str, Callable[[], tuple[bool, str]]]] = [
+                ("load", "Load", partial(load_section, backend, sizes)),
+                ("faults", "Faults", partial(fault_section, backend, sizes, pg)),
+                ("bad", "Bad input", partial(bad_input_section, backend, sizes)),
+                ("auth", "Isolation and auth", partial(auth_section, backend)),
+            ]
+            for key, title, step in steps:
+                if key in only:
+                    _guard(report, f"{title}, {backend}", step)
+        if "properties" in only:
+            _guard(report, "Payload validation properties", lambda: properties_section(sizes))
+        if "browser" in only:
+            _guard(report, "Browser safety (dashboard)", lambda: browser_section(sizes))
+    finally:
+        if "postgresql" in backends:
+            ensure_postgres_running()
+    report.write()
+    print(f"[reliability] wrote {args.out}", file=sys.stderr)
+    return 0 if all(ok for _, ok in report.verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
