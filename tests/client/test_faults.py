@@ -13,6 +13,7 @@ request timeouts, backoff sleeps).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import pytest
 import sqlalchemy as sa
 
 import noisescope
+from noisescope.cli import main as cli_main
 from tests.client._fakes import wait_for
 from tests.client._proxy import FaultProxy
 from tests.support.servers import ServerProcess, free_port
@@ -268,3 +270,63 @@ def test_run_ended_while_server_down_then_sync_cli(sqlite_url: str, tmp_path: Pa
     finally:
         proc.close()
     assert not (tmp_path / "spool" / run.id).exists()
+
+
+EXIT_SCRIPT = """
+import sys, noisescope
+run = noisescope.init(url=sys.argv[1], project="faults", task="atexit", dir=sys.argv[2],
+                      flush_timeout=float(sys.argv[3]), batch_interval=0.05)
+print(run.id, flush=True)
+for step in range(300):
+    run.log_sample(step, 8, 64, 2.0 + step, 1.0)
+    run.log(step, loss=1.0 / (step + 1))
+# no finish(): the interpreter's exit must flush
+"""
+
+
+LOUD_ENV = {**os.environ, "NOISESCOPE_QUIET": "0"}
+
+
+def test_interpreter_exit_flushes_without_finish(sqlite_url: str, tmp_path: Path) -> None:
+    with ServerProcess(sqlite_url) as server:
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT, server.url, str(tmp_path / "spool"), "30"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            env=LOUD_ENV,
+        )
+        run_id = done.stdout.split()[0]
+        assert_exactly_once(sqlite_url, run_id, 300)
+        assert run_status(sqlite_url, run_id) == "finished"
+    assert "sent 300, spooled 0, dropped 0" in done.stderr
+    assert not (tmp_path / "spool" / run_id).exists()
+
+
+def test_interpreter_exit_with_server_down_spools_and_says_how_to_sync(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    spool = tmp_path / "spool"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, url, str(spool), "1.0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=LOUD_ENV,
+    )
+    took = time.monotonic() - started
+    run_id = done.stdout.split()[0]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("noisescope:")]
+    assert len(lines) == 1, done.stderr
+    assert "spooled 300" in lines[0]
+    assert f"noisescope sync {spool} --url {url}" in lines[0]
+    assert took < 60  # the exit waited ~flush_timeout (1 s), not the retry schedule
+    with ServerProcess(sqlite_url, port=port):
+        assert cli_main(["sync", str(spool), "--url", url]) == 0
+        assert_exactly_once(sqlite_url, run_id, 300)
+        assert run_status(sqlite_url, run_id) == "finished"
