@@ -89,6 +89,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rev.add_argument("token_id", type=int)
     rev.add_argument("--project", help="only revoke if the token belongs to this project")
     rev.set_defaults(func=_cmd_token_revoke)
+    # `noisescope token create --project P --database-url URL` (option after the action) works
+    # too; SUPPRESS keeps a value given before the action when it is not repeated after it
+    for action in (*dbsub.choices.values(), create, lst, rev):
+        action.add_argument(
+            "--database-url",
+            default=argparse.SUPPRESS,
+            help="SQLAlchemy URL (also accepted before the action)",
+        )
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
