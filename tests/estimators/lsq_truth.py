@@ -21,10 +21,16 @@ class LeastSquares:
     sigma: float
 
     @classmethod
-    def make(cls, d: int = 6, sigma: float = 0.5, seed: int = 0) -> LeastSquares:
+    def make(
+        cls,
+        d: int = 6,
+        sigma: float = 0.5,
+        seed: int = 0,
+        eig_range: tuple[float, float] = (0.3, 2.5),
+    ) -> LeastSquares:
         rng = np.random.default_rng(seed)
         q, _ = np.linalg.qr(rng.normal(size=(d, d)))
-        eig = np.linspace(0.3, 2.5, d)
+        eig = np.linspace(*eig_range, d)
         return cls(cov=(q * eig) @ q.T, w_star=rng.normal(size=d), sigma=sigma)
 
     @property

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from noisescope.estimators import (
     NoiseScale,
     interval_from_steps,
     two_batch_estimates,
 )
-
 from tests.estimators.lsq_truth import LeastSquares
 
 STEPS, B_SMALL, B_BIG, TOL = 20_000, 4, 32, 0.05

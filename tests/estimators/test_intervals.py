@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import scipy.stats
+
 from noisescope.estimators import (
     NoiseScale,
     interval_from_blocks,

@@ -7,6 +7,8 @@ be within 3% of the closed form at the stated number of steps (fixed seeds).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -89,7 +91,10 @@ def test_per_example(problem: tuple[LeastSquares, np.ndarray, dict[str, float]])
 def test_unequal_micro_batches_sum_over_n(
     problem: tuple[LeastSquares, np.ndarray, dict[str, float]],
 ) -> None:
-    """Hugging Face style: summed loss / the step's item count, micro-batches of 24, 32, 40, 32; 400 steps."""
+    """Hugging Face style: summed loss / the step's item count.
+
+    Micro-batches of 24, 32, 40, 32; 400 steps.
+    """
     p, w, truth = problem
     steps, sizes = 400, (24, 32, 40, 32)
     model, sink = lsq_model(p, w), ListSink()
@@ -97,7 +102,7 @@ def test_unequal_micro_batches_sum_over_n(
     x, y = (torch.from_numpy(a) for a in p.sample(np.random.default_rng(4), (steps, sum(sizes))))
     bounds = np.cumsum((0, *sizes))
     for i in range(steps):
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        for lo, hi in itertools.pairwise(bounds):
             loss = 0.5 * (model(x[i, lo:hi]).squeeze(-1) - y[i, lo:hi]).square().sum()
             (loss / sum(sizes)).backward()
             probe.micro_step(batch_size=int(hi - lo))
@@ -125,7 +130,10 @@ def _token_batch(
 def test_per_example_tokens_padded_variable_length(
     problem: tuple[LeastSquares, np.ndarray, dict[str, float]],
 ) -> None:
-    """Units = tokens: loss averaged over the real tokens, padding excluded; 300 steps of 128 sequences."""
+    """Units = tokens: loss averaged over the real tokens, padding excluded.
+
+    300 steps of 128 sequences of 1-8 tokens.
+    """
     p, w, truth = problem
     steps, n, t_max = 300, 128, 8
     model, sink = lsq_model(p, w), ListSink()

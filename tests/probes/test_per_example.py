@@ -1,0 +1,149 @@
+"""Per-example squared gradient norms (B_small = 1) against brute force, layer by layer.
+
+Brute force: one autograd.grad per example of (loss_i / B) on an unhooked copy of the model.
+The cheap identities (Linear with and without sequence dimension, both the Gram and the
+outer-product branch; Conv1d, Conv2d; Embedding with repeated ids and padding_idx; LayerNorm)
+and the torch.func fallback must agree with it to 1e-4 relative.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from noisescope.torch import GradientNoiseProbe, PerExampleNorms
+from tests.probes.lsq_torch import ListSink
+
+
+class Scale(nn.Module):
+    """A module with a raw parameter and no cheap identity: exercises the torch.func fallback."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(x * self.gain)
+
+
+class SeqModel(nn.Module):
+    def __init__(self, vocab: int = 11, d: int = 16, t_proj: int = 4) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, padding_idx=0)
+        self.ln = nn.LayerNorm(d)
+        self.scale = Scale(d)
+        self.proj = nn.Linear(d, d)  # T=6: Gram branch (6 * 32 <= 256)
+        self.narrow = nn.Linear(d, t_proj)  # outer-product branch (6 * 20 > 64)
+        self.head = nn.Linear(t_proj * 6, 3)  # no sequence dimension (T = 1)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = self.scale(self.ln(self.emb(ids)))
+        h = torch.relu(self.proj(h))
+        h = self.narrow(h)
+        return self.head(h.flatten(1))
+
+
+class ConvModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv1d(2, 3, kernel_size=3, padding=2, dilation=2)
+        self.c2 = nn.Conv2d(1, 4, kernel_size=3, stride=2, padding=1)
+        self.c2_nobias = nn.Conv2d(4, 2, kernel_size=2, bias=False)
+        self.out = nn.Linear(3 * 10 + 2 * 3 * 3, 2)
+
+    def forward(self, xs: tuple[Tensor, Tensor]) -> Tensor:
+        a = torch.relu(self.c1(xs[0])).flatten(1)
+        b = self.c2_nobias(torch.relu(self.c2(xs[1]))).flatten(1)
+        return self.out(torch.cat([a, b], 1))
+
+
+def _brute_force(
+    model: nn.Module, inputs: object, loss_per_example: Callable[[Tensor], Tensor], batch: int
+) -> dict[str, Tensor]:
+    """Per-parameter per-example |grad(loss_i / B)|^2 by one autograd.grad per example."""
+    ref = copy.deepcopy(model)
+    params = dict(ref.named_parameters())
+    losses = loss_per_example(ref(inputs))
+    out = {name: torch.zeros(batch, dtype=torch.float64) for name in params}
+    for i in range(batch):
+        grads = torch.autograd.grad(losses[i] / batch, list(params.values()), retain_graph=True)
+        for name, g in zip(params, grads, strict=True):
+            out[name][i] = g.double().square().sum()
+    return out
+
+
+def _hooked(
+    model: nn.Module,
+    inputs: object,
+    loss_per_example: Callable[[Tensor], Tensor],
+    method: str,
+) -> dict[str, Tensor]:
+    names = [n for n, _ in model.named_parameters()]
+    index = {id(p): i for i, (_, p) in enumerate(model.named_parameters())}
+    norms = PerExampleNorms(model, index, method)  # type: ignore[arg-type]
+    norms.armed = True
+    loss_per_example(model(inputs)).mean().backward()
+    table = norms.take(torch.device("cpu"))
+    norms.remove()
+    return {name: table[i].double() for i, name in enumerate(names)}
+
+
+@pytest.mark.parametrize("method", ["auto", "func"])
+def test_sequence_model_layers_match_brute_force(method: str) -> None:
+    torch.manual_seed(0)
+    model = SeqModel().double()
+    ids = torch.randint(0, 11, (5, 6))
+    ids[0, :3] = 3  # repeated ids within an example
+    ids[1, 4:] = 0  # padding_idx tokens get no gradient
+    target = torch.randint(0, 3, (5,))
+
+    def loss_pe(logits: Tensor) -> Tensor:
+        return nn.functional.cross_entropy(logits, target, reduction="none")
+
+    expected = _brute_force(model, ids, loss_pe, 5)
+    got = _hooked(model, ids, loss_pe, method)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-12, msg=name)
+
+
+def test_auto_uses_identities_and_func_only_where_needed() -> None:
+    model = SeqModel()
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    methods = PerExampleNorms(model, index, "auto").methods
+    assert methods == {"embedding": 1, "layernorm": 1, "func": 1, "linear": 3}
+    with pytest.raises(ValueError, match="no cheap per-example identity"):
+        PerExampleNorms(model, index, "identities")
+
+
+def test_conv_layers_match_brute_force() -> None:
+    torch.manual_seed(1)
+    model = ConvModel().double()
+    xs = (torch.randn(4, 2, 10, dtype=torch.float64), torch.randn(4, 1, 8, 8, dtype=torch.float64))
+    target = torch.randn(4, 2, dtype=torch.float64)
+
+    def loss_pe(out: Tensor) -> Tensor:
+        return (out - target).square().sum(1)
+
+    expected = _brute_force(model, xs, loss_pe, 4)
+    got = _hooked(model, xs, loss_pe, "identities")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-12, msg=name)
+
+
+def test_tied_weights_are_refused_with_advice() -> None:
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight
+    with pytest.raises(ValueError, match="tied weights"):
+        GradientNoiseProbe(model, ListSink(), source="per_example")
+
+
+def test_module_reused_in_one_forward_is_refused() -> None:
+    layer = nn.Linear(4, 4)
+    probe = GradientNoiseProbe(layer, ListSink(), source="per_example")
+    assert probe.source == "per_example"
+    with pytest.raises(RuntimeError, match="ran twice"):
+        layer(layer(torch.randn(3, 4)))

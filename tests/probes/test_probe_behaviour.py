@@ -1,0 +1,158 @@
+"""Probe mechanics: per-layer series, AMP un-scaling, non-finite steps, cadence, misuse."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from noisescope.torch import GradientNoiseProbe
+from tests.probes.lsq_torch import ListSink
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def _data(steps: int, k: int, b: int) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(steps, k, b, 5, generator=g), torch.randn(steps, k, b, 2, generator=g)
+
+
+def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    return (model(x) - y).square().mean()
+
+
+def test_per_layer_series_match_direct_accumulation_norms() -> None:
+    """layers=True: one series per module; each equals the direct per-layer computation."""
+    steps, k, b = 3, 3, 4
+    model, sink = _mlp(), ListSink()
+    ref = copy.deepcopy(model)
+    probe = GradientNoiseProbe(model, sink, source="micro", layers=True)
+    assert probe.series_names == ["0", "2"]
+    x, y = _data(steps, k, b)
+    for i in range(steps):
+        for j in range(k):
+            (_loss(model, x[i, j], y[i, j]) / k).backward()
+            probe.micro_step(batch_size=b)
+        probe.step()
+        model.zero_grad()
+    for i in range(steps):
+        micro = [
+            torch.autograd.grad(_loss(ref, x[i, j], y[i, j]), list(ref.parameters()))
+            for j in range(k)
+        ]
+        for series, idx in (("0", [0, 1]), ("2", [2, 3])):
+            small = sum(float(sum(m[p].square().sum() for p in idx)) for m in micro) / k
+            big = float(sum((sum(m[p] for m in micro) / k).square().sum() for p in idx))
+            row = next(r for r in sink.series(series) if r["step"] == i)
+            assert row["g_small_sq"] == pytest.approx(small, rel=1e-5)
+            assert row["g_big_sq"] == pytest.approx(big, rel=1e-5)
+        total = sink.series("")[i]
+        parts = [r for r in sink.rows if r["step"] == i and r["series"]]
+        assert total["g_small_sq"] == pytest.approx(sum(r["g_small_sq"] for r in parts), rel=1e-6)
+        assert total["g_big_sq"] == pytest.approx(sum(r["g_big_sq"] for r in parts), rel=1e-6)
+
+
+def test_named_parameter_groups() -> None:
+    model = _mlp()
+    groups = {"weights": [model[0].weight, model[2].weight]}
+    probe = GradientNoiseProbe(model, sink := ListSink(), source="micro", layers=groups)
+    x, y = _data(1, 2, 4)
+    for j in range(2):
+        (_loss(model, x[0, j], y[0, j]) / 2).backward()
+        probe.micro_step(batch_size=4)
+    probe.step()
+    assert {r["series"] for r in sink.rows} == {"", "weights"}
+    assert sink.series("weights")[0]["g_big_sq"] < sink.series("")[0]["g_big_sq"]
+
+
+def _run_amp(use_scaler: bool, tell_probe: bool) -> list[dict[str, float]]:
+    model, sink = _mlp(), ListSink()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=use_scaler)
+    probe = GradientNoiseProbe(model, sink, source="micro", scaler=scaler if tell_probe else None)
+    x, y = _data(3, 2, 4)
+    for i in range(3):
+        for j in range(2):
+            scaler.scale(_loss(model, x[i, j], y[i, j]) / 2).backward()
+            probe.micro_step(batch_size=4)
+        probe.step()
+        model.zero_grad()
+    return sink.series("")
+
+
+def test_amp_loss_scale_is_divided_out() -> None:
+    plain = _run_amp(use_scaler=False, tell_probe=False)
+    scaled = _run_amp(use_scaler=True, tell_probe=True)
+    for a, b in zip(plain, scaled, strict=True):
+        assert b["g_small_sq"] == pytest.approx(a["g_small_sq"], rel=1e-5)
+        assert b["g_big_sq"] == pytest.approx(a["g_big_sq"], rel=1e-5)
+    # without the scaler the norms would be scale^2 too large: the test can tell
+    wrong = _run_amp(use_scaler=True, tell_probe=False)
+    assert wrong[0]["g_big_sq"] == pytest.approx(plain[0]["g_big_sq"] * 2.0**20, rel=1e-4)
+
+
+def test_non_finite_steps_are_skipped_and_counted() -> None:
+    model, sink = _mlp(), ListSink()
+    probe = GradientNoiseProbe(model, sink, source="micro")
+    x, y = _data(4, 2, 4)
+    x[1, 0, 0, 0] = float("nan")
+    for i in range(4):
+        for j in range(2):
+            (_loss(model, x[i, j], y[i, j]) / 2).backward()
+            probe.micro_step(batch_size=4)
+        probe.step()
+        model.zero_grad()
+    assert probe.skipped_steps == 1
+    assert [r["step"] for r in sink.series("")] == [0, 2, 3]
+
+
+def test_every_n_steps_and_examples_counted_on_all_steps() -> None:
+    model, sink = _mlp(), ListSink()
+    probe = GradientNoiseProbe(model, sink, source="micro", every=2)
+    x, y = _data(5, 2, 4)
+    for i in range(5):
+        for j in range(2):
+            (_loss(model, x[i, j], y[i, j]) / 2).backward()
+            probe.micro_step(batch_size=4)
+        probe.step(loss=1.5, lr=0.01)
+        model.zero_grad()
+    rows = sink.series("")
+    assert [r["step"] for r in rows] == [0, 2, 4]
+    assert [r["examples"] for r in rows] == [8, 24, 40]
+    assert rows[0]["loss"] == 1.5
+    assert rows[0]["lr"] == 0.01
+
+
+def test_auto_switches_from_per_example_to_micro_batches() -> None:
+    model, sink = _mlp(), ListSink()
+    probe = GradientNoiseProbe(model, sink)
+    assert probe.source == "per_example"
+    x, y = _data(3, 2, 4)
+    for i in range(3):
+        for j in range(2):
+            (_loss(model, x[i, j], y[i, j]) / 2).backward()
+            probe.micro_step(batch_size=4)
+        probe.step()
+        model.zero_grad()
+    assert probe.source == "micro"
+    assert [r["b_small"] for r in sink.series("")] == [1.0, 4.0, 4.0]
+
+
+def test_misuse_gets_clear_errors() -> None:
+    model = _mlp()
+    probe = GradientNoiseProbe(model, ListSink(), source="micro")
+    with pytest.raises(RuntimeError, match="micro_step"):
+        probe.step()
+    with pytest.raises(ValueError, match="micro_loss"):
+        GradientNoiseProbe(model, ListSink(), micro_loss="avg")  # type: ignore[arg-type]
+    x, y = _data(1, 1, 4)
+    _loss(model, x[0, 0], y[0, 0]).backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert probe.step(batch_size=4) is None
+    assert any("one batch size only" in str(w.message) for w in caught)
