@@ -19,6 +19,7 @@ Run: ``python -m benchmarks.ingest [--quick]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -110,19 +111,20 @@ _INSERT = (
 )
 
 
-def _prepare_schema(url: str) -> None:
+def _prepare_schema(url: str, run_uid: str = "driver-baseline") -> int:
     from noisescope_server import crud, db
 
     engine = db.make_engine(url)
     db.upgrade(engine)
-    crud.upsert_run(engine, "driver-baseline", crud.RunIn(project="bench", task="driver"))
+    ref, _ = crud.upsert_run(engine, run_uid, crud.RunIn(project="bench", task="driver"))
     engine.dispose()
+    return ref.id
 
 
-def driver_rate(url: str, n: int, batch: int) -> float:
-    """Rows/s of the raw driver's executemany into the migrated sample table."""
-    _prepare_schema(url)
-    rows = _rows(1, make_columns(n, 0, 1))
+def driver_rate(url: str, n: int, batch: int, round_: int = 0) -> float:
+    """Rows/s of the raw driver's executemany into the migrated sample table (a fresh run)."""
+    run_id = _prepare_schema(url, f"driver-{round_}")
+    rows = _rows(run_id, make_columns(n, 0, 1))
     chunks = [rows[i : i + batch] for i in range(0, n, batch)]
     if url.startswith("sqlite"):
         conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
@@ -161,47 +163,71 @@ def _client(args: tuple[str, str, list[bytes], Any]) -> None:
         r.raise_for_status()
 
 
-def http_rate(url: str, n: int, batch: int, clients: int, workers: int) -> float:
-    """Samples/s over HTTP from ``clients`` concurrent processes into one server."""
+def http_rate(server: ServerProcess, n: int, batch: int, clients: int) -> float:
+    """Samples/s over HTTP from ``clients`` concurrent processes (fresh runs) into ``server``."""
     per_client = n // clients
-    with ServerProcess(database_url=url, workers=workers) as server:
-        uids = []
-        payloads = []
-        for k in range(clients):
-            uid = uuid.uuid4().hex
-            r = requests.put(
-                f"{server.url}/api/v1/runs/{uid}", json={"project": "bench", "task": "http"}
-            )
-            r.raise_for_status()
-            uids.append(uid)
-            cols = make_columns(per_client, 0, k)
-            payloads.append(
-                [
-                    orjson.dumps({"columns": {c: v[i : i + batch] for c, v in cols.items()}})
-                    for i in range(0, per_client, batch)
-                ]
-            )
-        ctx = mp.get_context("fork")
-        barrier = ctx.Barrier(clients + 1)
-        procs = [
-            ctx.Process(target=_client, args=((server.url, uids[k], payloads[k], barrier),))
-            for k in range(clients)
-        ]
-        for p in procs:
-            p.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for p in procs:
-            p.join()
-        took = time.perf_counter() - t0
-        if any(p.exitcode != 0 for p in procs):
-            raise RuntimeError(f"a client failed; server log:\n{server.log()[-3000:]}")
-        total = 0
-        for uid in uids:
-            total += requests.get(f"{server.url}/api/v1/runs/{uid}").json()["n_samples"]
-        if total != per_client * clients:
-            raise RuntimeError(f"stored {total} samples, expected {per_client * clients}")
+    uids = []
+    payloads = []
+    for k in range(clients):
+        uid = uuid.uuid4().hex
+        r = requests.put(
+            f"{server.url}/api/v1/runs/{uid}", json={"project": "bench", "task": "http"}
+        )
+        r.raise_for_status()
+        uids.append(uid)
+        cols = make_columns(per_client, 0, k)
+        payloads.append(
+            [
+                orjson.dumps({"columns": {c: v[i : i + batch] for c, v in cols.items()}})
+                for i in range(0, per_client, batch)
+            ]
+        )
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(clients + 1)
+    procs = [
+        ctx.Process(target=_client, args=((server.url, uids[k], payloads[k], barrier),))
+        for k in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for p in procs:
+        p.join()
+    took = time.perf_counter() - t0
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError(f"a client failed; server log:\n{server.log()[-3000:]}")
+    total = 0
+    for uid in uids:
+        total += requests.get(f"{server.url}/api/v1/runs/{uid}").json()["n_samples"]
+    if total != per_client * clients:
+        raise RuntimeError(f"stored {total} samples, expected {per_client * clients}")
     return per_client * clients / took
+
+
+def compare(
+    driver_url: str, http_url: str, n: int, batch: int, clients: int, workers: int, rounds: int
+) -> tuple[float, float, list[float]]:
+    """Alternate driver and HTTP rounds (the machine's load drifts): medians and the per-round
+    ratios HTTP / driver."""
+    drivers, https, ratios = [], [], []
+    with ServerProcess(database_url=http_url, workers=workers) as server:
+        for r in range(rounds):
+            if r % 2 == 0:
+                d = driver_rate(driver_url, n, batch, r)
+                h = http_rate(server, n, batch, clients)
+            else:
+                h = http_rate(server, n, batch, clients)
+                d = driver_rate(driver_url, n, batch, r)
+            drivers.append(d)
+            https.append(h)
+            ratios.append(h / d)
+    return statistics.median(drivers), statistics.median(https), ratios
+
+
+def _ratio_cells(driver: float, http: float, ratios: list[float]) -> str:
+    spread = ", ".join(f"{r:.0%}" for r in ratios)
+    return f"{driver:,.0f} | {http:,.0f} | {statistics.median(ratios):.0%} ({spread}) |"
 
 
 def keepalive_latency_ms(base: str, requests_n: int) -> tuple[float, float]:
@@ -264,6 +290,127 @@ def latency_table(tmp: Path, requests_n: int) -> str:
     return "\n".join(rows)
 
 
+BENCH_PYTHON = Path(os.environ.get("NOISESCOPE_BENCH_PYTHON", "/work/bench-venv/bin/python"))
+
+
+def _mlflow_client(args: tuple[str, str, list[bytes], Any]) -> None:
+    base, _run_id, bodies, barrier = args
+    session = requests.Session()
+    barrier.wait()
+    for body in bodies:
+        r = session.post(
+            f"{base}/api/2.0/mlflow/runs/log-batch",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        r.raise_for_status()
+
+
+def mlflow_rate(tmp: Path, n: int, clients: int) -> float | None:
+    """Metric points/s into ``mlflow server`` (SQLite backend) via log-batch, 1000 per request
+    (MLflow's limit), from ``clients`` processes; None if MLflow is not installed there."""
+    if not BENCH_PYTHON.exists():
+        return None
+    check = subprocess.run([str(BENCH_PYTHON), "-c", "import mlflow"], capture_output=True)
+    if check.returncode != 0:
+        return None
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    workdir = tmp / "mlflow"
+    workdir.mkdir()
+    log = open(workdir / "server.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            str(BENCH_PYTHON),
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{workdir / 'mlflow.db'}",
+            "--default-artifact-root",
+            str(workdir / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=workdir,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return None
+            time.sleep(0.5)
+        exp = requests.post(
+            f"{base}/api/2.0/mlflow/experiments/create", json={"name": "bench"}
+        ).json()["experiment_id"]
+        per_client = n // clients
+        run_ids, payloads = [], []
+        for k in range(clients):
+            run = requests.post(
+                f"{base}/api/2.0/mlflow/runs/create",
+                json={"experiment_id": exp, "start_time": int(time.time() * 1000)},
+            ).json()["run"]["info"]["run_id"]
+            run_ids.append(run)
+            rng = random.Random(k)
+            payloads.append(
+                [
+                    orjson.dumps(
+                        {
+                            "run_id": run,
+                            "metrics": [
+                                {
+                                    "key": "b_simple",
+                                    "value": rng.random(),
+                                    "timestamp": 1_700_000_000_000 + s,
+                                    "step": s,
+                                }
+                                for s in range(i, min(i + 1000, per_client))
+                            ],
+                        }
+                    )
+                    for i in range(0, per_client, 1000)
+                ]
+            )
+        ctx = mp.get_context("fork")
+        barrier = ctx.Barrier(clients + 1)
+        procs = [
+            ctx.Process(target=_mlflow_client, args=((base, run_ids[k], payloads[k], barrier),))
+            for k in range(clients)
+        ]
+        for p in procs:
+            p.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for p in procs:
+            p.join()
+        took = time.perf_counter() - t0
+        if any(p.exitcode != 0 for p in procs):
+            return None
+        return per_client * clients / took
+    finally:
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(15)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
 def _pg_database() -> str | None:
     try:
         import psycopg
@@ -285,47 +432,80 @@ def _drop_pg(name: str) -> None:
 
 
 def run(quick: bool) -> str:
-    n = 40_000 if quick else 400_000
+    n = 40_000 if quick else 200_000
     batch = 2_000 if quick else 5_000
     clients = 4
+    rounds = 2 if quick else 3
     lines = [
         "## Server: ingest throughput (issue 9)",
         "",
-        f"{n:,} samples in batches of {batch:,}; HTTP from {clients} concurrent client "
-        "processes (one run each, keep-alive, pre-encoded JSON) into one server; driver = the "
-        "same rows through the driver's own `executemany`, one transaction per batch, same "
-        "schema, same run. Command: `python -m benchmarks.ingest"
-        + (" --quick" if quick else "")
-        + "`.",
+        f"{n:,} samples per round in batches of {batch:,}; HTTP from {clients} concurrent "
+        "client processes (one run each, keep-alive, pre-encoded JSON) into one server; driver "
+        "= the same rows through the driver's own `executemany`, one transaction per batch, "
+        f"same schema. {rounds} rounds alternating driver and HTTP (this 2-core machine is "
+        "shared and its load drifts); medians, and the per-round ratios in brackets. "
+        "The HTTP clients run on the same 2 cores as the server. "
+        "Command: `python -m benchmarks.ingest" + (" --quick" if quick else "") + "`.",
         "",
         "| backend | driver executemany (rows/s) | noisescope over HTTP (samples/s) "
-        "| HTTP / driver |",
+        "| HTTP / driver (per round) |",
         "|---|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory(prefix="ns-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        sqlite_driver = driver_rate(f"sqlite:///{tmp / 'driver.db'}", n, batch)
-        sqlite_http = http_rate(f"sqlite:///{tmp / 'http.db'}", n, batch, clients, workers=1)
-        lines.append(
-            f"| SQLite (1 worker) | {sqlite_driver:,.0f} | {sqlite_http:,.0f} | "
-            f"{sqlite_http / sqlite_driver:.0%} |"
-        )
+        for workers in (1, 2):
+            sqlite_driver, http, ratios = compare(
+                f"sqlite:///{tmp / f'driver{workers}.db'}",
+                f"sqlite:///{tmp / f'http{workers}.db'}",
+                n,
+                batch,
+                clients,
+                workers,
+                rounds,
+            )
+            if workers == 1:
+                sqlite_http = http
+            lines.append(
+                f"| SQLite ({workers} worker{'s' * (workers > 1)}) | "
+                + _ratio_cells(sqlite_driver, http, ratios)
+            )
+        n_mlflow = min(n, 40_000)
+        mlflow = mlflow_rate(tmp, n_mlflow, clients)
         pg_names = [_pg_database(), _pg_database()]
         if None in pg_names:
             lines.append("| PostgreSQL | unreachable at 127.0.0.1:5432: skipped | | |")
         else:
             try:
                 base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-                pg_driver = driver_rate(f"{base}/{pg_names[0]}", n, batch)
-                pg_http = http_rate(f"{base}/{pg_names[1]}", n, batch, clients, workers=2)
+                pg_driver, pg_http, ratios = compare(
+                    f"{base}/{pg_names[0]}", f"{base}/{pg_names[1]}", n, batch, clients, 2, rounds
+                )
                 lines.append(
-                    f"| PostgreSQL (2 workers) | {pg_driver:,.0f} | {pg_http:,.0f} | "
-                    f"{pg_http / pg_driver:.0%} |"
+                    "| PostgreSQL (2 workers) | " + _ratio_cells(pg_driver, pg_http, ratios)
                 )
             finally:
                 for name in pg_names:
                     if name:
                         _drop_pg(name)
+        if mlflow is None:
+            lines += [
+                "",
+                "MLflow: not installed in /work/bench-venv (or its server failed): skipped.",
+            ]
+        else:
+            lines += [
+                "",
+                "Beside MLflow's tracking server (`mlflow server`, SQLite backend, 1 worker; "
+                f"{n_mlflow:,} metric points via `log-batch`, 1000 per request, from {clients} "
+                "processes): one MLflow metric point is one number, one noisescope sample carries "
+                "ten, so counting a sample as one point understates noisescope's advantage.",
+                "",
+                "| server (SQLite) | points or samples / s | noisescope / MLflow |",
+                "|---|---:|---:|",
+                f"| `mlflow server` log-batch | {mlflow:,.0f} metric points | 1x |",
+                f"| `noisescope server` samples | {sqlite_http:,.0f} samples | "
+                f"{sqlite_http / mlflow:.1f}x |",
+            ]
         lines += [
             "",
             "Keep-alive latency against a multi-worker server (uvicorn issue 3149: without "

@@ -395,7 +395,9 @@ def validate_samples(
             raise BadInput(f"column 'series'[{i}] must not contain NUL (U+0000) characters")
         out["series"] = series
     b_small, b_big = out["b_small"], out["b_big"]
-    if n and not all(map(_batch_sizes_ok, b_small, b_big)):
+    # Batch sizes rarely change within a request: check each distinct pair once.
+    pairs = set(zip(b_small, b_big, strict=True)) if n else set()
+    if not all(_batch_sizes_ok(bs, bb) for bs, bb in pairs):
         i = next(i for i in range(n) if not _batch_sizes_ok(b_small[i], b_big[i]))
         raise BadInput(
             f"sample {i}: need 0 < b_small < b_big, got b_small={b_small[i]}, b_big={b_big[i]} "
