@@ -132,9 +132,11 @@ class _Observer:
 #: Scheduler settings compared. "default": the library defaults (EMA horizon ~50 steps, 50
 #: warm-up and cool-down steps, sized for runs of thousands of steps). "fast": the same rule
 #: with a ~10-step horizon, for runs that reach their targets in a few hundred steps.
+#: "fast-sqrt": "fast" with the square-root learning-rate rule (an ablation of the lr rule).
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "fast": {"warmup_steps": 10, "cooldown_steps": 10, "beta": 0.9},
+    "fast-sqrt": {"warmup_steps": 10, "cooldown_steps": 10, "beta": 0.9, "lr_rule": "sqrt"},
 }
 
 
@@ -143,14 +145,14 @@ def make_scheduler(
 ) -> BatchSizeScheduler:
     """The schedule under test: library defaults except the batch range and ``VARIANTS``."""
     granularity = spec.micro_batches  # the task splits each batch into this many micro-batches
+    settings: dict[str, Any] = {"lr_rule": "linear", **VARIANTS[variant]}
     return BatchSizeScheduler(
         micro_batch_size=granularity,
         min_batch_size=max(spec.batch_sizes[0], granularity),
         max_batch_size=spec.batch_sizes[-1],
         base_lr=base_lr,
-        lr_rule="linear",
         max_lr=max_lr,
-        **VARIANTS[variant],
+        **settings,
     )
 
 
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--targets", default=None, help="comma-separated loss targets (default: the task's)"
     )
-    p.add_argument("--variants", default="default,fast", help=f"of {', '.join(VARIANTS)}")
+    p.add_argument("--variants", default="default,fast,fast-sqrt", help=f"of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
     spec = TASKS[args.task].sized(args.quick)
     repeats = 2 if args.quick else args.repeats
@@ -377,13 +379,13 @@ def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
             "",
             "| loss target | schedule steps | best small B: steps | schedule examples | "
             "best large B: examples | fewer steps than small? | fewer examples than large? | "
-            "S/S_min, E/E_min | (S/S_min−1)(E/E_min−1) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "S/S_min, E/E_min | (S/S_min−1)(E/E_min−1) | fixed B with fewer steps AND examples |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in result["rows"]:
             sc = row.get("schedules", {}).get(variant)
             if row.get("missing") or sc is None:
-                lines.append(f"| {row['target']:g} | not reached by all repeats | | | | | | | |")
+                lines.append(f"| {row['target']:g} | not reached by all repeats | | | | | | | | |")
                 continue
             small = row["fixed"][str(row["small"])]
             large = row["fixed"][str(row["large"])]
@@ -395,11 +397,19 @@ def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
                 else "n/a"
             )
             prod = f"{sc['frontier_product']:.2f}" if "frontier_product" in sc else "n/a"
+            dominating = [
+                b
+                for b, f in row["fixed"].items()
+                if f["steps"]["median"] <= sc["steps"]["median"]
+                and f["examples"]["median"] <= sc["examples"]["median"]
+            ]
+            dom = ", ".join(f"B={b}" for b in dominating) or "none"
             lines.append(
                 f"| {row['target']:g} | {_fmt(sc['steps'])} "
                 f"| {_fmt(small['steps'])} (B={row['small']}) "
                 f"| {_fmt(sc['examples'])} | {_fmt(large['examples'])} (B={row['large']}) "
-                f"| {'yes' if win_s else 'no'} | {'yes' if win_e else 'no'} | {rel} | {prod} |"
+                f"| {'yes' if win_s else 'no'} | {'yes' if win_e else 'no'} | {rel} | {prod} "
+                f"| {dom} |"
             )
         lines.append("")
     lines.append(
@@ -493,12 +503,16 @@ def save_figure(result: dict[str, Any], path: Path) -> None:
         )
         .properties(width=520, height=200, title="Batch size chosen by the schedules (seed 0)")
     )
-    chart = alt.vconcat(frontier, lines).properties(
-        title=f"{result['task']}: noise-scale schedule vs fixed batch sizes "
-        f"({result['repeats']} repeats; bars: min–max)"
+    chart = (
+        alt.vconcat(frontier, lines)
+        .resolve_scale(color="independent")
+        .properties(
+            title=f"{result['task']}: noise-scale schedule vs fixed batch sizes "
+            f"({result['repeats']} repeats; bars: min–max)"
+        )
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    chart.save(str(path), ppi=110)
+    chart.save(str(path), ppi=80)
 
 
 if __name__ == "__main__":
