@@ -1,5 +1,10 @@
 """The dashboard's reads: every query aggregates in SQL and returns small frames.
 
+Runs, series names, events and raw CSV come from the server's read module
+(``noisescope_server.queries``). ``runs_series`` is the dashboard's own: several runs and
+series in one query, with the batch in use (max B_big) and wall time per bucket, as raw sums
+so that smoothing stays the reader's choice; it belongs in ``queries`` eventually.
+
 Each series comes back as at most ``max_points`` buckets holding *exact sums* of the
 per-sample linear estimates (|𝒢|^2 and 𝒮, stored at ingest by ``noisescope.estimators``), so
 the ratio, smoothing and interval are taken afterwards in ``_model`` and no sample is ever
@@ -17,7 +22,8 @@ import pandas as pd
 import sqlalchemy as sa
 import streamlit as st
 
-from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
+from noisescope_server import queries
+from noisescope_server.models import BLOCK_SIZE, Run, Sample, SampleBlock
 
 from ._charts import MAX_POINTS
 
@@ -27,6 +33,7 @@ __all__ = [
     "database_url",
     "get_engine",
     "list_runs",
+    "raw_samples_csv",
     "run_events",
     "runs_series",
     "series_names",
@@ -35,8 +42,6 @@ __all__ = [
 DATABASE_URL_ENV = "NOISESCOPE_DATABASE_URL"
 #: Cache lifetime of database reads: short, since live runs keep adding samples.
 TTL_S = 5.0
-#: Blocks the "current B_simple" window is cut into for its interval.
-CURRENT_BLOCKS = 10
 
 
 def database_url() -> str | None:
@@ -68,10 +73,10 @@ def _frame(result: sa.CursorResult[Any]) -> pd.DataFrame:
     return pd.DataFrame(result.fetchall(), columns=list(result.keys()))
 
 
-#: Runs with at most this many samples (per series) are bucketed from ``sample`` itself, so
-#: short runs keep per-step resolution; longer ones from the server's 64-sample
-#: ``sample_block`` sums, so a 1M-sample run costs ~16k rows, not 1M.
-SMALL_RUN_SAMPLES = 64 * MAX_POINTS
+#: A run is read from the server's ``sample_block`` sums (``BLOCK_SIZE`` samples each; a
+#: 1M-sample run is ~16k rows, not 1M) once it has at least this many blocks per requested
+#: point, otherwise from ``sample`` itself, so short runs keep per-step resolution.
+BLOCKS_PER_POINT = 1.0
 
 
 def _sample_rows() -> Any:
@@ -129,11 +134,18 @@ def _sizes(conn: sa.Connection, run_ids: Sequence[int] | None = None) -> dict[in
     return {int(r): int(n or 0) for r, n in conn.execute(q)}
 
 
-def _rows(conn: sa.Connection, run_ids: Sequence[int], series: Sequence[str]) -> Any:
-    """Sample rows for short runs and block rows for long ones, as one subquery."""
+def _rows(
+    conn: sa.Connection, run_ids: Sequence[int], series: Sequence[str], min_blocks: float
+) -> Any:
+    """Sample rows for short runs and block rows for long ones, as one subquery.
+
+    A run counts as long once it has ``min_blocks`` blocks: buckets of whole blocks are then
+    still at least as fine as the caller asked for.
+    """
     sizes = _sizes(conn, run_ids)
-    small = [r for r in run_ids if sizes.get(r, 0) <= SMALL_RUN_SAMPLES]
-    big = [r for r in run_ids if sizes.get(r, 0) > SMALL_RUN_SAMPLES]
+    threshold = BLOCK_SIZE * min_blocks
+    small = [r for r in run_ids if sizes.get(r, 0) < threshold]
+    big = [r for r in run_ids if sizes.get(r, 0) >= threshold]
     parts: list[Any] = []
     if small:
         parts.append(_sample_rows().where(Sample.run_id.in_(small), Sample.series.in_(series)))
@@ -147,137 +159,59 @@ def _rows(conn: sa.Connection, run_ids: Sequence[int], series: Sequence[str]) ->
     return combined.subquery("rows")
 
 
+_RUN_COLUMNS = [
+    "uid",
+    "project",
+    "task",
+    "name",
+    "tags",
+    "config",
+    "status",
+    "batch_size",
+    "units",
+    "started_at",
+    "ended_at",
+    "last_seen_at",
+    "n_samples",
+    "last_step",
+    "loss",
+    "b_simple",
+    "b_simple_lo",
+    "b_simple_hi",
+    "b_simple_reason",
+    "batch_in_use",
+]
+
+
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def list_runs(url: str) -> pd.DataFrame:
-    """All runs with project, task, config and their *current* B_simple window sums.
-
-    The current window is the last 10% of each run's steps on the whole-model series, cut
-    into ``CURRENT_BLOCKS`` blocks whose sums the interval is computed from.
-    """
-    runs_q = (
-        sa.select(
-            Run.id.label("run_id"),
-            Run.uid,
-            Project.name.label("project"),
-            Task.name.label("task"),
-            Run.name,
-            Run.tags,
-            Run.config,
-            Run.status,
-            Run.batch_size,
-            Run.units,
-            Run.started_at,
-            Run.ended_at,
-            Run.last_seen_at,
-        )
-        .join(Project, Project.id == Run.project_id)
-        .join(Task, Task.id == Run.task_id)
-        .order_by(Run.started_at.desc())
-    )
-    with get_engine(url).connect() as conn:
-        runs = _frame(conn.execute(runs_q))
-        run_ids = [int(r) for r in runs["run_id"]] if not runs.empty else []
-        rows = _rows(conn, run_ids, [""])
-        stats = (
-            sa.select(
-                rows.c.run_id,
-                sa.func.min(rows.c.step_lo).label("mn"),
-                sa.func.max(rows.c.step_hi).label("mx"),
-            )
-            .group_by(rows.c.run_id)
-            .subquery("stats")
-        )
-        width_raw = (stats.c.mx - stats.c.mn + 1) / 10
-        width = sa.case((width_raw < 1, 1), else_=width_raw)
-        first = stats.c.mx - width + 1
-        block = sa.cast((rows.c.step_lo - first) * CURRENT_BLOCKS / width, sa.Integer).label(
-            "block"
-        )
-        blocks_q = (
-            sa.select(
-                rows.c.run_id,
-                block,
-                sa.func.sum(rows.c.n).label("n"),
-                sa.func.sum(rows.c.sum_g_sq).label("sum_g_sq"),
-                sa.func.sum(rows.c.sum_trace_sigma).label("sum_trace_sigma"),
-                (
-                    sa.func.sum(rows.c.sum_loss) / sa.func.nullif(sa.func.sum(rows.c.n_loss), 0)
-                ).label("loss"),
-                sa.func.max(rows.c.b_big_max).label("batch_in_use"),
-                sa.func.max(rows.c.step_hi).label("last_step"),
-            )
-            .join(stats, stats.c.run_id == rows.c.run_id)
-            .where(rows.c.step_lo >= first)
-            .group_by(rows.c.run_id, block)
-            .order_by(rows.c.run_id, block)
-        )
-        blocks = _frame(conn.execute(blocks_q))
-    return _attach_current(runs, blocks)
-
-
-def _attach_current(runs: pd.DataFrame, blocks: pd.DataFrame) -> pd.DataFrame:
-    from noisescope.estimators import NoiseScale
-
-    from ._model import block_interval
-
-    cols: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "b_simple",
-            "b_simple_lo",
-            "b_simple_hi",
-            "b_simple_reason",
-            "loss",
-            "last_step",
-            "batch_in_use",
-        )
-    }
-    grouped: dict[Any, pd.DataFrame] = {}
-    if not blocks.empty:
-        for rid, group in blocks.groupby("run_id"):
-            grouped[rid] = group
-    for rid in runs["run_id"] if not runs.empty else []:
-        g = grouped.get(rid)
-        if g is None:
-            for k in cols:
-                cols[k].append(None)
-            cols["b_simple_reason"][-1] = "no samples yet"
-            continue
-        value = NoiseScale.from_sums(
-            float(g["sum_g_sq"].sum()), float(g["sum_trace_sigma"].sum()), float(g["n"].sum())
-        )
-        lo, hi = block_interval(
-            g["sum_g_sq"].astype(float).tolist(),
-            g["sum_trace_sigma"].astype(float).tolist(),
-            g["n"].astype(float).tolist(),
-        )
-        cols["b_simple"].append(value.b_simple)
-        cols["b_simple_lo"].append(lo)
-        cols["b_simple_hi"].append(hi)
-        cols["b_simple_reason"].append(value.reason)
-        cols["loss"].append(g["loss"].iloc[-1])
-        cols["last_step"].append(int(g["last_step"].max()))
-        cols["batch_in_use"].append(g["batch_in_use"].iloc[-1])
-    out = runs.copy()
-    for k, v in cols.items():
-        out[k] = pd.Series(
-            v, index=out.index, dtype="object" if k == "b_simple_reason" else "float"
-        )
-    return out
+    """All runs, newest first, with their current B_simple and interval (``queries.list_runs``:
+    the last ``queries.RECENT_WINDOW`` samples, interval by block jackknife + Fieller)."""
+    summaries = queries.list_runs(get_engine(url), limit=100_000)
+    rows = [
+        {
+            **{k: getattr(r, k) for k in _RUN_COLUMNS if hasattr(r, k)},
+            "loss": r.last_loss,
+            "batch_in_use": r.batch_size,
+        }
+        for r in summaries
+    ]
+    frame = pd.DataFrame(rows, columns=_RUN_COLUMNS)
+    for col in ("batch_size", "b_simple", "b_simple_lo", "b_simple_hi", "loss", "last_step"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype(float)
+    frame["batch_in_use"] = frame["batch_size"]
+    return frame
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def series_names(url: str, uid: str) -> list[str]:
     """The series a run has: "" for the whole model, then per-layer / per-group names."""
-    q = (
-        sa.select(SampleBlock.series)
-        .join(Run, Run.id == SampleBlock.run_id)
-        .where(Run.uid == uid)
-        .group_by(SampleBlock.series)
-        .order_by(SampleBlock.series)
-    )
-    with get_engine(url).connect() as conn:
-        return [str(r[0]) for r in conn.execute(q)]
+    return [info.name for info in queries.series_names(get_engine(url), uid)]
+
+
+def raw_samples_csv(url: str, uid: str) -> str:
+    """Every raw sample of a run as CSV (``queries.raw_samples_csv``), built on demand only."""
+    return "".join(queries.raw_samples_csv(get_engine(url), uid))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -299,7 +233,9 @@ def runs_series(
     max_points = max(1, min(int(max_points), MAX_POINTS))
     with get_engine(url).connect() as conn:
         ids = dict(conn.execute(sa.select(Run.uid, Run.id).where(Run.uid.in_(list(uids)))).all())
-        rows = _rows(conn, [int(i) for i in ids.values()], list(series))
+        rows = _rows(
+            conn, [int(i) for i in ids.values()], list(series), max_points * BLOCKS_PER_POINT
+        )
         stats = (
             sa.select(
                 rows.c.run_id,
@@ -370,20 +306,16 @@ def _empty_series() -> pd.DataFrame:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def run_events(url: str, uid: str) -> pd.DataFrame:
     """Events of a run (batch-size changes first of all) with a short text label each."""
-    q = (
-        sa.select(Event.step, Event.kind, Event.payload, Event.time)
-        .join(Run, Run.id == Event.run_id)
-        .where(Run.uid == uid)
-        .order_by(Event.step)
+    events = queries.run_events(get_engine(url), uid)
+    return pd.DataFrame(
+        {
+            "step": [e.step for e in events],
+            "kind": [e.kind for e in events],
+            "label": [_event_label(e.kind, e.payload) for e in events],
+            "time": [e.time for e in events],
+        },
+        columns=["step", "kind", "label", "time"],
     )
-    with get_engine(url).connect() as conn:
-        frame = _frame(conn.execute(q))
-    if frame.empty:
-        return pd.DataFrame(columns=["step", "kind", "label", "time"])
-    frame["label"] = [
-        _event_label(k, p) for k, p in zip(frame["kind"], frame["payload"], strict=True)
-    ]
-    return frame.drop(columns=["payload"])
 
 
 def _event_label(kind: str, payload: Any) -> str:

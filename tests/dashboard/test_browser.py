@@ -137,12 +137,17 @@ def test_every_page_in_chromium(stack: tuple[str, Path], tmp_path: Path) -> None
         ("run", "/run", ["example-b64", "Batch in use", "B_simple (latest window)"]),
         ("compare_runs", "/compare-runs", ["Compare runs", "Per task"]),
         ("compare_tasks", "/compare-tasks", ["Summary per task", "digits-mlp"]),
-        ("critical_batch", f"/critical-batch?task={sweep}", ["6 runs at 6 batch sizes", "Model (science.md"]),
+        (
+            "critical_batch",
+            f"/critical-batch?task={sweep}",
+            ["6 runs at 6 batch sizes", "Model (science.md"],
+        ),
         ("what_if", f"/what-if?task={sweep}&b=512", ["Steps / minimum", "halving it would save"]),
     ]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        # Streamlit scrolls inside its own container: a tall viewport shows the whole page.
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
         try:
             for name, path, expected in pages:
                 page.goto(base + path, wait_until="domcontentloaded")

@@ -78,6 +78,15 @@ st.caption(
 )
 with st.expander("Config"):
     st.json(run["config"] or {})
+st.download_button(
+    "Raw samples (CSV)",
+    data=lambda: _data.raw_samples_csv(url, uid),
+    file_name=f"noisescope_{uid}.csv",
+    mime="text/csv",
+    on_click="ignore",
+    icon=":material/table:",
+    help="Every sample of this run as stored, for your own analysis",
+)
 
 series = _data.runs_series(url, (uid,), ("", *tuple(layers)))
 if series.empty or not (series["series"] == "").any():
