@@ -18,6 +18,7 @@ uid = _state.select("Run", list(labels), key="run", format_func=lambda u: labels
 if uid is None:
     st.info("Pick a run above, or open one from the Runs page.")
     st.stop()
+uid = str(uid)
 run = runs[runs["uid"] == uid].iloc[0]
 units = str(run["units"] or "examples")
 
