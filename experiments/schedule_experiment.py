@@ -210,7 +210,7 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.schedule_experiment")
     p.add_argument("--task", default="lsq", choices=["lsq", "digits"])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=None, help="default: 5 (2 with --quick)")
     p.add_argument("--quick", action="store_true", help="the task's quick sweep, 2 repeats")
     p.add_argument("--out", type=Path, default=Path("experiments/runs/schedule"))
     p.add_argument("--figure", type=Path, default=None)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="default,fast,fast-sqrt", help=f"of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
     spec = TASKS[args.task].sized(args.quick)
-    repeats = 2 if args.quick else args.repeats
+    repeats = args.repeats or (2 if args.quick else 5)
     targets = (
         tuple(float(t) for t in args.targets.split(",")) if args.targets else spec.loss_targets
     )
