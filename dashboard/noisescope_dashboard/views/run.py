@@ -18,7 +18,6 @@ uid = _state.select("Run", list(labels), key="run", format_func=lambda u: labels
 if uid is None:
     st.info("Pick a run above, or open one from the Runs page.")
     st.stop()
-uid = str(uid)
 run = runs[runs["uid"] == uid].iloc[0]
 units = str(run["units"] or "examples")
 
@@ -81,7 +80,7 @@ with st.expander("Config"):
     st.json(run["config"] or {})
 st.download_button(
     "Raw samples (CSV)",
-    data=lambda: _data.raw_samples_csv(url, uid),
+    data=lambda: _data.raw_samples_csv(url, str(uid)),
     file_name=f"noisescope_{uid}.csv",
     mime="text/csv",
     on_click="ignore",
