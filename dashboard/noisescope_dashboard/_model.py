@@ -76,7 +76,9 @@ def smooth(
     ``method="none"``: each bucket on its own.
     ``interval=False`` skips the intervals (the Compare pages draw no bands).
     """
-    span_for_interval = window_steps if method == "window" else _ema_span_steps(beta)
+    # An EMA with this beta averages like a flat window of (1 + beta) / (1 - beta) steps (same
+    # variance weight); its band is that window's interval.
+    span_for_interval = window_steps if method == "window" else (1 + beta) / (1 - beta)
     out = buckets.reset_index(drop=True).copy()
     n_rows = len(out)
     g_sq: list[float] = []
@@ -98,7 +100,6 @@ def smooth(
             g_sq.append(value.g_sq)
             trace_sigma.append(value.trace_sigma)
             b_simple.append(value.b_simple)
-            # The interval of the EMA is taken from the trailing buckets it mostly weighs.
             start = _window_start(steps, i, span_for_interval)
             lo_i, hi_i = _interval_at(sum_g, sum_t, counts, start, i, interval)
             lo.append(lo_i)
@@ -178,13 +179,6 @@ def smooth_groups(
     last = out.groupby("run")["step"].transform("max").astype(float)
     out["progress"] = out["step"].astype(float) / last.where(last > 0, 1.0)
     return out
-
-
-def _ema_span_steps(beta: float) -> float:
-    """Steps over which an EMA with this beta holds ~95% of its weight (log 0.05 / log beta)."""
-    if beta <= 0.0:
-        return 0.0
-    return math.log(0.05) / math.log(beta)
 
 
 def _window_start(steps: Sequence[float], i: int, span: float) -> int:
