@@ -8,7 +8,6 @@ trade-off from ``steps_ratio`` / ``examples_ratio`` / ``fit_critical_batch`` (sc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
