@@ -54,7 +54,7 @@ class Sizes:
     @classmethod
     def full(cls) -> Sizes:
         return cls(32, 100_000, 1000.0, 8, 20_000, 1000.0, 3, 5.0, 2, 1 << 30,
-                   ["-n", "50"], 500, 5, 5400.0)  # fmt: skip
+                   ["-n", "20"], 300, 5, 5400.0)  # fmt: skip
 
     @classmethod
     def quick(cls) -> Sizes:

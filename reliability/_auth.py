@@ -58,14 +58,23 @@ def _db_text(server: Server, engine: Any) -> str:
         return "\n".join(repr(list(conn.execute(text(f"SELECT * FROM {t}")))) for t in tables)
 
 
-def run_auth(server: Server, workdir: Path) -> AuthResult:
-    """``server`` must run with auth ``all`` and a debug/access log (``Server(log_level=...)``)."""
+def run_auth(server: Server, workdir: Path, *, cli: bool = True) -> AuthResult:
+    """``server`` must run with auth ``all`` and a debug/access log (``Server(log_level=...)``).
+
+    ``cli``: create and revoke tokens with the ``noisescope token`` commands (else through
+    ``crud``, the same code path without three interpreter start-ups; for CI).
+    """
+    from noisescope_server import crud
+
     res = AuthResult()
     url = server.database_url
-    secret_a = create_token(url, "team-a")
-    secret_b = create_token(url, "team-b")
-    wrong = "nsk_" + "x" * 43
     engine = engine_for(url)
+    if cli:
+        secret_a, secret_b = create_token(url, "team-a"), create_token(url, "team-b")
+    else:
+        secret_a = crud.create_token(engine, "team-a").secret
+        secret_b = crud.create_token(engine, "team-b").secret
+    wrong = "nsk_" + "x" * 43
     run_a, run_b = uuid.uuid4().hex, uuid.uuid4().hex
 
     def client(secret: str | None) -> httpx.Client:
@@ -125,24 +134,30 @@ def run_auth(server: Server, workdir: Path) -> AuthResult:
         res.add("B's data unchanged by A's attempts", 0, _count(engine, run_b))
         # revocation: the next request fails, whichever worker takes it
         token_id = _token_id(engine, secret_b)
-        revoke = subprocess.run(
-            [sys.executable, "-m", "noisescope.cli", "token", "--database-url", url, "revoke",
-             str(token_id)], capture_output=True, text=True, timeout=120, cwd=REPO,
-        )  # fmt: skip
-        res.add("revoke command succeeds", 0, revoke.returncode)
+        if cli:
+            revoke = subprocess.run(
+                [sys.executable, "-m", "noisescope.cli", "token", "revoke", str(token_id),
+                 "--database-url", url], capture_output=True, text=True, timeout=120, cwd=REPO,
+            )  # fmt: skip
+            res.add("`noisescope token revoke` succeeds", 0, revoke.returncode)
+        else:
+            res.add("token revoked", True, crud.revoke_token(engine, token_id))
         after = {b.get("/runs").status_code for _ in range(20)}
         after |= {b.post(f"/runs/{run_b}/samples", json=cols).status_code for _ in range(10)}
         res.add("revoked token refused on every request (20 reads, 10 writes)", {401}, after)
     # the real client with a token, and with a wrong one (must spool, never print the secret)
     spool = workdir / "spool-auth"
     spool.mkdir()
-    for label, secret, expect_sent in (("valid", secret_a, 2000), ("wrong", wrong, 0)):
-        spec = ClientSpec(
+    cases = (("valid", secret_a, 2000), ("wrong", wrong, 0))
+    workers = [
+        start_worker(ClientSpec(
             url=server.url, run_id=uuid.uuid4().hex, project="team-a", task="client",
             samples=2000, spool_dir=str(spool), out=str(workdir / f"auth-{label}.json"),
             token=secret, flush_timeout=10.0, seed=3,
-        )  # fmt: skip
-        worker = start_worker(spec, workdir)
+        ), workdir)
+        for label, secret, _ in cases
+    ]  # fmt: skip
+    for (label, secret, expect_sent), worker in zip(cases, workers, strict=True):
         worker.proc.wait(300)
         result = worker.result() or {}
         res.add(f"client with a {label} token: sent", expect_sent, result.get("sent"))

@@ -85,7 +85,9 @@ def _wait_http(url: str, timeout: float) -> bool:
     return False
 
 
-def check_dashboard(database_url: str, uids: list[str], workdir: Path) -> BrowserResult:
+def check_dashboard(
+    database_url: str, uids: list[str], workdir: Path, *, overview_pages: bool = True
+) -> BrowserResult:
     from playwright.sync_api import sync_playwright
 
     from noisescope_server.cli import dashboard_command
@@ -110,9 +112,10 @@ def check_dashboard(database_url: str, uids: list[str], workdir: Path) -> Browse
         if not _wait_http(f"{base}/_stcore/health", 120):
             result.problems.append("dashboard did not start")
             return result
-        pages = [("runs", "/runs")]
-        pages += [(f"run {i}", f"/run?run={uid}") for i, uid in enumerate(uids)]
-        pages += [("compare runs", "/compare-runs"), ("compare tasks", "/compare-tasks")]
+        pages = [(f"run {i}", f"/run?run={uid}") for i, uid in enumerate(uids)]
+        if overview_pages:
+            pages = [("runs", "/runs"), *pages]
+            pages += [("compare runs", "/compare-runs"), ("compare tasks", "/compare-tasks")]
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             page = browser.new_page()

@@ -42,7 +42,7 @@ def test_schemathesis_finds_no_server_error(rel_server: Server, tmp_path: Path) 
     cmd = [
         sys.executable, "-m", "schemathesis.cli", "run",
         f"{rel_server.url}/api/v1/openapi.json",
-        "--checks", "not_a_server_error", "--phases", "fuzzing", "-n", "4", "--seed", "7",
+        "--checks", "not_a_server_error", "--phases", "fuzzing", "-n", "3", "--seed", "7",
         "--workers", "1", "--no-color", "--generation-database", "none",
         "--report", "json", "--report-json-path", str(report),
     ]  # fmt: skip
