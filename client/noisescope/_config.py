@@ -56,6 +56,9 @@ class Settings:
     all_ranks: bool = False
     #: If True, no status/sync line is printed at finish.
     quiet: bool = False
+    #: If True, an online run also delivers spools that earlier online runs to the same URL
+    #: left behind (e.g. a job killed during an outage), once its own data is sent.
+    resume_orphans: bool = True
 
     @property
     def sends(self) -> bool:

@@ -328,6 +328,7 @@ class Sender:
         self._abandoned = False
         self._final: dict[str, Any] | None = None
         self._final_sent = False
+        self._orphans_checked = False
         self._warned: set[str] = set()
         #: Per sealed spool segment: how many leading records the server already acknowledged
         #: (a replay interrupted mid-segment resumes there, so nothing is counted twice).
@@ -435,16 +436,19 @@ class Sender:
 
     def _tick(self) -> bool:
         """One pass; returns True when the thread may exit."""
-        if self._commit_open is not None and (self._stopping or self._flush_requested):
+        # One snapshot: close() may set _stopping mid-pass, and exiting on a later read
+        # without having sent the final status would lose it.
+        stopping = self._stopping
+        if self._commit_open is not None and (stopping or self._flush_requested):
             self._commit_open()
         if self.settings.mode == "offline" or self._halted or self.transport is None:
             self._spill(force=True)
-            if self._stopping:
+            if stopping:
                 self._spill_events()
-            return self._stopping
+            return stopping
         if time.monotonic() < self._outage_until:
             # Keep retrying until close() gives up (its bounded wait); meanwhile stay on disk.
-            self._spill(force=self._stopping or self._flush_requested)
+            self._spill(force=stopping or self._flush_requested)
             return False
         if not self._ensure_run():
             return False
@@ -454,9 +458,43 @@ class Sender:
             return False
         if self.events and not self._send_events():
             return False
-        if self._stopping and self._final is not None and not self._final_sent and self.idle():
+        if stopping and self._final is not None and not self._final_sent and self.idle():
             self._send_final()
-        return self._stopping and self.idle()
+        if not self._orphans_checked and not stopping and self.idle():
+            self._orphans_checked = True
+            self._resume_orphans()
+        return stopping and self.idle()
+
+    def _resume_orphans(self) -> None:
+        """Deliver spools that earlier *online* runs of this server left behind (a job killed
+        during an outage), once per run, when this run's own data is all sent. Offline runs
+        wait for an explicit ``noisescope sync``; runs locked by a live process are skipped."""
+        if self.spool is None or self.transport is None or not self.settings.resume_orphans:
+            return
+        from noisescope._spool import spooled_run_ids
+        from noisescope._sync import sync_run
+
+        for run_id in spooled_run_ids(self.spool.root):
+            if run_id == self.run_id or self._stopping:
+                continue
+            orphan = RunSpool(self.spool.root, run_id)
+            meta = orphan.read_meta() or {}
+            if meta.get("mode") != "online" or meta.get("url") != self.settings.url:
+                continue
+            try:
+                if not orphan.acquire():
+                    continue
+            except OSError:
+                continue
+            try:
+                count = sync_run(orphan, self.transport)
+                orphan.remove_if_empty()
+                logger.info("noisescope: delivered %d spooled samples of run %s", count, run_id)
+            except Exception as exc:  # leave it for the next run or `noisescope sync`
+                self._error(f"could not deliver spooled run {run_id}: {exc}", key=None)
+                return
+            finally:
+                orphan.release()
 
     # -- sending ------------------------------------------------------------------------------
     def _request(self, method: str, path: str, payload: dict[str, Any]) -> Response | None:
@@ -726,6 +764,7 @@ class Sender:
                     "url": self.settings.url,
                     "run": self.run_body,
                     "final": None if self._final_sent else self._final,
+                    "mode": self.settings.mode,
                 }
             )
 

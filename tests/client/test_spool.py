@@ -12,7 +12,7 @@ import noisescope
 from noisescope._spool import RunSpool, decode_records, encode_record
 from noisescope._sync import sync
 from noisescope.cli import main as cli_main
-from tests.client._fakes import FakeServer
+from tests.client._fakes import FakeServer, wait_for
 
 
 def columns(seqs: list[int]) -> dict[str, list[Any]]:
@@ -145,3 +145,36 @@ def test_events_left_at_finish_during_an_outage_are_spooled(tmp_path: Path) -> N
     assert sync(tmp_path, transport=fake).synced == [run.id]
     assert [e["kind"] for e in fake.events[run.id].values()] == ["batch_size"]
     assert len(fake.rows(run.id)) == 1
+
+
+def test_a_later_online_run_delivers_what_a_dead_run_left_in_the_spool(tmp_path: Path) -> None:
+    fake = FakeServer()
+    fake.down = True
+    url = "http://orphan.test:1"
+    dead = noisescope.init(project="p", url=url, transport=fake, dir=tmp_path, flush_timeout=0.1)
+    for step in range(50):
+        dead.log_sample(step, 8, 64, 2.0, 1.0)
+    assert dead.finish().spooled == 50  # as if the job had been killed during the outage
+    offline = noisescope.init(project="p", mode="offline", dir=tmp_path)
+    offline.log_sample(0, 8, 64, 2.0, 1.0)
+    offline.finish()
+    other_server = noisescope.init(
+        project="p",
+        url="http://elsewhere:1",
+        transport=FakeServer(),
+        dir=tmp_path,
+        flush_timeout=0.1,
+        mode="offline",
+    )
+    other_server.finish()
+
+    fake.down = False
+    later = noisescope.init(project="p", url=url, transport=fake, dir=tmp_path)
+    later.log_sample(0, 8, 64, 2.0, 1.0)
+    later.flush()
+    assert wait_for(lambda: len(fake.rows(dead.id)) == 50)
+    assert wait_for(lambda: not (tmp_path / dead.id).exists())
+    later.finish()
+    assert fake.runs[dead.id]["status"] == "finished"
+    assert (tmp_path / offline.id).is_dir()  # offline runs wait for an explicit sync
+    assert offline.id not in fake.runs
