@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 import httpx
+
 import noisescope
 from noisescope.schedule import BatchSizeScheduler
-
 from tests.support.servers import ServerProcess
 
 
