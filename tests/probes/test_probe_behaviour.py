@@ -156,3 +156,30 @@ def test_misuse_gets_clear_errors() -> None:
         warnings.simplefilter("always")
         assert probe.step(batch_size=4) is None
     assert any("one batch size only" in str(w.message) for w in caught)
+
+
+def test_sink_contract_matches_noisescope_run() -> None:
+    """The probe calls Run.log_sample; its signature must stay the one the probe uses."""
+    import inspect
+
+    import noisescope
+    from noisescope.torch import Sink
+
+    run_params = list(inspect.signature(noisescope.Run.log_sample).parameters)
+    assert run_params == list(inspect.signature(Sink.log_sample).parameters)
+
+
+def test_units_follow_the_run_and_mismatch_is_refused() -> None:
+    class TokenSink(ListSink):
+        units = "tokens"
+
+    model = _mlp()
+    assert GradientNoiseProbe(model, TokenSink(), source="micro").units == "tokens"
+    with pytest.raises(ValueError, match="units"):
+        GradientNoiseProbe(model, TokenSink(), source="micro", units="examples")
+
+
+def test_batchnorm_refuses_per_example() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    with pytest.raises(ValueError, match="BatchNorm"):
+        GradientNoiseProbe(model, ListSink(), source="per_example")

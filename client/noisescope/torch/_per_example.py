@@ -95,10 +95,17 @@ class PerExampleNorms:
         self._results: dict[int, Tensor] = {}
         self._calls: dict[int, int] = {}
         self._batch: int | None = None
+        self._batch_seen: int | None = None
         self._handles: list[RemovableHandle] = []
         self.entries: list[_Entry] = []
         owners: dict[int, str] = {}
         for mod_name, module in model.named_modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                raise ValueError(
+                    f"{mod_name or '(model)'} is a BatchNorm layer: it mixes the examples of a "
+                    "batch, so per-example gradients are not defined; use source='micro' "
+                    "(gradient accumulation or DDP) for this model"
+                )
             direct = [
                 (name, p)
                 for name, p in module.named_parameters(recurse=False)
@@ -158,6 +165,25 @@ class PerExampleNorms:
                     f"{type(module).__name__} ran twice in one forward pass; its per-example "
                     "gradient is a sum over both uses, which per-example norms cannot split. "
                     "Use source='micro' (accumulation or DDP) for this model."
+                )
+            first = args[0] if args and isinstance(args[0], Tensor) else None
+            batch = int(first.shape[0]) if first is not None and first.dim() > 0 else None
+            if batch is None or int(out.shape[0]) != batch:
+                raise RuntimeError(
+                    f"{type(module).__name__} got an input without a leading batch dimension "
+                    f"(shape {tuple(first.shape) if first is not None else None}); per-example "
+                    "norms need batch-first inputs. For a positional embedding, index it with "
+                    "positions expanded to (batch, T), or use source='micro'."
+                )
+            if self._batch_seen is None:
+                self._batch_seen = batch
+            elif batch != self._batch_seen:
+                raise RuntimeError(
+                    f"{type(module).__name__} saw a first dimension of {batch}, other layers "
+                    f"{self._batch_seen}: per-example norms need every parametrised layer to "
+                    "see batch-first inputs. For a positional embedding computed once for all "
+                    "examples, index it with positions expanded to (batch, T), or use "
+                    "source='micro'."
                 )
             saved_args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
 
@@ -283,13 +309,14 @@ class PerExampleNorms:
                 "no per-example gradients were captured: run the forward pass and "
                 "loss.backward() (with grad enabled) before probe.micro_step()/step()"
             )
-        out = torch.zeros(self.n_params, self._batch, device=device)
-        for idx, sq in self._results.items():
-            out[idx] = sq.to(device)
+        batch = self._batch
+        zero = torch.zeros(batch, device=device)
+        rows = [self._results.get(i, zero).to(device) for i in range(self.n_params)]
         self.reset()
-        return out
+        return torch.stack(rows)
 
     def reset(self) -> None:
         self._results = {}
         self._calls = {}
         self._batch = None
+        self._batch_seen = None

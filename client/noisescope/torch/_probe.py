@@ -69,7 +69,8 @@ class ProbeSample:
 
 @dataclass
 class _Micro:
-    small: Tensor  # micro: (n_series,) sum of |incoming|^2; per_example: (n_series, B)
+    norms: list[tuple[int, Tensor]]  # micro source: (parameter index, |incoming grad|)
+    per_example: Tensor | None  # per-example source: (n_slots, B) squared norms
     batch_size: float
     grad_scale: float | None
     item_counts: Tensor | None
@@ -100,6 +101,8 @@ class GradientNoiseProbe:
             per-example while a step has a single backward on a single process, micro-batches
             as soon as there are several (accumulation or DDP).
         units: "examples" or "tokens"; ``batch_size`` and ``item_counts`` are in these units.
+            Default: the sink's ``units`` (what ``noisescope.init(units=...)`` set), else
+            "examples".
         micro_loss: how each backward's loss is reduced: "mean/k" (mean over the micro-batch,
             divided by the number of micro-batches: PyTorch/nanoGPT), "mean" (plain mean, not
             divided), "sum/N" (summed, divided by the step's total item count on this rank:
@@ -119,7 +122,7 @@ class GradientNoiseProbe:
         sink: Sink,
         *,
         source: Source = "auto",
-        units: Units = "examples",
+        units: Units | None = None,
         micro_loss: MicroLoss = "mean/k",
         layers: bool | Mapping[str, Iterable[nn.Parameter]] = False,
         scaler: Any = None,
@@ -129,8 +132,16 @@ class GradientNoiseProbe:
     ) -> None:
         if source not in ("auto", "micro", "per_example"):
             raise ValueError(f"source must be 'auto', 'micro' or 'per_example', got {source!r}")
+        sink_units = getattr(sink, "units", None)
+        if units is None:
+            units = sink_units if sink_units in ("examples", "tokens") else "examples"
         if units not in ("examples", "tokens"):
             raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
+        if sink_units in ("examples", "tokens") and sink_units != units:
+            raise ValueError(
+                f"the probe counts {units} but the run was started with units={sink_units!r}: "
+                "pass the same units to noisescope.init() and the probe"
+            )
         if micro_loss not in ("mean/k", "mean", "sum/N", "sum"):
             raise ValueError(
                 f"micro_loss must be 'mean/k', 'mean', 'sum/N' or 'sum', got {micro_loss!r}"
@@ -139,7 +150,7 @@ class GradientNoiseProbe:
             raise ValueError(f"every must be >= 1, got {every}")
         self.model = model
         self.sink = sink
-        self.units = units
+        self.units: str = units
         self.micro_loss = micro_loss
         self.scaler = scaler
         self.every = every
@@ -166,7 +177,9 @@ class GradientNoiseProbe:
         self.skipped_steps = 0  # measured steps dropped for non-finite norms
         self.examples_seen = 0.0  # in ``units``, over all ranks
         self._micro: list[_Micro] = []
-        self._pending: list[Tensor | None] = [None] * len(self.params)
+        self._pending: list[tuple[int, Tensor]] = []
+        self._slot_list = [int(v) for v in series_of_param]
+        self._index_cache: dict[tuple[int, ...], Tensor] = {}
         self._step_items = 0.0
         self._warned_single = False
 
@@ -230,18 +243,20 @@ class GradientNoiseProbe:
             self._per_example.armed = self._armed
 
     def _make_hook(self, i: int) -> Any:
+        # One kernel per parameter and backward, no host sync: the norm stays on the device
+        # until step() stacks them all.
         def hook(grad: Tensor) -> None:
             if not self._armed:
                 return
-            if not grad.is_floating_point():
+            if grad.dtype == torch.float32:
+                norm = torch.linalg.vector_norm(grad)
+            elif grad.dtype == torch.float64:
+                norm = torch.linalg.vector_norm(grad).float()
+            elif grad.is_floating_point():  # fp16/bf16: reduce in fp32, scaled norms overflow
+                norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+            else:
                 return
-            flat = grad.detach().reshape(-1)
-            if flat.dtype in (torch.float32, torch.float64):
-                sq = torch.dot(flat, flat).float()
-            else:  # fp16/bf16: accumulate in fp32, a scaled fp16 norm overflows easily
-                sq = torch.linalg.vector_norm(flat, dtype=torch.float32).square()
-            prev = self._pending[i]
-            self._pending[i] = sq if prev is None else prev + sq
+            self._pending.append((i, norm))
 
         return hook
 
@@ -277,7 +292,7 @@ class GradientNoiseProbe:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self._step_items += float(batch_size)
         if not self._armed:
-            self._pending = [None] * len(self.params)
+            self._pending = []
             if self._per_example is not None:
                 self._per_example.reset()
             return
@@ -285,12 +300,8 @@ class GradientNoiseProbe:
         if item_counts is not None:
             counts = torch.as_tensor(item_counts, dtype=torch.float32, device=self._device)
         if self.source == "micro":
-            zero = torch.zeros((), device=self._device)
-            per_param = torch.stack([zero if s is None else s for s in self._pending])
-            small = torch.zeros(self._n_slots, device=self._device).index_add_(
-                0, self._slot, per_param
-            )
-            self._pending = [None] * len(self.params)
+            self._micro.append(_Micro(self._pending, None, float(batch_size), grad_scale, counts))
+            self._pending = []
         else:
             assert self._per_example is not None
             per_param_ex = self._per_example.take(self._device)
@@ -302,7 +313,7 @@ class GradientNoiseProbe:
                     f"item_counts has {counts.shape[0]} entries but the batch has "
                     f"{small.shape[1]} examples"
                 )
-        self._micro.append(_Micro(small, float(batch_size), grad_scale, counts))
+            self._micro.append(_Micro([], small, float(batch_size), grad_scale, counts))
 
     def step(
         self,
@@ -368,30 +379,33 @@ class GradientNoiseProbe:
             out.append(c * amp)
         return out
 
-    def _grad_sq_norms(self) -> Tensor:
-        """|.grad|^2 per parameter, batched (fp16/bf16 reduced in fp32: no overflow)."""
-        dev = self._device
-        full_idx: list[int] = []
-        full: list[Tensor] = []
-        low_idx: list[int] = []
-        low: list[Tensor] = []
+    def _index(self, slots: list[int]) -> Tensor:
+        """Slot-index tensors, cached: the pattern repeats every step."""
+        key = tuple(slots)
+        found = self._index_cache.get(key)
+        if found is None:
+            found = torch.tensor(slots, dtype=torch.long, device=self._device)
+            if len(self._index_cache) < 64:
+                self._index_cache[key] = found
+        return found
+
+    def _grad_sq_by_slot(self) -> Tensor:
+        """|.grad|^2 summed per slot, batched (fp16/bf16 reduced in fp32: no overflow)."""
+        groups: dict[torch.dtype, tuple[list[int], list[Tensor]]] = {}
         for i, p in enumerate(self.params):
             g = p.grad
-            if g is None:
-                continue
-            if g.dtype in (torch.float16, torch.bfloat16):
-                low_idx.append(i)
-                low.append(g.detach())
+            if g is not None:
+                slots, grads = groups.setdefault(g.dtype, ([], []))
+                slots.append(self._slot_list[i])
+                grads.append(g.detach())
+        out = torch.zeros(self._n_slots, device=self._device)
+        for dtype, (slots, grads) in groups.items():
+            if dtype in (torch.float16, torch.bfloat16):
+                norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
             else:
-                full_idx.append(i)
-                full.append(g.detach())
-        out = torch.zeros(len(self.params), device=dev)
-        if full:
-            norms = torch.stack(torch._foreach_norm(full)).float().square()
-            out[torch.tensor(full_idx, device=dev)] = norms
-        if low:
-            norms = torch.stack(torch._foreach_norm(low, 2, dtype=torch.float32)).square()
-            out[torch.tensor(low_idx, device=dev)] = norms
+                norms = torch._foreach_norm(grads)
+            sq = torch.stack(norms).float().square()
+            out.index_add_(0, self._index(slots), sq)
         return out
 
     def _measure(
@@ -402,41 +416,51 @@ class GradientNoiseProbe:
         small_sum = torch.zeros(self._n_slots, device=dev)
         small_count = 0.0
         small_inv_b = 0.0
+        slots: list[int] = []
+        weights: list[float] = []
+        norms: list[Tensor] = []
         for m, c in zip(micros, scales, strict=True):
-            if m.small.dim() == 1:
-                small_sum += m.small / (c * c)
+            if m.per_example is None:
+                # micro-batch j: incoming gradient = c_j g_j  =>  |g_j|^2 = |incoming|^2 / c_j^2
+                for i, norm in m.norms:
+                    slots.append(self._slot_list[i])
+                    weights.append(1.0 / (c * c))
+                    norms.append(norm)
                 small_count += 1.0
                 small_inv_b += 1.0 / m.batch_size
             else:
                 # per-example: gamma_i = c n_i g_i / b  =>  |g_i|^2 = |gamma_i|^2 (b / (c n_i))^2
-                n_ex = m.small.shape[1]
-                counts = (
-                    m.item_counts
-                    if m.item_counts is not None
-                    else torch.full((n_ex,), m.batch_size / n_ex, device=dev)
-                )
-                small_sum += (m.small * (m.batch_size / c) ** 2 / counts.square()).sum(1)
+                n_ex = m.per_example.shape[1]
+                if m.item_counts is None:
+                    factor = (n_ex / c) ** 2  # n_i = b / n_ex
+                    small_sum += m.per_example.sum(1) * factor
+                    small_inv_b += n_ex * n_ex / m.batch_size
+                else:
+                    counts = m.item_counts
+                    scale = (m.batch_size / c) ** 2 / counts.square()
+                    small_sum += (m.per_example * scale).sum(1)
+                    small_inv_b += float((1.0 / counts).sum())
                 small_count += float(n_ex)
-                small_inv_b += float((1.0 / counts).sum())
+        if norms:
+            w = torch.tensor(weights, device=dev)
+            small_sum.index_add_(0, self._index(slots), torch.stack(norms).square() * w)
         sum_c = sum(scales)
         sum_c2_over_b = sum(c * c / m.batch_size for m, c in zip(micros, scales, strict=True))
         n_items = sum(m.batch_size for m in micros)
-        per_param = self._grad_sq_norms()
-        big = torch.zeros(self._n_slots, device=dev).index_add_(0, self._slot, per_param)
-        scalars = torch.tensor(
-            [small_count, small_inv_b, sum_c, sum_c2_over_b, n_items],
-            dtype=torch.float64,
-            device=dev,
-        )
+        big = self._grad_sq_by_slot()
+        local = [small_count, small_inv_b, sum_c, sum_c2_over_b, n_items]
+        s = self._n_slots
         if self.distributed:
+            scalars = torch.tensor(local, dtype=torch.float64, device=dev)
             packed = torch.cat([small_sum.double(), scalars])
             torch.distributed.all_reduce(packed, group=self.process_group)
-            small_sum = packed[: self._n_slots]
-            scalars = packed[self._n_slots :]
-        values = torch.cat([small_sum.double(), big.double(), scalars]).tolist()  # the one sync
-        s = self._n_slots
-        small_l, big_l = values[:s], values[s : 2 * s]
-        count, inv_b, c_tot, c2b_tot, items = values[2 * s :]
+            values = torch.cat([packed, big.double()]).tolist()  # the one host sync
+            small_l, big_l = values[:s], values[s + len(local) :]
+            count, inv_b, c_tot, c2b_tot, items = values[s : s + len(local)]
+        else:
+            values = torch.cat([small_sum, big]).tolist()  # the one host sync
+            small_l, big_l = values[:s], values[s:]
+            count, inv_b, c_tot, c2b_tot, items = local
         b_small = count / inv_b
         b_big = c_tot * c_tot / c2b_tot
         # averaged over ranks: grad = (1/W) sum_r sum_j c_rj g_rj, so divide by (sum c)/W
