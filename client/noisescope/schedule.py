@@ -195,6 +195,7 @@ class BatchSizeScheduler:
         self.decisions: list[BatchDecision] = []
         self._last_change_step: int | None = None
         self._observed = 0
+        self._warned = False
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -253,7 +254,13 @@ class BatchSizeScheduler:
         """Feed |G_small|² at b_small and |G_big|² at b_big of one step (science.md App. A.1)."""
         if not (math.isfinite(g_small_sq) and math.isfinite(g_big_sq)):
             return None  # science.md, Pitfalls: skip non-finite gradients
-        g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)
+        try:
+            g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)
+        except ValueError as exc:  # one batch size only: nothing to learn from this step
+            if not self._warned:
+                self._warned = True
+                logger.warning("noisescope: scheduler skips a step: %s", exc)
+            return None
         self.ema.update(g_sq, trace_sigma)
         return self._decide(step, self.ema.value.b_simple)
 

@@ -203,6 +203,9 @@ def test_observe_accepts_probe_samples_and_skips_none() -> None:
 
     sched = _sched(warmup_steps=0)
     assert sched.observe(None) is None
+    # a step with a single batch size (b_small == b_big) is skipped, never raised
+    assert sched.observe(Sample(0, 16, 16, 2.0, 2.0)) is None
+    assert sched.observe_norms(0, 8, 16, float("nan"), 1.0) is None
     # exact norms: |G|^2 = 1, tr(Sigma) = 400 -> B_simple = 400
     decision = sched.observe(Sample(0, 8, 16, 1 + 400 / 8, 1 + 400 / 16))
     assert sched.noise_scale == pytest.approx(400.0)
