@@ -268,11 +268,11 @@ class NoiseTracker:
             )  # fmt: skip
         if series:
             return
-        try:
+        try:  # on the training thread: a bad sample is skipped, never raised
             g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)
-        except ValueError:
-            return
-        if not (math.isfinite(g_sq) and math.isfinite(trace_sigma)):
+            if not (math.isfinite(g_sq) and math.isfinite(trace_sigma)):
+                return
+        except (ValueError, TypeError, ZeroDivisionError):
             return
         self.ema.update(g_sq, trace_sigma)
         self._g_sq.append(g_sq)
