@@ -64,3 +64,15 @@ def test_nul_in_names_is_a_422_on_every_backend(rel_server: Server, field: str) 
     assert r.status_code == 422, r.text
     assert field in r.json()["detail"]
     assert "NUL" in r.json()["detail"]
+
+
+def test_out_of_range_token_id_is_a_422_not_a_500(tmp_path: Path) -> None:
+    """Regression (schemathesis, full run): DELETE /api/v1/tokens/<id beyond int64> raised an
+    OverflowError in the SQLite driver and answered 500."""
+    import httpx
+
+    with Server(f"sqlite:///{tmp_path / 't.db'}") as server:
+        r = httpx.delete(f"{server.url}/api/v1/tokens/6532007761745118458548322304", timeout=30)
+        assert r.status_code == 422, r.text
+        assert "token_id" in r.json()["detail"]
+        assert httpx.delete(f"{server.url}/api/v1/tokens/5", timeout=30).status_code == 404

@@ -7,8 +7,9 @@ endpoints exist for deployments where that is inconvenient and need NOISESCOPE_A
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Path, Request
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
@@ -83,6 +84,8 @@ def _out(t: TokenRow) -> TokenOut:
 
 
 @router.delete("/tokens/{token_id}", status_code=204, summary="Revoke a token (admin)")
-def delete_token(token_id: int, engine: EngineDep, _admin: AdminDep) -> None:
+def delete_token(
+    token_id: Annotated[int, Path(ge=1, le=2**63 - 1)], engine: EngineDep, _admin: AdminDep
+) -> None:
     if not crud.revoke_token(engine, token_id):
         raise HTTPException(404, f"no live token with id {token_id}")
