@@ -118,7 +118,9 @@ class Run:
             "started_at": _now_iso(),
         }
         try:
-            spool = RunSpool(settings.dir, self.id, settings.spool_max_bytes)
+            shared = settings.all_ranks and settings.world_size > 1
+            name = f"{self.id}.rank{settings.rank}" if shared else None
+            spool = RunSpool(settings.dir, self.id, settings.spool_max_bytes, name=name)
             if spool.acquire():
                 self._spool = spool
             else:

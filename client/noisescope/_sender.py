@@ -333,6 +333,9 @@ class Sender:
         #: Per sealed spool segment: how many leading records the server already acknowledged
         #: (a replay interrupted mid-segment resumes there, so nothing is counted twice).
         self._replayed: dict[str, int] = {}
+        #: When a spool write failed (read-only or missing directory), batches are held in
+        #: memory (bounded by ``memory_max``) until this time, then the disk is tried again.
+        self._spool_retry_at = 0.0
         # counters
         self.sent = 0
         self.inserted = 0
@@ -475,7 +478,7 @@ class Sender:
         from noisescope._sync import sync_run
 
         for run_id in spooled_run_ids(self.spool.root):
-            if run_id == self.run_id or self._stopping:
+            if run_id == self.spool.dir.name or self._stopping:
                 continue
             orphan = RunSpool(self.spool.root, run_id)
             meta = orphan.read_meta() or {}
@@ -619,7 +622,10 @@ class Sender:
             if columns["seq"]:
                 outcome = self._post(columns)
                 if outcome is None or outcome in ("retry", "missing"):
-                    self._to_spool(columns)
+                    if invalid == 0 and not self._spool_usable():
+                        self.buffer.extendleft(reversed(rows))  # no disk: keep it in memory
+                    else:
+                        self._to_spool(columns)
                     self._done_inflight()
                     self._spill(force=False)
                     return False
@@ -700,7 +706,10 @@ class Sender:
     def _spill(self, force: bool) -> None:
         """Move buffered rows to the spool: all of them if ``force`` or ``batch_interval`` has
         passed since the last spill (so an outage keeps at most that much in memory), else
-        whole batches only."""
+        whole batches only. Without a usable spool the rows stay in memory, where the hot path
+        bounds them at ``memory_max`` (counting the overflow as dropped)."""
+        if not self._spool_usable():
+            return
         now = time.monotonic()
         if now - self._last_spill >= self.settings.batch_interval:
             force = True
@@ -714,8 +723,12 @@ class Sender:
                 self._to_spool(columns)
             self._done_inflight()
 
+    def _spool_usable(self) -> bool:
+        return self.spool is not None and time.monotonic() >= self._spool_retry_at
+
     def _spill_everything(self) -> None:
         """Called on the caller's thread at close when the wait ran out."""
+        self._spool_retry_at = 0.0  # last chance: try the disk; what fails is counted dropped
         with self._drain_lock:
             inflight = self._inflight
         if inflight:
@@ -735,8 +748,16 @@ class Sender:
         try:
             ok = self.spool.append(columns)
         except OSError as exc:
-            ok = False
-            self._error(f"cannot write spool {self.spool.dir}: {exc}", key="spool-io")
+            if count_dropped:
+                self.dropped += count
+            self._spool_retry_at = time.monotonic() + 5.0
+            self._error(
+                f"cannot write spool {self.spool.dir}: {exc}; keeping samples in memory "
+                f"(up to {self.settings.memory_max}) while the server is unreachable",
+                key="spool-io",
+                level=logging.WARNING,
+            )
+            return
         if not ok and count_dropped:
             self.dropped += count
             self._error(

@@ -66,10 +66,14 @@ def batch_size(record: dict[str, Any]) -> int:
 class RunSpool:
     """One run's spool directory. Thread-safe; all methods may be called from any thread."""
 
-    def __init__(self, root: Path, run_id: str, max_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self, root: Path, run_id: str, max_bytes: int = 1 << 30, name: str | None = None
+    ) -> None:
         self.root = Path(root)
         self.run_id = run_id
-        self.dir = self.root / run_id
+        #: Directory name: the run id, or e.g. ``<run id>.rank3`` when several ranks of one run
+        #: spool on the same host (run.json then holds the real run id).
+        self.dir = self.root / (name or run_id)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._fd: int | None = None

@@ -58,7 +58,7 @@ def sync_run(spool: RunSpool, transport: Transport) -> int:
     meta = spool.read_meta()
     if meta is None or not isinstance(meta.get("run"), dict):
         raise RuntimeError(f"{spool.dir} has no readable run.json")
-    run_id = spool.run_id
+    run_id = str(meta.get("run_id") or spool.run_id)
     _check(_send(transport, "PUT", _wire.runs_path(run_id), meta["run"]), "creating the run")
     posted = 0
     for path in spool.seal():

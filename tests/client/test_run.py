@@ -154,8 +154,12 @@ def test_only_rank_zero_sends_by_default(fake: FakeServer) -> None:
     assert not rank1.active
 
 
-def test_all_ranks_tag_series_and_interleave_seq(fake: FakeServer) -> None:
-    runs = [make_run(fake, rank=r, world_size=2, all_ranks=True, run_id="ab" * 16) for r in (0, 1)]
+def test_all_ranks_tag_series_and_interleave_seq(fake: FakeServer, tmp_path: Path) -> None:
+    runs = [
+        make_run(fake, rank=r, world_size=2, all_ranks=True, run_id="ab" * 16, dir=tmp_path)
+        for r in (0, 1)
+    ]
+    assert all(run._spool is not None for run in runs)  # one spool per rank on one host
     for step in range(3):
         for run in runs:
             run.log_sample(step, 8, 16, 2.0, 1.0)
@@ -224,3 +228,20 @@ def test_samples_are_sent_in_the_background_without_finish(fake: FakeServer) -> 
     run.log(step=10)  # commits step 9
     assert wait_for(lambda: len(fake.rows(run.id)) == 10)
     run.finish()
+
+
+def test_all_ranks_offline_spools_sync_into_one_run(tmp_path: Path) -> None:
+    runs = [
+        noisescope.init(project="p", mode="offline", rank=r, world_size=2, all_ranks=True,
+                        run_id="cd" * 16, dir=tmp_path)
+        for r in (0, 1)
+    ]  # fmt: skip
+    for step in range(5):
+        for run in runs:
+            run.log_sample(step, 8, 16, 2.0, 1.0)
+    for run in runs:
+        run.finish()
+    fake = FakeServer()
+    result = noisescope.sync(tmp_path, transport=fake)
+    assert sorted(result.synced) == ["cd" * 16 + ".rank0", "cd" * 16 + ".rank1"]
+    assert [r["seq"] for r in fake.rows("cd" * 16)] == list(range(10))
