@@ -121,7 +121,7 @@ def test_run_page_restores_state_from_the_url(make_app: MakeApp, synth_db: str) 
     line = spec_layers(b_chart)[1]
     assert line["encoding"]["x"]["field"] == "examples"
     assert line["encoding"]["y"]["scale"].get("type", "linear") == "linear"
-    assert set(specs) >= {"Loss", "Learning rate", "|G|² (true-gradient norm², unbiased)"}
+    assert set(specs) >= {"Loss", "Learning rate", "|G|²: true-gradient norm² (unbiased)"}
     # ≤ 2000 points per series reach the browser
     shipped = chart_data(at)
     assert max(len(f) for frames in shipped.values() for f in frames) == 600  # one per step

@@ -32,4 +32,12 @@ color = _state.select(
 chosen = runs[runs["uid"].isin(chosen_uids)]
 smoothed = compare_view(url, chosen, color=str(color), key="runs")
 st.subheader("Per task")
-st.dataframe(task_summary(chosen, smoothed), hide_index=True, width="stretch")
+st.dataframe(
+    task_summary(chosen, smoothed),
+    hide_index=True,
+    width="stretch",
+    column_config={
+        c: st.column_config.NumberColumn(c, format="%.4g")
+        for c in ("best loss", "B_simple (median, latest)", "B_simple min", "B_simple max")
+    },
+)
