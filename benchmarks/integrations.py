@@ -138,7 +138,6 @@ def _model(cfg: dict[str, Any]) -> Any:
         n_embd=cfg["n_embd"],
         n_layer=cfg["n_layer"],
         n_head=cfg["n_head"],
-        loss_type="ForCausalLM",
     )
     return GPT2LMHeadModel(config)
 
@@ -201,7 +200,7 @@ def _hf_step_times(
         trainer = Trainer(
             model=_model(cfg),
             args=args,
-            train_dataset=data,  # type: ignore[arg-type]
+            train_dataset=data,
             data_collator=_collate,
             callbacks=callbacks,
         )
@@ -253,7 +252,8 @@ def _lightning_step_times(
             )
         )
     n = cfg["micro_batch"] * cfg["accumulation"] * (cfg["steps"] + 1)
-    loader = DataLoader(_byte_blocks(n), batch_size=cfg["micro_batch"], collate_fn=_collate)
+    blocks: Any = _byte_blocks(n)  # a list is a map-style dataset
+    loader: DataLoader[Any] = DataLoader(blocks, batch_size=cfg["micro_batch"], collate_fn=_collate)
     trainer = pl.Trainer(
         max_steps=cfg["steps"],
         accumulate_grad_batches=cfg["accumulation"],

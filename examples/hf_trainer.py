@@ -32,7 +32,7 @@ PAD = 256  # bytes are tokens 0..255
 
 def byte_sequences(n: int, max_len: int, seed: int) -> list[list[int]]:
     """``n`` byte sequences of 16..max_len tokens from the standard library's source."""
-    text = b"".join(Path(m.__file__).read_bytes() for m in (json, os, random, argparse))
+    text = b"".join(Path(str(m.__file__)).read_bytes() for m in (json, os, random, argparse))
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         trainer = Trainer(
             model=model,
             args=training_args,
-            train_dataset=train,  # type: ignore[arg-type]
+            train_dataset=train,
             data_collator=collate,
             callbacks=[callback],
         )

@@ -108,6 +108,36 @@ def test_gpt2_token_counts_and_preclip_norms_reach_the_server(
     assert mean_small > mean_big
 
 
+def test_fp16_loss_scale_is_divided_out(server: ServerProcess, tmp_path: Path) -> None:
+    """Gradients scaled by a GradScaler (x1024) are measured un-scaled.
+
+    accelerate builds no GradScaler on the CPU, so the test installs one (the Trainer then
+    scales the loss and, on the CPU, never un-scales: its logged grad_norm is 1024x too big).
+    The callback must hand the optimizer's scaler to the probe, which divides by 1024^2.
+    """
+    collator = RecordingCollator()
+    callback = _callback(server, tmp_path)
+    trainer = Trainer(
+        model=tiny_gpt2(),
+        args=_args(tmp_path, fp16=True, max_steps=2),
+        train_dataset=ByteLMDataset(64),
+        data_collator=collator,
+        callbacks=[callback],
+    )
+    trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    trainer.train()
+    assert callback.run is not None
+    stored = stored_run(server, callback.run.id)
+    norms = _grad_norms(trainer)
+    assert len(stored.samples) == 2
+    for step, sample in enumerate(stored.samples):
+        micro_labels = collator.labels[2 * step : 2 * step + 2]
+        n_tokens = sum(float(lab[:, 1:].ne(-100).sum()) for lab in micro_labels)
+        trainer_n = sum(float(lab.ne(-100).sum()) for lab in micro_labels)
+        expected_big = (norms[step] / 1024.0) ** 2 * (trainer_n / n_tokens) ** 2
+        assert sample["g_big_sq"] == pytest.approx(expected_big, rel=1e-3)
+
+
 class MeanLossClassifier(nn.Module):
     """A plain nn.Module whose forward takes no loss kwargs: the Trainer divides by k."""
 

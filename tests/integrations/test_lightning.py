@@ -74,6 +74,26 @@ def test_accumulation_samples_reach_the_server(server: ServerProcess, tmp_path: 
         assert sample["lr"] == 0.05
 
 
+def test_fp16_loss_scale_is_divided_out(server: ServerProcess, tmp_path: Path) -> None:
+    """AMP with a GradScaler (x1024): measured before Lightning un-scales, divided by 1024^2."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    torch.manual_seed(0)
+    module = DigitsMLP()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    callback = LightningCallback(url=server.url, dir=tmp_path, quiet=True)
+    trainer = _trainer(
+        [callback], max_epochs=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)]
+    )
+    trainer.fit(module, digits_loader(16, n=96))
+    assert callback.run is not None
+    stored = stored_run(server, callback.run.id)
+    assert len(stored.samples) == 2
+    # the module reads the gradient after Lightning un-scaled it
+    for sample, recorded in zip(stored.samples, module.big_norms_sq, strict=True):
+        assert sample["g_big_sq"] == pytest.approx(recorded, rel=1e-4)
+
+
 def _fit_params(callbacks: list[Any]) -> dict[str, Tensor]:
     torch.manual_seed(3)
     module = DigitsMLP()

@@ -97,8 +97,9 @@ class HuggingFaceCallback(TrainerCallback):
             finished at the end of training.
         project, task, name, tags: passed to ``noisescope.init`` (name defaults to
             ``args.run_name`` or the output directory's name).
-        units: "examples" or "tokens"; default: tokens when the labels have a sequence
-            dimension (language modelling, token classification), else examples.
+        units: "examples" or "tokens"; default: the units of ``run`` if given, else tokens when
+            the labels have a sequence dimension (language modelling, token classification),
+            else examples.
         layers: also log one series per layer (see ``GradientNoiseProbe``).
         every: measure every n-th optimizer step only.
         init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
@@ -309,7 +310,8 @@ class HuggingFaceCallback(TrainerCallback):
         args, state = self._args, self._state
         assert args is not None
         assert state is not None
-        units = self.units or ("tokens" if labels.dim() >= 2 else "examples")
+        run_units = getattr(self.run, "units", None)  # a run passed in fixes the units
+        units = self.units or run_units or ("tokens" if labels.dim() >= 2 else "examples")
         if self._expect_ddp and self._ddp is None:
             warnings.warn(
                 "noisescope: several processes but no DistributedDataParallel wrapper found; "

@@ -56,7 +56,8 @@ class LightningCallback(pl.Callback):
             created on the first training batch and finished when training ends.
         project, task, name, tags: passed to ``noisescope.init`` (task defaults to the
             LightningModule's class name; config to its ``hparams``).
-        units: "examples" or "tokens"; what ``batch_size_fn`` counts.
+        units: "examples" or "tokens", what ``batch_size_fn`` counts (default: the units of
+            ``run`` if given, else examples).
         batch_size_fn: items in a micro-batch (e.g. real tokens: ``lambda b: (b["labels"] !=
             -100).sum()``); default: Lightning's ``extract_batch_size`` (examples).
         loss_reduction: how ``training_step``'s loss is reduced over the micro-batch's items:
@@ -75,7 +76,7 @@ class LightningCallback(pl.Callback):
         task: str | None = None,
         name: str | None = None,
         tags: list[str] | None = None,
-        units: str = "examples",
+        units: str | None = None,
         batch_size_fn: Callable[[Any], float | int | Tensor] | None = None,
         loss_reduction: str = "mean",
         micro_loss: str = "mean/k",
@@ -83,6 +84,8 @@ class LightningCallback(pl.Callback):
         every: int = 1,
         **init_kwargs: Any,
     ) -> None:
+        if units is None:  # a run passed in fixes the units
+            units = getattr(run, "units", None) or "examples"
         if units not in ("examples", "tokens"):
             raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
         if loss_reduction not in ("mean", "sum"):
