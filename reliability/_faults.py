@@ -121,8 +121,9 @@ def client_killed(
 
 def readonly_spool(server: Server, workdir: Path, *, samples: int, rate: float) -> FaultResult:
     """Make the run's spool directory read-only mid-run, then crash the server so the client
-    needs the spool: it must not crash or block, must count what it could not keep as dropped,
-    and everything it reports as sent must be stored."""
+    needs the spool: it must not crash or block, must report the unwritable spool, keep what
+    fits in memory (``memory_max``) until the server is back, and count anything it could not
+    keep as dropped; everything it reports as sent must be stored."""
     name = "spool directory made read-only, then server SIGKILLed"
     spool = workdir / "spool-ro"
     spool.mkdir()
@@ -132,7 +133,7 @@ def readonly_spool(server: Server, workdir: Path, *, samples: int, rate: float) 
     spec = ClientSpec(
         url=server.url, run_id=rid, project="faults", task="readonly", samples=samples,
         spool_dir=str(spool), out=str(out), rate=rate, seed=7, ack_log=str(ack_log),
-        batch_max=500, flush_timeout=5.0, extra={"batch_interval": 0.2},
+        batch_max=500, flush_timeout=60.0, extra={"batch_interval": 0.2},
     )  # fmt: skip
     worker = start_worker(spec, workdir, respect_permissions=True)
     problems: list[str] = []
@@ -177,6 +178,10 @@ def readonly_spool(server: Server, workdir: Path, *, samples: int, rate: float) 
         }
         if result["sent"] + result["dropped"] + result["spooled"] != result["logged"]:
             problems.append("sent + dropped + spooled != logged: samples unaccounted for")
+        if result["dropped"] and result["logged"] <= 50_000:
+            problems.append("samples dropped although they fitted in memory (memory_max)")
+        if len(stored) != result["logged"] - result["dropped"]:
+            problems.append("stored != logged - dropped")
         if acked - stored:
             problems.append("acknowledged samples missing from the database")
         if "cannot write spool" not in log:

@@ -622,10 +622,9 @@ class Sender:
             if columns["seq"]:
                 outcome = self._post(columns)
                 if outcome is None or outcome in ("retry", "missing"):
-                    if invalid == 0 and not self._spool_usable():
+                    keep = invalid == 0 and not self._abandoned  # close() gave up: count it
+                    if not self._to_spool(columns, hold=keep):
                         self.buffer.extendleft(reversed(rows))  # no disk: keep it in memory
-                    else:
-                        self._to_spool(columns)
                     self._done_inflight()
                     self._spill(force=False)
                     return False
@@ -719,8 +718,10 @@ class Sender:
             rows = self._take(self.settings.batch_max)
             columns, invalid = rows_to_columns(rows, self.series_prefix)
             self._count_invalid(invalid)
-            if columns["seq"]:
-                self._to_spool(columns)
+            if columns["seq"] and not self._to_spool(columns, hold=invalid == 0):
+                self.buffer.extendleft(reversed(rows))  # no disk: keep them in memory
+                self._done_inflight()
+                return
             self._done_inflight()
 
     def _spool_usable(self) -> bool:
@@ -728,7 +729,7 @@ class Sender:
 
     def _spill_everything(self) -> None:
         """Called on the caller's thread at close when the wait ran out."""
-        self._spool_retry_at = 0.0  # last chance: try the disk; what fails is counted dropped
+        self._spool_retry_at = 0.0  # last chance: try the disk
         with self._drain_lock:
             inflight = self._inflight
         if inflight:
@@ -737,19 +738,27 @@ class Sender:
             if columns["seq"]:
                 self._to_spool(columns, count_dropped=False)
         self._spill(force=True)
+        with self._drain_lock:  # what neither the server nor the disk took is lost: count it
+            left = len(self.buffer)
+            self.buffer.clear()
+        if left:
+            self.dropped += left
+            self._error(f"{left} samples could not be sent or spooled", key="lost-at-exit")
         self._spill_events()
 
-    def _to_spool(self, columns: Columns, count_dropped: bool = True) -> None:
+    def _to_spool(self, columns: Columns, count_dropped: bool = True, hold: bool = False) -> bool:
+        """Append a batch to the spool. With ``hold``, a batch the disk cannot take (no spool,
+        I/O error) is not counted dropped: False tells the caller to keep it in memory."""
         count = len(columns["seq"])
-        if self.spool is None:
+        if self.spool is None or not self._spool_usable():
+            if hold:
+                return False
             if count_dropped:
                 self.dropped += count
-            return
+            return True
         try:
             ok = self.spool.append(columns)
         except OSError as exc:
-            if count_dropped:
-                self.dropped += count
             self._spool_retry_at = time.monotonic() + 5.0
             self._error(
                 f"cannot write spool {self.spool.dir}: {exc}; keeping samples in memory "
@@ -757,7 +766,11 @@ class Sender:
                 key="spool-io",
                 level=logging.WARNING,
             )
-            return
+            if hold:
+                return False
+            if count_dropped:
+                self.dropped += count
+            return True
         if not ok and count_dropped:
             self.dropped += count
             self._error(
@@ -766,6 +779,7 @@ class Sender:
                 key="spool-full",
                 level=logging.WARNING,
             )
+        return True
 
     def _count_invalid(self, invalid: int) -> None:
         if invalid:

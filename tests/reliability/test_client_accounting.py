@@ -89,3 +89,51 @@ def test_backoff_survives_a_very_long_outage() -> None:
     delays = [backoff.next_delay() for _ in range(5000)]
     assert max(delays) <= 30.0
     assert min(delays[20:]) >= 15.0  # still capped and jittered, not reset
+
+
+def _sabotage_spool(run: noisescope.Run) -> None:
+    """Replace the run's spool directory by a file: every segment write now fails (OSError),
+    as with a read-only or vanished disk (root ignores permission bits, so no chmod)."""
+    import shutil
+
+    spool_dir = Path(run.status().spool_dir or "")
+    assert spool_dir.is_dir()
+    shutil.rmtree(spool_dir)
+    spool_dir.write_text("not a directory")
+
+
+def test_unwritable_spool_keeps_samples_in_memory_through_an_outage(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """Regression: with the spool unwritable, every batch of an outage was dropped at once
+    although the in-memory bound (memory_max) had room for it."""
+    transport = FlakyTransport(server.url)
+    transport.down = False
+    run = noisescope.init(url=server.url, project="acct", dir=tmp_path, transport=transport,
+                          batch_max=100, batch_interval=0.05, backoff_base=0.05,
+                          backoff_max=0.2, quiet=True)  # fmt: skip
+    _sabotage_spool(run)
+    with transport.lock:
+        transport.down = True
+    for step in range(1001):
+        run.log_sample(step, 8.0, 32.0, 6.0, 2.3)
+    time.sleep(1.0)  # the outage: batches fail, the spool cannot take them
+    assert run.status().dropped == 0
+    with transport.lock:
+        transport.down = False
+    status = run.finish(timeout=30)
+    assert (status.sent, status.dropped, status.queued) == (1001, 0, 0), status
+
+
+def test_what_neither_server_nor_disk_took_at_finish_is_counted_dropped(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    transport = FlakyTransport(server.url)
+    run = noisescope.init(url=server.url, project="acct", dir=tmp_path, transport=transport,
+                          batch_max=100, batch_interval=0.05, backoff_base=0.05,
+                          backoff_max=0.2, quiet=True)  # fmt: skip
+    _sabotage_spool(run)
+    for step in range(501):
+        run.log_sample(step, 8.0, 32.0, 6.0, 2.3)
+    status = run.finish(timeout=1.0)
+    assert (status.sent, status.spooled, status.queued, status.dropped) == (0, 0, 0, 501), status
