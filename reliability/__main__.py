@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -71,6 +71,9 @@ class Sizes:
     properties: int
     browser_runs: int
     time_limit: float
+    #: The paced load: the same number of runs at a rate the server keeps up with.
+    paced_samples: int = 20_000
+    paced_rate: float = 250.0
 
     @classmethod
     def full(cls) -> Sizes:
@@ -80,7 +83,7 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         return cls(4, 3000, 1000.0, 3, 3000, 500.0, 2, 2.0, 0, 64 << 20,
-                   ["--phases", "fuzzing", "-n", "5"], 60, 1, 600.0)  # fmt: skip
+                   ["--phases", "fuzzing", "-n", "5"], 60, 1, 600.0, 1000, 200.0)  # fmt: skip
 
 
 @dataclass
@@ -180,6 +183,11 @@ def _guard(report: Report, title: str, fn: Callable[[], tuple[bool, str]]) -> No
 
 def _workers(backend: str) -> int:
     return 2 if backend == "postgresql" else 1
+
+
+def paced_section(backend: str, s: Sizes) -> tuple[bool, str]:
+    """The same number of runs at a rate below the server's capacity: latency without queueing."""
+    return load_section(backend, replace(s, samples=s.paced_samples, rate=s.paced_rate))
 
 
 def load_section(backend: str, s: Sizes) -> tuple[bool, str]:
@@ -376,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reliability", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (minutes)")
     parser.add_argument("--backends", default="sqlite,postgresql")
-    parser.add_argument("--only", default="load,faults,bad,properties,auth,browser")
+    parser.add_argument("--only", default="load,paced,faults,bad,properties,auth,browser")
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")
     parser.add_argument("--rate", type=float, help="load: samples/s per run (0: unpaced)")
@@ -406,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             pg = backend == "postgresql" and not args.quick and sizes.pg_restarts > 0
             steps: list[tuple[str, str, Callable[[], tuple[bool, str]]]] = [
                 ("load", "Load", partial(load_section, backend, sizes)),
+                ("paced", "Load below saturation", partial(paced_section, backend, sizes)),
                 ("faults", "Faults", partial(fault_section, backend, sizes, pg)),
                 ("bad", "Bad input", partial(bad_input_section, backend, sizes)),
                 ("auth", "Isolation and auth", partial(auth_section, backend)),
