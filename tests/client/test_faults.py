@@ -37,12 +37,13 @@ HOT_CALL_BOUND_S = 0.5
 SLOW_CALL_S = 0.05
 
 
-@pytest.fixture
-def server(sqlite_url: str) -> Iterator[ServerProcess]:
-    proc = ServerProcess(sqlite_url)
-    proc.start()
-    yield proc
-    proc.close()
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
+    """One server (SQLite) for the tests that do not kill it: every test uses its own run,
+    and exactly-once is checked per run, so they cannot see each other's samples."""
+    db_url = f"sqlite:///{tmp_path_factory.mktemp('shared') / 'noisescope.db'}"
+    with ServerProcess(db_url) as proc:
+        yield proc, db_url
 
 
 def stored(db_url: str, run_id: str) -> list[tuple[int, int, float, float | None]]:
@@ -206,9 +207,10 @@ def _kill_and_restart_mid_run(db_url: str, server: ServerProcess, tmp_path: Path
     ids=["5xx", "429", "lost-answers", "slow", "mixed"],
 )
 def test_faulty_network_in_front_of_real_server(
-    sqlite_url: str, server: ServerProcess, tmp_path: Path, faults: list[int | str]
+    shared_server: tuple[ServerProcess, str], tmp_path: Path, faults: list[int | str]
 ) -> None:
-    _through_faulty_proxy(sqlite_url, server, tmp_path, faults)
+    server, db_url = shared_server
+    _through_faulty_proxy(db_url, server, tmp_path, faults)
 
 
 @pytest.mark.postgres
@@ -287,19 +289,21 @@ for step in range(300):
 LOUD_ENV = {**os.environ, "NOISESCOPE_QUIET": "0"}
 
 
-def test_interpreter_exit_flushes_without_finish(sqlite_url: str, tmp_path: Path) -> None:
-    with ServerProcess(sqlite_url) as server:
-        done = subprocess.run(
-            [sys.executable, "-c", EXIT_SCRIPT, server.url, str(tmp_path / "spool"), "30"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-            env=LOUD_ENV,
-        )
-        run_id = done.stdout.split()[0]
-        assert_exactly_once(sqlite_url, run_id, 300)
-        assert run_status(sqlite_url, run_id) == "finished"
+def test_interpreter_exit_flushes_without_finish(
+    shared_server: tuple[ServerProcess, str], tmp_path: Path
+) -> None:
+    server, sqlite_url = shared_server
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, server.url, str(tmp_path / "spool"), "30"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=LOUD_ENV,
+    )
+    run_id = done.stdout.split()[0]
+    assert_exactly_once(sqlite_url, run_id, 300)
+    assert run_status(sqlite_url, run_id) == "finished"
     assert "sent 300, spooled 0, dropped 0" in done.stderr
     assert not (tmp_path / "spool" / run_id).exists()
 
