@@ -230,10 +230,10 @@ def fault_section(backend: str, s: Sizes, pg_restart: bool) -> tuple[bool, str]:
     wd = Workdir.make(f"faults-{backend}")
     try:
         with database(backend, wd.path) as url, Server(url, workers=_workers(backend)) as srv:
-            scenarios = [(f"server SIGKILLed x{s.kills}", server_kills(s.kills, s.kill_every, 1.0))]
+            scenarios = [("server SIGKILLed", server_kills(s.kills, s.kill_every, 1.0))]
             if pg_restart:
-                scenarios.append((f"PostgreSQL restarted x{s.pg_restarts}",
-                                  postgres_restarts(s.pg_restarts, s.kill_every * 2)))  # fmt: skip
+                scenarios.append(("PostgreSQL restarted",
+                                  postgres_restarts(s.pg_restarts, s.kill_every)))  # fmt: skip
             for i, (label, injector) in enumerate(scenarios):
                 sub = wd.path / f"s{i}"
                 sub.mkdir()
@@ -244,6 +244,7 @@ def fault_section(backend: str, s: Sizes, pg_restart: bool) -> tuple[bool, str]:
                 finally:
                     if pg_restart:
                         ensure_postgres_running()
+                label = f"{label} x{len(r.faults)}"
                 rows.append(summary_row(r, label))
                 ok &= r.ok
                 notes.append(f"- {label}: " + "; ".join(r.faults + r.problems) + (
