@@ -207,7 +207,7 @@ def http_rate(server: ServerProcess, n: int, batch: int, clients: int) -> float:
 
 def compare(
     driver_url: str, http_url: str, n: int, batch: int, clients: int, workers: int, rounds: int
-) -> tuple[float, float, list[float]]:
+) -> tuple[float, float, list[float], float]:
     """Alternate driver and HTTP rounds (the machine's load drifts): medians and the per-round
     ratios HTTP / driver."""
     drivers, https, ratios = [], [], []
@@ -222,12 +222,37 @@ def compare(
             drivers.append(d)
             https.append(h)
             ratios.append(h / d)
-    return statistics.median(drivers), statistics.median(https), ratios
+    return statistics.median(drivers), statistics.median(https), ratios, bytes_per_sample(http_url)
 
 
-def _ratio_cells(driver: float, http: float, ratios: list[float]) -> str:
+def bytes_per_sample(url: str) -> float:
+    """On-disk bytes of ``sample`` + ``sample_block`` (tables and indexes) per stored sample."""
+    from sqlalchemy import text
+
+    from noisescope_server import db
+
+    engine = db.make_engine(url)
+    with engine.connect() as conn:
+        count = conn.execute(text("SELECT count(*) FROM sample")).scalar_one()
+        if engine.dialect.name == "postgresql":
+            size = conn.execute(
+                text(
+                    "SELECT pg_total_relation_size('sample') "
+                    "+ pg_total_relation_size('sample_block')"
+                )
+            ).scalar_one()
+        else:
+            page = conn.execute(text("PRAGMA page_size")).scalar_one()
+            pages = conn.execute(text("PRAGMA page_count")).scalar_one()
+            free = conn.execute(text("PRAGMA freelist_count")).scalar_one()
+            size = page * (pages - free)  # whole file: samples dominate it
+    engine.dispose()
+    return float(size) / max(int(count), 1)
+
+
+def _ratio_cells(driver: float, http: float, ratios: list[float], bps: float) -> str:
     spread = ", ".join(f"{r:.0%}" for r in ratios)
-    return f"{driver:,.0f} | {http:,.0f} | {statistics.median(ratios):.0%} ({spread}) |"
+    return f"{driver:,.0f} | {http:,.0f} | {statistics.median(ratios):.0%} ({spread}) | {bps:.0f} |"
 
 
 def keepalive_latency_ms(base: str, requests_n: int) -> tuple[float, float]:
@@ -448,13 +473,13 @@ def run(quick: bool) -> str:
         "Command: `python -m benchmarks.ingest" + (" --quick" if quick else "") + "`.",
         "",
         "| backend | driver executemany (rows/s) | noisescope over HTTP (samples/s) "
-        "| HTTP / driver (per round) |",
-        "|---|---:|---:|---:|",
+        "| HTTP / driver (per round) | stored bytes/sample |",
+        "|---|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory(prefix="ns-bench-") as tmp_name:
         tmp = Path(tmp_name)
         for workers in (1, 2):
-            sqlite_driver, http, ratios = compare(
+            sqlite_driver, http, ratios, bps = compare(
                 f"sqlite:///{tmp / f'driver{workers}.db'}",
                 f"sqlite:///{tmp / f'http{workers}.db'}",
                 n,
@@ -467,21 +492,21 @@ def run(quick: bool) -> str:
                 sqlite_http = http
             lines.append(
                 f"| SQLite ({workers} worker{'s' * (workers > 1)}) | "
-                + _ratio_cells(sqlite_driver, http, ratios)
+                + _ratio_cells(sqlite_driver, http, ratios, bps)
             )
         n_mlflow = min(n, 40_000)
         mlflow = mlflow_rate(tmp, n_mlflow, clients)
         pg_names = [_pg_database(), _pg_database()]
         if None in pg_names:
-            lines.append("| PostgreSQL | unreachable at 127.0.0.1:5432: skipped | | |")
+            lines.append("| PostgreSQL | unreachable at 127.0.0.1:5432: skipped | | | |")
         else:
             try:
                 base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-                pg_driver, pg_http, ratios = compare(
+                pg_driver, pg_http, ratios, bps = compare(
                     f"{base}/{pg_names[0]}", f"{base}/{pg_names[1]}", n, batch, clients, 2, rounds
                 )
                 lines.append(
-                    "| PostgreSQL (2 workers) | " + _ratio_cells(pg_driver, pg_http, ratios)
+                    "| PostgreSQL (2 workers) | " + _ratio_cells(pg_driver, pg_http, ratios, bps)
                 )
             finally:
                 for name in pg_names:

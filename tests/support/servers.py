@@ -63,11 +63,12 @@ class ServerProcess:
         workers: int = 1,
         auth: str = "off",
         env: dict[str, str] | None = None,
-        startup_timeout: float = 60.0,
+        startup_timeout: float = 120.0,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="noisescope-server-")
         tmp = Path(self._tmp.name)
         self.database_url = database_url or f"sqlite:///{tmp / 'noisescope.db'}"
+        self._auto_port = port is None
         self.port = port or free_port()
         self.workers = workers
         self.auth = auth
@@ -100,10 +101,24 @@ class ServerProcess:
         ]
 
     def start(self) -> ServerProcess:
+        """Start and wait for health. An auto-picked port that another process grabbed in the
+        meantime is replaced by a fresh one (up to 3 tries)."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("server already running")
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except RuntimeError as exc:
+                in_use = "address already in use" in str(exc).lower()
+                if not (in_use and self._auto_port and attempt < 2):
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> ServerProcess:
         env = {**os.environ, "NOISESCOPE_HOME": self._tmp.name, **self.env}
         env.pop("NOISESCOPE_DATABASE_URL", None)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -116,7 +131,7 @@ class ServerProcess:
             wait_for_health(self.url, self.startup_timeout, self.proc)
         except Exception as exc:
             self.kill()
-            raise RuntimeError(f"{exc}\n--- server log ---\n{self.log()}") from exc
+            raise RuntimeError(f"{exc}\n--- server log ---\n{self.log()[offset:]}") from exc
         return self
 
     def log(self) -> str:
