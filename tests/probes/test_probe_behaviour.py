@@ -183,3 +183,31 @@ def test_batchnorm_refuses_per_example() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     with pytest.raises(ValueError, match="BatchNorm"):
         GradientNoiseProbe(model, ListSink(), source="per_example")
+
+
+def test_small_batches_first_measures_only_the_first_micro_batch() -> None:
+    """small_batches="first": G_small is the first micro-batch; G_big still all of them."""
+    steps, k, b = 2, 3, 4
+    model, sink = _mlp(), ListSink()
+    ref = copy.deepcopy(model)
+    probe = GradientNoiseProbe(model, sink, source="micro", small_batches="first")
+    x, y = _data(steps, k, b)
+    for i in range(steps):
+        for j in range(k):
+            (_loss(model, x[i, j], y[i, j]) / k).backward()
+            probe.micro_step(batch_size=b)
+        probe.step()
+        model.zero_grad()
+    for i in range(steps):
+        micro = [
+            torch.autograd.grad(_loss(ref, x[i, j], y[i, j]), list(ref.parameters()))
+            for j in range(k)
+        ]
+        row = sink.series("")[i]
+        assert row["b_small"] == b
+        assert row["b_big"] == k * b
+        assert row["g_small_sq"] == pytest.approx(
+            float(sum(g.square().sum() for g in micro[0])), rel=1e-5
+        )
+        big = sum(float((sum(m[p] for m in micro) / k).square().sum()) for p in range(4))
+        assert row["g_big_sq"] == pytest.approx(big, rel=1e-5)

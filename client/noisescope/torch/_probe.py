@@ -74,6 +74,7 @@ class _Micro:
     batch_size: float
     grad_scale: float | None
     item_counts: Tensor | None
+    measured: bool = True
 
 
 def _is_ddp(model: nn.Module) -> bool:
@@ -111,6 +112,9 @@ class GradientNoiseProbe:
             named parameter group (a mapping name -> parameters).
         scaler: a ``torch.amp.GradScaler``; norms are un-scaled by its current scale.
         every: measure every n-th step only (hooks do nothing on the others).
+        small_batches: micro source: which backwards of a step give G_small samples: "all"
+            (most precise) or "first" (one gradient read per step instead of one per
+            micro-batch: cheaper with many micro-batches, noisier tr(Sigma)).
         per_example: "auto" (cheap identities, torch.func for other modules), "identities"
             (fail on unsupported modules), "func" (torch.func everywhere).
         process_group: DDP process group (default: the world).
@@ -127,6 +131,7 @@ class GradientNoiseProbe:
         layers: bool | Mapping[str, Iterable[nn.Parameter]] = False,
         scaler: Any = None,
         every: int = 1,
+        small_batches: Literal["all", "first"] = "all",
         per_example: PerExampleMethod = "auto",
         process_group: Any = None,
     ) -> None:
@@ -154,6 +159,10 @@ class GradientNoiseProbe:
         self.micro_loss = micro_loss
         self.scaler = scaler
         self.every = every
+        if small_batches not in ("all", "first"):
+            raise ValueError(f"small_batches must be 'all' or 'first', got {small_batches!r}")
+        self._first_only = small_batches == "first"
+        self._n_micro = 0  # backwards recorded in the current step
         self.process_group = process_group
         self.distributed = _is_ddp(model) and torch.distributed.is_initialized()
         self.world_size = torch.distributed.get_world_size(process_group) if self.distributed else 1
@@ -246,7 +255,7 @@ class GradientNoiseProbe:
         # One kernel per parameter and backward, no host sync: the norm stays on the device
         # until step() stacks them all.
         def hook(grad: Tensor) -> None:
-            if not self._armed:
+            if not self._armed or (self._first_only and self._n_micro > 0):
                 return
             if grad.dtype == torch.float32:
                 norm = torch.linalg.vector_norm(grad)
@@ -291,6 +300,8 @@ class GradientNoiseProbe:
         if not batch_size > 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self._step_items += float(batch_size)
+        measured = not (self._first_only and self._n_micro > 0)
+        self._n_micro += 1
         if not self._armed:
             self._pending = []
             if self._per_example is not None:
@@ -300,7 +311,9 @@ class GradientNoiseProbe:
         if item_counts is not None:
             counts = torch.as_tensor(item_counts, dtype=torch.float32, device=self._device)
         if self.source == "micro":
-            self._micro.append(_Micro(self._pending, None, float(batch_size), grad_scale, counts))
+            self._micro.append(
+                _Micro(self._pending, None, float(batch_size), grad_scale, counts, measured)
+            )
             self._pending = []
         else:
             assert self._per_example is not None
@@ -337,6 +350,7 @@ class GradientNoiseProbe:
         self.step_count += 1
         micros, self._micro = self._micro, []
         step_items, self._step_items = self._step_items, 0.0
+        self._n_micro = 0
         if not armed:
             self.examples_seen += step_items * self.world_size
             return None
@@ -420,6 +434,8 @@ class GradientNoiseProbe:
         weights: list[float] = []
         norms: list[Tensor] = []
         for m, c in zip(micros, scales, strict=True):
+            if m.per_example is None and not m.measured:
+                continue  # small_batches="first": only the first backward is a G_small
             if m.per_example is None:
                 # micro-batch j: incoming gradient = c_j g_j  =>  |g_j|^2 = |incoming|^2 / c_j^2
                 for i, norm in m.norms:
