@@ -255,6 +255,49 @@ def _ratio_cells(driver: float, http: float, ratios: list[float], bps: float) ->
     return f"{driver:,.0f} | {http:,.0f} | {statistics.median(ratios):.0%} ({spread}) | {bps:.0f} |"
 
 
+def _proc_cpu_s(pid: int) -> float:
+    """user + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_sample(tmp: Path, n: int, batch: int) -> tuple[float, float]:
+    """CPU microseconds per row: the driver's executemany (this process) and the whole server
+    process per sample over HTTP (one sequential client). Unlike wall-clock rates this does
+    not depend on how busy the shared machine is."""
+    url = f"sqlite:///{tmp / 'cpu-driver.db'}"
+    run_id = _prepare_schema(url)
+    rows = _rows(run_id, make_columns(n, 0, 1))
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    sql = _INSERT.format(", ".join("?" * 14))
+    c0 = time.process_time()
+    for i in range(0, n, batch):
+        conn.execute("BEGIN")
+        conn.executemany(sql, rows[i : i + batch])
+        conn.execute("COMMIT")
+    driver_us = (time.process_time() - c0) / n * 1e6
+    conn.close()
+    with ServerProcess(database_url=f"sqlite:///{tmp / 'cpu-http.db'}") as server:
+        assert server.proc is not None
+        uid = uuid.uuid4().hex
+        requests.put(
+            f"{server.url}/api/v1/runs/{uid}", json={"project": "bench", "task": "cpu"}
+        ).raise_for_status()
+        cols = make_columns(n, 0, 2)
+        bodies = [
+            orjson.dumps({"columns": {c: v[i : i + batch] for c, v in cols.items()}})
+            for i in range(0, n, batch)
+        ]
+        session = requests.Session()
+        c0 = _proc_cpu_s(server.proc.pid)
+        for body in bodies:
+            session.post(f"{server.url}/api/v1/runs/{uid}/samples", data=body).raise_for_status()
+        server_us = (_proc_cpu_s(server.proc.pid) - c0) / n * 1e6
+    return driver_us, server_us
+
+
 def keepalive_latency_ms(base: str, requests_n: int) -> tuple[float, float]:
     """p50 and p90 of sequential keep-alive GETs on one connection (first request excluded)."""
     session = requests.Session()
@@ -494,6 +537,19 @@ def run(quick: bool) -> str:
                 f"| SQLite ({workers} worker{'s' * (workers > 1)}) | "
                 + _ratio_cells(sqlite_driver, http, ratios, bps)
             )
+        driver_us, server_us = cpu_per_sample(tmp, n, batch)
+        cpu_lines = [
+            "",
+            "CPU per sample, independent of the machine's load (SQLite; driver = this process's "
+            "CPU for `executemany`; server = the whole server process's CPU per sample over "
+            "HTTP from one sequential client: HTTP, JSON parsing, validation, estimates, "
+            "insert-or-ignore, block sums, commit):",
+            "",
+            "| driver executemany (µs/row) | noisescope server (µs/sample) | driver / server "
+            "(the rate ratio one server core can reach) |",
+            "|---:|---:|---:|",
+            f"| {driver_us:.2f} | {server_us:.2f} | {driver_us / server_us:.0%} |",
+        ]
         n_mlflow = min(n, 40_000)
         mlflow = mlflow_rate(tmp, n_mlflow, clients)
         pg_names = [_pg_database(), _pg_database()]
@@ -512,6 +568,7 @@ def run(quick: bool) -> str:
                 for name in pg_names:
                     if name:
                         _drop_pg(name)
+        lines += cpu_lines
         if mlflow is None:
             lines += [
                 "",
