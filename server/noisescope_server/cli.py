@@ -40,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     up.add_argument("--port", type=int, default=DEFAULT_PORT, help="server port (%(default)s)")
     up.add_argument(
-        "--dashboard-port", type=int, default=DEFAULT_DASHBOARD_PORT, help="(%(default)s)"
+        "--dashboard-port",
+        type=int,
+        default=DEFAULT_DASHBOARD_PORT,
+        help="dashboard port (%(default)s)",
     )
     up.add_argument("--database-url", help="SQLAlchemy URL (default: the local SQLite file)")
     up.add_argument("--no-dashboard", action="store_true", help="start only the server")
