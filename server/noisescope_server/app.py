@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from noisescope import _wire
@@ -125,6 +125,17 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(sqlite3.OperationalError, _driver_unavailable)
     app.add_exception_handler(psycopg.OperationalError, _driver_unavailable)
+
+    async def _bad_value(_r: Request, exc: Exception) -> JSONResponse:
+        # a value the database cannot hold or compare (e.g. NUL in a query parameter on
+        # PostgreSQL, an integer beyond 64 bits on SQLite): the request's fault, not a 500
+        orig = getattr(exc, "orig", None) or exc
+        reason = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+        return _detail(422, f"a value in this request cannot be used by the database: {reason}")
+
+    app.add_exception_handler(DataError, _bad_value)
+    app.add_exception_handler(psycopg.DataError, _bad_value)
+    app.add_exception_handler(OverflowError, _bad_value)
 
     @app.exception_handler(DBAPIError)
     async def _db_error(_r: Request, exc: DBAPIError) -> JSONResponse:

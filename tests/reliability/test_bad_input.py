@@ -76,3 +76,24 @@ def test_out_of_range_token_id_is_a_422_not_a_500(tmp_path: Path) -> None:
         assert r.status_code == 422, r.text
         assert "token_id" in r.json()["detail"]
         assert httpx.delete(f"{server.url}/api/v1/tokens/5", timeout=30).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/runs/0/series?series=a%00b",
+        "/api/v1/runs?search=a%00b",
+        "/api/v1/runs?project=a%00b&task=t%00",
+        "/api/v1/tasks?project=%00",
+        "/api/v1/runs/0/samples.csv?series=%00",
+    ],
+)
+def test_nul_in_query_parameters_is_never_a_500(rel_server: Server, path: str) -> None:
+    """Regression (schemathesis, full run): a NUL in a query parameter reached PostgreSQL as
+    text and answered 500; a value the database cannot use is now a 422 saying so."""
+    import httpx
+
+    r = httpx.get(rel_server.url + path, timeout=30)
+    assert r.status_code in (200, 404, 422), r.text
+    if r.status_code == 422:
+        assert "cannot be used by the database" in r.json()["detail"]
