@@ -64,6 +64,9 @@ X_AXES: tuple[XAxis, ...] = ("step", "examples", "time")
 LEVEL = 0.9
 #: Samples in the "current" B_simple window of a run summary.
 RECENT_WINDOW = 500
+#: Smallest bucket that gets its own interval: a handful of samples cut into sub-blocks says
+#: nothing useful, and skipping them keeps short runs' 2000-point series cheap.
+MIN_INTERVAL_SAMPLES = 32
 #: Sub-buckets per bucket: the blocks a bucket's own jackknife interval is computed from.
 _SUB = 4
 
@@ -511,7 +514,7 @@ def _point(
     point = NoiseScale.from_sums(sum_g, sum_s, n)
     lo = hi = None
     reason = point.reason
-    if point.b_simple is not None and len(block_n) >= 2:
+    if point.b_simple is not None and len(block_n) >= 2 and n >= MIN_INTERVAL_SAMPLES:
         iv = interval_from_blocks(block_n, block_g, block_s, level=LEVEL)
         if iv.b_simple is not None:
             lo, hi = iv.b_simple.lo, iv.b_simple.hi
