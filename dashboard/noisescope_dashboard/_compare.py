@@ -16,6 +16,8 @@ from noisescope_dashboard._ui import chart_with_downloads
 __all__ = ["POINTS_PER_RUN", "compare_view", "task_summary"]
 
 POINTS_PER_RUN = 400
+#: A run with this many 64-sample blocks is read from the block table (coarser, much faster).
+MIN_BLOCKS = 100
 
 
 def task_summary(runs: pd.DataFrame, smoothed: pd.DataFrame) -> pd.DataFrame:
@@ -67,7 +69,7 @@ def compare_view(url: str, chosen: pd.DataFrame, *, color: str, key: str) -> pd.
         bind="query-params",
     )
     log_x = c3.checkbox("log x (progress)", value=False, key="logx", bind="query-params")
-    series = _data.runs_series(url, tuple(chosen["uid"]), ("",), POINTS_PER_RUN)
+    series = _data.runs_series(url, tuple(chosen["uid"]), ("",), POINTS_PER_RUN, MIN_BLOCKS)
     if series.empty:
         st.info("These runs have no samples yet; they appear once training loops post them.")
         return series

@@ -220,6 +220,7 @@ def runs_series(
     uids: Sequence[str],
     series: Sequence[str] = ("",),
     max_points: int = MAX_POINTS,
+    min_blocks: float | None = None,
 ) -> pd.DataFrame:
     """Bucketed sums for several runs and series in one query, at most ``max_points`` each.
 
@@ -227,6 +228,9 @@ def runs_series(
     and 𝒮 and the sample count, the last step/examples/time, the mean loss and lr, and the
     largest B_big (the batch in use). Columns: run, series, bucket, n, sum_g_sq,
     sum_trace_sigma, step, examples, time, loss, lr, batch_size.
+
+    Runs with at least ``min_blocks`` pre-summed blocks (default: one per requested point) are
+    read from ``sample_block``; the Compare pages accept coarser buckets for speed.
     """
     if not uids:
         return _empty_series()
@@ -234,7 +238,10 @@ def runs_series(
     with get_engine(url).connect() as conn:
         ids = dict(conn.execute(sa.select(Run.uid, Run.id).where(Run.uid.in_(list(uids)))).all())
         rows = _rows(
-            conn, [int(i) for i in ids.values()], list(series), max_points * BLOCKS_PER_POINT
+            conn,
+            [int(i) for i in ids.values()],
+            list(series),
+            max_points * BLOCKS_PER_POINT if min_blocks is None else min_blocks,
         )
         stats = (
             sa.select(

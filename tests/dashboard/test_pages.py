@@ -236,3 +236,10 @@ def test_png_and_csv_downloads_render_offline() -> None:
     png = _ui._png(_charts.metric_chart(frame, x="step", y="g_sq", title="|G|²"))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert _ui._csv(frame).splitlines() == ["step,g_sq", "1,1.0", "2,2.0"]
+    # Compare charts hold up to 400 points per run x many runs: more than Altair's 5000-row
+    # guard, which is active outside a Streamlit render
+    many = pd.DataFrame(
+        {"task": ["t"] * 6000, "run": ["r"] * 6000, "loss": range(1, 6001), "b_simple": 1.0}
+    )
+    png = _ui._png(_charts.compare_chart(many, x="loss", title="many"))
+    assert png[:4] == b"\x89PNG"
