@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             figures.save_png(
                 figures.task_chart(spec.title, spec.units, rows, best_runs), docs / fig
             )
-            results.append(report.TaskResult(spec, rows, records, fig))
+            results.append(report.TaskResult(spec, rows, records, fig, resent_total.get(name)))
             for row in rows:
                 if row.fit is not None and row.b_simple is not None:
                     summary.append(
@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                             "task": name,
                             "target": row.target,
                             "b_crit": row.fit.b_crit,
+                            "b_crit_lo": max(
+                                row.fit.b_crit - (row.fit.b_crit_stderr or 0.0),
+                                row.fit.b_crit / 10,
+                            ),
+                            "b_crit_hi": row.fit.b_crit + (row.fit.b_crit_stderr or 0.0),
                             "b_simple": row.b_simple,
                         }
                     )

@@ -159,7 +159,7 @@ def task_chart(
 
 
 def summary_chart(points: Sequence[dict[str, Any]]) -> alt.LayerChart:
-    """B_simple against fitted B_crit for every task and target, with y = x and 3× bands."""
+    """B_simple against fitted B_crit (±1 s.e. bars) for every task and target; y = x, 3×."""
     df = pd.DataFrame(points)
     values = list(df["b_crit"]) + list(df["b_simple"]) if not df.empty else [1.0, 10.0]
     lo, hi = min(values) / 4, max(values) * 4
@@ -176,7 +176,7 @@ def summary_chart(points: Sequence[dict[str, Any]]) -> alt.LayerChart:
     scale = alt.Scale(type="log", domain=[lo, hi])
     lines = (
         alt.Chart(guide)
-        .mark_line(color="gray", strokeDash=[4, 3])
+        .mark_line(color="gray", strokeDash=[4, 3], clip=True)
         .encode(x=alt.X("x:Q", scale=scale), y=alt.Y("y:Q", scale=scale), detail="line:N")
     )
     dots = (
@@ -190,8 +190,20 @@ def summary_chart(points: Sequence[dict[str, Any]]) -> alt.LayerChart:
             tooltip=["task", "target", "b_crit", "b_simple"],
         )
     )
-    chart: alt.LayerChart = (lines + dots).properties(
-        width=380, height=340, title="Noise scale vs critical batch size, all tasks and targets"
+    bars = (
+        alt.Chart(df)
+        .mark_rule(clip=True)
+        .encode(
+            x=alt.X("b_crit_lo:Q", scale=scale),
+            x2="b_crit_hi:Q",
+            y=alt.Y("b_simple:Q", scale=scale),
+            color=alt.Color("task:N"),
+        )
+    )
+    chart: alt.LayerChart = (lines + bars + dots).properties(
+        width=380,
+        height=340,
+        title="Noise scale vs critical batch size (±1 s.e.), all tasks and targets",
     )
     return chart
 
