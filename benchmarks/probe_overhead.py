@@ -6,7 +6,8 @@ Each probe is timed against its own untracked twin (same model, same micro-batch
 optimizer), interleaved round by round in one process so load changes hit both alike; the
 table gives the ratio of median step times. One intra-op thread (the machine is shared).
 
-- per-example: single process, one backward per step, B_small = 1 (cheap identities).
+- per-example: single process, one backward per step, B_small = 1 (cheap identities); also
+  with ``per_example_max`` = a quarter of the batch (only those examples' norms computed).
 - accumulation: 4 micro-batches per step, micro-batch vs accumulated gradient; also with
   ``small_batches="first"`` (only the first micro-batch's gradient norm is read).
 - DDP + accumulation: DistributedDataParallel over a 1-process gloo group with 2 micro-batches
@@ -171,6 +172,12 @@ def _pairs(
         _make_step(m1, full, GradientNoiseProbe(m1, _Sink(), source="per_example"), False),
     )
     m0, m1 = copy.deepcopy(base), copy.deepcopy(base)
+    probe = GradientNoiseProbe(m1, _Sink(), source="per_example", per_example_max=batch // 4)
+    out["per-example, per_example_max=batch/4"] = (
+        _make_step(m0, full, None, False),
+        _make_step(m1, full, probe, False),
+    )
+    m0, m1 = copy.deepcopy(base), copy.deepcopy(base)
     out["accumulation (4 micro-batches)"] = (
         _make_step(m0, micro4, None, False),
         _make_step(m1, micro4, GradientNoiseProbe(m1, _Sink(), source="micro"), False),
@@ -233,6 +240,7 @@ def measure(quick: bool) -> list[tuple[str, str, float, float, float]]:
 
 TARGETS = {
     "per-example": 1.3,
+    "per-example, per_example_max=batch/4": 1.3,
     "accumulation (4 micro-batches)": 1.03,
     "accumulation (4 micro-batches), small_batches='first'": 1.03,
     "DDP + accumulation (2 micro-batches)": 1.03,

@@ -211,3 +211,26 @@ def test_small_batches_first_measures_only_the_first_micro_batch() -> None:
         )
         big = sum(float((sum(m[p] for m in micro) / k).square().sum()) for p in range(4))
         assert row["g_big_sq"] == pytest.approx(big, rel=1e-5)
+
+
+def test_per_example_max_measures_a_subset_with_the_full_batch_normalisation() -> None:
+    """per_example_max=3: the first 3 examples' norms, scaled as members of the batch of 8."""
+    model, sink = _mlp(), ListSink()
+    ref = copy.deepcopy(model)
+    probe = GradientNoiseProbe(model, sink, source="per_example", per_example_max=3)
+    x, y = _data(1, 1, 8)
+    _loss(model, x[0, 0], y[0, 0]).backward()
+    probe.step(batch_size=8)
+    per_example = [
+        sum(
+            float(g.square().sum())
+            for g in torch.autograd.grad(
+                _loss(ref, x[0, 0, i : i + 1], y[0, 0, i : i + 1]), list(ref.parameters())
+            )
+        )
+        for i in range(3)
+    ]
+    row = sink.series("")[0]
+    assert row["b_small"] == 1
+    assert row["b_big"] == 8
+    assert row["g_small_sq"] == pytest.approx(sum(per_example) / 3, rel=1e-5)

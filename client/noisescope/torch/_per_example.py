@@ -86,6 +86,7 @@ class PerExampleNorms:
         model: nn.Module,
         param_index: dict[int, int],
         method: PerExampleMethod = "auto",
+        max_examples: int | None = None,
     ) -> None:
         if method not in ("auto", "identities", "func"):
             raise ValueError(f"per_example must be 'auto', 'identities' or 'func', got {method!r}")
@@ -94,6 +95,10 @@ class PerExampleNorms:
         self._recomputing = False
         self._results: dict[int, Tensor] = {}
         self._calls: dict[int, int] = {}
+        if max_examples is not None and max_examples < 1:
+            raise ValueError(f"max_examples must be at least 1, got {max_examples}")
+        self.max_examples = max_examples
+        self.last_full_batch = 0  # examples in the batch behind the last take()
         self._batch: int | None = None
         self._batch_seen: int | None = None
         self._handles: list[RemovableHandle] = []
@@ -185,10 +190,17 @@ class PerExampleNorms:
                     "examples, index it with positions expanded to (batch, T), or use "
                     "source='micro'."
                 )
-            saved_args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+            # Only the first max_examples examples are measured: cost scales with their number.
+            keep = batch if self.max_examples is None else min(batch, self.max_examples)
+            saved_args = tuple(
+                (a.detach()[:keep] if a.dim() > 0 and a.shape[0] == batch else a.detach())
+                if isinstance(a, Tensor)
+                else a
+                for a in args
+            )
 
             def on_grad(delta: Tensor) -> None:
-                self._backward(entry, saved_args, kwargs, delta.detach())
+                self._backward(entry, saved_args, kwargs, delta.detach()[:keep])
 
             out.register_hook(on_grad)  # type: ignore[no-untyped-call]
 
@@ -310,6 +322,7 @@ class PerExampleNorms:
                 "loss.backward() (with grad enabled) before probe.micro_step()/step()"
             )
         batch = self._batch
+        self.last_full_batch = self._batch_seen or batch
         zero = torch.zeros(batch, device=device)
         rows = [self._results.get(i, zero).to(device) for i in range(self.n_params)]
         self.reset()

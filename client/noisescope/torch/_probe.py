@@ -75,6 +75,7 @@ class _Micro:
     grad_scale: float | None
     item_counts: Tensor | None
     measured: bool = True
+    n_full: int = 0  # per-example source: examples in the micro-batch (measured or not)
 
 
 def _is_ddp(model: nn.Module) -> bool:
@@ -115,6 +116,9 @@ class GradientNoiseProbe:
         small_batches: micro source: which backwards of a step give G_small samples: "all"
             (most precise) or "first" (one gradient read per step instead of one per
             micro-batch: cheaper with many micro-batches, noisier tr(Sigma)).
+        per_example_max: per-example source: measure at most this many examples of each
+            batch (the first ones; batches must be shuffled). Cost scales with the number
+            measured; tr(Sigma) gets noisier. Default: all.
         per_example: "auto" (cheap identities, torch.func for other modules), "identities"
             (fail on unsupported modules), "func" (torch.func everywhere).
         process_group: DDP process group (default: the world).
@@ -132,6 +136,7 @@ class GradientNoiseProbe:
         scaler: Any = None,
         every: int = 1,
         small_batches: Literal["all", "first"] = "all",
+        per_example_max: int | None = None,
         per_example: PerExampleMethod = "auto",
         process_group: Any = None,
     ) -> None:
@@ -201,6 +206,7 @@ class GradientNoiseProbe:
         self._handles: list[RemovableHandle] = []
         self._per_example: PerExampleNorms | None = None
         self._per_example_method = per_example
+        self._per_example_max = per_example_max
         self._param_index = {id(p): i for i, p in enumerate(self.params)}
         self._install()
 
@@ -248,6 +254,7 @@ class GradientNoiseProbe:
                 self._inner(self.model),
                 self._param_index,
                 self._per_example_method,
+                self._per_example_max,
             )
             self._per_example.armed = self._armed
 
@@ -318,15 +325,20 @@ class GradientNoiseProbe:
         else:
             assert self._per_example is not None
             per_param_ex = self._per_example.take(self._device)
+            n_full = self._per_example.last_full_batch
             small = torch.zeros(
                 self._n_slots, per_param_ex.shape[1], device=self._device
             ).index_add_(0, self._slot, per_param_ex)
-            if counts is not None and counts.shape[0] != small.shape[1]:
-                raise ValueError(
-                    f"item_counts has {counts.shape[0]} entries but the batch has "
-                    f"{small.shape[1]} examples"
-                )
-            self._micro.append(_Micro([], small, float(batch_size), grad_scale, counts))
+            if counts is not None:
+                if counts.shape[0] != n_full:
+                    raise ValueError(
+                        f"item_counts has {counts.shape[0]} entries but the batch has "
+                        f"{n_full} examples"
+                    )
+                counts = counts[: small.shape[1]]
+            self._micro.append(
+                _Micro([], small, float(batch_size), grad_scale, counts, True, n_full)
+            )
 
     def step(
         self,
@@ -446,11 +458,11 @@ class GradientNoiseProbe:
                 small_inv_b += 1.0 / m.batch_size
             else:
                 # per-example: gamma_i = c n_i g_i / b  =>  |g_i|^2 = |gamma_i|^2 (b / (c n_i))^2
-                n_ex = m.per_example.shape[1]
+                n_ex = m.per_example.shape[1]  # measured examples (<= n_full)
                 if m.item_counts is None:
-                    factor = (n_ex / c) ** 2  # n_i = b / n_ex
+                    factor = (m.n_full / c) ** 2  # n_i = b / n_full
                     small_sum += m.per_example.sum(1) * factor
-                    small_inv_b += n_ex * n_ex / m.batch_size
+                    small_inv_b += n_ex * m.n_full / m.batch_size
                 else:
                     counts = m.item_counts
                     scale = (m.batch_size / c) ** 2 / counts.square()
