@@ -252,12 +252,16 @@ class HuggingFaceCallback(TrainerCallback):
         micro, self._micro = self._micro, None
         if micro is None or self._disabled is not None:
             return
-        values = output.values() if isinstance(output, Mapping) else output
-        if isinstance(values, Tensor):
-            values = [values]
-        if isinstance(output, Mapping) and isinstance(output.get("loss"), Tensor):
-            micro.loss = output["loss"].detach()
-        tensors = [v for v in values if isinstance(v, Tensor) and v.requires_grad and v.grad_fn]
+        loss = output.get("loss") if isinstance(output, Mapping) else None
+        if isinstance(loss, Tensor):
+            micro.loss = loss.detach()
+        if isinstance(loss, Tensor) and loss.grad_fn is not None:
+            tensors = [loss]  # the Trainer backpropagates the model's own loss
+        else:  # a loss computed outside the model still flows back through its outputs
+            values = output.values() if isinstance(output, Mapping) else output
+            if isinstance(values, Tensor):
+                values = [values]
+            tensors = [v for v in values if isinstance(v, Tensor) and v.grad_fn is not None]
 
         def on_grad(grad: Tensor) -> None:
             if not micro.queued:
