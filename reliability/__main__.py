@@ -50,9 +50,10 @@ FIXES = [
     "driver's cursor) bypassed the 503 handler; a driver OperationalError is now a 503.",
     "Server: `DELETE /api/v1/tokens/{id}` with an id beyond int64 was a 500 on SQLite "
     "(found by schemathesis); the id is now validated (`test_bad_input.py`).",
-    "Server: a NUL character in a query parameter (e.g. `?series=`) was a 500 on PostgreSQL "
-    "(found by schemathesis); values the database cannot use are now a 422 saying why "
-    "(`test_bad_input.py`).",
+    "Server: a NUL character in a query parameter (e.g. `?series=`) was a 500 on PostgreSQL, "
+    "and in the CSV export dropped the connection mid-answer (found by schemathesis); a NUL "
+    "anywhere in the URL is now a 422, and values the database cannot use are a 422 saying "
+    "why (`test_bad_input.py`).",
     "Client: with the spool directory unwritable, every batch of an outage was dropped at "
     "once although the in-memory bound had room; they now stay in memory (bounded by "
     "`memory_max`) until the server is back, and what is left at exit is counted dropped "

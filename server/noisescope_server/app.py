@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
@@ -63,9 +63,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     for module in (health, runs, ingest, query, recommend, tokens):
-        app.include_router(module.router, prefix=_wire.API_PREFIX)
+        app.include_router(
+            module.router, prefix=_wire.API_PREFIX, dependencies=[Depends(_no_nul_in_url)]
+        )
     _install_error_handlers(app)
     return app
+
+
+def _no_nul_in_url(request: Request) -> None:
+    """422 for a NUL in the URL: PostgreSQL text cannot hold it, and a streamed answer (CSV)
+    that fails after its headers were sent can only drop the connection."""
+    if "\x00" in request.url.path:
+        raise HTTPException(422, "the URL path must not contain NUL (U+0000) characters")
+    for key, value in request.query_params.multi_items():
+        if "\x00" in key or "\x00" in value:
+            raise HTTPException(
+                422, f"query parameter {key[:40]!r} must not contain NUL (U+0000) characters"
+            )
 
 
 def app_from_env() -> FastAPI:
