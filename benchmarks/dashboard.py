@@ -156,8 +156,8 @@ def run(quick: bool = False) -> str:
         "pandas and serialising one Altair chart of them. Median of "
         f"{repeats}; wall time includes waiting for a core on a shared 2-core machine, CPU time "
         f"is this process's (all threads); data built through `crud` in "
-        f"{build_s:.0f} s. The dashboard sends at most 2000 points per series (the Compare "
-        "chart holds 400 per run).",
+        f"{build_s:.0f} s. The dashboard sends at most 2000 points per series (Compare "
+        "charts: at most 400 per run).",
         "",
         "| scenario | dashboard wall / CPU (s) | naive pandas + Altair wall / CPU (s) "
         "| naive / dashboard (CPU) | largest chart payload (rows): dashboard | naive |",
