@@ -440,7 +440,8 @@ def run_series(
         # Blocks once there are at least max_points/2 of them: scanning raw samples costs more
         # than the resolution gained (points then hold >= 64 samples each).
         use_blocks = n_samples >= BLOCK_SIZE * max_points // 2
-        sub = _SUB if intervals else 1
+        # Sub-buckets only where a bucket can hold enough samples for its own interval.
+        sub = _SUB if intervals and n_samples >= MIN_INTERVAL_SAMPLES * max_points else 1
         rows = _bucket_rows(conn, run_id, series, x, max_points * sub, use_blocks, x_min, x_max)
     points = _merge_fine(rows, intervals, sub)
     return RunSeries(
