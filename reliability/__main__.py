@@ -134,6 +134,11 @@ class Report:
             self.verdicts[i] = (title, ok)
             self.sections[i] = section
         else:
+            if self.preamble:  # --update adding a section the earlier run did not have
+                self.notes.append(
+                    f"- {title}: added by `{self.command}` on "
+                    f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
+                )
             self.verdicts.append((title, ok))
             self.sections.append(section)
         self.write()
@@ -158,7 +163,7 @@ class Report:
             "",
         ]
         if self.notes:
-            head = [*head, "Sections re-run after a fix (`--update`):", "", *self.notes, ""]
+            head = [*head, "Sections re-run or added later (`--update`):", "", *self.notes, ""]
         table = [
             "| check | held |",
             "|---|---|",
