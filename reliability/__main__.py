@@ -113,6 +113,10 @@ class Report:
         lines = head.splitlines()
         table = lines.index("| check | held |")
         self.preamble = lines[:table]
+        marks = [i for i, ln in enumerate(self.preamble) if ln.startswith("Sections re-run")]
+        if marks:  # earlier --update notes: keep them as notes, under one heading
+            self.notes = [ln for ln in self.preamble[marks[0] :] if ln.startswith("- ")]
+            self.preamble = self.preamble[: marks[0]]
         for line in lines[table + 2 :]:
             if line.startswith("| "):
                 title, held = (c.strip() for c in line.strip("|").rsplit("|", 1))
