@@ -17,8 +17,19 @@ ROOT = Path(__file__).resolve().parent.parent
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, zipfile.ZipFile]:
     out = tmp_path_factory.mktemp("wheels")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(out), str(ROOT), str(ROOT / "client")],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(ROOT),
+            str(ROOT / "client"),
+        ],
         check=True,
     )
     found = {}
