@@ -15,11 +15,17 @@ from noisescope._run import Run, init
 from noisescope._sender import Status
 from noisescope._sync import sync
 from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
+from noisescope.recommend import NoiseTracker, Recommendation
+from noisescope.schedule import BatchDecision, BatchSizeScheduler
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchDecision",
+    "BatchSizeScheduler",
     "HTTPTransport",
+    "NoiseTracker",
+    "Recommendation",
     "Request",
     "Response",
     "Run",
