@@ -36,22 +36,11 @@ from typing import Any
 import orjson
 import requests
 
+from noisescope import _wire
 from tests.support.servers import ServerProcess, free_port, wait_for_health
 
 PG_ADMIN = os.environ.get("NOISESCOPE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-COLUMNS = (
-    "seq",
-    "step",
-    "examples",
-    "b_small",
-    "b_big",
-    "g_small_sq",
-    "g_big_sq",
-    "loss",
-    "lr",
-    "time",
-    "series",
-)
+COLUMNS = _wire.SAMPLE_COLUMNS
 
 
 def make_columns(n: int, start: int, seed: int) -> dict[str, list[Any]]:

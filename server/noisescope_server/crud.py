@@ -47,6 +47,7 @@ from noisescope.estimators import two_batch_estimates
 from noisescope_server.db import write_transaction
 from noisescope_server.models import (
     BLOCK_SIZE,
+    SAMPLE_COLUMNS,
     Event,
     Project,
     Run,
@@ -420,22 +421,7 @@ def _batch_sizes_ok(b_small: float, b_big: float) -> bool:
     return b_big > b_small > 0
 
 
-_SAMPLE_INSERT_COLUMNS = (
-    "run_id",
-    "seq",
-    "step",
-    "examples",
-    "b_small",
-    "b_big",
-    "g_small_sq",
-    "g_big_sq",
-    "g_sq_est",
-    "trace_sigma_est",
-    "loss",
-    "lr",
-    "time",
-    "series",
-)
+_SAMPLE_INSERT_COLUMNS = ("run_id", *SAMPLE_COLUMNS)
 _SQLITE_SAMPLE_INSERT = str(
     sqlite.insert(Sample)
     .values(dict.fromkeys(_SAMPLE_INSERT_COLUMNS))

@@ -8,7 +8,7 @@ sums columns, so the formula exists in one place and SQL stays linear.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import (
     JSON,
@@ -82,6 +82,25 @@ class Run(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+#: A sample's stored columns after ``run_id``, in table order: the wire columns plus the
+#: per-sample estimates. The insert path and the CSV export both follow it.
+SAMPLE_COLUMNS: Final = (
+    "seq",
+    "step",
+    "examples",
+    "b_small",
+    "b_big",
+    "g_small_sq",
+    "g_big_sq",
+    "g_sq_est",
+    "trace_sigma_est",
+    "loss",
+    "lr",
+    "time",
+    "series",
+)
 
 
 class Sample(Base):

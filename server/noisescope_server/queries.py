@@ -34,7 +34,16 @@ from noisescope.estimators import (
     interval_from_steps,
 )
 from noisescope_server.crud import Forbidden, NotFound
-from noisescope_server.models import BLOCK_SIZE, Event, Project, Run, Sample, SampleBlock, Task
+from noisescope_server.models import (
+    BLOCK_SIZE,
+    SAMPLE_COLUMNS,
+    Event,
+    Project,
+    Run,
+    Sample,
+    SampleBlock,
+    Task,
+)
 
 __all__ = [
     "Crossing",
@@ -727,21 +736,7 @@ def loss_target_crossings(
 
 # --- export ----------------------------------------------------------------------------------
 
-CSV_COLUMNS = (
-    "seq",
-    "step",
-    "examples",
-    "b_small",
-    "b_big",
-    "g_small_sq",
-    "g_big_sq",
-    "g_sq_est",
-    "trace_sigma_est",
-    "loss",
-    "lr",
-    "time",
-    "series",
-)
+CSV_COLUMNS = SAMPLE_COLUMNS
 
 
 def raw_samples_csv(

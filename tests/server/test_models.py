@@ -1,0 +1,17 @@
+"""The column list that the insert path and the CSV export share matches the table."""
+
+from __future__ import annotations
+
+from noisescope import _wire
+from noisescope_server.models import SAMPLE_COLUMNS, Sample
+
+
+def test_sample_columns_are_the_table_columns_after_run_id() -> None:
+    names = [c.name for c in Sample.__table__.columns]
+    assert names[0] == "run_id"
+    assert tuple(names[1:]) == SAMPLE_COLUMNS
+
+
+def test_every_wire_column_is_stored() -> None:
+    assert set(_wire.SAMPLE_COLUMNS) <= set(SAMPLE_COLUMNS)
+    assert set(SAMPLE_COLUMNS) - set(_wire.SAMPLE_COLUMNS) == {"g_sq_est", "trace_sigma_est"}
