@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reliability._client import ClientSpec
+from tests.support import postgres
 from tests.support.servers import ServerProcess, free_port
 
 PG_ADMIN = os.environ.get(
@@ -27,36 +27,14 @@ PG_ADMIN = os.environ.get(
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _pg_connect(url: str) -> Any:
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    return psycopg.connect(
-        host=u.host or "127.0.0.1",
-        port=u.port or 5432,
-        user=u.username or "postgres",
-        password=u.password,
-        dbname=u.database or "postgres",
-        autocommit=True,
-        connect_timeout=5,
-    )
-
-
 @contextlib.contextmanager
 def fresh_pg_database() -> Iterator[str]:
     """A new, empty PostgreSQL database (``ns_rel_<random>``), dropped afterwards."""
-    from sqlalchemy.engine import make_url
-
-    name = f"ns_rel_{secrets.token_hex(5)}"
-    with _pg_connect(PG_ADMIN) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
-    finally:
-        wait_for_postgres(60)
-        with _pg_connect(PG_ADMIN) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    # the harness restarts PostgreSQL: wait for it before dropping
+    with postgres.fresh_database(
+        PG_ADMIN, "ns_rel", before_drop=lambda: wait_for_postgres(60)
+    ) as url:
+        yield url
 
 
 @contextlib.contextmanager
@@ -72,7 +50,7 @@ def database(backend: str, workdir: Path) -> Iterator[str]:
 
 def postgres_available() -> bool:
     try:
-        with _pg_connect(PG_ADMIN):
+        with postgres.connect(PG_ADMIN):
             return True
     except Exception:
         return False

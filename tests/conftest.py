@@ -11,31 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import postgres
 from tests.support.servers import ServerProcess
 
 PG_URL = os.environ.get("NOISESCOPE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-
-
-def _pg_admin_connect() -> object:
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    u = make_url(PG_URL)
-    return psycopg.connect(
-        host=u.host or "127.0.0.1",
-        port=u.port or 5432,
-        user=u.username or "postgres",
-        password=u.password,
-        dbname=u.database or "postgres",
-        autocommit=True,
-        connect_timeout=3,
-    )
 
 
 @contextlib.contextmanager
@@ -44,23 +28,15 @@ def fresh_pg_database() -> Iterator[str]:
 
     Skips (or, with CI=true, fails) the calling test when PostgreSQL is unreachable.
     """
-    from sqlalchemy.engine import make_url
-
     try:
-        admin = _pg_admin_connect()
+        postgres.connect(PG_URL, timeout=3).close()
     except Exception as exc:  # psycopg.OperationalError and friends
         message = f"PostgreSQL at {PG_URL} is unreachable: {exc}"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"{message} (required when CI=true)")
         pytest.skip(message)
-    name = f"ns_test_{secrets.token_hex(6)}"
-    with admin:  # type: ignore[attr-defined]
-        admin.execute(f'CREATE DATABASE "{name}"')  # type: ignore[attr-defined]
-    try:
-        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with _pg_admin_connect() as admin2:  # type: ignore[attr-defined]
-            admin2.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with postgres.fresh_database(PG_URL, "ns_test") as url:
+        yield url
 
 
 @pytest.fixture
