@@ -17,16 +17,8 @@ import httpx
 
 from reliability._hostile import good_columns
 from reliability._infra import Server, port
+from tests.support.browser import CHROMIUM_ARGS
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 #: Each payload sets ``window.__ns_xss`` (or opens a dialog) if it ever runs.
 PAYLOADS = [
     '<img src=x onerror="window.__ns_xss=1">',

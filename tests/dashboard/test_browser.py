@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,20 +20,14 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.support.browser import CHROMIUM_ARGS
+from tests.support.servers import free_port
+
 from ._synth import default_runs, insert_runs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).parents[2]
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 #: Steps of the example run (torch on a shared CPU: keep it short, one thread).
 EXAMPLE_STEPS = 120
 
@@ -46,12 +39,6 @@ def _chromium() -> str:
             pytest.fail("chromium is required in CI (apt-get install chromium)")
         pytest.skip("chromium is not installed (apt-get install chromium) and CI is not set")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
@@ -73,7 +60,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
     """``noisescope up`` on a fresh NOISESCOPE_HOME loaded by the example: (dashboard, home)."""
     _chromium()  # skip (or fail under CI) before paying for the start-up
     home = tmp_path_factory.mktemp("noisescope_home")
-    port, dash_port = _free_port(), _free_port()
+    port, dash_port = free_port(), free_port()
     env = {**os.environ, "NOISESCOPE_HOME": str(home)}
     env.pop("NOISESCOPE_DATABASE_URL", None)
     log = (home / "up.log").open("wb")
