@@ -21,8 +21,9 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from noisescope._sink import Sink
 from noisescope.estimators import (
     EMA,
     NoiseScale,
@@ -203,22 +204,6 @@ def recommend(
     )
 
 
-class _Sink(Protocol):
-    def log_sample(
-        self,
-        step: int,
-        b_small: float,
-        b_big: float,
-        g_small_sq: float,
-        g_big_sq: float,
-        *,
-        examples: float | None = None,
-        series: str = "",
-        loss: float | None = None,
-        lr: float | None = None,
-    ) -> None: ...
-
-
 class NoiseTracker:
     """A probe sink that forwards to the run and keeps the running averages for ``recommend``.
 
@@ -231,7 +216,7 @@ class NoiseTracker:
 
     def __init__(
         self,
-        run: _Sink | None = None,
+        run: Sink | None = None,
         *,
         window: int = 1000,
         beta: float = 0.99,

@@ -13,9 +13,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "noisescope.torch needs PyTorch: pip install torch (noisescope itself does not)"
     ) from exc
 
+from noisescope._sink import Sink
+
 from ._hessian import BNoiseEstimate, hessian_noise_scale
 from ._per_example import PerExampleNorms
-from ._probe import GradientNoiseProbe, ProbeSample, Sink
+from ._probe import GradientNoiseProbe, ProbeSample
 
 __all__ = [
     "BNoiseEstimate",

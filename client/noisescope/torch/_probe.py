@@ -24,35 +24,19 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
+
+from noisescope._sink import Sink
 
 from ._per_example import PerExampleMethod, PerExampleNorms
 
 Source = Literal["auto", "micro", "per_example"]
 MicroLoss = Literal["mean/k", "mean", "sum/N", "sum"]
 Units = Literal["examples", "tokens"]
-
-
-class Sink(Protocol):
-    """Where samples go: ``noisescope.Run`` implements this; a list-collector is fine in tests."""
-
-    def log_sample(
-        self,
-        step: int,
-        b_small: float,
-        b_big: float,
-        g_small_sq: float,
-        g_big_sq: float,
-        *,
-        examples: float | None = None,
-        series: str = "",
-        loss: float | None = None,
-        lr: float | None = None,
-    ) -> None: ...
 
 
 @dataclass(frozen=True)
