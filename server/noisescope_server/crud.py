@@ -534,6 +534,28 @@ def _block_ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
     return ranges
 
 
+#: SampleBlock's columns after run_id; the per-batch sums (``_block_deltas``) and both
+#: block upserts follow this order.
+_BLOCK_COLUMNS = (
+    "series",
+    "block",
+    "n",
+    "sum_g_sq",
+    "sum_trace_sigma",
+    "n_loss",
+    "sum_loss",
+    "n_lr",
+    "sum_lr",
+    "step_min",
+    "step_max",
+    "examples_min",
+    "examples_max",
+    "time_min",
+    "time_max",
+    "b_big_max",
+)
+
+
 def _block_upsert(dialect_name: str) -> Executable:
     from sqlalchemy import bindparam
 
@@ -566,25 +588,7 @@ def _block_upsert(dialect_name: str) -> Executable:
         )
         .group_by(s.run_id, s.series, block)
     )
-    target = [
-        "run_id",
-        "series",
-        "block",
-        "n",
-        "sum_g_sq",
-        "sum_trace_sigma",
-        "n_loss",
-        "sum_loss",
-        "n_lr",
-        "sum_lr",
-        "step_min",
-        "step_max",
-        "examples_min",
-        "examples_max",
-        "time_min",
-        "time_max",
-        "b_big_max",
-    ]
+    target = ["run_id", *_BLOCK_COLUMNS]
     ins = (pg.insert if dialect_name == "postgresql" else sqlite.insert)(SampleBlock)
     stmt = ins.from_select(target, source)
     return stmt.on_conflict_do_update(
@@ -677,26 +681,6 @@ def _block_deltas(batch: SampleBatch) -> list[tuple[Any, ...]] | None:
         )
         i = j
     return out
-
-
-_BLOCK_COLUMNS = (
-    "series",
-    "block",
-    "n",
-    "sum_g_sq",
-    "sum_trace_sigma",
-    "n_loss",
-    "sum_loss",
-    "n_lr",
-    "sum_lr",
-    "step_min",
-    "step_max",
-    "examples_min",
-    "examples_max",
-    "time_min",
-    "time_max",
-    "b_big_max",
-)
 
 
 def _block_add_sql(dialect_name: str) -> str:

@@ -15,3 +15,10 @@ def test_sample_columns_are_the_table_columns_after_run_id() -> None:
 def test_every_wire_column_is_stored() -> None:
     assert set(_wire.SAMPLE_COLUMNS) <= set(SAMPLE_COLUMNS)
     assert set(SAMPLE_COLUMNS) - set(_wire.SAMPLE_COLUMNS) == {"g_sq_est", "trace_sigma_est"}
+
+
+def test_block_sums_fill_every_sample_block_column() -> None:
+    from noisescope_server import crud
+    from noisescope_server.models import SampleBlock
+
+    assert {c.name for c in SampleBlock.__table__.columns} == {"run_id", *crud._BLOCK_COLUMNS}
