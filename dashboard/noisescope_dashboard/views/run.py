@@ -143,68 +143,41 @@ chart_with_downloads(
     name=f"b_simple_{slug}",
     key="b_simple",
 )
+
+
+def metric_panel(y: str, title: str, y_title: str | None = None) -> None:
+    """One smoothed metric over ``x`` with its PNG/CSV downloads (the CSV keeps the step)."""
+    chart_with_downloads(
+        _charts.metric_chart(
+            whole,
+            x=x,
+            y=y,
+            title=title,
+            y_title=y_title,
+            log_y=log_y,
+            log_x=log_x,
+            events=events,
+        ),
+        whole[list(dict.fromkeys(["step", x, y]))],
+        name=f"{y}_{slug}",
+        key=y,
+    )
+
+
 left, right = st.columns(2)
 with left:
-    chart_with_downloads(
-        _charts.metric_chart(
-            whole,
-            x=x,
-            y="g_sq",
-            title="|G|²: true-gradient norm² (unbiased)",
-            y_title="|G|²",
-            log_y=log_y,
-            log_x=log_x,
-            events=events,
-        ),
-        whole[["step", x, "g_sq"]] if x != "step" else whole[["step", "g_sq"]],
-        name=f"g_sq_{slug}",
-        key="g_sq",
-    )
+    metric_panel("g_sq", "|G|²: true-gradient norm² (unbiased)", "|G|²")
 with right:
-    chart_with_downloads(
-        _charts.metric_chart(
-            whole,
-            x=x,
-            y="trace_sigma",
-            title="tr(Σ): per-example gradient noise",
-            y_title="tr(Σ)",
-            log_y=log_y,
-            log_x=log_x,
-            events=events,
-        ),
-        whole[["step", x, "trace_sigma"]] if x != "step" else whole[["step", "trace_sigma"]],
-        name=f"trace_sigma_{slug}",
-        key="trace_sigma",
-    )
+    metric_panel("trace_sigma", "tr(Σ): per-example gradient noise", "tr(Σ)")
 left, right = st.columns(2)
 with left:
     if whole["loss"].notna().any():
-        chart_with_downloads(
-            _charts.metric_chart(
-                whole, x=x, y="loss", title="Loss", log_y=log_y, log_x=log_x, events=events
-            ),
-            whole[["step", x, "loss"]] if x != "step" else whole[["step", "loss"]],
-            name=f"loss_{slug}",
-            key="loss",
-        )
+        metric_panel("loss", "Loss")
     else:
         st.caption("No loss logged: pass `loss=` to the probe or `run.log()` to see it here.")
 with right:
     if whole["lr"].notna().any():
-        chart_with_downloads(
-            _charts.metric_chart(
-                whole,
-                x=x,
-                y="lr",
-                title="Learning rate",
-                log_y=log_y,
-                log_x=log_x,
-                events=events,
-            ),
-            whole[["step", x, "lr"]] if x != "step" else whole[["step", "lr"]],
-            name=f"lr_{slug}",
-            key="lr",
-        )
+        metric_panel("lr", "Learning rate")
     else:
         st.caption("No learning rate logged: pass `lr=` to see it here.")
 
