@@ -28,10 +28,29 @@ MODULES = [
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
 
+def _stamp(section: str, quick: bool) -> str:
+    """Date each section: ``--only`` re-runs leave the other sections from earlier runs."""
+    title, _, body = section.partition("\n")
+    when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
+    return f"{title}\n\n_Measured {when}{' (--quick)' if quick else ''}._\n{body}"
+
+
+def _merge(previous: str, fresh: list[str]) -> list[str]:
+    """Keep the sections of an earlier full run that ``--only`` did not re-measure, in order."""
+    by_title = {s.splitlines()[0]: s for s in fresh}
+    kept = ["## " + s.strip() + "\n" for s in previous.split("\n## ")[1:]]  # [0] is the header
+    merged = [by_title.pop(s.splitlines()[0], s) for s in kept]
+    return merged + list(by_title.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    parser.add_argument("--only", nargs="*", help="module names to run (default: all)")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        help="module names to run (default: all); their sections replace those already in --out",
+    )
     parser.add_argument("--out", type=Path, default=OUT, help=f"output file (default {OUT})")
     args = parser.parse_args(argv)
 
@@ -56,16 +75,18 @@ def main(argv: list[str] | None = None) -> int:
             section = f"## {title}\n\nFAILED:\n\n```\n{traceback.format_exc()}```\n"
         took = time.perf_counter() - t0
         print(f"[benchmarks] {name}: done in {took:.0f} s", file=sys.stderr, flush=True)
-        sections.append(section.strip() + "\n")
+        sections.append(_stamp(section.strip(), args.quick) + "\n")
 
     header = (
         "# Benchmarks\n\n"
-        f"Written by `python -m benchmarks{' --quick' if args.quick else ''}` on "
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
+        "Written by `python -m benchmarks` (all sections; `--only NAME...` re-runs some, "
+        f"each section says when it was measured) on {platform.machine()}, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}. "
         "The machine is shared and noisy: compare the ratios within a table (each table "
         "is measured side by side in one run), not timings across tables or runs.\n"
     )
+    if args.only and args.out.exists():
+        sections = _merge(args.out.read_text(), sections)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(header + "\n" + "\n".join(sections))
     print(f"[benchmarks] wrote {args.out}", file=sys.stderr)
