@@ -2,9 +2,10 @@
 
 Two CPU models: an MLP (784-512-512-10, batch 512) and a small decoder-only transformer
 (nanoGPT-style: 2 blocks, d=128, 4 heads, 64 tokens, batch 16, Linear/LayerNorm/Embedding only).
-Each probe is timed against its own untracked twin (same model, same micro-batching, same
-optimizer), interleaved round by round in one process so load changes hit both alike; the
-table gives the ratio of median step times. One intra-op thread (the machine is shared).
+Each probe is timed against the same loop untracked: one model and optimizer per case, the probe
+attached for its arm and removed after, the arms interleaved round by round in one process (the
+first arm alternating) so load changes hit both alike; the table gives the median of the paired
+ratios. One intra-op thread (the machine is shared).
 
 - per-example: single process, one backward per step, B_small = 1 (cheap identities); also
   with ``per_example_max`` = a quarter of the batch (only those examples' norms computed).
@@ -107,23 +108,29 @@ def _loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-StepFn = Callable[[], None]
+ProbeFactory = Callable[[nn.Module], GradientNoiseProbe]
 
 
-def _make_step(
-    model: nn.Module,
-    batches: list[tuple[Tensor, Tensor]],
-    probe: GradientNoiseProbe | None,
-    ddp: bool,
-) -> StepFn:
-    """One optimizer step over ``len(batches)`` micro-batches (loss / k), probe before clipping."""
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    k = len(batches)
+class _Case:
+    """One model and optimizer, stepped with or without a probe: both arms share the weights,
+    the data and the memory layout, so the ratio isolates the probe."""
 
-    def step() -> None:
-        for j, batch in enumerate(batches):
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: list[tuple[Tensor, Tensor]],
+        make_probe: ProbeFactory,
+        ddp: bool = False,
+    ) -> None:
+        self.model, self.batches, self.make_probe, self.ddp = model, batches, make_probe, ddp
+        self.opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step(self, probe: GradientNoiseProbe | None) -> None:
+        """One optimizer step over the micro-batches (loss / k), probe before clipping."""
+        model, k = self.model, len(self.batches)
+        for j, batch in enumerate(self.batches):
             loss = _loss(model, batch) / k
-            if ddp and j < k - 1:
+            if self.ddp and j < k - 1:
                 with model.no_sync():  # type: ignore[operator]
                     loss.backward()  # type: ignore[no-untyped-call]
             else:
@@ -133,10 +140,20 @@ def _make_step(
         if probe is not None:
             probe.step(loss=float(loss.detach()), lr=1e-3)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
 
-    return step
+    def time(self, probed: bool, n: int) -> float:
+        """CPU seconds per step of this process (robust to other jobs on a shared machine)."""
+        probe = self.make_probe(self.model) if probed else None  # set-up is not timed
+        try:
+            t0 = time.process_time()
+            for _ in range(n):
+                self.step(probe)
+            return (time.process_time() - t0) / n
+        finally:
+            if probe is not None:
+                probe.remove()
 
 
 def _init_gloo() -> None:
@@ -151,59 +168,39 @@ def _init_gloo() -> None:
     dist.init_process_group("gloo", rank=0, world_size=1)
 
 
-def _pairs(
-    name: str,
+def _cases(
     make_model: Callable[[], nn.Module],
     batch: int,
     sample: Callable[[int, torch.Generator], tuple[Tensor, Tensor]],
-) -> dict[str, tuple[StepFn, StepFn]]:
-    """(untracked, probed) step functions for each source on one model."""
+) -> dict[str, _Case]:
+    """One case per probe source on one model."""
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     base = make_model()
     full = [sample(batch, g)]
     micro4 = [sample(batch // 4, g) for _ in range(4)]
     micro2 = [sample(batch // 2, g) for _ in range(2)]
-    out: dict[str, tuple[StepFn, StepFn]] = {}
 
-    m0, m1 = copy.deepcopy(base), copy.deepcopy(base)
-    out["per-example"] = (
-        _make_step(m0, full, None, False),
-        _make_step(m1, full, GradientNoiseProbe(m1, _Sink(), source="per_example"), False),
-    )
-    m0, m1 = copy.deepcopy(base), copy.deepcopy(base)
-    probe = GradientNoiseProbe(m1, _Sink(), source="per_example", per_example_max=batch // 4)
-    out["per-example, per_example_max=batch/4"] = (
-        _make_step(m0, full, None, False),
-        _make_step(m1, full, probe, False),
-    )
-    m0, m1 = copy.deepcopy(base), copy.deepcopy(base)
-    out["accumulation (4 micro-batches)"] = (
-        _make_step(m0, micro4, None, False),
-        _make_step(m1, micro4, GradientNoiseProbe(m1, _Sink(), source="micro"), False),
-    )
-    m0, m1 = copy.deepcopy(base), copy.deepcopy(base)
-    probe = GradientNoiseProbe(m1, _Sink(), source="micro", small_batches="first")
-    out["accumulation (4 micro-batches), small_batches='first'"] = (
-        _make_step(m0, micro4, None, False),
-        _make_step(m1, micro4, probe, False),
-    )
+    def probe(**kwargs: Any) -> ProbeFactory:
+        return lambda model: GradientNoiseProbe(model, _Sink(), **kwargs)
+
     _init_gloo()
-    d0 = nn.parallel.DistributedDataParallel(copy.deepcopy(base))
-    d1 = nn.parallel.DistributedDataParallel(copy.deepcopy(base))
-    out["DDP + accumulation (2 micro-batches)"] = (
-        _make_step(d0, micro2, None, True),
-        _make_step(d1, micro2, GradientNoiseProbe(d1, _Sink(), source="micro"), True),
-    )
-    return out
-
-
-def _time(step: StepFn, n: int) -> float:
-    """CPU seconds per step of this process: robust to other jobs on a shared machine."""
-    t0 = time.process_time()
-    for _ in range(n):
-        step()
-    return (time.process_time() - t0) / n
+    return {
+        "per-example": _Case(copy.deepcopy(base), full, probe(source="per_example")),
+        "per-example, per_example_max=batch/4": _Case(
+            copy.deepcopy(base), full, probe(source="per_example", per_example_max=batch // 4)
+        ),
+        "accumulation (4 micro-batches)": _Case(copy.deepcopy(base), micro4, probe(source="micro")),
+        "accumulation (4 micro-batches), small_batches='first'": _Case(
+            copy.deepcopy(base), micro4, probe(source="micro", small_batches="first")
+        ),
+        "DDP + accumulation (2 micro-batches)": _Case(
+            nn.parallel.DistributedDataParallel(copy.deepcopy(base)),
+            micro2,
+            probe(source="micro"),
+            ddp=True,
+        ),
+    }
 
 
 def measure(quick: bool) -> list[tuple[str, str, float, float, float]]:
@@ -212,23 +209,23 @@ def measure(quick: bool) -> list[tuple[str, str, float, float, float]]:
     torch.set_num_threads(1)
     try:
         models = {
-            "MLP 784-512-512-10, batch 512": _pairs("mlp", _mlp, 512, _mlp_batch),
-            "transformer 2x128, 64 tokens, batch 16": _pairs("gpt", TinyGPT, 16, _gpt_batch),
+            "MLP 784-512-512-10, batch 512": _cases(_mlp, 512, _mlp_batch),
+            "transformer 2x128, 64 tokens, batch 16": _cases(TinyGPT, 16, _gpt_batch),
         }
-        rounds, n = (3, 3) if quick else (9, 5)
+        rounds, n = (QUICK_ROUNDS, QUICK_STEPS) if quick else (ROUNDS, STEPS)
         rows = []
-        for model_name, pairs in models.items():
-            times: dict[str, tuple[list[float], list[float]]] = {s: ([], []) for s in pairs}
-            for fn0, fn1 in pairs.values():  # warm-up: first-use costs out of the timings
-                fn0()
-                fn1()
+        for model_name, cases in models.items():
+            times: dict[str, tuple[list[float], list[float]]] = {s: ([], []) for s in cases}
+            for case in cases.values():  # warm-up: first-use costs out of the timings
+                case.time(False, 1)
+                case.time(True, 1)
             for r in range(rounds):
-                for source, (fn0, fn1) in pairs.items():
-                    first, second = (fn0, fn1) if r % 2 == 0 else (fn1, fn0)
-                    a, b = _time(first, n), _time(second, n)
-                    t0, t1 = (a, b) if r % 2 == 0 else (b, a)
-                    times[source][0].append(t0)
-                    times[source][1].append(t1)
+                for source, case in cases.items():
+                    # alternate which arm goes first: drift in load hits both alike
+                    order = (False, True) if r % 2 == 0 else (True, False)
+                    timed = {probed: case.time(probed, n) for probed in order}
+                    times[source][0].append(timed[False])
+                    times[source][1].append(timed[True])
             for source, (t0s, t1s) in times.items():
                 m0, m1 = statistics.median(t0s), statistics.median(t1s)
                 ratio = statistics.median(b / a for a, b in zip(t0s, t1s, strict=True))
@@ -236,6 +233,10 @@ def measure(quick: bool) -> list[tuple[str, str, float, float, float]]:
         return rows
     finally:
         torch.set_num_threads(threads)
+
+
+ROUNDS, STEPS = 21, 4
+QUICK_ROUNDS, QUICK_STEPS = 3, 2
 
 
 TARGETS = {
@@ -249,13 +250,16 @@ TARGETS = {
 
 def run(quick: bool = False) -> str:
     rows = measure(quick)
+    rounds, steps = (QUICK_ROUNDS, QUICK_STEPS) if quick else (ROUNDS, STEPS)
     lines = [
         "## Probes: training-step overhead (issue 3)",
         "",
         "CPU time per training step (forward, backward, clipping, SGD step) with the probe vs "
         "the same loop untracked, interleaved round by round in one run "
         "(`python -m benchmarks.probe_overhead" + (" --quick" if quick else "") + "`), "
-        "one intra-op thread; ratio = median over rounds of the paired ratios. "
+        f"one intra-op thread; {rounds} rounds of {steps} steps per arm, the same model and "
+        "optimizer in both arms (the probe is attached for its arm and removed after); "
+        "ratio = median over rounds of the paired ratios. "
         "Targets: accumulation and DDP <= 1.03x, per-example <= 1.3x on the transformer.",
         "",
         "| model | source | untracked CPU ms/step | with probe CPU ms/step | ratio | target |",

@@ -92,11 +92,16 @@ def _hooked(
     return {name: table[i].double() for i, name in enumerate(names)}
 
 
-@pytest.mark.parametrize("method", ["auto", "func"])
-def test_sequence_model_layers_match_brute_force(method: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "vocab"),
+    [("auto", 11), ("auto", 5), ("func", 11)],
+    # Embedding: 11 ids > 6 positions use the Gram identity, 5 ids per-example tables
+    ids=["identities", "identities-embedding-tables", "func"],
+)
+def test_sequence_model_layers_match_brute_force(method: str, vocab: int) -> None:
     torch.manual_seed(0)
-    model = SeqModel().double()
-    ids = torch.randint(0, 11, (5, 6))
+    model = SeqModel(vocab=vocab).double()
+    ids = torch.randint(0, vocab, (5, 6))
     ids[0, :3] = 3  # repeated ids within an example
     ids[1, 4:] = 0  # padding_idx tokens get no gradient
     target = torch.randint(0, 3, (5,))

@@ -234,3 +234,35 @@ def test_per_example_max_measures_a_subset_with_the_full_batch_normalisation() -
     assert row["b_small"] == 1
     assert row["b_big"] == 8
     assert row["g_small_sq"] == pytest.approx(sum(per_example) / 3, rel=1e-5)
+
+
+def _hooked_params(model: nn.Module) -> int:
+    return sum(bool(p._backward_hooks) for p in model.parameters())
+
+
+def test_hooks_exist_only_while_a_backward_is_measured() -> None:
+    """every=2 with small_batches="first": unmeasured backwards run with no hooks at all (so
+    they cost nothing), and the measured steps match a probe that measures every step."""
+    steps, k, b = 4, 3, 4
+    model, sink = _mlp(), ListSink()
+    twin, twin_sink = copy.deepcopy(model), ListSink()
+    probe = GradientNoiseProbe(model, sink, source="micro", every=2, small_batches="first")
+    every_step = GradientNoiseProbe(twin, twin_sink, source="micro", small_batches="first")
+    x, y = _data(steps, k, b)
+    hooked = []
+    for i in range(steps):
+        for j in range(k):
+            hooked.append(_hooked_params(model))
+            for m, p in ((model, probe), (twin, every_step)):
+                (_loss(m, x[i, j], y[i, j]) / k).backward()
+                p.micro_step(batch_size=b)
+        probe.step()
+        every_step.step()
+        model.zero_grad()
+        twin.zero_grad()
+    n_params = len(list(model.parameters()))
+    assert hooked == [n_params, 0, 0, 0, 0, 0, n_params, 0, 0, 0, 0, 0]
+    measured = [r for r in twin_sink.series("") if r["step"] in (0, 2)]
+    assert sink.series("") == measured
+    probe.remove()
+    assert _hooked_params(model) == 0

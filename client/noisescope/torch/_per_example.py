@@ -29,16 +29,41 @@ from torch.utils.hooks import RemovableHandle
 PerExampleMethod = Literal["auto", "identities", "func"]
 
 
-def _linear_sq(x: Tensor, delta: Tensor) -> Tensor:
-    """|sum_t delta_t x_t^T|_F^2 per example; x: (B, T, d_in), delta: (B, T, d_out)."""
+def _linear_sq(x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-example |grad W|^2 = |sum_t delta_t x_t^T|_F^2 and |grad b|^2 = |sum_t delta_t|^2.
+
+    x: (B, T, d_in), delta: (B, T, d_out). The bias term falls out of whichever form is used.
+    """
     t, d_in, d_out = x.shape[1], x.shape[2], delta.shape[2]
     if t == 1:
-        return delta.square().sum((1, 2)) * x.square().sum((1, 2))
+        delta_sq = delta.square().sum((1, 2))
+        return delta_sq * x.square().sum((1, 2)), delta_sq
     if t * (d_in + d_out) <= d_in * d_out:
         gram_x = torch.bmm(x, x.transpose(1, 2))
         gram_d = torch.bmm(delta, delta.transpose(1, 2))
-        return (gram_x * gram_d).sum((1, 2))
-    return torch.bmm(delta.transpose(1, 2), x).square().sum((1, 2))
+        return (gram_x * gram_d).sum((1, 2)), gram_d.sum((1, 2))
+    weight_sq = torch.bmm(delta.transpose(1, 2), x).square().sum((1, 2))
+    return weight_sq, delta.sum(1).square().sum(1)
+
+
+def _embedding_sq(ids: Tensor, delta: Tensor, n_rows: int) -> Tensor:
+    """Per-example |grad W|^2 of an Embedding; ids: (B, T), delta: (B, T, D).
+
+    Row v of example b's gradient is the sum of delta_bt over the t with id v. When the table
+    has no more rows than the sequence has positions (positional embeddings), build the
+    per-example tables: O(B V D), no bigger than delta. Otherwise use the Gram identity with an
+    "equal id" mask: O(B T^2 D), no table.
+    """
+    b, t, d = delta.shape
+    if t == 1:
+        return delta.square().sum((1, 2))
+    if n_rows <= t:
+        rows = (ids + n_rows * torch.arange(b, device=ids.device).unsqueeze(1)).reshape(-1)
+        table = delta.new_zeros(b * n_rows, d).index_add_(0, rows, delta.reshape(-1, d))
+        table_sq: Tensor = torch.linalg.vector_norm(table.view(b, -1), dim=1).square()
+        return table_sq
+    same = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(delta.dtype)
+    return (same * torch.bmm(delta, delta.transpose(1, 2))).sum((1, 2))
 
 
 def _as_btd(t: Tensor, d: int) -> Tensor:
@@ -57,6 +82,8 @@ class _Entry:
         self.module = module
         self.params = params  # (attribute name, global parameter index)
         self.kind = kind
+        self.names = dict(params)
+        self.ones: Tensor | None = None  # LayerNorm: a unit weight for recomputing x_hat
 
 
 def _supported_kind(module: nn.Module) -> str | None:
@@ -212,11 +239,17 @@ class PerExampleNorms:
         if self._batch is None:
             self._batch = int(sq.shape[0])
 
+    def _store_pair(self, names: dict[str, int], weight_sq: Tensor, bias_sq: Tensor) -> None:
+        if "weight" in names:
+            self._store(names["weight"], weight_sq)
+        if "bias" in names:
+            self._store(names["bias"], bias_sq)
+
     def _backward(
         self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any], delta: Tensor
     ) -> None:
         m = entry.module
-        names = dict(entry.params)
+        names = entry.names
         if entry.kind == "func":
             for name, sq in self._func_norms(entry, args, kwargs, delta).items():
                 self._store(names[name], sq)
@@ -224,41 +257,34 @@ class PerExampleNorms:
         x = args[0]
         if entry.kind == "linear":
             lin: nn.Linear = m  # type: ignore[assignment]
-            xs = _as_btd(x, lin.in_features)
-            ds = _as_btd(delta, lin.out_features)
-            if "weight" in names:
-                self._store(names["weight"], _linear_sq(xs, ds))
-            if "bias" in names:
-                self._store(names["bias"], ds.sum(1).square().sum(1))
+            weight_sq, bias_sq = _linear_sq(
+                _as_btd(x, lin.in_features), _as_btd(delta, lin.out_features)
+            )
+            self._store_pair(names, weight_sq, bias_sq)
         elif entry.kind == "conv":
             conv: nn.Conv1d | nn.Conv2d = m  # type: ignore[assignment]
-            xs, ds = self._conv_unfold(conv, x, delta)
-            if "weight" in names:
-                self._store(names["weight"], _linear_sq(xs, ds))
-            if "bias" in names:
-                self._store(names["bias"], ds.sum(1).square().sum(1))
+            self._store_pair(names, *_linear_sq(*self._conv_unfold(conv, x, delta)))
         elif entry.kind == "embedding":
             emb: nn.Embedding = m  # type: ignore[assignment]
             ids = x.reshape(x.shape[0], -1)
             ds = _as_btd(delta, emb.embedding_dim)
             if emb.padding_idx is not None:
                 ds = ds * (ids != emb.padding_idx).unsqueeze(-1)
-            if ids.shape[1] == 1:
-                sq = ds.square().sum((1, 2))
-            else:
-                same = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(ds.dtype)
-                sq = (same * torch.bmm(ds, ds.transpose(1, 2))).sum((1, 2))
-            self._store(names["weight"], sq)
+            self._store(names["weight"], _embedding_sq(ids, ds, emb.num_embeddings))
         elif entry.kind == "layernorm":
             ln: nn.LayerNorm = m  # type: ignore[assignment]
             d = math.prod(ln.normalized_shape)
-            x_hat = F.layer_norm(x.float(), ln.normalized_shape, None, None, ln.eps)
+            xf = x.float()
+            if entry.ones is None or entry.ones.device != xf.device:
+                entry.ones = torch.ones(ln.normalized_shape, device=xf.device)
+            # a unit weight gives the same x_hat, by a faster kernel than weight=None on CPU
+            x_hat = F.layer_norm(xf, ln.normalized_shape, entry.ones, None, ln.eps)
             xs = x_hat.reshape(x.shape[0], -1, d)
             ds = _as_btd(delta, d)
-            if "weight" in names:
-                self._store(names["weight"], (ds * xs).sum(1).square().sum(1))
-            if "bias" in names:
-                self._store(names["bias"], ds.sum(1).square().sum(1))
+            # per-example grads: weight sum_t delta_t * x_hat_t, bias sum_t delta_t; (2, B, D)
+            grads = torch.stack([(ds * xs).sum(1), ds.sum(1)])
+            weight_sq, bias_sq = grads.square().sum(2)
+            self._store_pair(names, weight_sq, bias_sq)
 
     @staticmethod
     def _conv_unfold(

@@ -22,7 +22,7 @@ E = |G|^2 + tr(Sigma) mean(1/b_j) (eq. 1), so B_small is their harmonic mean.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -64,6 +64,16 @@ class _Micro:
 
 def _is_ddp(model: nn.Module) -> bool:
     return isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def _norm_fn(dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+    """|grad| as an fp32 scalar. A gradient has its parameter's dtype, so this is chosen once
+    per parameter; fp16/bf16 reduce in fp32 (their scaled squared norms would overflow)."""
+    if dtype == torch.float32:
+        return lambda grad: torch.linalg.vector_norm(grad)
+    if dtype == torch.float64:
+        return lambda grad: torch.linalg.vector_norm(grad).float()
+    return lambda grad: torch.linalg.vector_norm(grad, dtype=torch.float32)
 
 
 class GradientNoiseProbe:
@@ -175,9 +185,12 @@ class GradientNoiseProbe:
         self.skipped_steps = 0  # measured steps dropped for non-finite norms
         self.examples_seen = 0.0  # in ``units``, over all ranks
         self._micro: list[_Micro] = []
-        self._pending: list[tuple[int, Tensor]] = []
+        self._pending: list[tuple[int, Tensor]] = []  # filled by the hooks, in place
         self._slot_list = [int(v) for v in series_of_param]
-        self._index_cache: dict[tuple[int, ...], Tensor] = {}
+        # .grad norms at step(): one _foreach_norm per parameter dtype
+        self._by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, p in enumerate(self.params):
+            self._by_dtype.setdefault(p.dtype, []).append(i)
         self._step_items = 0.0
         self._warned_single = False
 
@@ -188,6 +201,7 @@ class GradientNoiseProbe:
             self._auto = False
         self.source: str = source
         self._handles: list[RemovableHandle] = []
+        self._detached = False
         self._per_example: PerExampleNorms | None = None
         self._per_example_method = per_example
         self._per_example_max = per_example_max
@@ -230,9 +244,9 @@ class GradientNoiseProbe:
 
     def _install(self) -> None:
         self.remove()
+        self._detached = False
         if self.source == "micro":
-            for i, p in enumerate(self.params):
-                self._handles.append(p.register_hook(self._make_hook(i)))  # type: ignore[no-untyped-call]
+            self._hook_grads(self._armed)
         else:
             self._per_example = PerExampleNorms(
                 self._inner(self.model),
@@ -242,26 +256,34 @@ class GradientNoiseProbe:
             )
             self._per_example.armed = self._armed
 
-    def _make_hook(self, i: int) -> Any:
+    def _hook_grads(self, on: bool) -> None:
+        """Micro source: hooks on every parameter's incoming gradient, or none.
+
+        Hooks exist only while a backward is to be measured (armed step; with
+        ``small_batches="first"``, its first backward), so unmeasured backwards pay nothing.
+        """
+        if not on:
+            for h in self._handles:
+                h.remove()
+            self._handles.clear()
+        elif not self._handles:
+            for i, p in enumerate(self.params):
+                hook = self._make_hook(i, _norm_fn(p.dtype))
+                self._handles.append(p.register_hook(hook))  # type: ignore[no-untyped-call]
+
+    def _make_hook(self, i: int, norm: Callable[[Tensor], Tensor]) -> Callable[[Tensor], None]:
         # One kernel per parameter and backward, no host sync: the norm stays on the device
-        # until step() stacks them all.
+        # until step() stacks them all. Runs ~100 times per backward: keep it to one call.
+        append = self._pending.append
+
         def hook(grad: Tensor) -> None:
-            if not self._armed or (self._first_only and self._n_micro > 0):
-                return
-            if grad.dtype == torch.float32:
-                norm = torch.linalg.vector_norm(grad)
-            elif grad.dtype == torch.float64:
-                norm = torch.linalg.vector_norm(grad).float()
-            elif grad.is_floating_point():  # fp16/bf16: reduce in fp32, scaled norms overflow
-                norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
-            else:
-                return
-            self._pending.append((i, norm))
+            append((i, norm(grad)))
 
         return hook
 
     def remove(self) -> None:
         """Detach every hook (the model trains on untouched)."""
+        self._detached = True
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -293,8 +315,10 @@ class GradientNoiseProbe:
         self._step_items += float(batch_size)
         measured = not (self._first_only and self._n_micro > 0)
         self._n_micro += 1
+        if self._first_only and self.source == "micro":
+            self._hook_grads(False)  # back at the end of step(), for the next step
         if not self._armed:
-            self._pending = []
+            self._pending.clear()
             if self._per_example is not None:
                 self._per_example.reset()
             return
@@ -303,9 +327,9 @@ class GradientNoiseProbe:
             counts = torch.as_tensor(item_counts, dtype=torch.float32, device=self._device)
         if self.source == "micro":
             self._micro.append(
-                _Micro(self._pending, None, float(batch_size), grad_scale, counts, measured)
+                _Micro(self._pending.copy(), None, float(batch_size), grad_scale, counts, measured)
             )
-            self._pending = []
+            self._pending.clear()
         else:
             assert self._per_example is not None
             per_param_ex = self._per_example.take(self._device)
@@ -349,8 +373,10 @@ class GradientNoiseProbe:
         self._n_micro = 0
         if not armed:
             self.examples_seen += step_items * self.world_size
+            self._rearm()
             return None
         if not micros:
+            self._rearm()
             raise RuntimeError(
                 "probe.step() saw no backward: call probe.micro_step(batch_size=...) after each "
                 "loss.backward(), or pass batch_size= to probe.step()"
@@ -359,8 +385,16 @@ class GradientNoiseProbe:
             return self._measure(step, micros, loss, lr)
         finally:
             self._maybe_switch(len(micros))
-            if self._per_example is not None:
-                self._per_example.armed = self._armed
+            self._rearm()
+
+    def _rearm(self) -> None:
+        """Hooks on or off for the step that comes next."""
+        if self._detached:
+            return
+        if self._per_example is not None:
+            self._per_example.armed = self._armed
+        elif self.source == "micro":
+            self._hook_grads(self._armed)
 
     def _maybe_switch(self, k: int) -> None:
         """Auto source: several backwards per step means accumulation; micro-batches are free."""
@@ -389,55 +423,45 @@ class GradientNoiseProbe:
             out.append(c * amp)
         return out
 
-    def _index(self, slots: list[int]) -> Tensor:
-        """Slot-index tensors, cached: the pattern repeats every step."""
-        key = tuple(slots)
-        found = self._index_cache.get(key)
-        if found is None:
-            found = torch.tensor(slots, dtype=torch.long, device=self._device)
-            if len(self._index_cache) < 64:
-                self._index_cache[key] = found
-        return found
-
-    def _grad_sq_by_slot(self) -> Tensor:
-        """|.grad|^2 summed per slot, batched (fp16/bf16 reduced in fp32: no overflow)."""
-        groups: dict[torch.dtype, tuple[list[int], list[Tensor]]] = {}
-        for i, p in enumerate(self.params):
-            g = p.grad
-            if g is not None:
-                slots, grads = groups.setdefault(g.dtype, ([], []))
-                slots.append(self._slot_list[i])
-                grads.append(g.detach())
-        out = torch.zeros(self._n_slots, device=self._device)
-        for dtype, (slots, grads) in groups.items():
-            if dtype in (torch.float16, torch.bfloat16):
+    def _grad_norms(self) -> tuple[list[Tensor], list[int]]:
+        """|.grad| (fp32 vectors, one ``_foreach_norm`` per dtype) and each norm's slot."""
+        parts: list[Tensor] = []
+        slots: list[int] = []
+        params = self.params
+        for dtype, index in self._by_dtype.items():
+            present = [(i, g.detach()) for i in index if (g := params[i].grad) is not None]
+            if not present:
+                continue
+            grads = [g for _, g in present]
+            if dtype in (torch.float16, torch.bfloat16):  # reduce in fp32: no overflow
                 norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
             else:
                 norms = torch._foreach_norm(grads)
-            sq = torch.stack(norms).float().square()
-            out.index_add_(0, self._index(slots), sq)
-        return out
+            parts.append(torch.stack(norms).float())
+            slots.extend(self._slot_list[i] for i, _ in present)
+        return parts, slots
 
     def _measure(
         self, step: int, micros: list[_Micro], loss: float | None, lr: float | None
     ) -> ProbeSample | None:
         dev = self._device
+        s = self._n_slots
         scales = self._grad_scales(micros)
-        small_sum = torch.zeros(self._n_slots, device=dev)
         small_count = 0.0
         small_inv_b = 0.0
-        slots: list[int] = []
-        weights: list[float] = []
+        # micro source: one |incoming grad| per parameter and backward, with its weight and slot
         norms: list[Tensor] = []
+        weights: list[float] = []
+        slots: list[int] = []
+        per_example: Tensor | None = None  # per-example source: per-slot sums, on the device
         for m, c in zip(micros, scales, strict=True):
             if m.per_example is None and not m.measured:
                 continue  # small_batches="first": only the first backward is a G_small
             if m.per_example is None:
                 # micro-batch j: incoming gradient = c_j g_j  =>  |g_j|^2 = |incoming|^2 / c_j^2
-                for i, norm in m.norms:
-                    slots.append(self._slot_list[i])
-                    weights.append(1.0 / (c * c))
-                    norms.append(norm)
+                norms.extend(norm for _, norm in m.norms)
+                weights.extend([1.0 / (c * c)] * len(m.norms))
+                slots.extend(self._slot_list[i] for i, _ in m.norms)
                 small_count += 1.0
                 small_inv_b += 1.0 / m.batch_size
             else:
@@ -445,34 +469,45 @@ class GradientNoiseProbe:
                 n_ex = m.per_example.shape[1]  # measured examples (<= n_full)
                 if m.item_counts is None:
                     factor = (m.n_full / c) ** 2  # n_i = b / n_full
-                    small_sum += m.per_example.sum(1) * factor
+                    sq_sum = m.per_example.sum(1) * factor
                     small_inv_b += n_ex * m.n_full / m.batch_size
                 else:
                     counts = m.item_counts
                     scale = (m.batch_size / c) ** 2 / counts.square()
-                    small_sum += (m.per_example * scale).sum(1)
+                    sq_sum = (m.per_example * scale).sum(1)
                     small_inv_b += float((1.0 / counts).sum())
+                per_example = sq_sum if per_example is None else per_example + sq_sum
                 small_count += float(n_ex)
-        if norms:
-            w = torch.tensor(weights, device=dev)
-            small_sum.index_add_(0, self._index(slots), torch.stack(norms).square() * w)
+        big_parts, big_slots = self._grad_norms()
+        parts = [torch.stack(norms)] if norms else []
+        parts += big_parts
+        if per_example is not None:
+            parts.append(per_example)
+        # Everything to the host in one transfer (the one host sync on a single process); the
+        # few hundred squares and weighted sums are cheaper in Python than as device kernels.
+        host = torch.cat(parts).tolist()
+        n_small, n_big = len(norms), len(big_slots)
+        small_l = [0.0] * s
+        for v, w, slot in zip(host[:n_small], weights, slots, strict=True):
+            small_l[slot] += v * v * w
+        big_l = [0.0] * s
+        for v, slot in zip(host[n_small : n_small + n_big], big_slots, strict=True):
+            big_l[slot] += v * v
+        if per_example is not None:
+            small_l = [a + b for a, b in zip(small_l, host[n_small + n_big :], strict=True)]
         sum_c = sum(scales)
         sum_c2_over_b = sum(c * c / m.batch_size for m, c in zip(micros, scales, strict=True))
         n_items = sum(m.batch_size for m in micros)
-        big = self._grad_sq_by_slot()
         local = [small_count, small_inv_b, sum_c, sum_c2_over_b, n_items]
-        s = self._n_slots
-        if self.distributed:
-            scalars = torch.tensor(local, dtype=torch.float64, device=dev)
-            packed = torch.cat([small_sum.double(), scalars])
+        if self.distributed:  # G_small sums add over ranks; .grad is already all-reduced
+            packed = torch.tensor(small_l + local, dtype=torch.float64, device=dev)
             torch.distributed.all_reduce(packed, group=self.process_group)
-            values = torch.cat([packed, big.double()]).tolist()  # the one host sync
-            small_l, big_l = values[:s], values[s + len(local) :]
-            count, inv_b, c_tot, c2b_tot, items = values[s : s + len(local)]
+            reduced = packed.tolist()
+            small_l = reduced[:s]
+            count, inv_b, c_tot, c2b_tot, items = reduced[s:]
         else:
-            values = torch.cat([small_sum, big]).tolist()  # the one host sync
-            small_l, big_l = values[:s], values[s:]
             count, inv_b, c_tot, c2b_tot, items = local
+        values = small_l + big_l
         b_small = count / inv_b
         b_big = c_tot * c_tot / c2b_tot
         # averaged over ranks: grad = (1/W) sum_r sum_j c_rj g_rj, so divide by (sum c)/W
