@@ -101,10 +101,10 @@ def _metered(meter: _Meter) -> Iterator[None]:
         setattr(cls, name, meter.wrap(fn))
     if make_hook is not None:
 
-        def metered_make_hook(self: Any, i: int) -> Any:
-            return meter.wrap(make_hook(self, i), hook=True)
+        def metered_make_hook(self: Any, *args: Any) -> Any:
+            return meter.wrap(make_hook(self, *args), hook=True)
 
-        GradientNoiseProbe._make_hook = metered_make_hook  # type: ignore[method-assign]
+        GradientNoiseProbe._make_hook = metered_make_hook  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
@@ -156,6 +156,17 @@ def _collate(features: list[Any]) -> dict[str, Any]:
 Step = tuple[float, float, float]
 
 
+def _check_measured(callback: Any, steps: int) -> None:
+    """A callback that disabled itself (it never raises into training) would time as free."""
+    status = callback.run.status() if callback.run is not None else None
+    logged = status.queued + status.sent + status.spooled if status is not None else 0
+    if callback._disabled is not None or logged < steps:
+        raise RuntimeError(
+            f"{type(callback).__name__} logged {logged} samples in {steps} steps "
+            f"(disabled: {callback._disabled!r}); its timing would mean nothing"
+        )
+
+
 def _deltas(stamps: list[Step]) -> list[Step]:
     """Per optimizer step: (step CPU time, inside noisescope, of which hooks), warm-up dropped."""
     pairs = itertools.pairwise(stamps)
@@ -183,10 +194,9 @@ def _hf_step_times(
             stamps.append((_clock(), meter.total, meter.hooks))
 
     callbacks: list[Any] = [StepTimer()]
+    callback = HuggingFaceCallback(project="bench", mode="offline", dir=spool, quiet=True)
     if with_callback:
-        callbacks.append(
-            HuggingFaceCallback(project="bench", mode="offline", dir=spool, quiet=True)
-        )
+        callbacks.append(callback)
     n = cfg["micro_batch"] * cfg["accumulation"] * (cfg["steps"] + 1)
     data = [{"input_ids": block} for block in _byte_blocks(n)]
     with tempfile.TemporaryDirectory() as out:
@@ -213,6 +223,8 @@ def _hf_step_times(
         )
         trainer.remove_callback(PrinterCallback)  # keep stdout for the table
         trainer.train()
+    if with_callback:
+        _check_measured(callback, cfg["steps"])
     return _deltas(stamps)
 
 
@@ -247,17 +259,16 @@ def _lightning_step_times(
                 stamps.append((_clock(), meter.total, meter.hooks))
 
     callbacks: list[Any] = [StepTimer()]
+    callback = LightningCallback(
+        project="bench",
+        units="tokens",
+        batch_size_fn=lambda b: b["labels"][:, 1:].numel(),
+        mode="offline",
+        dir=spool,
+        quiet=True,
+    )
     if with_callback:
-        callbacks.append(
-            LightningCallback(
-                project="bench",
-                units="tokens",
-                batch_size_fn=lambda b: b["labels"][:, 1:].numel(),
-                mode="offline",
-                dir=spool,
-                quiet=True,
-            )
-        )
+        callbacks.append(callback)
     n = cfg["micro_batch"] * cfg["accumulation"] * (cfg["steps"] + 1)
     blocks: Any = _byte_blocks(n)  # a list is a map-style dataset
     loader: DataLoader[Any] = DataLoader(blocks, batch_size=cfg["micro_batch"], collate_fn=_collate)
@@ -274,6 +285,8 @@ def _lightning_step_times(
         callbacks=callbacks,
     )
     trainer.fit(LM(), loader)
+    if with_callback:
+        _check_measured(callback, cfg["steps"])
     return _deltas(stamps)
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
 from torch import Tensor, nn
 
-from noisescope.torch import GradientNoiseProbe
+from noisescope.torch import GradientNoiseProbe, _probe
 from tests.probes.lsq_torch import ListSink
 
 
@@ -236,33 +237,81 @@ def test_per_example_max_measures_a_subset_with_the_full_batch_normalisation() -
     assert row["g_small_sq"] == pytest.approx(sum(per_example) / 3, rel=1e-5)
 
 
-def _hooked_params(model: nn.Module) -> int:
-    return sum(bool(p._backward_hooks) for p in model.parameters())
+@pytest.fixture
+def norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the gradient-norm kernels the probe's hooks launch."""
+    calls = [0]
+    real = _probe._norm_fn
+
+    def counting(dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+        norm = real(dtype)
+
+        def counted(grad: Tensor) -> Tensor:
+            calls[0] += 1
+            return norm(grad)
+
+        return counted
+
+    monkeypatch.setattr(_probe, "_norm_fn", counting)
+    return calls
 
 
-def test_hooks_exist_only_while_a_backward_is_measured() -> None:
-    """every=2 with small_batches="first": unmeasured backwards run with no hooks at all (so
-    they cost nothing), and the measured steps match a probe that measures every step."""
+def test_unmeasured_backwards_compute_nothing(norm_calls: list[int]) -> None:
+    """every=2 with small_batches="first": only the first backward of a measured step is
+    read, and the measured steps match a probe that measures every step."""
     steps, k, b = 4, 3, 4
     model, sink = _mlp(), ListSink()
     twin, twin_sink = copy.deepcopy(model), ListSink()
     probe = GradientNoiseProbe(model, sink, source="micro", every=2, small_batches="first")
     every_step = GradientNoiseProbe(twin, twin_sink, source="micro", small_batches="first")
     x, y = _data(steps, k, b)
-    hooked = []
+    calls = []
     for i in range(steps):
         for j in range(k):
-            hooked.append(_hooked_params(model))
-            for m, p in ((model, probe), (twin, every_step)):
-                (_loss(m, x[i, j], y[i, j]) / k).backward()
-                p.micro_step(batch_size=b)
+            before = norm_calls[0]
+            (_loss(model, x[i, j], y[i, j]) / k).backward()
+            probe.micro_step(batch_size=b)
+            calls.append(norm_calls[0] - before)
+            (_loss(twin, x[i, j], y[i, j]) / k).backward()
+            every_step.micro_step(batch_size=b)
         probe.step()
         every_step.step()
-        model.zero_grad()
-        twin.zero_grad()
-    n_params = len(list(model.parameters()))
-    assert hooked == [n_params, 0, 0, 0, 0, 0, n_params, 0, 0, 0, 0, 0]
+        model.zero_grad(set_to_none=False)  # zeroed .grad: hooks, not a read of .grad
+        twin.zero_grad(set_to_none=False)
+    n = len(list(model.parameters()))
+    # step 0: no .grad yet, read from .grad; step 2: hooks on the first backward only
+    assert calls == [0, 0, 0, 0, 0, 0, n, 0, 0, 0, 0, 0]
     measured = [r for r in twin_sink.series("") if r["step"] in (0, 2)]
     assert sink.series("") == measured
     probe.remove()
-    assert _hooked_params(model) == 0
+    assert not any(p._backward_hooks for p in model.parameters())
+
+
+def test_first_backward_read_from_grad_matches_the_hooks(norm_calls: list[int]) -> None:
+    """With every .grad None before a step (set_to_none=True), the first backward's norms are
+    read from .grad in one batched call; zeroed grads (set_to_none=False) need the hooks.
+    Both give the same samples."""
+    steps, k, b = 3, 3, 4
+    x, y = _data(steps, k, b)
+    rows = {}
+    for set_to_none in (True, False):
+        model, sink = _mlp(), ListSink()
+        n = len(list(model.parameters()))
+        probe = GradientNoiseProbe(model, sink, source="micro")
+        calls = []
+        for i in range(steps):
+            for j in range(k):
+                before = norm_calls[0]
+                (_loss(model, x[i, j], y[i, j]) / k).backward()
+                calls.append(norm_calls[0] - before)
+                probe.micro_step(batch_size=b)
+            probe.step()
+            model.zero_grad(set_to_none=set_to_none)
+        # a fresh model has no .grad at all: its first step never needs the hooks
+        assert calls[::k] == [0] + [0 if set_to_none else n] * (steps - 1)
+        assert all(c == n for j, c in enumerate(calls) if j % k)
+        rows[set_to_none] = sink.series("")
+    numbers = ("step", "b_small", "b_big", "g_small_sq", "g_big_sq", "examples")
+    for read, hooked in zip(rows[True], rows[False], strict=True):
+        for name in numbers:
+            assert read[name] == pytest.approx(hooked[name], rel=1e-6), name

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -60,6 +60,9 @@ class _Micro:
     item_counts: Tensor | None
     measured: bool = True
     n_full: int = 0  # per-example source: examples in the micro-batch (measured or not)
+    # micro source, a backward read from .grad (see _before_forward): fp32 norms and slots
+    grad_parts: list[Tensor] = field(default_factory=list)
+    grad_slots: list[int] = field(default_factory=list)
 
 
 def _is_ddp(model: nn.Module) -> bool:
@@ -201,6 +204,9 @@ class GradientNoiseProbe:
             self._auto = False
         self.source: str = source
         self._handles: list[RemovableHandle] = []
+        self._hooks_live = [False]  # read by every gradient hook
+        self._forward_handle: RemovableHandle | None = None
+        self._read_grad = False  # the coming backward is read from .grad, without hooks
         self._detached = False
         self._per_example: PerExampleNorms | None = None
         self._per_example_method = per_example
@@ -247,6 +253,8 @@ class GradientNoiseProbe:
         self._detached = False
         if self.source == "micro":
             self._hook_grads(self._armed)
+            inner = self._inner(self.model)
+            self._forward_handle = inner.register_forward_pre_hook(self._before_forward)
         else:
             self._per_example = PerExampleNorms(
                 self._inner(self.model),
@@ -257,16 +265,14 @@ class GradientNoiseProbe:
             self._per_example.armed = self._armed
 
     def _hook_grads(self, on: bool) -> None:
-        """Micro source: hooks on every parameter's incoming gradient, or none.
+        """Micro source: measure (or not) the incoming gradients of the coming backwards.
 
-        Hooks exist only while a backward is to be measured (armed step; with
-        ``small_batches="first"``, its first backward), so unmeasured backwards pay nothing.
+        The hooks stay registered and only read a flag when off: unmeasured backwards (steps
+        skipped by ``every``, later micro-batches with ``small_batches="first"``, a first
+        backward read from ``.grad``) compute nothing, and nothing is re-registered per step.
         """
-        if not on:
-            for h in self._handles:
-                h.remove()
-            self._handles.clear()
-        elif not self._handles:
+        self._hooks_live[0] = on
+        if on and not self._handles:
             for i, p in enumerate(self.params):
                 hook = self._make_hook(i, _norm_fn(p.dtype))
                 self._handles.append(p.register_hook(hook))  # type: ignore[no-untyped-call]
@@ -275,18 +281,49 @@ class GradientNoiseProbe:
         # One kernel per parameter and backward, no host sync: the norm stays on the device
         # until step() stacks them all. Runs ~100 times per backward: keep it to one call.
         append = self._pending.append
+        live = self._hooks_live
 
         def hook(grad: Tensor) -> None:
-            append((i, norm(grad)))
+            if live[0]:
+                append((i, norm(grad)))
 
         return hook
+
+    def _before_forward(self, module: nn.Module, args: Any) -> None:
+        """First forward of a measured step: can its backward go without hooks?
+
+        If no parameter has a ``.grad`` yet (``zero_grad(set_to_none=True)``, PyTorch's default)
+        and nothing will all-reduce into ``.grad`` during this backward (one process, or DDP
+        under ``no_sync``), then after the backward each ``.grad`` *is* that backward's
+        incoming gradient: micro_step reads all of them with one batched norm instead of one
+        hook call per parameter. Otherwise, and for every later backward, the hooks stay.
+        """
+        if self._n_micro or self._read_grad or not self._armed or not torch.is_grad_enabled():
+            return
+        if self._may_all_reduce():
+            return
+        if any(p.grad is not None for p in self.params):
+            return
+        self._read_grad = True
+        self._hook_grads(False)
+
+    def _may_all_reduce(self) -> bool:
+        """Could the coming backward overwrite .grad with an all-reduced gradient?"""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return False
+        # DDP outside no_sync, or a process group with a wrapper we do not know: assume so
+        return not self.distributed or getattr(self.model, "require_backward_grad_sync", True)
 
     def remove(self) -> None:
         """Detach every hook (the model trains on untouched)."""
         self._detached = True
+        self._read_grad = False
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        if self._forward_handle is not None:
+            self._forward_handle.remove()
+            self._forward_handle = None
         if self._per_example is not None:
             self._per_example.remove()
             self._per_example = None
@@ -315,8 +352,10 @@ class GradientNoiseProbe:
         self._step_items += float(batch_size)
         measured = not (self._first_only and self._n_micro > 0)
         self._n_micro += 1
-        if self._first_only and self.source == "micro":
-            self._hook_grads(False)  # back at the end of step(), for the next step
+        read_grad, self._read_grad = self._read_grad, False
+        if self.source == "micro":
+            # later backwards add to .grad: hooks on (off after the first with "first")
+            self._hook_grads(not self._first_only and self._armed)
         if not self._armed:
             self._pending.clear()
             if self._per_example is not None:
@@ -326,9 +365,12 @@ class GradientNoiseProbe:
         if item_counts is not None:
             counts = torch.as_tensor(item_counts, dtype=torch.float32, device=self._device)
         if self.source == "micro":
-            self._micro.append(
-                _Micro(self._pending.copy(), None, float(batch_size), grad_scale, counts, measured)
+            micro = _Micro(
+                self._pending.copy(), None, float(batch_size), grad_scale, counts, measured
             )
+            if read_grad:  # .grad holds exactly this backward's gradient (see _before_forward)
+                micro.grad_parts, micro.grad_slots = self._grad_norms()
+            self._micro.append(micro)
             self._pending.clear()
         else:
             assert self._per_example is not None
@@ -450,7 +492,7 @@ class GradientNoiseProbe:
         small_count = 0.0
         small_inv_b = 0.0
         # micro source: one |incoming grad| per parameter and backward, with its weight and slot
-        norms: list[Tensor] = []
+        norms: list[Tensor] = []  # fp32 vectors
         weights: list[float] = []
         slots: list[int] = []
         per_example: Tensor | None = None  # per-example source: per-slot sums, on the device
@@ -459,9 +501,12 @@ class GradientNoiseProbe:
                 continue  # small_batches="first": only the first backward is a G_small
             if m.per_example is None:
                 # micro-batch j: incoming gradient = c_j g_j  =>  |g_j|^2 = |incoming|^2 / c_j^2
-                norms.extend(norm for _, norm in m.norms)
-                weights.extend([1.0 / (c * c)] * len(m.norms))
-                slots.extend(self._slot_list[i] for i, _ in m.norms)
+                if m.norms:
+                    norms.append(torch.stack([norm for _, norm in m.norms]))
+                    slots.extend(self._slot_list[i] for i, _ in m.norms)
+                norms += m.grad_parts
+                slots += m.grad_slots
+                weights.extend([1.0 / (c * c)] * (len(slots) - len(weights)))
                 small_count += 1.0
                 small_inv_b += 1.0 / m.batch_size
             else:
@@ -479,14 +524,13 @@ class GradientNoiseProbe:
                 per_example = sq_sum if per_example is None else per_example + sq_sum
                 small_count += float(n_ex)
         big_parts, big_slots = self._grad_norms()
-        parts = [torch.stack(norms)] if norms else []
-        parts += big_parts
+        parts = norms + big_parts
         if per_example is not None:
             parts.append(per_example)
         # Everything to the host in one transfer (the one host sync on a single process); the
         # few hundred squares and weighted sums are cheaper in Python than as device kernels.
         host = torch.cat(parts).tolist()
-        n_small, n_big = len(norms), len(big_slots)
+        n_small, n_big = len(slots), len(big_slots)
         small_l = [0.0] * s
         for v, w, slot in zip(host[:n_small], weights, slots, strict=True):
             small_l[slot] += v * v * w
