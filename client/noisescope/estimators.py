@@ -32,6 +32,7 @@ __all__ = [
     "reblock",
     "steps_ratio",
     "student_t_quantile",
+    "two_batch_estimate_columns",
     "two_batch_estimates",
 ]
 
@@ -48,13 +49,44 @@ def two_batch_estimates(
 
     Either may be negative for a single step; only window averages are meaningful.
     """
+    d_g_sq, d_trace_sigma = _two_batch_denominators(b_small, b_big)
+    g_sq = (b_big * g_big_sq - b_small * g_small_sq) / d_g_sq
+    trace_sigma = (g_small_sq - g_big_sq) / d_trace_sigma
+    return g_sq, trace_sigma
+
+
+def _two_batch_denominators(b_small: float, b_big: float) -> tuple[float, float]:
+    """B_big - B_small and 1/B_small - 1/B_big, after checking 0 < B_small < B_big."""
     if not b_big > b_small > 0:
         raise ValueError(
             f"need 0 < b_small < b_big, got b_small={b_small}, b_big={b_big}: "
             "the two batch sizes must differ (one process and no accumulation has only one)"
         )
-    g_sq = (b_big * g_big_sq - b_small * g_small_sq) / (b_big - b_small)
-    trace_sigma = (g_small_sq - g_big_sq) / (1.0 / b_small - 1.0 / b_big)
+    return b_big - b_small, 1.0 / b_small - 1.0 / b_big
+
+
+def two_batch_estimate_columns(
+    b_small: float, b_big: float, g_small_sq: Sequence[float], g_big_sq: Sequence[float]
+) -> tuple[list[float], list[float]]:
+    """``two_batch_estimates`` for many steps measured at one pair of batch sizes: the
+    |𝒢|^2 column and the 𝒮 column.
+
+    Element for element the same expressions as ``two_batch_estimates`` (so the same floats),
+    with the denominators computed once and no per-step tuple: about half the cost of mapping
+    the scalar function, which matters on the server's bulk ingest path.
+    """
+    if len(g_small_sq) != len(g_big_sq):
+        raise ValueError(
+            f"g_small_sq has {len(g_small_sq)} values but g_big_sq has {len(g_big_sq)}"
+        )
+    d_g_sq, d_trace_sigma = _two_batch_denominators(b_small, b_big)
+    g_sq = [
+        (b_big * g_b - b_small * g_s) / d_g_sq
+        for g_s, g_b in zip(g_small_sq, g_big_sq, strict=True)
+    ]
+    trace_sigma = [
+        (g_s - g_b) / d_trace_sigma for g_s, g_b in zip(g_small_sq, g_big_sq, strict=True)
+    ]
     return g_sq, trace_sigma
 
 

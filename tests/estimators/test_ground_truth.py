@@ -14,6 +14,7 @@ import pytest
 from noisescope.estimators import (
     NoiseScale,
     interval_from_steps,
+    two_batch_estimate_columns,
     two_batch_estimates,
 )
 from tests.estimators.lsq_truth import LeastSquares
@@ -95,3 +96,29 @@ def test_single_step_estimates_can_be_negative_but_windows_say_so() -> None:
     assert ns.b_simple is None
     assert ns.reason is not None
     assert ns.reason.startswith("not yet measurable")
+
+
+@pytest.mark.parametrize(("b_small", "b_big"), [(4, 32), (4.0, 32.0), (0.5, 3.0), (1, 2)])
+def test_column_form_gives_the_same_floats_as_the_scalar_one(
+    measured: dict[str, object], b_small: float, b_big: float
+) -> None:
+    """The bulk form the server ingests with must not drift from the definition by one ulp."""
+    g_small_sq = [float(v) for v in measured["g_small_sq"]]  # type: ignore[attr-defined]
+    g_big_sq = [float(v) for v in measured["g_big_sq"]]  # type: ignore[attr-defined]
+    g_small_sq[:3] = [0.0, 5, 1e300]  # zero, an int, a huge norm
+    g_sq, trace_sigma = two_batch_estimate_columns(b_small, b_big, g_small_sq, g_big_sq)
+    expected = [
+        two_batch_estimates(b_small, b_big, s, b) for s, b in zip(g_small_sq, g_big_sq, strict=True)
+    ]
+    assert g_sq == [e[0] for e in expected]
+    assert trace_sigma == [e[1] for e in expected]
+
+
+def test_column_form_rejects_what_the_scalar_one_rejects() -> None:
+    with pytest.raises(ValueError, match="must differ"):
+        two_batch_estimate_columns(8.0, 8.0, [1.0], [1.0])
+    with pytest.raises(ValueError, match="0 < b_small < b_big"):
+        two_batch_estimate_columns(0.0, 8.0, [1.0], [1.0])
+    with pytest.raises(ValueError, match="values"):
+        two_batch_estimate_columns(1.0, 8.0, [1.0, 2.0], [1.0])
+    assert two_batch_estimate_columns(1.0, 8.0, [], []) == ([], [])
