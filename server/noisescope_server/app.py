@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def _no_nul_in_url(request: Request) -> None:
+async def _no_nul_in_url(request: Request) -> None:
     """422 for a NUL in the URL: PostgreSQL text cannot hold it, and a streamed answer (CSV)
     that fails after its headers were sent can only drop the connection."""
     if "\x00" in request.url.path:

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, func, select
 
 from noisescope.estimators import two_batch_estimates
 from noisescope_server import crud, db, queries
-from noisescope_server.models import Sample, SampleBlock
+from noisescope_server.models import SAMPLE_COLUMNS, Sample, SampleBlock
 from tests.server._data import columns, expected_sums
 
 
@@ -173,5 +173,65 @@ def test_incremental_block_sums_across_batch_boundaries(engine: Engine) -> None:
         ex_min = conn.execute(select(func.min(SampleBlock.examples_min))).scalar_one()
     losses = [v for v in cols["loss"] if v is not None]
     assert int(n_loss) == len(losses)
+    assert sum_loss is not None
     assert math.isclose(sum_loss, sum(losses), rel_tol=1e-12)
     assert ex_min == cols["examples"][100]
+
+
+def _block_rows(engine: Engine) -> dict[tuple[str, int], tuple[object, ...]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(*(getattr(SampleBlock, c) for c in crud._BLOCK_COLUMNS)))
+        return {(str(r[0]), int(r[1])): tuple(r[2:]) for r in rows}
+
+
+def test_additive_block_sums_equal_a_recompute_from_the_samples(engine: Engine) -> None:
+    """The additive path's shortcuts (one lr, batch sizes and series per request; ascending
+    examples and time; nulls) give the blocks the recompute from ``sample`` gives."""
+    cols = columns(700, seed=6)
+    cols["lr"] = [0.1] * 300 + [0.05] * 200 + [0.1 if s % 2 else 0.2 for s in range(200)]
+    cols["time"][400:450] = [None] * 50
+    cols["step"][500:520] = list(reversed(cols["step"][500:520]))  # not ascending
+    for start in range(0, 700, 100):
+        part = {k: v[start : start + 100] for k, v in cols.items()}
+        batch = crud.validate_samples({"columns": part})
+        assert crud._block_deltas(batch) is not None
+        assert crud.ingest_samples(engine, "run1", batch) == 100
+    additive = _block_rows(engine)
+    with db.write_transaction(engine) as conn:
+        run_id = crud._require_run(conn, "run1", None).id
+        crud._refresh_blocks(conn, run_id, cols["seq"])
+    recomputed = _block_rows(engine)
+    assert additive.keys() == recomputed.keys()
+    for key, got in additive.items():
+        want = recomputed[key]
+        for name, g, w in zip(crud._BLOCK_COLUMNS[2:], got, want, strict=True):
+            if isinstance(w, float) and isinstance(g, float):
+                assert math.isclose(g, w, rel_tol=1e-12, abs_tol=1e-12), (key, name, g, w)
+            else:
+                assert g == w, (key, name, g, w)
+
+
+def test_multi_row_inserts_store_every_value_and_ignore_resent_rows(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite inserts several rows per statement; 7 per statement exercises the remainders."""
+    monkeypatch.setattr(crud, "SQLITE_ROWS_PER_INSERT", 7)
+    cols = columns(150, seed=7, series="layer.0")
+    first = {k: v[:100] for k, v in cols.items()}
+    again = {k: v[50:] for k, v in cols.items()}
+    assert crud.ingest_samples(engine, "run1", crud.validate_samples({"columns": first})) == 100
+    assert crud.ingest_samples(engine, "run1", crud.validate_samples({"columns": again})) == 50
+    batch = crud.validate_samples({"columns": cols})
+    with engine.connect() as conn:
+        stored = conn.execute(
+            select(*(getattr(Sample, c) for c in SAMPLE_COLUMNS)).order_by(Sample.seq)
+        ).all()
+    assert len(stored) == 150
+    expected = {
+        **batch.columns,
+        "g_sq_est": batch.g_sq_est,
+        "trace_sigma_est": batch.trace_sigma_est,
+    }
+    for i, row in enumerate(stored):
+        assert tuple(row) == tuple(expected[c][i] for c in SAMPLE_COLUMNS)
+    _blocks_match_samples(engine)
