@@ -5,11 +5,15 @@ For SQLite (temp file) and PostgreSQL (a fresh database on 127.0.0.1:5432, skipp
 1. *driver executemany*: the same rows (all sample columns, including the per-sample estimates)
    inserted with ``sqlite3`` / ``psycopg`` ``executemany`` into the migrated ``sample`` table, one
    transaction per batch: the storage limit, no HTTP, no validation.
-2. *noisescope over HTTP*: a real server (``python -m noisescope_server``) fed by several
+2. *driver, the server's INSERT*: the same rows through the driver with the statement the
+   server itself uses (multi-row ``VALUES`` on SQLite, one ``unnest`` per batch on PostgreSQL),
+   parameters built beforehand: what is left of the storage limit once the SQL is as good as
+   the server's, so the second ratio shows how thin the rest of the path is.
+3. *noisescope over HTTP*: a real server (``python -m noisescope_server``) fed by several
    concurrent client processes, each POSTing pre-encoded columnar JSON batches over keep-alive
    connections: parse, validate, estimates, insert-or-ignore, block sums, commit.
 
-The ratio HTTP / driver is the figure of merit (target >= 50%). A second table measures
+The ratio HTTP / driver executemany is the figure of merit (target >= 50%). A second table measures
 keep-alive request latency against a multi-worker server: noisescope's own socket (TCP_NODELAY)
 beside stock ``uvicorn --workers 2`` (uvicorn issue 3149: ~40 ms stalls per request).
 
@@ -30,6 +34,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,7 @@ import orjson
 import requests
 
 from noisescope import _wire
+from noisescope_server.models import SAMPLE_COLUMNS
 from tests.support.servers import ServerProcess, free_port, wait_for_health
 
 PG_ADMIN = os.environ.get("NOISESCOPE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -110,32 +117,79 @@ def _prepare_schema(url: str, run_uid: str = "driver-baseline") -> int:
     return ref.id
 
 
-def driver_rate(url: str, n: int, batch: int, round_: int = 0) -> float:
-    """Rows/s of the raw driver's executemany into the migrated sample table (a fresh run)."""
-    run_id = _prepare_schema(url, f"driver-{round_}")
+def _sqlite_server_statements(
+    conn: sqlite3.Connection, chunk: list[tuple[Any, ...]]
+) -> list[tuple[str, list[Any]]]:
+    """The server's multi-row insert-or-ignore statements for these rows, parameters flat."""
+    from noisescope_server import crud
+
+    per_insert = crud._sqlite_rows_per_insert(conn)
+    return [
+        (
+            crud._sqlite_sample_insert(len(chunk[i : i + per_insert])),
+            [v for row in chunk[i : i + per_insert] for v in row],
+        )
+        for i in range(0, len(chunk), per_insert)
+    ]
+
+
+def _pg_server_arrays(chunk: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """The server's ``unnest`` parameters (one array per column) for these rows."""
+    return {name: [row[k] for row in chunk] for k, name in enumerate(("run_id", *SAMPLE_COLUMNS))}
+
+
+def _sqlite_insert_batches(
+    conn: sqlite3.Connection,
+    chunks: list[list[tuple[Any, ...]]],
+    statement: str,
+    clock: Callable[[], float],
+) -> float:
+    """Insert the batches, one transaction each; the ``clock`` time it took (parameters of the
+    server's statements are built before the clock starts, like executemany's rows)."""
+    sql = _INSERT.format(", ".join("?" * 14))
+    prepared = [
+        _sqlite_server_statements(conn, chunk) if statement == "server" else [] for chunk in chunks
+    ]
+    t0 = clock()
+    for chunk, statements in zip(chunks, prepared, strict=True):
+        conn.execute("BEGIN")
+        if statement == "server":
+            for server_sql, params in statements:
+                conn.execute(server_sql, params)
+        else:
+            conn.executemany(sql, chunk)
+        conn.execute("COMMIT")
+    return clock() - t0
+
+
+def driver_rate(url: str, n: int, batch: int, round_: int = 0, *, statement: str = "") -> float:
+    """Rows/s of the raw driver into the migrated sample table (a fresh run), one transaction per
+    batch: ``executemany`` of one-row INSERTs, or with ``statement="server"`` the statement
+    the server uses (its parameters built before the clock starts, like executemany's rows)."""
+    run_id = _prepare_schema(url, f"driver-{statement or 'executemany'}-{round_}")
     rows = _rows(run_id, make_columns(n, 0, 1))
     chunks = [rows[i : i + batch] for i in range(0, n, batch)]
     if url.startswith("sqlite"):
         conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
-        sql = _INSERT.format(", ".join("?" * 14))
-        t0 = time.perf_counter()
-        for chunk in chunks:
-            conn.execute("BEGIN")
-            conn.executemany(sql, chunk)
-            conn.execute("COMMIT")
-        took = time.perf_counter() - t0
+        took = _sqlite_insert_batches(conn, chunks, statement, time.perf_counter)
         conn.close()
     else:
         import psycopg
 
+        from noisescope_server import crud
+
         conn_pg = psycopg.connect(url.replace("postgresql+psycopg", "postgresql"))
         sql = _INSERT.format(", ".join(["%s"] * 14))
+        arrays = [_pg_server_arrays(chunk) if statement == "server" else {} for chunk in chunks]
         t0 = time.perf_counter()
-        for chunk in chunks:
+        for chunk, columns in zip(chunks, arrays, strict=True):
             with conn_pg.cursor() as cur:
-                cur.executemany(sql, chunk)
+                if statement == "server":
+                    cur.execute(crud._PG_SAMPLE_INSERT, columns)
+                else:
+                    cur.executemany(sql, chunk)
             conn_pg.commit()
         took = time.perf_counter() - t0
         conn_pg.close()
@@ -194,24 +248,41 @@ def http_rate(server: ServerProcess, n: int, batch: int, clients: int) -> float:
     return per_client * clients / took
 
 
+@dataclass
+class Comparison:
+    """Medians over rounds, and the per-round ratios HTTP / driver."""
+
+    driver: float
+    driver_server_sql: float
+    http: float
+    ratios: list[float]
+    ratios_server_sql: list[float]
+    bytes_per_sample: float
+
+
 def compare(
     driver_url: str, http_url: str, n: int, batch: int, clients: int, workers: int, rounds: int
-) -> tuple[float, float, list[float], float]:
-    """Alternate driver and HTTP rounds (the machine's load drifts): medians and the per-round
-    ratios HTTP / driver."""
-    drivers, https, ratios = [], [], []
+) -> Comparison:
+    """Alternate driver and HTTP rounds (the machine's load drifts)."""
+    drivers: list[float] = []
+    drivers_server_sql: list[float] = []
+    https: list[float] = []
     with ServerProcess(database_url=http_url, workers=workers) as server:
         for r in range(rounds):
+            if r % 2 == 1:
+                https.append(http_rate(server, n, batch, clients))
+            drivers.append(driver_rate(driver_url, n, batch, r))
+            drivers_server_sql.append(driver_rate(driver_url, n, batch, r, statement="server"))
             if r % 2 == 0:
-                d = driver_rate(driver_url, n, batch, r)
-                h = http_rate(server, n, batch, clients)
-            else:
-                h = http_rate(server, n, batch, clients)
-                d = driver_rate(driver_url, n, batch, r)
-            drivers.append(d)
-            https.append(h)
-            ratios.append(h / d)
-    return statistics.median(drivers), statistics.median(https), ratios, bytes_per_sample(http_url)
+                https.append(http_rate(server, n, batch, clients))
+    return Comparison(
+        statistics.median(drivers),
+        statistics.median(drivers_server_sql),
+        statistics.median(https),
+        [h / d for h, d in zip(https, drivers, strict=True)],
+        [h / d for h, d in zip(https, drivers_server_sql, strict=True)],
+        bytes_per_sample(http_url),
+    )
 
 
 def bytes_per_sample(url: str) -> float:
@@ -239,9 +310,15 @@ def bytes_per_sample(url: str) -> float:
     return float(size) / max(int(count), 1)
 
 
-def _ratio_cells(driver: float, http: float, ratios: list[float], bps: float) -> str:
-    spread = ", ".join(f"{r:.0%}" for r in ratios)
-    return f"{driver:,.0f} | {http:,.0f} | {statistics.median(ratios):.0%} ({spread}) | {bps:.0f} |"
+def _ratio_cells(c: Comparison) -> str:
+    def ratio(ratios: list[float]) -> str:
+        spread = ", ".join(f"{r:.0%}" for r in ratios)
+        return f"{statistics.median(ratios):.0%} ({spread})"
+
+    return (
+        f"{c.driver:,.0f} | {c.driver_server_sql:,.0f} | {c.http:,.0f} | {ratio(c.ratios)} | "
+        f"{ratio(c.ratios_server_sql)} | {c.bytes_per_sample:.0f} |"
+    )
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -250,24 +327,22 @@ def _proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_per_sample(tmp: Path, n: int, batch: int) -> tuple[float, float]:
-    """CPU microseconds per row: the driver's executemany (this process) and the whole server
-    process per sample over HTTP (one sequential client). Unlike wall-clock rates this does
-    not depend on how busy the shared machine is."""
+def cpu_per_sample(tmp: Path, n: int, batch: int) -> tuple[float, float, float]:
+    """CPU microseconds per row: the driver's executemany and the driver with the server's
+    INSERT (this process), and the whole server process per sample over HTTP (one sequential
+    client). Unlike wall-clock rates this does not depend much on how busy the machine is."""
     url = f"sqlite:///{tmp / 'cpu-driver.db'}"
-    run_id = _prepare_schema(url)
-    rows = _rows(run_id, make_columns(n, 0, 1))
-    conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    sql = _INSERT.format(", ".join("?" * 14))
-    c0 = time.process_time()
-    for i in range(0, n, batch):
-        conn.execute("BEGIN")
-        conn.executemany(sql, rows[i : i + batch])
-        conn.execute("COMMIT")
-    driver_us = (time.process_time() - c0) / n * 1e6
-    conn.close()
+    driver_us: list[float] = []
+    for statement in ("executemany", "server"):
+        run_id = _prepare_schema(url, f"cpu-{statement}")
+        rows = _rows(run_id, make_columns(n, 0, 1))
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        chunks = [rows[i : i + batch] for i in range(0, n, batch)]
+        took = _sqlite_insert_batches(conn, chunks, statement, time.process_time)
+        driver_us.append(took / n * 1e6)
+        conn.close()
     with ServerProcess(database_url=f"sqlite:///{tmp / 'cpu-http.db'}") as server:
         assert server.proc is not None
         uid = uuid.uuid4().hex
@@ -284,7 +359,7 @@ def cpu_per_sample(tmp: Path, n: int, batch: int) -> tuple[float, float]:
         for body in bodies:
             session.post(f"{server.url}/api/v1/runs/{uid}/samples", data=body).raise_for_status()
         server_us = (_proc_cpu_s(server.proc.pid) - c0) / n * 1e6
-    return driver_us, server_us
+    return driver_us[0], driver_us[1], server_us
 
 
 def keepalive_latency_ms(base: str, requests_n: int) -> tuple[float, float]:
@@ -499,19 +574,23 @@ def run(quick: bool) -> str:
         f"{n:,} samples per round in batches of {batch:,}; HTTP from {clients} concurrent "
         "client processes (one run each, keep-alive, pre-encoded JSON) into one server; driver "
         "= the same rows through the driver's own `executemany`, one transaction per batch, "
-        f"same schema. {rounds} rounds alternating driver and HTTP (this 2-core machine is "
-        "shared and its load drifts); medians, and the per-round ratios in brackets. "
-        "The HTTP clients run on the same 2 cores as the server. "
+        "same schema (the issue's target: HTTP >= 50% of it), and through the driver with the "
+        "server's own statement (multi-row `VALUES` of 500 rows on SQLite, one `unnest` per "
+        "batch on PostgreSQL; parameters built before the clock starts): the stricter "
+        f"comparison, how thin the rest of the path is. {rounds} rounds alternating driver "
+        "and HTTP (this 2-core machine is shared and its load drifts); medians, and the "
+        "per-round ratios in brackets. The HTTP clients run on the same 2 cores as the server. "
         "Command: `python -m benchmarks.ingest" + (" --quick" if quick else "") + "`.",
         "",
-        "| backend | driver executemany (rows/s) | noisescope over HTTP (samples/s) "
-        "| HTTP / driver (per round) | stored bytes/sample |",
-        "|---|---:|---:|---:|---:|",
+        "| backend | driver executemany (rows/s) | driver, the server's INSERT (rows/s) "
+        "| noisescope over HTTP (samples/s) | HTTP / executemany (per round) "
+        "| HTTP / server's INSERT (per round) | stored bytes/sample |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory(prefix="ns-bench-") as tmp_name:
         tmp = Path(tmp_name)
         for workers in (1, 2):
-            sqlite_driver, http, ratios, bps = compare(
+            sqlite = compare(
                 f"sqlite:///{tmp / f'driver{workers}.db'}",
                 f"sqlite:///{tmp / f'http{workers}.db'}",
                 n,
@@ -521,38 +600,38 @@ def run(quick: bool) -> str:
                 rounds,
             )
             if workers == 1:
-                sqlite_http = http
+                sqlite_http = sqlite.http
             lines.append(
-                f"| SQLite ({workers} worker{'s' * (workers > 1)}) | "
-                + _ratio_cells(sqlite_driver, http, ratios, bps)
+                f"| SQLite ({workers} worker{'s' * (workers > 1)}) | " + _ratio_cells(sqlite)
             )
-        driver_us, server_us = cpu_per_sample(tmp, n, batch)
+        driver_us, driver_server_sql_us, server_us = cpu_per_sample(tmp, n, batch)
         cpu_lines = [
             "",
-            "CPU per sample, independent of the machine's load (SQLite; driver = this process's "
-            "CPU for `executemany`; server = the whole server process's CPU per sample over "
-            "HTTP from one sequential client: HTTP, JSON parsing, validation, estimates, "
+            "CPU per sample, less dependent on the machine's load (SQLite; driver = this "
+            "process's CPU for `executemany`, and for the server's multi-row INSERT with its "
+            "parameters built beforehand; server = the whole server process's CPU per sample "
+            "over HTTP from one sequential client: HTTP, JSON parsing, validation, estimates, "
             "insert-or-ignore, block sums, commit):",
             "",
-            "| driver executemany (µs/row) | noisescope server (µs/sample) | driver / server "
-            "(the rate ratio one server core can reach) |",
-            "|---:|---:|---:|",
-            f"| {driver_us:.2f} | {server_us:.2f} | {driver_us / server_us:.0%} |",
+            "| driver executemany (µs/row) | driver, the server's INSERT (µs/row) "
+            "| noisescope server (µs/sample) | executemany / server (the rate ratio one server "
+            "core can reach) | server's INSERT / server |",
+            "|---:|---:|---:|---:|---:|",
+            f"| {driver_us:.2f} | {driver_server_sql_us:.2f} | {server_us:.2f} "
+            f"| {driver_us / server_us:.0%} | {driver_server_sql_us / server_us:.0%} |",
         ]
         n_mlflow = min(n, 40_000)
         mlflow = mlflow_rate(tmp, n_mlflow, clients)
         pg_names = [_pg_database(), _pg_database()]
         if None in pg_names:
-            lines.append("| PostgreSQL | unreachable at 127.0.0.1:5432: skipped | | | |")
+            lines.append("| PostgreSQL | unreachable at 127.0.0.1:5432: skipped | | | | | |")
         else:
             try:
                 base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-                pg_driver, pg_http, ratios, bps = compare(
+                pg = compare(
                     f"{base}/{pg_names[0]}", f"{base}/{pg_names[1]}", n, batch, clients, 2, rounds
                 )
-                lines.append(
-                    "| PostgreSQL (2 workers) | " + _ratio_cells(pg_driver, pg_http, ratios, bps)
-                )
+                lines.append("| PostgreSQL (2 workers) | " + _ratio_cells(pg))
             finally:
                 for name in pg_names:
                     if name:
