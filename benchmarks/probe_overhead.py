@@ -235,7 +235,7 @@ def measure(quick: bool) -> list[tuple[str, str, float, float, float]]:
         torch.set_num_threads(threads)
 
 
-ROUNDS, STEPS = 21, 4
+ROUNDS, STEPS = 41, 2
 QUICK_ROUNDS, QUICK_STEPS = 3, 2
 
 

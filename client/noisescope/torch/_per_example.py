@@ -218,16 +218,23 @@ class PerExampleNorms:
                     "source='micro'."
                 )
             # Only the first max_examples examples are measured: cost scales with their number.
-            keep = batch if self.max_examples is None else min(batch, self.max_examples)
-            saved_args = tuple(
-                (a.detach()[:keep] if a.dim() > 0 and a.shape[0] == batch else a.detach())
-                if isinstance(a, Tensor)
-                else a
-                for a in args
-            )
+            if self.max_examples is None or self.max_examples >= batch:
+                saved_args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
 
-            def on_grad(delta: Tensor) -> None:
-                self._backward(entry, saved_args, kwargs, delta.detach()[:keep])
+                def on_grad(delta: Tensor) -> None:
+                    self._backward(entry, saved_args, kwargs, delta.detach())
+
+            else:  # the first max_examples examples only: cost scales with their number
+                keep = self.max_examples
+                saved_args = tuple(
+                    (a.detach()[:keep] if a.dim() > 0 and a.shape[0] == batch else a.detach())
+                    if isinstance(a, Tensor)
+                    else a
+                    for a in args
+                )
+
+                def on_grad(delta: Tensor) -> None:
+                    self._backward(entry, saved_args, kwargs, delta.detach()[:keep])
 
             out.register_hook(on_grad)  # type: ignore[no-untyped-call]
 
@@ -350,7 +357,9 @@ class PerExampleNorms:
         batch = self._batch
         self.last_full_batch = self._batch_seen or batch
         zero = torch.zeros(batch, device=device)
-        rows = [self._results.get(i, zero).to(device) for i in range(self.n_params)]
+        rows = [self._results.get(i, zero) for i in range(self.n_params)]
+        if any(r.device != device for r in rows):
+            rows = [r.to(device) for r in rows]
         self.reset()
         return torch.stack(rows)
 
