@@ -13,8 +13,6 @@ run is a real one in offline mode (the background sender spools every sample to 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import itertools
 import json
 import os
@@ -23,9 +21,10 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from benchmarks._meter import Meter, metered
 
 TARGET_RATIO = 1.03
 
@@ -44,50 +43,11 @@ WARMUP_STEPS = 3
 SEQ_LEN = 64
 
 
-class _Meter:
-    """Training-thread CPU time spent inside noisescope's code (outermost calls only).
-
-    A direct reading of the callback's own cost, free of the neighbours' noise that blurs the
-    with/without ratio. It misses what happens outside noisescope's functions (autograd calling
-    the hooks, cache effects), so it is a floor on the overhead, the ratio its full measure.
-    """
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.hooks = 0.0  # of which: the probe's per-parameter gradient hooks
-        self._depth = 0
-
-    def wrap(self, fn: Callable[..., Any], hook: bool = False) -> Callable[..., Any]:
-        meter = self
-
-        @functools.wraps(fn)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if meter._depth:
-                return fn(*args, **kwargs)
-            meter._depth = 1
-            start = time.thread_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent = time.thread_time() - start
-                meter.total += spent
-                if hook:
-                    meter.hooks += spent
-                meter._depth = 0
-
-        return timed
-
-
-@contextlib.contextmanager
-def _metered(meter: _Meter) -> Iterator[None]:
-    """Wrap the probe's hooks and methods and the callbacks' entry points with ``meter``."""
+def _callback_entry_points() -> list[tuple[type, str]]:
     from noisescope.integrations._hf import HuggingFaceCallback
     from noisescope.integrations._lightning import LightningCallback
-    from noisescope.torch import GradientNoiseProbe
 
-    targets = [
-        (GradientNoiseProbe, "micro_step"),
-        (GradientNoiseProbe, "step"),
+    return [
         (HuggingFaceCallback, "_before_forward"),
         (HuggingFaceCallback, "_after_forward"),
         (HuggingFaceCallback, "_after_backward"),
@@ -95,23 +55,6 @@ def _metered(meter: _Meter) -> Iterator[None]:
         (LightningCallback, "on_before_backward"),
         (LightningCallback, "on_after_backward"),
     ]
-    saved = [(cls, name, cls.__dict__[name]) for cls, name in targets if name in cls.__dict__]
-    make_hook = GradientNoiseProbe.__dict__.get("_make_hook")  # the per-parameter grad hooks
-    for cls, name, fn in saved:
-        setattr(cls, name, meter.wrap(fn))
-    if make_hook is not None:
-
-        def metered_make_hook(self: Any, *args: Any) -> Any:
-            return meter.wrap(make_hook(self, *args), hook=True)
-
-        GradientNoiseProbe._make_hook = metered_make_hook  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        for cls, name, fn in saved:
-            setattr(cls, name, fn)
-        if make_hook is not None:
-            GradientNoiseProbe._make_hook = make_hook  # type: ignore[method-assign]
 
 
 def _config(quick: bool) -> dict[str, Any]:
@@ -121,8 +64,8 @@ def _config(quick: bool) -> dict[str, Any]:
         "n_head": 4,
         "micro_batch": 8,
         "accumulation": 4,
-        "steps": WARMUP_STEPS + (5 if quick else 8),
-        "pairs": 2 if quick else 8,
+        "steps": WARMUP_STEPS + (5 if quick else 12),
+        "pairs": 2 if quick else 14,
     }
 
 
@@ -177,7 +120,7 @@ def _deltas(stamps: list[Step]) -> list[Step]:
 
 
 def _hf_step_times(
-    cfg: dict[str, Any], with_callback: bool, spool: Path, meter: _Meter
+    cfg: dict[str, Any], with_callback: bool, spool: Path, meter: Meter
 ) -> list[Step]:
     from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
@@ -188,10 +131,10 @@ def _hf_step_times(
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
             if not stamps:
-                stamps.append((_clock(), meter.total, meter.hooks))
+                stamps.append((_clock(), meter.net_total(), meter.net_hooks()))
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            stamps.append((_clock(), meter.total, meter.hooks))
+            stamps.append((_clock(), meter.net_total(), meter.net_hooks()))
 
     callbacks: list[Any] = [StepTimer()]
     callback = HuggingFaceCallback(project="bench", mode="offline", dir=spool, quiet=True)
@@ -232,7 +175,7 @@ def _hf_step_times(
 
 
 def _lightning_step_times(
-    cfg: dict[str, Any], with_callback: bool, spool: Path, meter: _Meter
+    cfg: dict[str, Any], with_callback: bool, spool: Path, meter: Meter
 ) -> list[Step]:
     import lightning.pytorch as pl
     import torch
@@ -256,7 +199,7 @@ def _lightning_step_times(
     class StepTimer(pl.Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
             if len(stamps) <= trainer.global_step:
-                stamps.append((_clock(), meter.total, meter.hooks))
+                stamps.append((_clock(), meter.net_total(), meter.net_hooks()))
 
     callbacks: list[Any] = [StepTimer()]
     callback = LightningCallback(
@@ -306,8 +249,8 @@ def collect(quick: bool) -> dict[str, Any]:
     cfg = _config(quick)
     results: dict[str, Any] = {"config": cfg, "rows": {}}
     frameworks = {"Hugging Face Trainer": _hf_step_times, "Lightning": _lightning_step_times}
-    meter = _Meter()
-    with tempfile.TemporaryDirectory() as spool_root, _metered(meter):
+    meter = Meter()
+    with tempfile.TemporaryDirectory() as spool_root, metered(meter, _callback_entry_points()):
         spool = Path(spool_root)
         for label, fn in frameworks.items():
             times: dict[bool, list[float]] = {False: [], True: []}

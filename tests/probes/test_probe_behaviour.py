@@ -315,3 +315,34 @@ def test_first_backward_read_from_grad_matches_the_hooks(norm_calls: list[int]) 
     for read, hooked in zip(rows[True], rows[False], strict=True):
         for name in numbers:
             assert read[name] == pytest.approx(hooked[name], rel=1e-6), name
+
+
+def test_first_backward_read_from_grad_when_a_submodule_is_called_directly(
+    norm_calls: list[int],
+) -> None:
+    """Lightning calls ``self.model(...)`` inside training_step, never the probed module's own
+    forward: the first backward is still read from .grad, and the numbers match."""
+
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _mlp()
+
+    k, b = 3, 4
+    x, y = _data(1, k, b)
+    wrapper, sink = Wrapper(), ListSink()
+    twin, twin_sink = copy.deepcopy(wrapper.model), ListSink()
+    probe = GradientNoiseProbe(wrapper, sink, source="micro")
+    reference = GradientNoiseProbe(twin, twin_sink, source="micro")
+    calls = []
+    for j in range(k):
+        before = norm_calls[0]
+        (_loss(wrapper.model, x[0, j], y[0, j]) / k).backward()
+        calls.append(norm_calls[0] - before)
+        probe.micro_step(batch_size=b)
+        (_loss(twin, x[0, j], y[0, j]) / k).backward()
+        reference.micro_step(batch_size=b)
+    probe.step()
+    reference.step()
+    assert calls[0] == 0
+    assert sink.series("") == twin_sink.series("")

@@ -69,14 +69,18 @@ def _is_ddp(model: nn.Module) -> bool:
     return isinstance(model, nn.parallel.DistributedDataParallel)
 
 
+def _owns(module: nn.Module, param: nn.Parameter) -> bool:
+    return any(p is param for p in module.parameters(recurse=False))
+
+
 def _norm_fn(dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
     """|grad| as an fp32 scalar. A gradient has its parameter's dtype, so this is chosen once
     per parameter; fp16/bf16 reduce in fp32 (their scaled squared norms would overflow)."""
     if dtype == torch.float32:
         return lambda grad: torch.linalg.vector_norm(grad)
-    if dtype == torch.float64:
-        return lambda grad: torch.linalg.vector_norm(grad).float()
-    return lambda grad: torch.linalg.vector_norm(grad, dtype=torch.float32)
+    if dtype in (torch.float16, torch.bfloat16):
+        return lambda grad: torch.linalg.vector_norm(grad, dtype=torch.float32)
+    return lambda grad: torch.linalg.vector_norm(grad).float()  # fp64, complex
 
 
 class GradientNoiseProbe:
@@ -205,7 +209,8 @@ class GradientNoiseProbe:
         self.source: str = source
         self._handles: list[RemovableHandle] = []
         self._hooks_live = [False]  # read by every gradient hook
-        self._forward_handle: RemovableHandle | None = None
+        self._forward_handles: list[RemovableHandle] = []
+        self._decided = False  # this step's first backward: hooks or .grad decided
         self._read_grad = False  # the coming backward is read from .grad, without hooks
         self._detached = False
         self._per_example: PerExampleNorms | None = None
@@ -253,8 +258,13 @@ class GradientNoiseProbe:
         self._detached = False
         if self.source == "micro":
             self._hook_grads(self._armed)
+            # the model's forward, or (when a wrapper calls a submodule directly, as Lightning
+            # does) that of the module owning the first parameter: either runs before backward
             inner = self._inner(self.model)
-            self._forward_handle = inner.register_forward_pre_hook(self._before_forward)
+            owner = next(m for m in inner.modules() if _owns(m, self.params[0]))
+            for module in dict.fromkeys([inner, owner]):
+                handle = module.register_forward_pre_hook(self._before_forward)
+                self._forward_handles.append(handle)
         else:
             self._per_example = PerExampleNorms(
                 self._inner(self.model),
@@ -298,11 +308,10 @@ class GradientNoiseProbe:
         incoming gradient: micro_step reads all of them with one batched norm instead of one
         hook call per parameter. Otherwise, and for every later backward, the hooks stay.
         """
-        if self._n_micro or self._read_grad or not self._armed or not torch.is_grad_enabled():
+        if self._n_micro or self._decided or not self._armed or not torch.is_grad_enabled():
             return
-        if self._may_all_reduce():
-            return
-        if any(p.grad is not None for p in self.params):
+        self._decided = True
+        if self._may_all_reduce() or any(p.grad is not None for p in self.params):
             return
         self._read_grad = True
         self._hook_grads(False)
@@ -321,9 +330,9 @@ class GradientNoiseProbe:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self._forward_handle is not None:
-            self._forward_handle.remove()
-            self._forward_handle = None
+        for h in self._forward_handles:
+            h.remove()
+        self._forward_handles.clear()
         if self._per_example is not None:
             self._per_example.remove()
             self._per_example = None
@@ -431,6 +440,7 @@ class GradientNoiseProbe:
 
     def _rearm(self) -> None:
         """Hooks on or off for the step that comes next."""
+        self._decided = False
         if self._detached:
             return
         if self._per_example is not None:

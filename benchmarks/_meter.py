@@ -1,0 +1,115 @@
+"""CPU time spent inside noisescope's own code while a model trains: a floor on its overhead.
+
+Shared by the probe and integration benchmarks. The with/without step-time ratio is the full
+measure of an overhead, but on a shared machine the neighbours blur it by a few per cent; the
+training thread's CPU time inside noisescope's functions is a direct reading they cannot blur.
+It misses what happens outside those functions (autograd calling the hooks, cache effects), so
+it is a floor: ``1 + in / untracked`` <= the true ratio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+
+class Meter:
+    """Training-thread CPU seconds inside noisescope (outermost calls only).
+
+    Each metered call also counts the clock reads around it; ``per_call`` (calibrated on a
+    no-op) is that cost, and ``net`` takes it out, so hundreds of tiny hook calls per step are
+    not overstated.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.hooks = 0.0  # of which: autograd hooks (gradient norms, per-example layers)
+        self.calls = 0
+        self.hook_calls = 0
+        self._depth = 0
+        self.per_call = 0.0
+        self.per_call = self._calibrate()
+
+    def _calibrate(self, n: int = 20_000) -> float:
+        probe = Meter.__new__(Meter)
+        probe.total = probe.hooks = probe.per_call = 0.0
+        probe.calls = probe.hook_calls = probe._depth = 0
+        noop = probe.wrap(lambda: None)
+        for _ in range(n):
+            noop()
+        return probe.total / n
+
+    def net(self, total: float, calls: int) -> float:
+        """``total`` seconds over ``calls`` metered calls, less the meter's own clock reads."""
+        return max(total - calls * self.per_call, 0.0)
+
+    def net_total(self) -> float:
+        return self.net(self.total, self.calls)
+
+    def net_hooks(self) -> float:
+        return self.net(self.hooks, self.hook_calls)
+
+    def wrap(self, fn: Callable[..., Any], hook: bool = False) -> Callable[..., Any]:
+        meter = self
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if meter._depth:
+                return fn(*args, **kwargs)
+            meter._depth = 1
+            meter.calls += 1
+            meter.hook_calls += hook
+            start = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = time.thread_time() - start
+                meter.total += spent
+                if hook:
+                    meter.hooks += spent
+                meter._depth = 0
+
+        return timed
+
+
+@contextlib.contextmanager
+def metered(meter: Meter, extra: Sequence[tuple[type, str]] = ()) -> Iterator[None]:
+    """Wrap the probe's methods and hooks (and ``extra`` entry points) with ``meter``.
+
+    Probes and callbacks must be created inside the block: hooks bind the wrapped methods.
+    """
+    from noisescope.torch import GradientNoiseProbe
+    from noisescope.torch._per_example import PerExampleNorms
+
+    methods = [
+        (GradientNoiseProbe, "micro_step", False),
+        (GradientNoiseProbe, "step", False),
+        (GradientNoiseProbe, "_before_forward", False),  # forward pre-hook (micro source)
+        (PerExampleNorms, "_backward", True),  # per-example: each layer's output-grad hook
+        *((cls, name, False) for cls, name in extra),
+    ]
+    # factories whose returned closures are hooks: wrap what they return
+    factories = [
+        (GradientNoiseProbe, "_make_hook", True),  # per-parameter gradient hooks
+        (PerExampleNorms, "_make_forward_hook", False),  # per-example forward hooks
+    ]
+    saved = [(cls, name, cls.__dict__[name]) for cls, name, _ in methods + factories]
+    for cls, name, is_hook in methods:
+        setattr(cls, name, meter.wrap(cls.__dict__[name], hook=is_hook))
+    for cls, name, is_hook in factories:
+        factory = cls.__dict__[name]
+
+        def metered_factory(
+            self: Any, *args: Any, _factory: Any = factory, _hook: bool = is_hook
+        ) -> Any:
+            return meter.wrap(_factory(self, *args), hook=_hook)
+
+        setattr(cls, name, metered_factory)
+    try:
+        yield
+    finally:
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
