@@ -146,21 +146,28 @@ def current_revision(engine: Engine) -> str | None:
 
 
 @contextlib.contextmanager
-def _migration_lock(engine: Engine, conn: Connection) -> Iterator[None]:
-    """Serialise migrations across processes starting together (N workers, N test servers)."""
+def _migration_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection held under the cross-process migration lock (N workers, N test servers).
+
+    On SQLite the file lock is taken before connecting: a new connection's PRAGMAs (switching
+    a new file to WAL needs it alone) must not race another worker's migration, where SQLite
+    may answer "database is locked" at once, whatever the busy timeout.
+    """
     if engine.dialect.name == "postgresql":
-        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
-        conn.commit()
-        try:
-            yield
-        finally:
-            conn.rollback()
-            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
             conn.commit()
+            try:
+                yield conn
+            finally:
+                conn.rollback()
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+                conn.commit()
         return
     path = sqlite_path(str(engine.url)) if engine.dialect.name == "sqlite" else None
     if path is None:
-        yield
+        with engine.connect() as conn:
+            yield conn
         return
     import fcntl
 
@@ -168,7 +175,8 @@ def _migration_lock(engine: Engine, conn: Connection) -> Iterator[None]:
     with open(lock_path, "a+b") as lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)
         try:
-            yield
+            with engine.connect() as conn:
+                yield conn
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
@@ -181,7 +189,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
     """
     from alembic import command
 
-    with engine.connect() as conn, _migration_lock(engine, conn):
+    with _migration_connection(engine) as conn:
         before = _current(conn)
         if before != revision or revision == "head":
             with conn.begin():
@@ -194,7 +202,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
 def downgrade(engine: Engine, revision: str) -> None:
     from alembic import command
 
-    with engine.connect() as conn, _migration_lock(engine, conn), conn.begin():
+    with _migration_connection(engine) as conn, conn.begin():
         command.downgrade(_alembic_config(conn), revision)
 
 
