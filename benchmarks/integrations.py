@@ -73,7 +73,8 @@ def _config(quick: bool) -> dict[str, Any]:
 
 def _byte_blocks(n: int) -> list[list[int]]:
     data = Path(json.__file__).read_bytes() + Path(statistics.__file__).read_bytes()
-    return [list(data[i * SEQ_LEN : (i + 1) * SEQ_LEN]) for i in range(n)]
+    blocks = [list(data[i * SEQ_LEN : (i + 1) * SEQ_LEN]) for i in range(len(data) // SEQ_LEN)]
+    return [blocks[i % len(blocks)] for i in range(n)]  # long runs go round the text again
 
 
 def _model(cfg: dict[str, Any]) -> Any:
