@@ -218,23 +218,16 @@ class PerExampleNorms:
                     "source='micro'."
                 )
             # Only the first max_examples examples are measured: cost scales with their number.
-            if self.max_examples is None or self.max_examples >= batch:
-                saved_args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+            keep = self.max_examples if self.max_examples and self.max_examples < batch else None
 
-                def on_grad(delta: Tensor) -> None:
-                    self._backward(entry, saved_args, kwargs, delta.detach())
+            def head(t: Tensor) -> Tensor:
+                t = t.detach()
+                return t[:keep] if keep is not None and t.dim() and t.shape[0] == batch else t
 
-            else:  # the first max_examples examples only: cost scales with their number
-                keep = self.max_examples
-                saved_args = tuple(
-                    (a.detach()[:keep] if a.dim() > 0 and a.shape[0] == batch else a.detach())
-                    if isinstance(a, Tensor)
-                    else a
-                    for a in args
-                )
+            saved_args = tuple(head(a) if isinstance(a, Tensor) else a for a in args)
 
-                def on_grad(delta: Tensor) -> None:
-                    self._backward(entry, saved_args, kwargs, delta.detach()[:keep])
+            def on_grad(delta: Tensor) -> None:
+                self._backward(entry, saved_args, kwargs, head(delta))
 
             out.register_hook(on_grad)  # type: ignore[no-untyped-call]
 

@@ -73,12 +73,16 @@ def _owns(module: nn.Module, param: nn.Parameter) -> bool:
     return any(p is param for p in module.parameters(recurse=False))
 
 
+#: Reduced in fp32: their (loss-scaled) squared norms would overflow.
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def _norm_fn(dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
     """|grad| as an fp32 scalar. A gradient has its parameter's dtype, so this is chosen once
-    per parameter; fp16/bf16 reduce in fp32 (their scaled squared norms would overflow)."""
+    per parameter."""
     if dtype == torch.float32:
         return lambda grad: torch.linalg.vector_norm(grad)
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype in _HALF:
         return lambda grad: torch.linalg.vector_norm(grad, dtype=torch.float32)
     return lambda grad: torch.linalg.vector_norm(grad).float()  # fp64, complex
 
@@ -422,20 +426,18 @@ class GradientNoiseProbe:
         micros, self._micro = self._micro, []
         step_items, self._step_items = self._step_items, 0.0
         self._n_micro = 0
-        if not armed:
-            self.examples_seen += step_items * self.world_size
-            self._rearm()
-            return None
-        if not micros:
-            self._rearm()
-            raise RuntimeError(
-                "probe.step() saw no backward: call probe.micro_step(batch_size=...) after each "
-                "loss.backward(), or pass batch_size= to probe.step()"
-            )
         try:
+            if not armed:
+                self.examples_seen += step_items * self.world_size
+                return None
+            if not micros:
+                raise RuntimeError(
+                    "probe.step() saw no backward: call probe.micro_step(batch_size=...) after "
+                    "each loss.backward(), or pass batch_size= to probe.step()"
+                )
             return self._measure(step, micros, loss, lr)
         finally:
-            self._maybe_switch(len(micros))
+            self._maybe_switch(len(micros))  # no-op unless several backwards were measured
             self._rearm()
 
     def _rearm(self) -> None:
@@ -485,7 +487,7 @@ class GradientNoiseProbe:
             if not present:
                 continue
             grads = [g for _, g in present]
-            if dtype in (torch.float16, torch.bfloat16):  # reduce in fp32: no overflow
+            if dtype in _HALF:
                 norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
             else:
                 norms = torch._foreach_norm(grads)
@@ -539,7 +541,7 @@ class GradientNoiseProbe:
             parts.append(per_example)
         # Everything to the host in one transfer (the one host sync on a single process); the
         # few hundred squares and weighted sums are cheaper in Python than as device kernels.
-        host = torch.cat(parts).tolist()
+        host = torch.cat(parts).tolist() if parts else []  # no gradient at all: zeros below
         n_small, n_big = len(slots), len(big_slots)
         small_l = [0.0] * s
         for v, w, slot in zip(host[:n_small], weights, slots, strict=True):
