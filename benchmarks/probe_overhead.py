@@ -9,7 +9,9 @@ ratios. One intra-op thread (the machine is shared).
 
 - per-example: single process, one backward per step, B_small = 1 (cheap identities); also
   with ``per_example_max`` = a quarter of the batch (only those examples' norms computed).
-- accumulation: 4 micro-batches per step, micro-batch vs accumulated gradient; also with
+- accumulation: 4 micro-batches per step (splitting the batch), micro-batch vs accumulated
+  gradient; also with micro-batches of 4x the examples (the probe's cost is one read of the
+  gradient per micro-batch, the step's grows with the examples), and with
   ``small_batches="first"`` (only the first micro-batch's gradient norm is read).
 - DDP + accumulation: DistributedDataParallel over a 1-process gloo group with 2 micro-batches
   under ``no_sync``: the hook path plus the probe's one small all-reduce. (A real multi-rank
@@ -184,6 +186,7 @@ def _cases(
     base = make_model()
     full = [sample(batch, g)]
     micro4 = [sample(batch // 4, g) for _ in range(4)]
+    micro4_large = [sample(batch, g) for _ in range(4)]
     micro2 = [sample(batch // 2, g) for _ in range(2)]
 
     def probe(**kwargs: Any) -> ProbeFactory:
@@ -196,6 +199,7 @@ def _cases(
             copy.deepcopy(base), full, probe(source="per_example", per_example_max=batch // 4)
         ),
         "accumulation (4 micro-batches)": _Case(copy.deepcopy(base), micro4, probe(source="micro")),
+        LARGE: _Case(copy.deepcopy(base), micro4_large, probe(source="micro")),
         "accumulation (4 micro-batches), small_batches='first'": _Case(
             copy.deepcopy(base), micro4, probe(source="micro", small_batches="first")
         ),
@@ -273,10 +277,14 @@ def measure(quick: bool) -> list[Row]:
 
 
 ROUNDS, STEPS = 41, 2
+#: The accumulation probe reads each micro-batch's gradient once: its cost is fixed per
+#: micro-batch while the step's grows with the examples in it.
+LARGE = "accumulation (4 micro-batches of 4x the examples)"
 QUICK_ROUNDS, QUICK_STEPS = 3, 2
 
 
 TARGETS = {
+    LARGE: 1.03,
     "per-example": 1.3,
     "per-example, per_example_max=batch/4": 1.3,
     "accumulation (4 micro-batches)": 1.03,

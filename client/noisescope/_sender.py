@@ -403,6 +403,10 @@ class Sender:
             self._wake.set()
             self._spill_everything()
             self._thread.join(0.2)
+            if not self._thread.is_alive():
+                # A batch the thread held during the spill (a failed POST) went back to the
+                # buffer after it was drained: spool it or count it too.
+                self._spill_everything()
             self._spill_events()
         elif self.buffer or self.events:  # thread died or never started
             self._spill_everything()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import socket
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from noisescope.torch import GradientNoiseProbe, _probe
@@ -346,3 +348,52 @@ def test_first_backward_read_from_grad_when_a_submodule_is_called_directly(
     reference.step()
     assert calls[0] == 0
     assert sink.series("") == twin_sink.series("")
+
+
+@pytest.fixture
+def one_process_group() -> Iterator[None]:
+    """A gloo group of one process, as ``torchrun --nproc-per-node 1`` sets up."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("wrap", ["plain", "ddp"])
+def test_first_backward_read_from_grad_in_a_one_process_group(
+    one_process_group: None, norm_calls: list[int], wrap: str
+) -> None:
+    """With no peer to all-reduce with, the first backward is read from .grad even outside
+    no_sync; later backwards use the hooks; the numbers match a probe outside any group."""
+    k, b = 3, 4
+    x, y = _data(2, k, b)
+    base = _mlp()
+    model: nn.Module = copy.deepcopy(base)
+    if wrap == "ddp":
+        model = nn.parallel.DistributedDataParallel(model)
+    sink, twin_sink = ListSink(), ListSink()
+    probe = GradientNoiseProbe(model, sink, source="micro")
+    twin = copy.deepcopy(base)
+    reference = GradientNoiseProbe(twin, twin_sink, source="micro")
+    n = len(list(base.parameters()))
+    calls = []
+    for i in range(2):
+        for j in range(k):
+            before = norm_calls[0]
+            (_loss(model, x[i, j], y[i, j]) / k).backward()
+            calls.append(norm_calls[0] - before)
+            probe.micro_step(batch_size=b)
+            (_loss(twin, x[i, j], y[i, j]) / k).backward()
+            reference.micro_step(batch_size=b)
+        probe.step()
+        reference.step()
+        model.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+    assert calls == [0, n, n] * 2
+    for row, ref in zip(sink.series(""), twin_sink.series(""), strict=True):
+        for name in ("b_small", "b_big", "g_small_sq", "g_big_sq"):
+            assert row[name] == pytest.approx(ref[name], rel=1e-5), name

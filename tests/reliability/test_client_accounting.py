@@ -8,6 +8,7 @@ samples), breaking ``queued + sent + spooled + dropped = committed``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -136,4 +137,47 @@ def test_what_neither_server_nor_disk_took_at_finish_is_counted_dropped(
     for step in range(501):
         run.log_sample(step, 8.0, 32.0, 6.0, 2.3)
     status = run.finish(timeout=1.0)
+    assert (status.sent, status.spooled, status.queued, status.dropped) == (0, 0, 0, 501), status
+
+
+class _HoldFirstSpoolError(logging.Handler):
+    """Holds the sender thread at its first 'cannot write spool' warning until finish() has
+    counted what it drained: the thread then puts its failed batch back into a buffer that
+    finish() has already emptied (the race CI hit once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drained = threading.Event()
+        self.held = False
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        self.emit(record)  # without the handler's lock: the other thread logs meanwhile
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "could not be sent or spooled" in message:
+            self.drained.set()
+        elif "cannot write spool" in message and threading.current_thread().daemon:
+            self.held = self.drained.wait(10.0)
+
+
+def test_a_batch_put_back_after_finish_drained_the_buffer_is_counted(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    transport = FlakyTransport(server.url)
+    handler = _HoldFirstSpoolError()
+    logger = logging.getLogger("noisescope")
+    logger.addHandler(handler)
+    try:
+        run = noisescope.init(url=server.url, project="acct", dir=tmp_path, transport=transport,
+                              batch_max=100, batch_interval=0.05, backoff_base=0.05,
+                              backoff_max=0.2, quiet=True)  # fmt: skip
+        _sabotage_spool(run)
+        for step in range(501):
+            run.log_sample(step, 8.0, 32.0, 6.0, 2.3)
+        status = run.finish(timeout=0.5)
+    finally:
+        logger.removeHandler(handler)
+    assert handler.held, "the sender thread never reached the spool error"
     assert (status.sent, status.spooled, status.queued, status.dropped) == (0, 0, 0, 501), status

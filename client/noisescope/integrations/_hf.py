@@ -146,6 +146,7 @@ class HuggingFaceCallback(TrainerCallback):
         self._loss_sum: Tensor | None = None
         self._n_micro = 0
         self._n_items_cache: tuple[int, float] | None = None
+        self._token_scale = 1.0
         self._disabled: str | None = None
 
     # --- Trainer events ----------------------------------------------------------------------
@@ -174,8 +175,11 @@ class HuggingFaceCallback(TrainerCallback):
         if getattr(args, "n_gpu", 1) > 1:
             self._disable("nn.DataParallel (several GPUs in one process) is not supported; use DDP")
             return
-        world = int(getattr(args, "world_size", 1) or 1)
+        world = int(getattr(args, "world_size", 1) or 1)  # a property that asks accelerate
         self._expect_ddp = world > 1 and torch.distributed.is_initialized()
+        # The Trainer multiplies sum/N losses by the world size when N counts every device.
+        averaged = getattr(args, "average_tokens_across_devices", False)
+        self._token_scale = float(max(world, 1)) if averaged else 1.0
         if args.gradient_accumulation_steps <= 1 and world <= 1:
             warnings.warn(
                 "noisescope: one process and gradient_accumulation_steps=1 give a single batch "
@@ -282,7 +286,7 @@ class HuggingFaceCallback(TrainerCallback):
                 grad_scale = None
                 if micro.n_items is not None:
                     # loss = sum / N (x world with average_tokens_across_devices): c_j = n_j s / N
-                    grad_scale = count * self._token_scale() / self._n_items(micro.n_items)
+                    grad_scale = count * self._token_scale / self._n_items(micro.n_items)
                 probe.micro_step(batch_size=count, grad_scale=grad_scale)
                 if micro.loss is not None:
                     loss_sum = self._loss_sum
@@ -300,10 +304,8 @@ class HuggingFaceCallback(TrainerCallback):
         if self._loss_sum is not None:
             total = float(self._loss_sum)
             # sum/N losses add up to the step's mean; plain mean losses are averaged
-            if micro.n_items is not None:
-                loss = total * self._token_scale()
-            else:
-                loss = total / self._n_micro
+            summed = micro.n_items is not None
+            loss = total * self._token_scale if summed else total / self._n_micro
         self._loss_sum, self._n_micro = None, 0
         self.probe.step(loss=loss, lr=self._lr())
 
@@ -371,13 +373,6 @@ class HuggingFaceCallback(TrainerCallback):
         if self.project is not None:
             kwargs["project"] = self.project
         return kwargs
-
-    def _token_scale(self) -> float:
-        """The Trainer multiplies sum/N losses by the world size when N counts every device."""
-        args = self._args
-        if args is None or not getattr(args, "average_tokens_across_devices", False):
-            return 1.0
-        return float(max(int(getattr(args, "world_size", 1) or 1), 1))
 
     def _n_items(self, n_items: Tensor | float) -> float:
         key = id(n_items)  # the Trainer passes one object to every micro-batch of a step

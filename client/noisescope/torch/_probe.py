@@ -324,8 +324,12 @@ class GradientNoiseProbe:
         """Could the coming backward overwrite .grad with an all-reduced gradient?"""
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return False
-        # DDP outside no_sync, or a process group with a wrapper we do not know: assume so
-        return not self.distributed or getattr(self.model, "require_backward_grad_sync", True)
+        if self.distributed:  # DDP: all-reduces unless under no_sync or alone in its group
+            sync = getattr(self.model, "require_backward_grad_sync", True)
+            return bool(sync) and self.world_size > 1
+        # a process group with a wrapper we do not know: assume so, unless there is no peer
+        # (torchrun with one process): a reduction over one rank leaves .grad as it is
+        return bool(torch.distributed.get_world_size() > 1)
 
     def remove(self) -> None:
         """Detach every hook (the model trains on untouched)."""
