@@ -113,3 +113,40 @@ def metered(meter: Meter, extra: Sequence[tuple[type, str]] = ()) -> Iterator[No
     finally:
         for cls, name, fn in saved:
             setattr(cls, name, fn)
+
+
+class NoiseGauge:
+    """Times a fixed piece of work (ten 512x512 matrix products) now and then during a run.
+
+    Its spread, (q3 - q1) / median, is printed beside each table so a reader can tell a quiet
+    run from a noisy one: on a shared machine the neighbours make even identical work vary,
+    and the overhead ratios with it. Call ``sample`` between the timed pieces, not inside them.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._a, self._b = torch.randn(512, 512), torch.randn(512, 512)
+        self.times: list[float] = []
+
+    def sample(self, reps: int = 1) -> None:
+        import torch
+
+        for _ in range(reps):
+            start = time.thread_time()
+            for _ in range(10):
+                torch.mm(self._a, self._b)
+            self.times.append(time.thread_time() - start)
+
+    def spread(self) -> float:
+        import statistics
+
+        q1, median, q3 = statistics.quantiles(self.times, n=4)
+        return (q3 - q1) / median
+
+    def describe(self) -> str:
+        return (
+            f"Machine noise during this run: the same ten 512x512 matrix products, timed "
+            f"{len(self.times)} times between the measurements, varied by "
+            f"{100 * self.spread():.0f}% (interquartile range over the median)."
+        )

@@ -1,7 +1,9 @@
 """Integrations: training-step time with each framework callback vs the same training without it.
 
 Both frameworks train the same small GPT-2 (built from a config, no download) on byte-level
-text from a stdlib module, with gradient accumulation, on the CPU with one thread. Runs with and
+text from a stdlib module, with gradient accumulation, on the CPU with one thread, at two widths
+(64 and 256) with the same 52 parameter tensors: the callback's work is mostly fixed per tensor
+and micro-batch, the step's grows with the width. Runs with and
 without the callback alternate (AB BA ...) so drift on the shared machine hits both alike; each
 optimizer step is timed by a tiny timing callback present in both variants, the first steps of
 each run are dropped as warm-up, and the ratio of median step times is reported. The noisescope
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._meter import Meter, metered
+from benchmarks._meter import Meter, NoiseGauge, metered
 
 TARGET_RATIO = 1.03
 
@@ -58,16 +60,21 @@ def _callback_entry_points() -> list[tuple[type, str]]:
     ]
 
 
-def _config(quick: bool) -> dict[str, Any]:
-    return {
+def _configs(quick: bool) -> dict[str, dict[str, Any]]:
+    """Two GPT-2 sizes with the same 52 parameter tensors: what noisescope does per step is
+    mostly fixed per tensor and micro-batch, what the step costs grows with the width."""
+    common = {
         "n_layer": 4,
-        "n_embd": 64,
         "n_head": 4,
         "micro_batch": 8,
         "accumulation": 4,
         "steps": WARMUP_STEPS + (5 if quick else 12),
-        "pairs": 2 if quick else 14,
         "alternating_steps": WARMUP_STEPS + (12 if quick else 80),
+    }
+    return {
+        "width 64": common | {"n_embd": 64, "pairs": 2 if quick else 14},
+        # the runs ratio is context only: fewer pairs of the slower model
+        "width 256": common | {"n_embd": 256, "pairs": 2 if quick else 4},
     }
 
 
@@ -284,47 +291,64 @@ def collect(quick: bool) -> dict[str, Any]:
     for name in ("lightning", "lightning.pytorch", "transformers", "noisescope"):
         logging.getLogger(name).setLevel(logging.ERROR)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    cfg = _config(quick)
-    results: dict[str, Any] = {"config": cfg, "rows": {}}
+    configs = _configs(quick)
+    gauge = NoiseGauge()
+    results: dict[str, Any] = {"configs": configs, "rows": {}, "gauge": gauge}
     frameworks = {"Hugging Face Trainer": _hf_step_times, "Lightning": _lightning_step_times}
     meter = Meter()
     with tempfile.TemporaryDirectory() as spool_root, metered(meter, _callback_entry_points()):
         spool = Path(spool_root)
-        for label, fn in frameworks.items():
-            times: dict[bool, list[float]] = {False: [], True: []}
-            inside: list[float] = []
-            hooks: list[float] = []
-            pair_ratios = []
-            fn(cfg | {"steps": WARMUP_STEPS + 2}, True, spool, meter)  # imports, warm-up
-            for pair in range(cfg["pairs"]):
-                order = (False, True) if pair % 2 == 0 else (True, False)
-                medians = {}
-                for with_cb in order:
-                    steps = fn(cfg, with_cb, spool, meter)
-                    times[with_cb] += [step[0] for step in steps]
-                    if with_cb:
-                        inside += [step[1] for step in steps]
-                        hooks += [step[2] for step in steps]
-                    medians[with_cb] = statistics.median(step[0] for step in steps)
-                pair_ratios.append(medians[True] / medians[False])
-            none = statistics.median(times[False])
-            alternating = _alternating(fn, cfg, spool, meter)
-            alt_q1, _, alt_q3 = statistics.quantiles(alternating, n=4)
-            results["rows"][label] = {
-                "alt_ratio": statistics.median(alternating),
-                "alt_q1": alt_q1,
-                "alt_q3": alt_q3,
-                "alt_pairs": len(alternating),
-                "none_ms": none * 1e3,
-                "callback_ms": statistics.median(times[True]) * 1e3,
-                "ratio": statistics.median(pair_ratios),
-                "pair_ratios": sorted(pair_ratios),
-                "inside_ms": statistics.median(inside) * 1e3,
-                "hooks_ms": statistics.median(hooks) * 1e3,
-                "inside_ratio": 1.0 + statistics.median(inside) / none,
-                "steps": len(times[True]),
-            }
+        for size, cfg in configs.items():
+            for label, fn in frameworks.items():
+                print(f"[integrations] {label}, {size} ...", file=sys.stderr, flush=True)
+                results["rows"][(label, size)] = _measure(fn, cfg, spool, meter, gauge)
     return results
+
+
+def _measure(
+    fn: Callable[..., list[Step]],
+    cfg: dict[str, Any],
+    spool: Path,
+    meter: Meter,
+    gauge: NoiseGauge,
+) -> dict[str, Any]:
+    """Runs ratio, alternating-steps ratio and time inside noisescope for one framework."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    inside: list[float] = []
+    hooks: list[float] = []
+    pair_ratios = []
+    fn(cfg | {"steps": WARMUP_STEPS + 2}, True, spool, meter)  # imports, warm-up
+    for pair in range(cfg["pairs"]):
+        order = (False, True) if pair % 2 == 0 else (True, False)
+        medians = {}
+        for with_cb in order:
+            gauge.sample(3)
+            steps = fn(cfg, with_cb, spool, meter)
+            times[with_cb] += [step[0] for step in steps]
+            if with_cb:
+                inside += [step[1] for step in steps]
+                hooks += [step[2] for step in steps]
+            medians[with_cb] = statistics.median(step[0] for step in steps)
+        pair_ratios.append(medians[True] / medians[False])
+    none = statistics.median(times[False])
+    gauge.sample(3)
+    alternating = _alternating(fn, cfg, spool, meter)
+    gauge.sample(3)
+    alt_q1, _, alt_q3 = statistics.quantiles(alternating, n=4)
+    return {
+        "alt_ratio": statistics.median(alternating),
+        "alt_q1": alt_q1,
+        "alt_q3": alt_q3,
+        "alt_pairs": len(alternating),
+        "none_ms": none * 1e3,
+        "callback_ms": statistics.median(times[True]) * 1e3,
+        "ratio": statistics.median(pair_ratios),
+        "pair_ratios": sorted(pair_ratios),
+        "inside_ms": statistics.median(inside) * 1e3,
+        "hooks_ms": statistics.median(hooks) * 1e3,
+        "inside_ratio": 1.0 + statistics.median(inside) / none,
+        "steps": len(times[True]),
+    }
 
 
 def _alternating(
@@ -347,14 +371,16 @@ def _alternating(
 
 
 def render(results: dict[str, Any], quick: bool) -> str:
-    cfg = results["config"]
+    configs = results["configs"]
+    cfg = next(iter(configs.values()))
+    sizes = ", ".join(f"{size} ({c['pairs']} pairs)" for size, c in configs.items())
     lines = [
         "## Integrations: callback overhead (issue 6)",
         "",
         f"`python -m benchmarks.integrations{' --quick' if quick else ''}`: GPT-2 "
-        f"({cfg['n_layer']} layers, width {cfg['n_embd']}, {SEQ_LEN}-token sequences) trained "
-        f"with {cfg['accumulation']} micro-batches of {cfg['micro_batch']} per optimizer step, "
-        f"CPU, 1 thread; {cfg['pairs']} pairs of runs (with / without, alternating order) of "
+        f"({cfg['n_layer']} layers, {SEQ_LEN}-token sequences, 52 parameter tensors; {sizes}) "
+        f"trained with {cfg['accumulation']} micro-batches of {cfg['micro_batch']} per optimizer "
+        f"step, CPU, 1 thread; pairs of runs (with / without, alternating order) of "
         f"{cfg['steps']} steps, first {WARMUP_STEPS} dropped. Step time is process CPU time "
         "(all threads: the sender's too), median per run; *runs ratio* is the median over pairs "
         "of runs of the with/without ratio (min-max over pairs beside it): separate runs differ "
@@ -366,18 +392,18 @@ def render(results: dict[str, Any], quick: bool) -> str:
         "training thread's CPU time inside the callback, the probe and its gradient hooks per "
         "step (median), *hooks* the part spent in the probe's per-parameter gradient hooks, "
         "and *1 + in/none* the time in noisescope over the untracked step: a noise-free floor "
-        f"on the overhead. Target <= {TARGET_RATIO:.2f}x.",
+        f"on the overhead. Target <= {TARGET_RATIO:.2f}x. " + results["gauge"].describe(),
         "",
-        "| framework | no callback (ms/step) | with callback (ms/step) | runs ratio "
+        "| framework | model | no callback (ms/step) | with callback (ms/step) | runs ratio "
         "| pairs min-max | alternating steps ratio | q1-q3 | in noisescope (ms/step) "
         "| of which hooks | 1 + in/none | target |",
-        "|---|---:|---:|---:|---|---:|---|---:|---:|---:|---|",
+        "|---|---|---:|---:|---:|---|---:|---|---:|---:|---:|---|",
     ]
-    for label, row in results["rows"].items():
+    for (label, size), row in results["rows"].items():
         ok = "met" if row["alt_ratio"] <= TARGET_RATIO else "MISSED"
         reps = f"{row['pair_ratios'][0]:.3f}-{row['pair_ratios'][-1]:.3f}"
         lines.append(
-            f"| {label} | {row['none_ms']:.1f} | {row['callback_ms']:.1f} | "
+            f"| {label} | {size} | {row['none_ms']:.1f} | {row['callback_ms']:.1f} | "
             f"{row['ratio']:.3f}x | {reps} | {row['alt_ratio']:.3f}x | "
             f"{row['alt_q1']:.3f}-{row['alt_q3']:.3f} | {row['inside_ms']:.2f} | "
             f"{row['hooks_ms']:.2f} | {row['inside_ratio']:.3f}x | {ok} |"
