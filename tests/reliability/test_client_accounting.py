@@ -126,9 +126,8 @@ def test_unwritable_spool_keeps_samples_in_memory_through_an_outage(
     assert (status.sent, status.dropped, status.queued) == (1001, 0, 0), status
 
 
-def test_what_neither_server_nor_disk_took_at_finish_is_counted_dropped(
-    server: ServerProcess, tmp_path: Path
-) -> None:
+def _finish_unreachable(server: ServerProcess, tmp_path: Path, timeout: float) -> noisescope.Status:
+    """501 samples logged with the server down and the spool unwritable, then finish()."""
     transport = FlakyTransport(server.url)
     run = noisescope.init(url=server.url, project="acct", dir=tmp_path, transport=transport,
                           batch_max=100, batch_interval=0.05, backoff_base=0.05,
@@ -136,7 +135,13 @@ def test_what_neither_server_nor_disk_took_at_finish_is_counted_dropped(
     _sabotage_spool(run)
     for step in range(501):
         run.log_sample(step, 8.0, 32.0, 6.0, 2.3)
-    status = run.finish(timeout=1.0)
+    return run.finish(timeout=timeout)
+
+
+def test_what_neither_server_nor_disk_took_at_finish_is_counted_dropped(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    status = _finish_unreachable(server, tmp_path, timeout=1.0)
     assert (status.sent, status.spooled, status.queued, status.dropped) == (0, 0, 0, 501), status
 
 
@@ -165,18 +170,11 @@ class _HoldFirstSpoolError(logging.Handler):
 def test_a_batch_put_back_after_finish_drained_the_buffer_is_counted(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    transport = FlakyTransport(server.url)
     handler = _HoldFirstSpoolError()
     logger = logging.getLogger("noisescope")
     logger.addHandler(handler)
     try:
-        run = noisescope.init(url=server.url, project="acct", dir=tmp_path, transport=transport,
-                              batch_max=100, batch_interval=0.05, backoff_base=0.05,
-                              backoff_max=0.2, quiet=True)  # fmt: skip
-        _sabotage_spool(run)
-        for step in range(501):
-            run.log_sample(step, 8.0, 32.0, 6.0, 2.3)
-        status = run.finish(timeout=0.5)
+        status = _finish_unreachable(server, tmp_path, timeout=0.5)
     finally:
         logger.removeHandler(handler)
     assert handler.held, "the sender thread never reached the spool error"
