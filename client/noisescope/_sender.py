@@ -606,6 +606,8 @@ class Sender:
                 if outcome is None or outcome in ("retry", "missing"):
                     return False
                 self._replayed[str(path)] = last + 1
+                if kind == "samples":
+                    self.spool.acknowledge(path, len(payload["columns"]["seq"]))
             self.spool.discard(path)
             self._replayed.pop(str(path), None)
         return True

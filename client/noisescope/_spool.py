@@ -82,6 +82,7 @@ class RunSpool:
         self._lock_fd: int | None = None
         self.bytes_used = 0
         self.pending_samples = 0
+        self._acked: dict[Path, int] = {}  # samples of a segment the server already took
 
     # -- ownership -------------------------------------------------------------------------
     def acquire(self, blocking: bool = False) -> bool:
@@ -111,6 +112,7 @@ class RunSpool:
         with self._lock:
             self.bytes_used = 0
             self.pending_samples = 0
+            self._acked.clear()
             for path in self._segment_paths():
                 data = path.read_bytes()
                 self.bytes_used += len(data)
@@ -170,16 +172,24 @@ class RunSpool:
         except FileNotFoundError:
             return []
 
+    def acknowledge(self, path: Path, count: int) -> None:
+        """The server took ``count`` samples of a segment still on disk (a replay interrupted
+        part-way deletes nothing): they are sent, no longer pending."""
+        with self._lock:
+            self._acked[path] = self._acked.get(path, 0) + count
+            self.pending_samples -= count
+
     def discard(self, path: Path) -> None:
         """Delete a segment whose batches the server acknowledged."""
         with self._lock:
+            acked = self._acked.pop(path, 0)
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
                 return
             path.unlink()
             self.bytes_used -= len(data)
-            self.pending_samples -= sum(batch_size(r) for r in decode_records(data))
+            self.pending_samples -= sum(batch_size(r) for r in decode_records(data)) - acked
 
     def remove_if_empty(self) -> bool:
         """Delete the run directory if nothing is left to send; always release the lock."""

@@ -18,6 +18,7 @@ import pytest
 
 import noisescope
 from noisescope import Request, Response, TransportError
+from tests.client._fakes import wait_for
 from tests.support.servers import ServerProcess
 
 
@@ -101,6 +102,32 @@ def _sabotage_spool(run: noisescope.Run) -> None:
     assert spool_dir.is_dir()
     shutil.rmtree(spool_dir)
     spool_dir.write_text("not a directory")
+
+
+def test_status_adds_up_while_a_replay_is_interrupted(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """Regression: samples of a spool segment the server had already taken were counted both
+    sent and spooled until the whole segment was replayed and deleted."""
+    transport = FlakyTransport(server.url)
+    run = noisescope.init(url=server.url, project="acct", dir=tmp_path, transport=transport,
+                          batch_max=1000, batch_interval=0.05, backoff_base=5.0,
+                          backoff_max=5.0, quiet=True)  # fmt: skip
+    for step in range(12_001):  # step 12000 stays open
+        run.log_sample(step, 8.0, 32.0, 6.0, 2.3)
+    assert wait_for(lambda: run.status().spooled == 12_000)
+    with transport.lock:
+        # replay in requests of 5000: the first is acknowledged, then the connection drops
+        transport.script = [False, True]
+        transport.down = False
+    assert wait_for(lambda: not transport.script)
+    time.sleep(0.3)
+    status = run.status()
+    assert (status.sent, status.spooled, status.queued, status.dropped) == (5000, 7000, 1, 0), (
+        status
+    )
+    status = run.finish(timeout=30)
+    assert (status.sent, status.spooled, status.queued, status.dropped) == (12_001, 0, 0, 0), status
 
 
 def test_unwritable_spool_keeps_samples_in_memory_through_an_outage(
