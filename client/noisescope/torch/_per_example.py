@@ -9,10 +9,11 @@ g_i = sum_t delta_it x_it^T, so (Goodfellow 2015; Li et al. 2022 "ghost norm"; G
 or, when cheaper, |delta_i^T x_i|_F^2 with the (d_out x d_in) product formed per example. We save
 each layer's input in a forward hook and read delta = dL/dy from a tensor hook on the output,
 so nothing but a length-B vector per parameter is kept. Conv layers are Linear layers over
-unfolded patches; Embedding uses the Gram identity with an "equal token id" mask; LayerNorm's
-affine parameters have cheap (B, D) per-example gradients. Any other module that owns parameters
-falls back to ``torch.func``: per-example vector-Jacobian products of the module alone, vmapped
-over the batch (exact, costlier). Batch is dimension 0 of each module's first input and output.
+unfolded patches; Embedding sums the output gradients of each (example, token id) pair;
+LayerNorm's affine parameters have cheap (B, D) per-example gradients. Any other module that
+owns parameters falls back to ``torch.func``: per-example vector-Jacobian products of the
+module alone, vmapped over the batch (exact, costlier). Batch is dimension 0 of each module's
+first input and output.
 """
 
 from __future__ import annotations
@@ -49,21 +50,19 @@ def _linear_sq(x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
 def _embedding_sq(ids: Tensor, delta: Tensor, n_rows: int) -> Tensor:
     """Per-example |grad W|^2 of an Embedding; ids: (B, T), delta: (B, T, D).
 
-    Row v of example b's gradient is the sum of delta_bt over the t with id v. When the table
-    has no more rows than the sequence has positions (positional embeddings), build the
-    per-example tables: O(B V D), no bigger than delta. Otherwise use the Gram identity with an
-    "equal id" mask: O(B T^2 D), no table.
+    Row v of example b's gradient is the sum of delta_bt over the t with id v: sum the deltas
+    of each distinct (example, id) pair (one segment sum over B T keys), then add up the
+    squared norms of those rows per example. O(B T D) time and memory, like delta itself,
+    whatever the vocabulary and sequence length (the "equal id" Gram identity is O(B T^2 D)).
     """
     b, t, d = delta.shape
     if t == 1:
         return delta.square().sum((1, 2))
-    if n_rows <= t:
-        rows = (ids + n_rows * torch.arange(b, device=ids.device).unsqueeze(1)).reshape(-1)
-        table = delta.new_zeros(b * n_rows, d).index_add_(0, rows, delta.reshape(-1, d))
-        table_sq: Tensor = torch.linalg.vector_norm(table.view(b, -1), dim=1).square()
-        return table_sq
-    same = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(delta.dtype)
-    return (same * torch.bmm(delta, delta.transpose(1, 2))).sum((1, 2))
+    keys = (ids + n_rows * torch.arange(b, device=ids.device).unsqueeze(1)).reshape(-1)
+    pairs, row = torch.unique(keys, return_inverse=True)
+    rows = delta.new_zeros(pairs.numel(), d).index_add_(0, row, delta.reshape(-1, d))
+    example = torch.div(pairs, n_rows, rounding_mode="floor")
+    return delta.new_zeros(b).index_add_(0, example, rows.square().sum(1))
 
 
 def _as_btd(t: Tensor, d: int) -> Tensor:
