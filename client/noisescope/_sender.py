@@ -330,9 +330,6 @@ class Sender:
         self._final_sent = False
         self._orphans_checked = False
         self._warned: set[str] = set()
-        #: Per sealed spool segment: how many leading records the server already acknowledged
-        #: (a replay interrupted mid-segment resumes there, so nothing is counted twice).
-        self._replayed: dict[str, int] = {}
         #: When a spool write failed (read-only or missing directory), batches are held in
         #: memory (bounded by ``memory_max``) until this time, then the disk is tried again.
         self._spool_retry_at = 0.0
@@ -596,7 +593,7 @@ class Sender:
         if self.spool is None or self.spool.bytes_used <= 0:
             return True
         for path in self.spool.seal():
-            done = self._replayed.get(str(path), 0)
+            done = self.spool.replay_start(path)
             records = self.spool.read(path)
             for last, kind, payload in replay_requests(records, done, self.replay_max):
                 if kind == "events":
@@ -605,11 +602,9 @@ class Sender:
                     outcome = self._post(payload["columns"])
                 if outcome is None or outcome in ("retry", "missing"):
                     return False
-                self._replayed[str(path)] = last + 1
-                if kind == "samples":
-                    self.spool.acknowledge(path, len(payload["columns"]["seq"]))
+                samples = len(payload["columns"]["seq"]) if kind == "samples" else 0
+                self.spool.acknowledge(path, last + 1, samples)
             self.spool.discard(path)
-            self._replayed.pop(str(path), None)
         return True
 
     def _send_buffer(self) -> bool:

@@ -82,7 +82,8 @@ class RunSpool:
         self._lock_fd: int | None = None
         self.bytes_used = 0
         self.pending_samples = 0
-        self._acked: dict[Path, int] = {}  # samples of a segment the server already took
+        # a segment being replayed: (records the server took, samples among them)
+        self._replayed: dict[Path, tuple[int, int]] = {}
 
     # -- ownership -------------------------------------------------------------------------
     def acquire(self, blocking: bool = False) -> bool:
@@ -112,7 +113,7 @@ class RunSpool:
         with self._lock:
             self.bytes_used = 0
             self.pending_samples = 0
-            self._acked.clear()
+            self._replayed.clear()
             for path in self._segment_paths():
                 data = path.read_bytes()
                 self.bytes_used += len(data)
@@ -172,17 +173,24 @@ class RunSpool:
         except FileNotFoundError:
             return []
 
-    def acknowledge(self, path: Path, count: int) -> None:
-        """The server took ``count`` samples of a segment still on disk (a replay interrupted
-        part-way deletes nothing): they are sent, no longer pending."""
+    def replay_start(self, path: Path) -> int:
+        """Index of the first record of a segment the server has not taken yet."""
         with self._lock:
-            self._acked[path] = self._acked.get(path, 0) + count
-            self.pending_samples -= count
+            return self._replayed.get(path, (0, 0))[0]
+
+    def acknowledge(self, path: Path, records: int, samples: int) -> None:
+        """The server took a segment's records up to ``records`` (exclusive), ``samples`` more
+        samples: they are sent, no longer pending, though the segment stays on disk until all
+        of it is taken (a replay interrupted part-way resumes after them)."""
+        with self._lock:
+            acked = self._replayed.get(path, (0, 0))[1]
+            self._replayed[path] = (records, acked + samples)
+            self.pending_samples -= samples
 
     def discard(self, path: Path) -> None:
         """Delete a segment whose batches the server acknowledged."""
         with self._lock:
-            acked = self._acked.pop(path, 0)
+            acked = self._replayed.pop(path, (0, 0))[1]
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
