@@ -54,14 +54,23 @@ def _embedding_sq(ids: Tensor, delta: Tensor, n_rows: int) -> Tensor:
     of each distinct (example, id) pair (one segment sum over B T keys), then add up the
     squared norms of those rows per example. O(B T D) time and memory, like delta itself,
     whatever the vocabulary and sequence length (the "equal id" Gram identity is O(B T^2 D)).
+    Segments come from a sort, not ``torch.unique``, whose data-dependent size would make a
+    GPU wait for the host in the middle of the backward pass.
     """
     b, t, d = delta.shape
     if t == 1:
         return delta.square().sum((1, 2))
     keys = (ids + n_rows * torch.arange(b, device=ids.device).unsqueeze(1)).reshape(-1)
-    pairs, row = torch.unique(keys, return_inverse=True)
-    rows = delta.new_zeros(pairs.numel(), d).index_add_(0, row, delta.reshape(-1, d))
-    example = torch.div(pairs, n_rows, rounding_mode="floor")
+    sorted_keys, order = keys.sort()
+    starts = torch.ones_like(sorted_keys, dtype=torch.bool)
+    starts[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    segment = starts.cumsum(0) - 1  # segment of each sorted position; at most B T segments
+    row = torch.empty_like(segment).scatter_(0, order, segment)  # of each original position
+    rows = delta.new_zeros(keys.numel(), d).index_add_(0, row, delta.reshape(-1, d))
+    # each segment's example (unused segments keep 0 and add a zero norm)
+    example = torch.zeros_like(segment).scatter_(
+        0, segment, torch.div(sorted_keys, n_rows, rounding_mode="floor")
+    )
     return delta.new_zeros(b).index_add_(0, example, rows.square().sum(1))
 
 
