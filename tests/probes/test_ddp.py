@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from noisescope.torch import GradientNoiseProbe
 from tests.estimators.lsq_truth import LeastSquares
 from tests.probes.lsq_torch import ListSink, lsq_model
 from tests.probes.test_sources_truth import assert_truth
+from tests.support.servers import free_port
 
 WORLD = 2
 EXACT = {"d": 6, "steps": 5, "k": 2, "b": 8}
@@ -94,12 +94,6 @@ def _warm_ddp_imports() -> None:
     import torch._dynamo  # noqa: F401
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ddp_rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("ddp")
@@ -108,7 +102,7 @@ def ddp_rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     # that a fork could break: no DataLoader workers, no CUDA.
     _warm_ddp_imports()
     mp.start_processes(
-        _worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True, start_method="fork"
+        _worker, args=(free_port(), str(out)), nprocs=WORLD, join=True, start_method="fork"
     )
     return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
 

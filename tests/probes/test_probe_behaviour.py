@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import socket
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -14,6 +13,7 @@ from torch import Tensor, nn
 
 from noisescope.torch import GradientNoiseProbe, _probe
 from tests.probes.lsq_torch import ListSink
+from tests.support.servers import free_port
 
 
 def _mlp() -> nn.Sequential:
@@ -353,10 +353,8 @@ def test_first_backward_read_from_grad_when_a_submodule_is_called_directly(
 @pytest.fixture
 def one_process_group() -> Iterator[None]:
     """A gloo group of one process, as ``torchrun --nproc-per-node 1`` sets up."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    init = f"tcp://127.0.0.1:{free_port()}"
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
     try:
         yield
     finally:
