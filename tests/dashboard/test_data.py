@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from noisescope_dashboard import _data, _model
@@ -34,14 +36,11 @@ def test_runs_series_is_bucketed_to_max_points_with_exact_sums(synth_db: str) ->
     assert coarse["step"].is_monotonic_increasing
 
 
-def test_long_runs_read_the_block_table_and_agree(
-    synth_db: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_long_runs_read_the_block_table_and_agree(synth_db: str) -> None:
     uid = "digits0128" + "0" * 22
-    from_samples = _data.runs_series(synth_db, (uid,), ("",), 5)
-    monkeypatch.setattr(_data, "BLOCKS_PER_POINT", 0.0)  # every run counts as long now
-    _data.runs_series.clear()
-    from_blocks = _data.runs_series(synth_db, (uid,), ("",), 5)
+    # min_blocks: how many 64-sample blocks make a run "long" (read from sample_block)
+    from_samples = _data.runs_series(synth_db, (uid,), ("",), 5, min_blocks=math.inf)
+    from_blocks = _data.runs_series(synth_db, (uid,), ("",), 5, min_blocks=0.0)
     assert from_blocks["n"].sum() == from_samples["n"].sum() == 600
     assert from_blocks["sum_g_sq"].sum() == pytest.approx(from_samples["sum_g_sq"].sum())
     total = _model.smooth(from_blocks, method="window", window_steps=1e9)

@@ -1,0 +1,57 @@
+"""The read side's several-runs query on both backends: exact sums per bucket, block and
+sample sources agreeing, unknown runs and other projects left out."""
+
+from __future__ import annotations
+
+import math
+
+from sqlalchemy import Engine
+
+from noisescope_server import crud, db, queries
+from noisescope_server.models import BLOCK_SIZE
+from tests.server._data import columns, expected_sums
+
+
+def _engine_with_runs(db_url: str) -> tuple[Engine, dict[str, dict[str, list[float]]], int]:
+    """Runs "a" (1000 samples) and "b" (300) in project p, "c" in project q; p's id."""
+    engine = db.make_engine(db_url)
+    db.upgrade(engine)
+    data: dict[str, dict[str, list[float]]] = {}
+    project_p = 0
+    for uid, project, n in (("a", "p", 1000), ("b", "p", 300), ("c", "q", 200)):
+        ref, _ = crud.upsert_run(engine, uid, crud.RunIn(project=project, task="t", batch_size=32))
+        if project == "p":
+            project_p = ref.project_id
+        data[uid] = columns(n, seed=len(data))
+        crud.ingest_samples(engine, uid, crud.validate_samples({"columns": data[uid]}))
+    return engine, data, project_p
+
+
+def test_bucket_sums_are_exact_per_run_from_samples_and_from_blocks(db_url: str) -> None:
+    engine, data, _ = _engine_with_runs(db_url)
+    uids = ["a", "b", "c", "no-such-run"]
+    from_samples = queries.bucket_sums(engine, uids, max_points=10, min_blocks=math.inf)
+    from_blocks = queries.bucket_sums(engine, uids, max_points=10, min_blocks=1)
+    assert {b.run_uid for b in from_samples} == {"a", "b", "c"}
+    for buckets in (from_samples, from_blocks):
+        for uid, cols in data.items():
+            mine = [b for b in buckets if b.run_uid == uid]
+            assert 0 < len(mine) <= 10
+            assert [b.bucket for b in mine] == sorted(b.bucket for b in mine)
+            g_total, s_total = expected_sums(cols)
+            assert sum(b.n for b in mine) == len(cols["step"])
+            assert math.isclose(sum(b.sum_g_sq for b in mine), g_total, rel_tol=1e-9)
+            assert math.isclose(sum(b.sum_trace_sigma for b in mine), s_total, rel_tol=1e-9)
+            assert mine[-1].step == cols["step"][-1]
+            assert mine[-1].batch_size == 32.0
+    # block buckets hold whole blocks of 64: their sample counts are multiples of it
+    sample_counts = [b.n for b in from_blocks if b.run_uid == "a"]
+    assert all(n % BLOCK_SIZE == 0 for n in sample_counts[:-1])
+    assert [b.n for b in from_samples if b.run_uid == "a"] == [100] * 10
+
+
+def test_bucket_sums_leave_out_runs_outside_the_project_scope(db_url: str) -> None:
+    engine, _, project_p = _engine_with_runs(db_url)
+    scoped = queries.bucket_sums(engine, ["a", "c"], max_points=5, project_scope=project_p)
+    assert {b.run_uid for b in scoped} == {"a"}
+    assert queries.bucket_sums(engine, [], max_points=5) == []
