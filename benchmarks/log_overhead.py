@@ -20,7 +20,6 @@ import gzip
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 
 import noisescope
 from noisescope import Request, Response
+from tests.support.servers import ServerProcess, free_port
 
 HERE = Path(__file__).resolve().parent
 BENCH_VENV = Path(os.environ.get("NOISESCOPE_BENCH_VENV", "/work/bench-venv"))
@@ -53,12 +53,6 @@ def _stats(times_ns: list[int]) -> dict[str, Any]:
         "max_ms": ordered[-1] / 1e6,
         "over_1ms": sum(1 for t in ordered if t > 1_000_000),
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_http(url: str, timeout: float) -> bool:
@@ -91,24 +85,16 @@ class _DecodingTransport:
 @contextlib.contextmanager
 def _noisescope_server(workdir: Path) -> Iterator[str | None]:
     """A real local noisescope server (SQLite), or None if it cannot start here."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable, "-m", "noisescope.cli", "server", "--host", "127.0.0.1",
-        "--port", str(port), "--database-url", f"sqlite:///{workdir / 'bench.db'}",
-    ]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ServerProcess(database_url=f"sqlite:///{workdir / 'bench.db'}")
     try:
-        if _wait_http(url + "/api/v1/health", 60) and proc.poll() is None:
-            yield url
-        else:
-            yield None
+        server.start()
+    except (RuntimeError, TimeoutError):
+        yield None
+        return
+    try:
+        yield server.url
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        if proc.poll() is None:
-            proc.kill()
+        server.close()
 
 
 def measure_floor(n: int) -> dict[str, Any]:
@@ -161,7 +147,7 @@ def measure_noisescope(n: int, url: str | None, workdir: Path) -> list[dict[str,
 
 @contextlib.contextmanager
 def _mlflow_server(workdir: Path) -> Iterator[str | None]:
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
     command = [
         str(BENCH_PYTHON), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
