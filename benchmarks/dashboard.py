@@ -13,10 +13,10 @@ Run: ``python -m benchmarks.dashboard [--quick]`` (quick: 100k samples, 20 runs 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -171,15 +171,10 @@ def run(quick: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    args = parser.parse_args(argv)
-    print(run(quick=args.quick))
+__all__: list[Any] = ["run"]
 
 
 if __name__ == "__main__":
-    main()
+    from benchmarks._cli import main
 
-
-__all__: list[Any] = ["main", "run"]
+    sys.exit(main("benchmarks.dashboard", __doc__, run))

@@ -22,7 +22,6 @@ Run: ``python -m benchmarks.ingest [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import multiprocessing as mp
 import os
@@ -667,11 +666,7 @@ def run(quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.ingest")
-    parser.add_argument("--quick", action="store_true")
-    print(run(parser.parse_args().quick))
-
-
 if __name__ == "__main__":
-    main()
+    from benchmarks._cli import main
+
+    sys.exit(main("benchmarks.ingest", __doc__, run))

@@ -14,7 +14,6 @@ run is a real one in offline mode (the background sender spools every sample to 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -415,13 +414,7 @@ def run(quick: bool) -> str:
     return render(collect(quick), quick)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.integrations", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer steps, for a smoke run")
-    args = parser.parse_args(argv)
-    print(run(args.quick))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks._cli import main
+
+    sys.exit(main("benchmarks.integrations", __doc__, run))

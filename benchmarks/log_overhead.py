@@ -14,7 +14,6 @@ each prints its figures as JSON (``benchmarks/_log_competitors.py``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gzip
 import json
@@ -273,13 +272,7 @@ def run(quick: bool) -> str:
     return render(collect(quick), quick)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.log_overhead", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer calls, for a smoke run")
-    args = parser.parse_args(argv)
-    print(run(args.quick))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from benchmarks._cli import main
+
+    sys.exit(main("benchmarks.log_overhead", __doc__, run))

@@ -22,13 +22,13 @@ Run: ``python -m benchmarks.probe_overhead [--quick]``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gc
 import math
 import os
 import socket
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -331,6 +331,6 @@ def run(quick: bool = False) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    print(run(parser.parse_args().quick))
+    from benchmarks._cli import main
+
+    sys.exit(main("benchmarks.probe_overhead", __doc__, run))

@@ -11,8 +11,8 @@ Run: ``python -m benchmarks.series [--quick]`` (quick: 10k and 100k only).
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -143,11 +143,7 @@ def run(quick: bool) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.series")
-    parser.add_argument("--quick", action="store_true")
-    print(run(parser.parse_args().quick))
-
-
 if __name__ == "__main__":
-    main()
+    from benchmarks._cli import main
+
+    sys.exit(main("benchmarks.series", __doc__, run))
