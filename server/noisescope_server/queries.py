@@ -391,15 +391,13 @@ def _block_rows() -> Any:
     )
 
 
-def _sizes(conn: Connection, run_ids: Sequence[int] | None = None) -> dict[int, int]:
+def _sizes(conn: Connection, run_ids: Sequence[int]) -> dict[int, int]:
     """Whole-model sample count per run, from the block table (cheap at any run length)."""
     q = (
         select(SampleBlock.run_id, func.sum(SampleBlock.n))
-        .where(SampleBlock.series == "")
+        .where(SampleBlock.series == "", SampleBlock.run_id.in_(list(run_ids)))
         .group_by(SampleBlock.run_id)
     )
-    if run_ids is not None:
-        q = q.where(SampleBlock.run_id.in_(list(run_ids)))
     return {int(r): int(n or 0) for r, n in conn.execute(q)}
 
 
