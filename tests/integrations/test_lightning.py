@@ -74,6 +74,32 @@ def test_accumulation_samples_reach_the_server(server: ServerProcess, tmp_path: 
         assert sample["lr"] == 0.05
 
 
+class _CrashingMLP(DigitsMLP):
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if batch_idx == 2:
+            raise RuntimeError("boom")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_second_fit_starts_a_new_run_and_a_crash_marks_it_failed(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    callback = LightningCallback(
+        project="integrations", task="digits", url=server.url, dir=tmp_path, quiet=True
+    )
+    _trainer([callback], max_epochs=1).fit(DigitsMLP(), digits_loader(16, n=48))
+    first = callback.run
+    assert first is not None and first.finished
+    with pytest.raises(RuntimeError, match="boom"):
+        _trainer([callback], max_epochs=1).fit(_CrashingMLP(), digits_loader(16, n=48))
+    second = callback.run
+    assert second is not None and second.finished and second.id != first.id
+    assert callback.probe is None  # detached: the model trains on untouched
+    assert stored_run(server, first.id).run["status"] == "finished"
+    assert stored_run(server, second.id).run["status"] == "failed"
+
+
 def test_fp16_loss_scale_is_divided_out(server: ServerProcess, tmp_path: Path) -> None:
     """AMP with a GradScaler (x1024): measured before Lightning un-scales, divided by 1024^2."""
     from lightning.pytorch.plugins import MixedPrecision

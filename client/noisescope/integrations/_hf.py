@@ -29,7 +29,6 @@ the model's mean loss by the number of micro-batches ("mean/k").
 
 from __future__ import annotations
 
-import logging
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -41,13 +40,13 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-import noisescope
 from noisescope._run import Run
 from noisescope.torch import GradientNoiseProbe
 
+from ._base import _TrackingCallback
+
 __all__ = ["HuggingFaceCallback"]
 
-logger = logging.getLogger("noisescope")
 
 _IGNORE_INDEX = -100  # the label value Hugging Face losses skip
 
@@ -79,7 +78,7 @@ def _first_tensor(value: Any) -> Tensor | None:
     return None
 
 
-class HuggingFaceCallback(TrainerCallback):
+class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
     """Track the gradient noise scale of a ``transformers.Trainer`` run.
 
     Usage::
@@ -120,17 +119,17 @@ class HuggingFaceCallback(TrainerCallback):
     ) -> None:
         if units not in (None, "examples", "tokens"):
             raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
-        self.run = run
-        self._owns_run = run is None
-        self.project = project
-        self.task = task
-        self.name = name
-        self.tags = tags
-        self.units = units
-        self.layers = layers
-        self.every = every
-        self.init_kwargs = init_kwargs
-        self.probe: GradientNoiseProbe | None = None
+        super().__init__(
+            run,
+            project=project,
+            task=task,
+            name=name,
+            tags=tags,
+            units=units,
+            layers=layers,
+            every=every,
+            init_kwargs=init_kwargs,
+        )
         self._args: TrainingArguments | None = None
         self._state: TrainerState | None = None
         self._model: nn.Module | None = None
@@ -143,11 +142,8 @@ class HuggingFaceCallback(TrainerCallback):
         self._handles: list[RemovableHandle] = []
         self._ddp_finder: RemovableHandle | None = None
         self._micro: _Micro | None = None
-        self._loss_sum: Tensor | None = None
-        self._n_micro = 0
         self._n_items_cache: tuple[int, float] | None = None
         self._token_scale = 1.0
-        self._disabled: str | None = None
 
     # --- Trainer events ----------------------------------------------------------------------
 
@@ -163,11 +159,9 @@ class HuggingFaceCallback(TrainerCallback):
     ) -> None:
         """Install the model hooks; the run and probe start at the first training forward."""
         self._remove_hooks()
-        if self._owns_run and self.run is not None and self.run.finished:
-            self.run = None  # a second train() on the same callback starts a new run
+        self._begin_training()
         self._args, self._state = args, state
         self._optimizer, self._scheduler = optimizer, lr_scheduler
-        self._disabled = None
         if model is None:
             self._disable("the Trainer passed no model to the callback")
             return
@@ -208,11 +202,7 @@ class HuggingFaceCallback(TrainerCallback):
     ) -> None:
         """Detach every hook; finish the run if the callback started it."""
         self._remove_hooks()
-        if self.probe is not None:
-            self.probe.remove()
-            self.probe = None
-        if self.run is not None and self._owns_run:
-            self.run.finish()  # kept (finished) so that ``callback.run.id`` stays readable
+        self._end_training()
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -327,12 +317,13 @@ class HuggingFaceCallback(TrainerCallback):
         if self._ddp_finder is not None:
             self._ddp_finder.remove()  # only needed until the first forward
             self._ddp_finder = None
-        if self.run is None:
-            self.run = noisescope.init(**self._init_kwargs(args, module, units, labels))
+        run = self.run
+        if run is None:
+            run = self._init_run(**self._run_defaults(args, module, units, labels))
         scaler = getattr(self._optimizer, "scaler", None)
         self.probe = GradientNoiseProbe(
             self._ddp if self._ddp is not None else module,
-            self.run,
+            run,
             source="micro",
             units="tokens" if units == "tokens" else "examples",
             micro_loss="mean/k",  # used when the model gets no num_items_in_batch
@@ -342,9 +333,10 @@ class HuggingFaceCallback(TrainerCallback):
         )
         self.probe.step_count = int(state.global_step)  # steps match the Trainer's on resume
 
-    def _init_kwargs(
+    def _run_defaults(
         self, args: TrainingArguments, module: nn.Module, units: str, labels: Tensor
     ) -> dict[str, Any]:
+        """What ``TrainingArguments`` and the model say about the run (``noisescope.init``)."""
         world = int(getattr(args, "world_size", 1) or 1)
         examples_per_step = (
             args.per_device_train_batch_size * args.gradient_accumulation_steps * world
@@ -361,18 +353,13 @@ class HuggingFaceCallback(TrainerCallback):
         if not name and args.output_dir:
             name = os.path.basename(os.path.normpath(args.output_dir))
         task = self.task or getattr(model_config, "model_type", None) or type(module).__name__
-        kwargs: dict[str, Any] = {
+        return {
             "task": task,
             "name": name or None,
             "config": config,
-            "tags": self.tags,
             "batch_size": batch_size,
             "units": units,
-            **self.init_kwargs,
         }
-        if self.project is not None:
-            kwargs["project"] = self.project
-        return kwargs
 
     def _n_items(self, n_items: Tensor | float) -> float:
         key = id(n_items)  # the Trainer passes one object to every micro-batch of a step
@@ -391,12 +378,6 @@ class HuggingFaceCallback(TrainerCallback):
         except Exception:
             return None
         return None
-
-    def _disable(self, reason: str) -> None:
-        if self._disabled is None:
-            self._disabled = reason
-            warnings.warn(f"noisescope: not measuring this run: {reason}", stacklevel=2)
-            logger.warning("noisescope: not measuring this run: %s", reason)
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:

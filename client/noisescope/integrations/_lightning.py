@@ -21,7 +21,6 @@ those steps are not measured.
 
 from __future__ import annotations
 
-import logging
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,16 +30,15 @@ import torch
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor, nn
 
-import noisescope
 from noisescope._run import Run
 from noisescope.torch import GradientNoiseProbe
 
+from ._base import _TrackingCallback
+
 __all__ = ["LightningCallback"]
 
-logger = logging.getLogger("noisescope")
 
-
-class LightningCallback(pl.Callback):
+class LightningCallback(_TrackingCallback, pl.Callback):
     """Track the gradient noise scale of a ``lightning.pytorch.Trainer`` fit.
 
     Usage::
@@ -90,32 +88,27 @@ class LightningCallback(pl.Callback):
             raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-        self.run = run
-        self._owns_run = run is None
-        self.project = project
-        self.task = task
-        self.name = name
-        self.tags = tags
-        self.units = units
+        super().__init__(
+            run,
+            project=project,
+            task=task,
+            name=name,
+            tags=tags,
+            units=units,
+            layers=layers,
+            every=every,
+            init_kwargs=init_kwargs,
+        )
         self.batch_size_fn = batch_size_fn
         self.loss_reduction = loss_reduction
         self.micro_loss = micro_loss
-        self.layers = layers
-        self.every = every
-        self.init_kwargs = init_kwargs
-        self.probe: GradientNoiseProbe | None = None
         self._batch_items: float | None = None
         self._loss: Tensor | None = None
-        self._loss_sum: Tensor | None = None
-        self._n_micro = 0
-        self._disabled: str | None = None
 
     # --- Lightning hooks ---------------------------------------------------------------------
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._disabled = None
-        if self._owns_run and self.run is not None and self.run.finished:
-            self.run = None  # a second fit() on the same callback starts a new run
+        self._begin_training()
         k = int(trainer.accumulate_grad_batches)
         if k <= 1 and trainer.world_size <= 1:
             warnings.warn(
@@ -182,20 +175,12 @@ class LightningCallback(pl.Callback):
             self._disable(f"measurement failed: {exc!r}")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.probe is not None:
-            self.probe.remove()
-            self.probe = None
-        if self.run is not None and self._owns_run:
-            self.run.finish()  # kept (finished) so that ``callback.run.id`` stays readable
+        self._end_training()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        if self.probe is not None:
-            self.probe.remove()
-            self.probe = None
-        if self.run is not None and self._owns_run:
-            self.run.finish("failed")
+        self._end_training("failed")
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -216,7 +201,8 @@ class LightningCallback(pl.Callback):
         ddp = isinstance(model, nn.parallel.DistributedDataParallel)
         if model is None or not (ddp and torch.distributed.is_initialized()):
             model = pl_module
-        if self.run is None:
+        run = self.run
+        if run is None:
             k = int(trainer.accumulate_grad_batches)
             world = int(trainer.world_size)
             config: dict[str, Any] = {"hparams": dict(pl_module.hparams)}
@@ -229,23 +215,18 @@ class LightningCallback(pl.Callback):
                 "gradient_clip_val": trainer.gradient_clip_val,
                 "strategy": type(trainer.strategy).__name__,
             }
-            kwargs: dict[str, Any] = {
-                "task": self.task or type(pl_module).__name__,
-                "name": self.name,
-                "config": config,
-                "tags": self.tags,
-                "batch_size": items * k * world,  # nominal: the first micro-batch's size
-                "units": self.units,
-                "rank": int(trainer.global_rank),
-                "world_size": world,
-                **self.init_kwargs,
-            }
-            if self.project is not None:
-                kwargs["project"] = self.project
-            self.run = noisescope.init(**kwargs)
+            run = self._init_run(
+                task=self.task or type(pl_module).__name__,
+                name=self.name,
+                config=config,
+                batch_size=items * k * world,  # nominal: the first micro-batch's size
+                units=self.units,
+                rank=int(trainer.global_rank),
+                world_size=world,
+            )
         self.probe = GradientNoiseProbe(
             model,
-            self.run,
+            run,
             source="micro",
             units="tokens" if self.units == "tokens" else "examples",
             micro_loss=self.micro_loss,  # type: ignore[arg-type]
@@ -254,12 +235,6 @@ class LightningCallback(pl.Callback):
             every=self.every,
         )
         self.probe.step_count = int(trainer.global_step)  # steps match Lightning's on resume
-
-    def _disable(self, reason: str) -> None:
-        if self._disabled is None:
-            self._disabled = reason
-            warnings.warn(f"noisescope: not measuring this run: {reason}", stacklevel=2)
-            logger.warning("noisescope: not measuring this run: %s", reason)
 
 
 def _accumulating(trainer: pl.Trainer) -> bool:

@@ -1,0 +1,82 @@
+"""What the framework callbacks share: the run they log to, its probe, and how they stop.
+
+A mixin placed before the framework's own callback class in the bases; each callback keeps
+what is specific to its framework (where it hooks in, how it counts items and names the run).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+import noisescope
+from noisescope._run import Run
+from noisescope.torch import GradientNoiseProbe
+
+logger = logging.getLogger("noisescope")
+
+
+class _TrackingCallback:
+    """Run and probe bookkeeping for a framework callback."""
+
+    def __init__(
+        self,
+        run: Run | None,
+        *,
+        project: str | None,
+        task: str | None,
+        name: str | None,
+        tags: list[str] | None,
+        units: str | None,
+        layers: bool | Mapping[str, Any],
+        every: int,
+        init_kwargs: dict[str, Any],
+    ) -> None:
+        self.run = run
+        self._owns_run = run is None
+        self.project = project
+        self.task = task
+        self.name = name
+        self.tags = tags
+        self.units = units
+        self.layers = layers
+        self.every = every
+        self.init_kwargs = init_kwargs
+        self.probe: GradientNoiseProbe | None = None
+        self._loss_sum: Tensor | None = None  # this optimizer step's micro-batch losses
+        self._n_micro = 0  # micro-batches recorded in this optimizer step
+        self._disabled: str | None = None  # why this run is not measured, if it is not
+
+    def _begin_training(self) -> None:
+        """A new ``fit()``/``train()``: measure again, in a new run if ours has finished."""
+        self._disabled = None
+        if self._owns_run and self.run is not None and self.run.finished:
+            self.run = None
+
+    def _init_run(self, **defaults: Any) -> Run:
+        """``noisescope.init`` with what the framework knows, overridden by the user's own."""
+        kwargs: dict[str, Any] = {"tags": self.tags, **defaults, **self.init_kwargs}
+        if self.project is not None:
+            kwargs["project"] = self.project
+        self.run = noisescope.init(**kwargs)
+        return self.run
+
+    def _end_training(self, status: str = "finished") -> None:
+        """Detach the probe; finish the run if the callback started it (kept, finished, so
+        that ``callback.run.id`` stays readable)."""
+        if self.probe is not None:
+            self.probe.remove()
+            self.probe = None
+        if self.run is not None and self._owns_run:
+            self.run.finish(status)
+
+    def _disable(self, reason: str) -> None:
+        """Stop measuring this run, once, and say why: training itself goes on untouched."""
+        if self._disabled is None:
+            self._disabled = reason
+            warnings.warn(f"noisescope: not measuring this run: {reason}", stacklevel=2)
+            logger.warning("noisescope: not measuring this run: %s", reason)
