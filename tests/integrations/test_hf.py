@@ -9,6 +9,7 @@ tiny, a measurement taken after clipping would be ~1e-4 and fail.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor, nn
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments, default_data_collator
 
 from noisescope.integrations import HuggingFaceCallback
 from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
@@ -186,6 +187,38 @@ def test_mean_loss_model_in_examples_with_a_short_last_cycle(
         # mean loss / k: the accumulated gradient is the step's mean gradient
         assert sample["g_big_sq"] == pytest.approx(norm**2, rel=1e-4)
         assert sample["g_small_sq"] > 0
+
+
+def test_small_batches_first_measures_the_first_micro_batch_only(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    batches: list[dict[str, Any]] = []
+
+    def collate(features: list[dict[str, Any]]) -> dict[str, Any]:
+        batches.append(default_data_collator(features))
+        return batches[-1]
+
+    model = MeanLossClassifier()
+    reference = copy.deepcopy(model)  # the initial weights
+    callback = _callback(server, tmp_path, task="digits-mlp", small_batches="first")
+    args = _args(tmp_path, gradient_accumulation_steps=4, max_steps=1)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=DigitsDataset(24),
+        data_collator=collate,
+        callbacks=[callback],
+    )
+    trainer.train()
+    reference(**batches[0])["loss"].backward()
+    first_sq = sum(float(p.grad.double().square().sum()) for p in reference.parameters())
+    assert callback.run is not None
+    (sample,) = stored_run(server, callback.run.id).samples
+    assert (sample["b_small"], sample["b_big"]) == (4, 16)
+    assert sample["g_small_sq"] == pytest.approx(first_sq, rel=1e-5)
+    assert sample["g_big_sq"] == pytest.approx(_grad_norms(trainer)[0] ** 2, rel=1e-4)
+    with pytest.raises(ValueError, match="small_batches"):
+        HuggingFaceCallback(small_batches="some")  # type: ignore[arg-type]
 
 
 def _train_params(tmp_path: Path, callbacks: list[Any]) -> dict[str, Tensor]:

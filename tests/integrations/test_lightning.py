@@ -74,6 +74,35 @@ def test_accumulation_samples_reach_the_server(server: ServerProcess, tmp_path: 
         assert sample["lr"] == 0.05
 
 
+def test_small_batches_first_measures_the_first_micro_batch_only(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    module = DigitsMLP()
+    torch.manual_seed(0)
+    reference = DigitsMLP()  # the same initial weights
+    x, y = next(iter(digits_loader(16, n=48)))
+    torch.nn.functional.cross_entropy(reference.net(x), y).backward()  # type: ignore[no-untyped-call]
+    first_sq = sum(float(p.grad.double().square().sum()) for p in reference.parameters())
+
+    callback = LightningCallback(
+        project="integrations",
+        task="digits",
+        small_batches="first",
+        url=server.url,
+        dir=tmp_path,
+        quiet=True,
+    )
+    _trainer([callback], max_epochs=1).fit(module, digits_loader(16, n=48))
+    assert callback.run is not None
+    (sample,) = stored_run(server, callback.run.id).samples
+    assert (sample["b_small"], sample["b_big"]) == (16, 48)
+    assert sample["g_small_sq"] == pytest.approx(first_sq, rel=1e-5)
+    assert sample["g_big_sq"] == pytest.approx(module.big_norms_sq[0], rel=1e-5)
+    with pytest.raises(ValueError, match="small_batches"):
+        LightningCallback(small_batches="some")  # type: ignore[arg-type]
+
+
 class _CrashingMLP(DigitsMLP):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         if batch_idx == 2:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor
 
@@ -34,8 +34,11 @@ class _TrackingCallback:
         units: str | None,
         layers: bool | Mapping[str, Any],
         every: int,
+        small_batches: Literal["all", "first"],
         init_kwargs: dict[str, Any],
     ) -> None:
+        if small_batches not in ("all", "first"):
+            raise ValueError(f"small_batches must be 'all' or 'first', got {small_batches!r}")
         self.run = run
         self._owns_run = run is None
         self.project = project
@@ -45,6 +48,7 @@ class _TrackingCallback:
         self.units = units
         self.layers = layers
         self.every = every
+        self.small_batches = small_batches
         self.init_kwargs = init_kwargs
         self.probe: GradientNoiseProbe | None = None
         self._loss_sum: Tensor | None = None  # this optimizer step's micro-batch losses

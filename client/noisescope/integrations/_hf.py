@@ -33,7 +33,7 @@ import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -101,6 +101,10 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             else examples.
         layers: also log one series per layer (see ``GradientNoiseProbe``).
         every: measure every n-th optimizer step only.
+        small_batches: "all" (each micro-batch's gradient is a G_small: most precise) or
+            "first" (only the first micro-batch's: two gradient reads per step instead of one
+            per micro-batch and no per-parameter hooks, for the least overhead; tr(Sigma) gets
+            noisier). See ``GradientNoiseProbe``.
         init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
     """
 
@@ -115,6 +119,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         units: str | None = None,
         layers: bool | Mapping[str, Any] = False,
         every: int = 1,
+        small_batches: Literal["all", "first"] = "all",
         **init_kwargs: Any,
     ) -> None:
         if units not in (None, "examples", "tokens"):
@@ -128,6 +133,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             units=units,
             layers=layers,
             every=every,
+            small_batches=small_batches,
             init_kwargs=init_kwargs,
         )
         self._args: TrainingArguments | None = None
@@ -330,6 +336,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             layers=self.layers,
             scaler=scaler,
             every=self.every,
+            small_batches=self.small_batches,
         )
         self.probe.step_count = int(state.global_step)  # steps match the Trainer's on resume
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -63,6 +63,10 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         micro_loss: the probe's convention for manual optimization (see ``GradientNoiseProbe``).
         layers: also log one series per layer (see ``GradientNoiseProbe``).
         every: measure every n-th optimizer step only.
+        small_batches: "all" (each micro-batch's gradient is a G_small: most precise) or
+            "first" (only the first micro-batch's: two gradient reads per step instead of one
+            per micro-batch and no per-parameter hooks, for the least overhead; tr(Sigma) gets
+            noisier). See ``GradientNoiseProbe``.
         init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
     """
 
@@ -80,6 +84,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         micro_loss: str = "mean/k",
         layers: bool | Mapping[str, Any] = False,
         every: int = 1,
+        small_batches: Literal["all", "first"] = "all",
         **init_kwargs: Any,
     ) -> None:
         if units is None:  # a run passed in fixes the units
@@ -97,6 +102,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             units=units,
             layers=layers,
             every=every,
+            small_batches=small_batches,
             init_kwargs=init_kwargs,
         )
         self.batch_size_fn = batch_size_fn
@@ -233,6 +239,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             layers=self.layers,
             scaler=getattr(trainer.strategy.precision_plugin, "scaler", None),
             every=self.every,
+            small_batches=self.small_batches,
         )
         self.probe.step_count = int(trainer.global_step)  # steps match Lightning's on resume
 
