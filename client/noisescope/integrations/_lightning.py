@@ -65,8 +65,8 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         every: measure every n-th optimizer step only.
         small_batches: "all" (each micro-batch's gradient is a G_small: most precise) or
             "first" (only the first micro-batch's: two gradient reads per step instead of one
-            per micro-batch and no per-parameter hooks, for the least overhead; tr(Sigma) gets
-            noisier). See ``GradientNoiseProbe``.
+            per micro-batch, and the per-parameter hooks only check a flag: the least
+            overhead; tr(Sigma) gets noisier). See ``GradientNoiseProbe``.
         init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
     """
 
