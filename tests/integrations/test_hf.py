@@ -219,6 +219,8 @@ def test_small_batches_first_measures_the_first_micro_batch_only(
     assert sample["g_big_sq"] == pytest.approx(_grad_norms(trainer)[0] ** 2, rel=1e-4)
     with pytest.raises(ValueError, match="small_batches"):
         HuggingFaceCallback(small_batches="some")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="units"):
+        HuggingFaceCallback(units="pixels")
 
 
 def _train_params(tmp_path: Path, callbacks: list[Any]) -> dict[str, Tensor]:

@@ -101,6 +101,8 @@ def test_small_batches_first_measures_the_first_micro_batch_only(
     assert sample["g_big_sq"] == pytest.approx(module.big_norms_sq[0], rel=1e-5)
     with pytest.raises(ValueError, match="small_batches"):
         LightningCallback(small_batches="some")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="units"):
+        LightningCallback(units="pixels")
 
 
 class _CrashingMLP(DigitsMLP):

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from torch import Tensor
+from torch import Tensor, nn
 
 import noisescope
 from noisescope._run import Run
@@ -37,6 +37,8 @@ class _TrackingCallback:
         small_batches: Literal["all", "first"],
         init_kwargs: dict[str, Any],
     ) -> None:
+        if units not in (None, "examples", "tokens"):
+            raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
         if small_batches not in ("all", "first"):
             raise ValueError(f"small_batches must be 'all' or 'first', got {small_batches!r}")
         self.run = run
@@ -68,6 +70,24 @@ class _TrackingCallback:
             kwargs["project"] = self.project
         self.run = noisescope.init(**kwargs)
         return self.run
+
+    def _attach_probe(
+        self, model: nn.Module, run: Run, *, units: str, micro_loss: str, scaler: Any, step: int
+    ) -> None:
+        """The micro-batch probe for this training, its step count matching the framework's
+        (on resume too)."""
+        self.probe = GradientNoiseProbe(
+            model,
+            run,
+            source="micro",
+            units="tokens" if units == "tokens" else "examples",
+            micro_loss=micro_loss,  # type: ignore[arg-type]
+            layers=self.layers,
+            scaler=scaler,
+            every=self.every,
+            small_batches=self.small_batches,
+        )
+        self.probe.step_count = step
 
     def _end_training(self, status: str = "finished") -> None:
         """Detach the probe; finish the run if the callback started it (kept, finished, so

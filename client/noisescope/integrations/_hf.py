@@ -41,7 +41,6 @@ from torch.utils.hooks import RemovableHandle
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from noisescope._run import Run
-from noisescope.torch import GradientNoiseProbe
 
 from ._base import _TrackingCallback
 
@@ -122,8 +121,6 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         small_batches: Literal["all", "first"] = "all",
         **init_kwargs: Any,
     ) -> None:
-        if units not in (None, "examples", "tokens"):
-            raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
         super().__init__(
             run,
             project=project,
@@ -326,19 +323,14 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         run = self.run
         if run is None:
             run = self._init_run(**self._run_defaults(args, module, units, labels))
-        scaler = getattr(self._optimizer, "scaler", None)
-        self.probe = GradientNoiseProbe(
+        self._attach_probe(
             self._ddp if self._ddp is not None else module,
             run,
-            source="micro",
-            units="tokens" if units == "tokens" else "examples",
+            units=units,
             micro_loss="mean/k",  # used when the model gets no num_items_in_batch
-            layers=self.layers,
-            scaler=scaler,
-            every=self.every,
-            small_batches=self.small_batches,
+            scaler=getattr(self._optimizer, "scaler", None),
+            step=int(state.global_step),
         )
-        self.probe.step_count = int(state.global_step)  # steps match the Trainer's on resume
 
     def _run_defaults(
         self, args: TrainingArguments, module: nn.Module, units: str, labels: Tensor

@@ -31,7 +31,6 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor, nn
 
 from noisescope._run import Run
-from noisescope.torch import GradientNoiseProbe
 
 from ._base import _TrackingCallback
 
@@ -89,8 +88,6 @@ class LightningCallback(_TrackingCallback, pl.Callback):
     ) -> None:
         if units is None:  # a run passed in fixes the units
             units = getattr(run, "units", None) or "examples"
-        if units not in ("examples", "tokens"):
-            raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         super().__init__(
@@ -230,18 +227,14 @@ class LightningCallback(_TrackingCallback, pl.Callback):
                 rank=int(trainer.global_rank),
                 world_size=world,
             )
-        self.probe = GradientNoiseProbe(
+        self._attach_probe(
             model,
             run,
-            source="micro",
-            units="tokens" if self.units == "tokens" else "examples",
-            micro_loss=self.micro_loss,  # type: ignore[arg-type]
-            layers=self.layers,
+            units=self.units or "examples",
+            micro_loss=self.micro_loss,
             scaler=getattr(trainer.strategy.precision_plugin, "scaler", None),
-            every=self.every,
-            small_batches=self.small_batches,
+            step=int(trainer.global_step),
         )
-        self.probe.step_count = int(trainer.global_step)  # steps match Lightning's on resume
 
 
 def _accumulating(trainer: pl.Trainer) -> bool:
