@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from noisescope.torch import GradientNoiseProbe, _probe
 from tests.probes.lsq_torch import ListSink
@@ -59,6 +61,40 @@ def test_per_layer_series_match_direct_accumulation_norms() -> None:
         parts = [r for r in sink.rows if r["step"] == i and r["series"]]
         assert total["g_small_sq"] == pytest.approx(sum(r["g_small_sq"] for r in parts), rel=1e-6)
         assert total["g_big_sq"] == pytest.approx(sum(r["g_big_sq"] for r in parts), rel=1e-6)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["read-from-grad", "hooks"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_every_parameter_dtype_is_reduced_in_fp32_or_better(
+    dtype: torch.dtype, set_to_none: bool
+) -> None:
+    """Half-precision gradients are squared and summed in fp32 (their own dtype would round
+    or overflow), fp64 ones in fp64 (kept as fp32); a first backward read from .grad and one
+    read by the hooks both agree with autograd."""
+    steps, k, b = 2, 2, 4
+    torch.manual_seed(0)
+    model, sink = nn.Linear(5, 3).to(dtype), ListSink()
+    ref = copy.deepcopy(model)
+    probe = GradientNoiseProbe(model, sink, source="micro", micro_loss="mean")
+    x = torch.randn(steps, k, b, 5).to(dtype)
+
+    def loss(m: nn.Module, xb: Tensor) -> Tensor:
+        return m(xb).float().square().mean()
+
+    for i in range(steps):
+        for j in range(k):
+            loss(model, x[i, j]).backward()
+            probe.micro_step(batch_size=b)
+        probe.step()
+        model.zero_grad(set_to_none=set_to_none)
+    for i in range(steps):
+        micro = [torch.autograd.grad(loss(ref, x[i, j]), list(ref.parameters())) for j in range(k)]
+        small = sum(float(sum(g.double().square().sum() for g in m)) for m in micro) / k
+        # "mean": c_j = 1, the optimizer's gradient is the sum, accumulated in the model's dtype
+        big = float(sum((sum(gs) / k).double().square().sum() for gs in zip(*micro, strict=True)))
+        row = sink.series("")[i]
+        assert row["g_small_sq"] == pytest.approx(small, rel=1e-5)
+        assert row["g_big_sq"] == pytest.approx(big, rel=1e-5)
 
 
 def test_named_parameter_groups() -> None:
@@ -243,19 +279,60 @@ def test_per_example_max_measures_a_subset_with_the_full_batch_normalisation() -
 def norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the gradient-norm kernels the probe's hooks launch."""
     calls = [0]
-    real = _probe._norm_fn
+    real = _probe._norm_into
 
-    def counting(dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+    def counting(dtype: torch.dtype) -> _probe.NormInto:
         norm = real(dtype)
 
-        def counted(grad: Tensor) -> Tensor:
+        def counted(grad: Tensor, out: Tensor) -> object:
             calls[0] += 1
-            return norm(grad)
+            return norm(grad, out)
 
         return counted
 
-    monkeypatch.setattr(_probe, "_norm_fn", counting)
+    monkeypatch.setattr(_probe, "_norm_into", counting)
     return calls
+
+
+class _NormCalls(TorchDispatchMode):
+    """Records, for each gradient norm computed in a backward, where its result went."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outs: list[int | None] = []  # storage address of the out= slot, None if new
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func.overloadpacket is torch.ops.aten.linalg_vector_norm:
+            out = kwargs.get("out")
+            self.outs.append(None if out is None else out.untyped_storage().data_ptr())
+        return func(*args, **kwargs)
+
+
+def test_hooks_write_norms_into_slots_made_once() -> None:
+    """Results kept alive through the later backwards of a step, allocated between their large
+    gradient buffers, fragment the heap (page faults every step): the hooks write each norm
+    into a slot the probe made once, the same storage every step."""
+    steps, k, b = 3, 3, 4
+    model, sink = _mlp(), ListSink()
+    probe = GradientNoiseProbe(model, sink, source="micro")
+    x, y = _data(steps, k, b)
+    per_step: list[set[int | None]] = []
+    for i in range(steps):
+        calls = _NormCalls()
+        for j in range(k):
+            loss = _loss(model, x[i, j], y[i, j]) / k
+            with calls:
+                loss.backward()
+            probe.micro_step(batch_size=b)
+        probe.step()
+        model.zero_grad()
+        n = len(list(model.parameters()))
+        assert len(calls.outs) == (k - 1) * n  # the first backward is read from .grad
+        per_step.append(set(calls.outs))
+    assert None not in per_step[0]
+    assert per_step[0] == per_step[1] == per_step[2]
+    assert len(sink.series("")) == steps
 
 
 def test_unmeasured_backwards_compute_nothing(norm_calls: list[int]) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -53,16 +53,14 @@ class ProbeSample:
 
 @dataclass
 class _Micro:
-    norms: list[tuple[int, Tensor]]  # micro source: (parameter index, |incoming grad|)
+    row: int | None  # micro source: the row of ``_rows`` holding this backward's |grad|s
+    fired: list[int]  # micro source: the parameters whose norm that row holds
     per_example: Tensor | None  # per-example source: (n_slots, B) squared norms
     batch_size: float
     grad_scale: float | None
     item_counts: Tensor | None
     measured: bool = True
     n_full: int = 0  # per-example source: examples in the micro-batch (measured or not)
-    # micro source, a backward read from .grad (see _before_forward): fp32 norms and slots
-    grad_parts: list[Tensor] = field(default_factory=list)
-    grad_slots: list[int] = field(default_factory=list)
 
 
 def _is_ddp(model: nn.Module) -> bool:
@@ -77,14 +75,18 @@ def _owns(module: nn.Module, param: nn.Parameter) -> bool:
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _norm_fn(dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
-    """|grad| as an fp32 scalar. A gradient has its parameter's dtype, so this is chosen once
-    per parameter."""
+NormInto = Callable[[Tensor, Tensor], object]
+
+
+def _norm_into(dtype: torch.dtype) -> NormInto:
+    """Writes |grad| into an fp32 scalar slot. A gradient has its parameter's dtype, so this is
+    chosen once per parameter. (A BLAS dot, faster on a gradient in cache, was slower here on
+    gradients fresh from the backward: they come from memory.)"""
     if dtype == torch.float32:
-        return lambda grad: torch.linalg.vector_norm(grad)
-    if dtype in _HALF:
-        return lambda grad: torch.linalg.vector_norm(grad, dtype=torch.float32)
-    return lambda grad: torch.linalg.vector_norm(grad).float()  # fp64, complex
+        return lambda grad, out: torch.linalg.vector_norm(grad, out=out)
+    if dtype in _HALF:  # in fp32: a half-precision result would round, its square overflow
+        return lambda grad, out: torch.linalg.vector_norm(grad, dtype=torch.float32, out=out)
+    return lambda grad, out: out.copy_(torch.linalg.vector_norm(grad))  # fp64, complex
 
 
 class GradientNoiseProbe:
@@ -196,7 +198,17 @@ class GradientNoiseProbe:
         self.skipped_steps = 0  # measured steps dropped for non-finite norms
         self.examples_seen = 0.0  # in ``units``, over all ranks
         self._micro: list[_Micro] = []
-        self._pending: list[tuple[int, Tensor]] = []  # filled by the hooks, in place
+        # Micro source: each measured backward's |grad|s go into a row of fp32 slots made once
+        # and reused every step (the hooks write with ``out=``). Results kept alive through the
+        # later backwards, allocated between their large gradient buffers, fragment the heap:
+        # page faults on every step, on the CPU several times the norms' own time.
+        self._rows: list[Tensor] = []
+        self._row_slots: list[tuple[Tensor, ...]] = []  # each row's 0-dim views
+        self._n_rows = 0  # rows filled in the current step
+        self._big_row = torch.zeros(len(self.params), device=self._device)
+        self._big_slots = self._big_row.unbind(0)
+        self._target: list[tuple[Tensor, ...]] = [()]  # the row the coming backward writes to
+        self._fired: list[int] = []  # parameters the hooks measured in it, in place
         self._slot_list = [int(v) for v in series_of_param]
         # .grad norms at step(): one _foreach_norm per parameter dtype
         self._by_dtype: dict[torch.dtype, list[int]] = {}
@@ -286,20 +298,34 @@ class GradientNoiseProbe:
         backward read from ``.grad``) compute nothing, and nothing is re-registered per step.
         """
         self._hooks_live[0] = on
-        if on and not self._handles:
+        if not on:
+            return
+        self._target[0] = self._row(self._n_rows)
+        if not self._handles:
             for i, p in enumerate(self.params):
-                hook = self._make_hook(i, _norm_fn(p.dtype))
+                hook = self._make_hook(i, _norm_into(p.dtype))
                 self._handles.append(p.register_hook(hook))  # type: ignore[no-untyped-call]
 
-    def _make_hook(self, i: int, norm: Callable[[Tensor], Tensor]) -> Callable[[Tensor], None]:
-        # One kernel per parameter and backward, no host sync: the norm stays on the device
-        # until step() stacks them all. Runs ~100 times per backward: keep it to one call.
-        append = self._pending.append
+    def _row(self, j: int) -> tuple[Tensor, ...]:
+        """The slots of row j (made on first use: the first step, or more backwards than ever)."""
+        while len(self._rows) <= j:
+            row = torch.zeros(len(self.params), device=self._device)
+            self._rows.append(row)
+            self._row_slots.append(row.unbind(0))
+        return self._row_slots[j]
+
+    def _make_hook(self, i: int, norm: NormInto) -> Callable[[Tensor], None]:
+        # One kernel per parameter and backward, no allocation kept, no host sync: the norm
+        # stays on the device until step() reads every row at once. Runs ~100 times per
+        # backward: keep it short.
+        fired = self._fired.append
+        target = self._target
         live = self._hooks_live
 
         def hook(grad: Tensor) -> None:
             if live[0]:
-                append((i, norm(grad)))
+                norm(grad, target[0][i])
+                fired(i)
 
         return hook
 
@@ -374,7 +400,7 @@ class GradientNoiseProbe:
             # later backwards add to .grad: hooks on (off after the first with "first")
             self._hook_grads(not self._first_only and self._armed)
         if not self._armed:
-            self._pending.clear()
+            self._fired.clear()
             if self._per_example is not None:
                 self._per_example.reset()
             return
@@ -382,13 +408,22 @@ class GradientNoiseProbe:
         if item_counts is not None:
             counts = torch.as_tensor(item_counts, dtype=torch.float32, device=self._device)
         if self.source == "micro":
-            micro = _Micro(
-                self._pending.copy(), None, float(batch_size), grad_scale, counts, measured
+            row: int | None = None
+            fired: list[int] = []
+            if measured:
+                row = self._n_rows
+                # read_grad: .grad holds exactly this backward's gradient (see _before_forward)
+                fired = self._read_grad_into(self._row(row)) if read_grad else self._fired.copy()
+                if fired:
+                    self._n_rows += 1
+                    if self._hooks_live[0]:
+                        self._target[0] = self._row(self._n_rows)  # for the next backward
+                else:
+                    row = None
+            self._fired.clear()
+            self._micro.append(
+                _Micro(row, fired, None, float(batch_size), grad_scale, counts, measured)
             )
-            if read_grad:  # .grad holds exactly this backward's gradient (see _before_forward)
-                micro.grad_parts, micro.grad_slots = self._grad_norms()
-            self._micro.append(micro)
-            self._pending.clear()
         else:
             assert self._per_example is not None
             per_param_ex = self._per_example.take(self._device)
@@ -404,7 +439,7 @@ class GradientNoiseProbe:
                     )
                 counts = counts[: small.shape[1]]
             self._micro.append(
-                _Micro([], small, float(batch_size), grad_scale, counts, True, n_full)
+                _Micro(None, [], small, float(batch_size), grad_scale, counts, True, n_full)
             )
 
     def step(
@@ -441,6 +476,8 @@ class GradientNoiseProbe:
                 )
             return self._measure(step, micros, loss, lr)
         finally:
+            self._n_rows = 0
+            self._fired.clear()
             self._maybe_switch(len(micros))  # no-op unless several backwards were measured
             self._rearm()
 
@@ -481,23 +518,23 @@ class GradientNoiseProbe:
             out.append(c * amp)
         return out
 
-    def _grad_norms(self) -> tuple[list[Tensor], list[int]]:
-        """|.grad| (fp32 vectors, one ``_foreach_norm`` per dtype) and each norm's slot."""
-        parts: list[Tensor] = []
-        slots: list[int] = []
+    def _read_grad_into(self, slots: Sequence[Tensor]) -> list[int]:
+        """|.grad| of every parameter that has one into its slot (one ``_foreach_norm`` per
+        dtype); returns those parameters."""
+        present: list[int] = []
         params = self.params
         for dtype, index in self._by_dtype.items():
-            present = [(i, g.detach()) for i in index if (g := params[i].grad) is not None]
-            if not present:
+            have = [(i, g.detach()) for i in index if (g := params[i].grad) is not None]
+            if not have:
                 continue
-            grads = [g for _, g in present]
+            grads = [g for _, g in have]
             if dtype in _HALF:
                 norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
             else:
                 norms = torch._foreach_norm(grads)
-            parts.append(torch.stack(norms).float())
-            slots.extend(self._slot_list[i] for i, _ in present)
-        return parts, slots
+            torch._foreach_copy_([slots[i] for i, _ in have], norms)
+            present.extend(i for i, _ in have)
+        return present
 
     def _measure(
         self, step: int, micros: list[_Micro], loss: float | None, lr: float | None
@@ -507,22 +544,15 @@ class GradientNoiseProbe:
         scales = self._grad_scales(micros)
         small_count = 0.0
         small_inv_b = 0.0
-        # micro source: one |incoming grad| per parameter and backward, with its weight and slot
-        norms: list[Tensor] = []  # fp32 vectors
-        weights: list[float] = []
-        slots: list[int] = []
         per_example: Tensor | None = None  # per-example source: per-slot sums, on the device
+        small_rows: list[tuple[_Micro, float]] = []  # micro source: rows, weight 1 / c_j^2
         for m, c in zip(micros, scales, strict=True):
             if m.per_example is None and not m.measured:
                 continue  # small_batches="first": only the first backward is a G_small
             if m.per_example is None:
                 # micro-batch j: incoming gradient = c_j g_j  =>  |g_j|^2 = |incoming|^2 / c_j^2
-                if m.norms:
-                    norms.append(torch.stack([norm for _, norm in m.norms]))
-                    slots.extend(self._slot_list[i] for i, _ in m.norms)
-                norms += m.grad_parts
-                slots += m.grad_slots
-                weights.extend([1.0 / (c * c)] * (len(slots) - len(weights)))
+                if m.row is not None:
+                    small_rows.append((m, 1.0 / (c * c)))
                 small_count += 1.0
                 small_inv_b += 1.0 / m.batch_size
             else:
@@ -539,22 +569,31 @@ class GradientNoiseProbe:
                     small_inv_b += float((1.0 / counts).sum())
                 per_example = sq_sum if per_example is None else per_example + sq_sum
                 small_count += float(n_ex)
-        big_parts, big_slots = self._grad_norms()
-        parts = norms + big_parts
+        big_fired = self._read_grad_into(self._big_slots)
+        n_rows = self._n_rows
+        parts = [*self._rows[:n_rows], self._big_row]
         if per_example is not None:
             parts.append(per_example)
         # Everything to the host in one transfer (the one host sync on a single process); the
         # few hundred squares and weighted sums are cheaper in Python than as device kernels.
-        host = torch.cat(parts).tolist() if parts else []  # no gradient at all: zeros below
-        n_small, n_big = len(slots), len(big_slots)
+        host = torch.cat(parts).tolist()
+        n_params = len(self.params)
+        slot_of = self._slot_list
         small_l = [0.0] * s
-        for v, w, slot in zip(host[:n_small], weights, slots, strict=True):
-            small_l[slot] += v * v * w
+        for m, w in small_rows:
+            assert m.row is not None
+            base = m.row * n_params
+            for i in dict.fromkeys(m.fired):  # a parameter twice in one backward: once
+                v = host[base + i]
+                small_l[slot_of[i]] += v * v * w
         big_l = [0.0] * s
-        for v, slot in zip(host[n_small : n_small + n_big], big_slots, strict=True):
-            big_l[slot] += v * v
+        base = n_rows * n_params
+        for i in big_fired:
+            v = host[base + i]
+            big_l[slot_of[i]] += v * v
         if per_example is not None:
-            small_l = [a + b for a, b in zip(small_l, host[n_small + n_big :], strict=True)]
+            tail = host[base + n_params :]
+            small_l = [a + b for a, b in zip(small_l, tail, strict=True)]
         sum_c = sum(scales)
         sum_c2_over_b = sum(c * c / m.batch_size for m, c in zip(micros, scales, strict=True))
         n_items = sum(m.batch_size for m in micros)
