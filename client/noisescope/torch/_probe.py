@@ -583,7 +583,7 @@ class GradientNoiseProbe:
         for m, w in small_rows:
             assert m.row is not None
             base = m.row * n_params
-            for i in dict.fromkeys(m.fired):  # a parameter twice in one backward: once
+            for i in dict.fromkeys(m.fired):  # twice (two backwards, one micro_step): once
                 v = host[base + i]
                 small_l[slot_of[i]] += v * v * w
         big_l = [0.0] * s
