@@ -7,7 +7,8 @@ same batches and computes the per-rank and all-reduced squared norms directly (n
 probe's samples must match them to float32 precision, be identical on both ranks, and, over
 longer runs (DDP only: 600 steps of 2 x 256; DDP + 2-step accumulation: 300 steps of
 2 x 2 x 128),
-give |G|^2, tr(Sigma), B_simple within 3% of the closed form.
+give |G|^2, tr(Sigma), B_simple within 3% of the closed form. When one rank's probe fails
+inside a gradient hook, both ranks stop measuring at that step and train on.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from noisescope.torch import GradientNoiseProbe
+from noisescope.torch import GradientNoiseProbe, _probe
 from tests.estimators.lsq_truth import LeastSquares
 from tests.probes.lsq_torch import ListSink, lsq_model
 from tests.probes.test_sources_truth import assert_truth
@@ -34,6 +35,7 @@ WORLD = 2
 EXACT = {"d": 6, "steps": 5, "k": 2, "b": 8}
 TRUTH_DDP = {"d": 32, "steps": 600, "k": 1, "b": 256}
 TRUTH_COMBINED = {"d": 32, "steps": 300, "k": 2, "b": 128}
+FAIL_STEP = 2  # rank 1's probe raises in this step's hooked backward
 
 
 def _problem(d: int) -> tuple[LeastSquares, np.ndarray]:
@@ -47,15 +49,44 @@ def _batches(p: LeastSquares, step: int, k: int, b: int) -> tuple[np.ndarray, np
 
 
 def _run_phase(rank: int, cfg: dict[str, int]) -> list[dict[str, Any]]:
+    return _train(rank, cfg)["rows"]
+
+
+def _failing_norms(failing: list[bool]) -> Any:
+    """The probe's norm factory, its norms raising while ``failing[0]``."""
+    real = _probe._norm_into
+
+    def factory(dtype: torch.dtype) -> _probe.NormInto:
+        norm = real(dtype)
+
+        def maybe_failing(grad: torch.Tensor, out: torch.Tensor) -> object:
+            if failing[0]:
+                raise RuntimeError("injected failure")
+            return norm(grad, out)
+
+        return maybe_failing
+
+    return factory
+
+
+def _train(rank: int, cfg: dict[str, int], fail: bool = False, lr: float = 0.0) -> dict[str, Any]:
     p, w = _problem(cfg["d"])
     model = lsq_model(p, w)
     ddp = DDP(model)
     sink = ListSink()
-    probe = GradientNoiseProbe(ddp, sink)  # auto: DDP -> micro-batch source
+    real = _probe._norm_into
+    failing = [False]
+    if fail:
+        _probe._norm_into = _failing_norms(failing)
+    try:
+        probe = GradientNoiseProbe(ddp, sink)  # auto: DDP -> micro-batch source
+    finally:
+        _probe._norm_into = real
     assert probe.source == "micro"
     assert probe.world_size == WORLD
     k, b = cfg["k"], cfg["b"]
     for step in range(cfg["steps"]):
+        failing[0] = fail and rank == 1 and step >= FAIL_STEP  # in hooked backwards only
         x, y = (torch.from_numpy(a[rank]) for a in _batches(p, step, k, b))
         for j in range(k):
             loss = 0.5 * (ddp(x[j]).squeeze(-1) - y[j]).square().mean() / k
@@ -66,9 +97,11 @@ def _run_phase(rank: int, cfg: dict[str, int]) -> list[dict[str, Any]]:
                 loss.backward()
             probe.micro_step(batch_size=b)
         probe.step()
+        with torch.no_grad():  # plain SGD (lr 0: the direct norms assume a fixed w)
+            model.weight -= lr * model.weight.grad
         ddp.zero_grad()
     probe.remove()
-    return sink.rows
+    return {"rows": sink.rows, "error": probe.error, "weight": model.weight.flatten().tolist()}
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -83,6 +116,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             "exact_combined": _run_phase(rank, EXACT),
             "truth_ddp": _run_phase(rank, TRUTH_DDP),
             "truth_combined": _run_phase(rank, TRUTH_COMBINED),
+            "failure": _train(rank, EXACT, fail=True, lr=0.01),
+            "no_failure": _train(rank, EXACT, lr=0.01),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
@@ -146,3 +181,19 @@ def test_ddp_sources_match_closed_form(
     rows = ddp_rows[0][phase]
     assert rows[0]["b_big"] == WORLD * cfg["k"] * cfg["b"]
     assert_truth(rows, p.truth(w))
+
+
+def test_a_failure_on_one_rank_stops_every_rank_at_the_same_step(
+    ddp_rows: list[dict[str, Any]],
+) -> None:
+    """Rank 1's probe raises in a gradient hook: it must still meet the other rank in the
+    probe's all-reduce (else that rank waits forever), and both stop measuring there."""
+    failed = [r["failure"] for r in ddp_rows]
+    assert failed[1]["error"] == "RuntimeError: injected failure"
+    assert "other rank" in failed[0]["error"]
+    for rank in failed:
+        assert [row["step"] for row in rank["rows"]] == list(range(FAIL_STEP))
+    clean = [r["no_failure"] for r in ddp_rows]
+    assert failed[0]["rows"] == clean[0]["rows"][:FAIL_STEP]
+    # training went on as without the failure, on both ranks
+    assert failed[0]["weight"] == failed[1]["weight"] == clean[0]["weight"]

@@ -472,3 +472,125 @@ def test_first_backward_read_from_grad_in_a_one_process_group(
     for row, ref in zip(sink.series(""), twin_sink.series(""), strict=True):
         for name in ("b_small", "b_big", "g_small_sq", "g_big_sq"):
             assert row[name] == pytest.approx(ref[name], rel=1e-5), name
+
+
+def _embedding_model(sparse: bool) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(20, 4, sparse=sparse), nn.Flatten(), nn.Linear(12, 2))
+
+
+@pytest.mark.parametrize(("source", "k"), [("micro", 3), ("per_example", 1)])
+def test_sparse_embedding_gradients_are_measured_like_dense_ones(source: str, k: int) -> None:
+    """nn.Embedding(sparse=True) gives sparse gradients (uncoalesced once accumulated): their
+    norms, by hook, from .grad and per example, equal those of the same dense model."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 20, (3, k, 5, 3), generator=g)  # repeated ids within and across
+    y = torch.randn(3, k, 5, 2, generator=g)
+    samples = []
+    for sparse in (False, True):
+        model, sink = _embedding_model(sparse), ListSink()
+        probe = GradientNoiseProbe(model, sink, source=source)  # type: ignore[arg-type]
+        for i in range(3):
+            for j in range(k):
+                (_loss(model, ids[i, j], y[i, j]) / k).backward()
+                probe.micro_step(batch_size=5)
+            probe.step()
+            model.zero_grad()
+        assert probe.error is None
+        samples.append(sink.series(""))
+    dense, sparse_rows = samples
+    assert len(sparse_rows) == len(dense) == 3
+    for a, b in zip(dense, sparse_rows, strict=True):
+        assert b["g_small_sq"] == pytest.approx(a["g_small_sq"], rel=1e-5)
+        assert b["g_big_sq"] == pytest.approx(a["g_big_sq"], rel=1e-5)
+
+
+@pytest.mark.parametrize("source", ["micro", "per_example"])
+def test_an_error_inside_the_probe_stops_it_and_training_goes_on_unchanged(
+    source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception raised in a gradient hook would abort the user's backward half-way (some
+    .grad accumulated, some not). The probe keeps it out of the backward: the model trains
+    exactly as without the probe, the probe warns once, says why and measures no more."""
+    from noisescope.torch import _per_example
+
+    calls = [0]
+
+    def failing_after(n: int, real: Any) -> Any:
+        def failing(*args: Any) -> Any:
+            calls[0] += 1
+            if calls[0] > n:
+                raise RuntimeError("injected failure")
+            return real(*args)
+
+        return failing
+
+    steps, b = 4, 4
+    if source == "micro":  # the second backward of a step norms 4 tensors in hooks
+        real = _probe._norm_into
+        monkeypatch.setattr(_probe, "_norm_into", lambda dtype: failing_after(6, real(dtype)))
+        k = 2
+    else:  # two Linear layers per backward
+        monkeypatch.setattr(_per_example, "_linear_sq", failing_after(3, _per_example._linear_sq))
+        k = 1
+    model, sink = _mlp(), ListSink()
+    twin = copy.deepcopy(model)
+    probe = GradientNoiseProbe(model, sink, source=source)  # type: ignore[arg-type]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin)]
+    x, y = _data(steps, k, b)
+    results = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(steps):
+            for m, opt in zip((model, twin), opts, strict=True):
+                for j in range(k):
+                    (_loss(m, x[i, j], y[i, j]) / k).backward()
+                    if m is model:
+                        probe.micro_step(batch_size=b)
+                if m is model:
+                    results.append(probe.step())
+                opt.step()
+                opt.zero_grad()
+    stopped = [w for w in caught if "stopped measuring after an error" in str(w.message)]
+    assert len(stopped) == 1
+    assert stopped[0].category is RuntimeWarning
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert probe.error == "RuntimeError: injected failure"
+    assert results[0] is not None
+    assert results[1:] == [None] * (steps - 1)
+    assert [r["step"] for r in sink.series("")] == [0]
+    assert probe.examples_seen == steps * k * b
+
+
+@pytest.mark.parametrize(
+    "grads_exist", [False, True], ids=["read after the first backward", "read at the step"]
+)
+def test_an_error_reading_the_gradients_is_kept_from_the_loop(
+    grads_exist: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading .grad fails in micro_step (a first backward with no .grad before it) or in
+    step() (the accumulated gradient): the loop goes on, the probe stops and says why."""
+
+    def broken(self: GradientNoiseProbe, slots: Any) -> list[int]:
+        raise RuntimeError("injected failure")
+
+    model, sink = _mlp(), ListSink()
+    probe = GradientNoiseProbe(model, sink, source="micro")
+    monkeypatch.setattr(GradientNoiseProbe, "_read_grad_into", broken)
+    if grads_exist:  # then every backward goes through the hooks, .grad is read at the step
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+    x, y = _data(2, 2, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(2):
+            model.zero_grad(set_to_none=not grads_exist)
+            for j in range(2):
+                (_loss(model, x[i, j], y[i, j]) / 2).backward()
+                probe.micro_step(batch_size=4)
+            assert probe.step() is None
+    assert probe.error == "RuntimeError: injected failure"
+    assert sum("stopped measuring" in str(w.message) for w in caught) == 1
+    assert probe.examples_seen == 16
+    assert sink.rows == []

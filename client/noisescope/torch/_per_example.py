@@ -105,7 +105,8 @@ def _supported_kind(module: nn.Module) -> str | None:
     if type(module) is nn.Embedding:
         emb = module
         assert isinstance(emb, nn.Embedding)
-        if emb.max_norm is None and not emb.sparse and emb.scale_grad_by_freq is False:
+        # sparse=True changes how the gradient is stored, not its rows: the same identity
+        if emb.max_norm is None and emb.scale_grad_by_freq is False:
             return "embedding"
         return None
     if type(module) is nn.LayerNorm:
@@ -127,6 +128,9 @@ class PerExampleNorms:
             raise ValueError(f"per_example must be 'auto', 'identities' or 'func', got {method!r}")
         self.n_params = len(param_index)
         self.armed = False
+        # called with an error raised while computing norms in the backward (instead of
+        # raising it there, which would abort the user's backward half-way); None: raise
+        self.on_error: Callable[[BaseException], None] | None = None
         self._recomputing = False
         self._results: dict[int, Tensor] = {}
         self._calls: dict[int, int] = {}
@@ -235,7 +239,14 @@ class PerExampleNorms:
             saved_args = tuple(head(a) if isinstance(a, Tensor) else a for a in args)
 
             def on_grad(delta: Tensor) -> None:
-                self._backward(entry, saved_args, kwargs, head(delta))
+                if not self.armed:  # stopped after an error earlier in this backward
+                    return
+                try:
+                    self._backward(entry, saved_args, kwargs, head(delta))
+                except Exception as exc:
+                    if self.on_error is None:
+                        raise
+                    self.on_error(exc)
 
             out.register_hook(on_grad)  # type: ignore[no-untyped-call]
 

@@ -89,6 +89,11 @@ def _norm_into(dtype: torch.dtype) -> NormInto:
     return lambda grad, out: out.copy_(torch.linalg.vector_norm(grad))  # fp64, complex
 
 
+def _dense(grad: Tensor) -> Tensor:
+    """A sparse gradient (``nn.Embedding(sparse=True)``) has the norm of its summed values."""
+    return grad.coalesce().values() if grad.is_sparse else grad
+
+
 class GradientNoiseProbe:
     """Measures |G_small|^2 and |G_big|^2 each optimizer step and logs them to ``sink``.
 
@@ -129,6 +134,11 @@ class GradientNoiseProbe:
         per_example: "auto" (cheap identities, torch.func for other modules), "identities"
             (fail on unsupported modules), "func" (torch.func everywhere).
         process_group: DDP process group (default: the world).
+
+    An error inside the probe while it measures (in a gradient hook, or reading the norms)
+    does not reach the training loop: the probe warns once, stops measuring and keeps the
+    reason in ``error``; under DDP every rank stops at the same step. Misuse of the API (a bad
+    argument, ``step()`` without a backward) still raises.
     """
 
     def __init__(
@@ -216,6 +226,8 @@ class GradientNoiseProbe:
             self._by_dtype.setdefault(p.dtype, []).append(i)
         self._step_items = 0.0
         self._warned_single = False
+        self.error: str | None = None  # why the probe stopped measuring, if it did
+        self._stopped = False  # stopped, and (under DDP) every rank knows it
 
         if source == "auto":
             source = "micro" if self.world_size > 1 else "per_example"
@@ -289,6 +301,7 @@ class GradientNoiseProbe:
                 self._per_example_max,
             )
             self._per_example.armed = self._armed
+            self._per_example.on_error = self._fail
 
     def _hook_grads(self, on: bool) -> None:
         """Micro source: measure (or not) the incoming gradients of the coming backwards.
@@ -321,11 +334,16 @@ class GradientNoiseProbe:
         fired = self._fired.append
         target = self._target
         live = self._hooks_live
+        fail = self._fail
 
         def hook(grad: Tensor) -> None:
             if live[0]:
-                norm(grad, target[0][i])
-                fired(i)
+                try:
+                    norm(_dense(grad), target[0][i])
+                except Exception as exc:  # never abort the user's backward half-way
+                    fail(exc)
+                else:
+                    fired(i)
 
         return hook
 
@@ -373,7 +391,32 @@ class GradientNoiseProbe:
 
     @property
     def _armed(self) -> bool:
-        return self.step_count % self.every == 0
+        return self.step_count % self.every == 0 and self.error is None
+
+    def _fail(self, exc: BaseException) -> None:
+        """An error while measuring must not reach the training loop (raised in a gradient
+        hook it would abort the backward half-way, with only some ``.grad`` accumulated): stop
+        measuring and say why, once."""
+        self._hooks_live[0] = False
+        if self._per_example is not None:
+            self._per_example.armed = False
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(
+                f"noisescope: the gradient noise probe stopped measuring after an error; "
+                f"training goes on without it. {self.error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def _agree_to_stop(self) -> None:
+        """After an error on this rank: every rank stops at this step. The others are in
+        ``_measure``'s all-reduce, waiting for this rank's contribution; it carries the flag."""
+        self._stopped = True
+        if self.distributed:
+            flagged = torch.zeros(self._n_slots + 6, dtype=torch.float64, device=self._device)
+            flagged[-1] = 1.0
+            torch.distributed.all_reduce(flagged, group=self.process_group)
 
     # --- the training-loop API ------------------------------------------------------------
 
@@ -413,7 +456,13 @@ class GradientNoiseProbe:
             if measured:
                 row = self._n_rows
                 # read_grad: .grad holds exactly this backward's gradient (see _before_forward)
-                fired = self._read_grad_into(self._row(row)) if read_grad else self._fired.copy()
+                try:
+                    fired = (
+                        self._read_grad_into(self._row(row)) if read_grad else self._fired.copy()
+                    )
+                except Exception as exc:
+                    self._fail(exc)
+                    return
                 if fired:
                     self._n_rows += 1
                     if self._hooks_live[0]:
@@ -459,14 +508,16 @@ class GradientNoiseProbe:
         """
         if batch_size is not None:
             self.micro_step(batch_size, grad_scale=grad_scale, item_counts=item_counts)
-        armed = self._armed
+        armed = self.step_count % self.every == 0  # the schedule: the same on every rank
         step = self.step_count
         self.step_count += 1
         micros, self._micro = self._micro, []
         step_items, self._step_items = self._step_items, 0.0
         self._n_micro = 0
         try:
-            if not armed:
+            if not armed or self.error is not None:
+                if armed and not self._stopped:  # the error came in this step
+                    self._agree_to_stop()
                 self.examples_seen += step_items * self.world_size
                 return None
             if not micros:
@@ -524,7 +575,7 @@ class GradientNoiseProbe:
         present: list[int] = []
         params = self.params
         for dtype, index in self._by_dtype.items():
-            have = [(i, g.detach()) for i in index if (g := params[i].grad) is not None]
+            have = [(i, _dense(g.detach())) for i in index if (g := params[i].grad) is not None]
             if not have:
                 continue
             grads = [g for _, g in have]
@@ -536,10 +587,8 @@ class GradientNoiseProbe:
             present.extend(i for i, _ in have)
         return present
 
-    def _measure(
-        self, step: int, micros: list[_Micro], loss: float | None, lr: float | None
-    ) -> ProbeSample | None:
-        dev = self._device
+    def _local_sums(self, micros: list[_Micro]) -> tuple[list[float], list[float], list[float]]:
+        """This rank's per-slot sums of |G_small|^2 and |G_big|^2, and its counts."""
         s = self._n_slots
         scales = self._grad_scales(micros)
         small_count = 0.0
@@ -598,12 +647,31 @@ class GradientNoiseProbe:
         sum_c2_over_b = sum(c * c / m.batch_size for m, c in zip(micros, scales, strict=True))
         n_items = sum(m.batch_size for m in micros)
         local = [small_count, small_inv_b, sum_c, sum_c2_over_b, n_items]
+        return small_l, big_l, local
+
+    def _measure(
+        self, step: int, micros: list[_Micro], loss: float | None, lr: float | None
+    ) -> ProbeSample | None:
+        try:
+            small_l, big_l, local = self._local_sums(micros)
+        except Exception as exc:
+            self._fail(exc)
+            self._agree_to_stop()
+            self.examples_seen += sum(m.batch_size for m in micros) * self.world_size
+            return None
+        s = self._n_slots
         if self.distributed:  # G_small sums add over ranks; .grad is already all-reduced
-            packed = torch.tensor(small_l + local, dtype=torch.float64, device=dev)
+            # the last entry counts the ranks that stopped after an error (_agree_to_stop)
+            packed = torch.tensor(small_l + local + [0.0], dtype=torch.float64, device=self._device)
             torch.distributed.all_reduce(packed, group=self.process_group)
             reduced = packed.tolist()
             small_l = reduced[:s]
-            count, inv_b, c_tot, c2b_tot, items = reduced[s:]
+            count, inv_b, c_tot, c2b_tot, items, stopped = reduced[s:]
+            if stopped:
+                self._fail(RuntimeError(f"the probe stopped on {stopped:.0f} other rank(s)"))
+                self._stopped = True
+                self.examples_seen += items
+                return None
         else:
             count, inv_b, c_tot, c2b_tot, items = local
         values = small_l + big_l
