@@ -289,37 +289,40 @@ class Row(NamedTuple):
     least_ms: float  # the same, for the least work a probe of this kind must do
 
 
-def _in_probe(case: _Case, steps: int) -> float:
+def _metered(meter: Meter, run: Callable[[int], object], steps: int, chunks: int) -> float:
+    """Median over ``chunks`` runs of ``steps`` steps of the metered CPU seconds per step: a
+    slow spell of the shared machine moves one run, not the figure."""
+    run(1)  # first-use costs
+    per_step = []
+    for _ in range(chunks):
+        before, calls = meter.total, meter.calls
+        run(steps)
+        per_step.append(meter.net(meter.total - before, meter.calls - calls) / steps)
+    return statistics.median(per_step)
+
+
+def _in_probe(case: _Case, steps: int, chunks: int) -> float:
     """CPU seconds per step inside the probe: metered steps, apart from the timed rounds."""
     meter = Meter()
     with metered(meter):
-        case.time(True, 1)  # first-use costs
-        before, calls = meter.total, meter.calls
-        case.time(True, steps)
-    return meter.net(meter.total - before, meter.calls - calls) / steps
+        return _metered(meter, lambda n: case.time(True, n), steps, chunks)
 
 
-def _least(case: _Case, steps: int) -> float:
+def _least(case: _Case, steps: int, chunks: int) -> float:
     """CPU seconds per step of the least work a probe of this kind must do (module doc)."""
     meter = Meter()
     if case.kind == "per_example":  # the real probe, metering its Linear products alone
         linear_sq = _per_example._linear_sq
         _per_example._linear_sq = meter.wrap(linear_sq)
         try:
-            case.time(True, 1)  # first-use costs
-            before, calls = meter.total, meter.calls
-            case.time(True, steps)
+            return _metered(meter, lambda n: case.time(True, n), steps, chunks)
         finally:
             _per_example._linear_sq = linear_sq
-    else:
 
-        def make(model: nn.Module) -> _Probe:
-            return _LeastReads(model, meter, first_only=case.kind == "first")
+    def make(model: nn.Module) -> _Probe:
+        return _LeastReads(model, meter, first_only=case.kind == "first")
 
-        case.time(True, 1, make)
-        before, calls = meter.total, meter.calls
-        case.time(True, steps, make)
-    return meter.net(meter.total - before, meter.calls - calls) / steps
+    return _metered(meter, lambda n: case.time(True, n, make), steps, chunks)
 
 
 def measure(quick: bool, gauge: NoiseGauge) -> list[Row]:
@@ -332,6 +335,7 @@ def measure(quick: bool, gauge: NoiseGauge) -> list[Row]:
             "transformer 2x128, 64 tokens, batch 16": _cases(TinyGPT, 16, _gpt_batch),
         }
         rounds, n = (QUICK_ROUNDS, QUICK_STEPS) if quick else (ROUNDS, STEPS)
+        metering = (2 * n, 1) if quick else METERED
         rows = []
         for model_name, cases in models.items():
             times: dict[str, tuple[list[float], list[float]]] = {s: ([], []) for s in cases}
@@ -358,8 +362,8 @@ def measure(quick: bool, gauge: NoiseGauge) -> list[Row]:
                         statistics.median(ratios),
                         q1,
                         q3,
-                        1e3 * _in_probe(cases[source], 2 * n if quick else 8),
-                        1e3 * _least(cases[source], 2 * n if quick else 8),
+                        1e3 * _in_probe(cases[source], *metering),
+                        1e3 * _least(cases[source], *metering),
                     )
                 )
         return rows
@@ -368,6 +372,7 @@ def measure(quick: bool, gauge: NoiseGauge) -> list[Row]:
 
 
 ROUNDS, STEPS = 81, 3
+METERED = (8, 5)  # the metered columns: median over 5 runs of 8 steps
 #: The accumulation probe reads each micro-batch's gradient once: its cost is fixed per
 #: micro-batch while the step's grows with the examples in it.
 LARGE = "accumulation (4 micro-batches of 4x the examples)"
@@ -388,6 +393,7 @@ def run(quick: bool = False) -> str:
     gauge = NoiseGauge()
     rows = measure(quick, gauge)
     rounds, steps = (QUICK_ROUNDS, QUICK_STEPS) if quick else (ROUNDS, STEPS)
+    chunks = "" if quick else f"the median of {METERED[1]} runs of {METERED[0]} steps; "
     lines = [
         "## Probes: training-step overhead (issue 3)",
         "",
@@ -398,14 +404,15 @@ def run(quick: bool = False) -> str:
         "optimizer in both arms (the probe is attached for its arm and removed after), garbage "
         "collection off while timing. *Ratio* is the median of the paired ratios, *q1-q3* their "
         "quartiles (the spread the shared machine adds). *In probe* is the training thread's "
-        "CPU time inside the probe's methods and hooks per step, metered in separate steps (the "
-        "meter's own clock reads, calibrated on a no-op, taken out): a floor on the cost that "
-        "the neighbours cannot blur (*1 + in/untracked*). *Least work* is metered the same "
-        "way for the least a probe of that kind must do: for the micro-batch rows, one norm "
-        "of each measured backward's gradient, read while it is fresh (a post-accumulate "
-        "hook), one batched norm of the accumulated gradient at the step, and for DDP the one "
-        "small all-reduce; for the per-example rows, the Linear layers' per-example products "
-        "(the Gram matrices) alone. The probe's cost beyond it is its own bookkeeping. "
+        "CPU time inside the probe's methods and hooks per step, metered in separate steps "
+        f"({chunks}the meter's own clock reads, calibrated on a no-op, taken out): a floor on "
+        "the cost that the neighbours cannot blur (*1 + in/untracked*). *Least work* is "
+        "metered the same way for the least a probe of that kind must do: for the "
+        "micro-batch rows, one norm of each measured backward's gradient, read while it is "
+        "fresh (a post-accumulate hook), one batched norm of the accumulated gradient at the "
+        "step, and for DDP the one small all-reduce; for the per-example rows, the Linear "
+        "layers' per-example products (the Gram matrices) alone. The probe's cost beyond it is "
+        "its own bookkeeping. "
         "Targets: accumulation and DDP <= 1.03x, per-example <= 1.3x on the transformer. "
         + gauge.describe(),
         "",
