@@ -411,10 +411,11 @@ class GradientNoiseProbe:
 
     def _agree_to_stop(self) -> None:
         """After an error on this rank: every rank stops at this step. The others are in
-        ``_measure``'s all-reduce, waiting for this rank's contribution; it carries the flag."""
+        ``_measure``'s all-reduce, waiting for this rank's contribution; it carries the flag
+        (the same length: a sum per slot, the five counts, the stop flag last)."""
         self._stopped = True
         if self.distributed:
-            flagged = torch.zeros(self._n_slots + 6, dtype=torch.float64, device=self._device)
+            flagged = torch.zeros(self._n_slots + 5 + 1, dtype=torch.float64, device=self._device)
             flagged[-1] = 1.0
             torch.distributed.all_reduce(flagged, group=self.process_group)
 
