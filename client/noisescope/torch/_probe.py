@@ -24,7 +24,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +61,16 @@ class _Micro:
     item_counts: Tensor | None
     measured: bool = True
     n_full: int = 0  # per-example source: examples in the micro-batch (measured or not)
+
+
+class _Counts(NamedTuple):
+    """A rank's counts for one step (summed over ranks under DDP)."""
+
+    small_count: float  # G_small samples
+    small_inv_b: float  # sum of 1 / b over them
+    sum_c: float  # sum of the backwards' gradient scales c_j
+    sum_c2_over_b: float  # sum of c_j^2 / b_j
+    n_items: float
 
 
 def _is_ddp(model: nn.Module) -> bool:
@@ -411,13 +421,19 @@ class GradientNoiseProbe:
 
     def _agree_to_stop(self) -> None:
         """After an error on this rank: every rank stops at this step. The others are in
-        ``_measure``'s all-reduce, waiting for this rank's contribution; it carries the flag
-        (the same length: a sum per slot, the five counts, the stop flag last)."""
+        ``_measure``'s all-reduce, waiting for this rank's contribution: it carries the flag."""
         self._stopped = True
         if self.distributed:
-            flagged = torch.zeros(self._n_slots + 5 + 1, dtype=torch.float64, device=self._device)
-            flagged[-1] = 1.0
-            torch.distributed.all_reduce(flagged, group=self.process_group)
+            self._all_reduce([0.0] * self._n_slots, [0.0] * len(_Counts._fields), stopped=1.0)
+
+    def _all_reduce(
+        self, small_l: list[float], local: Sequence[float], stopped: float = 0.0
+    ) -> list[float]:
+        """The step's one collective: per-slot G_small sums, the counts, and (last) how many
+        ranks stopped after an error. Every rank sends the same length, failed or not."""
+        packed = torch.tensor([*small_l, *local, stopped], dtype=torch.float64, device=self._device)
+        torch.distributed.all_reduce(packed, group=self.process_group)
+        return packed.tolist()
 
     # --- the training-loop API ------------------------------------------------------------
 
@@ -516,17 +532,22 @@ class GradientNoiseProbe:
         step_items, self._step_items = self._step_items, 0.0
         self._n_micro = 0
         try:
-            if not armed or self.error is not None:
-                if armed and not self._stopped:  # the error came in this step
-                    self._agree_to_stop()
-                self.examples_seen += step_items * self.world_size
-                return None
-            if not micros:
-                raise RuntimeError(
-                    "probe.step() saw no backward: call probe.micro_step(batch_size=...) after "
-                    "each loss.backward(), or pass batch_size= to probe.step()"
-                )
-            return self._measure(step, micros, loss, lr)
+            if armed and self.error is None:
+                if not micros:
+                    raise RuntimeError(
+                        "probe.step() saw no backward: call probe.micro_step(batch_size=...) "
+                        "after each loss.backward(), or pass batch_size= to probe.step()"
+                    )
+                try:
+                    sums = self._local_sums(micros)
+                except Exception as exc:
+                    self._fail(exc)
+                else:
+                    return self._measure(step, sums, loss, lr)
+            if armed and not self._stopped:  # the error came in this step
+                self._agree_to_stop()
+            self.examples_seen += step_items * self.world_size
+            return None
         finally:
             self._n_rows = 0
             self._fired.clear()
@@ -588,7 +609,7 @@ class GradientNoiseProbe:
             present.extend(i for i, _ in have)
         return present
 
-    def _local_sums(self, micros: list[_Micro]) -> tuple[list[float], list[float], list[float]]:
+    def _local_sums(self, micros: list[_Micro]) -> tuple[list[float], list[float], _Counts]:
         """This rank's per-slot sums of |G_small|^2 and |G_big|^2, and its counts."""
         s = self._n_slots
         scales = self._grad_scales(micros)
@@ -647,25 +668,19 @@ class GradientNoiseProbe:
         sum_c = sum(scales)
         sum_c2_over_b = sum(c * c / m.batch_size for m, c in zip(micros, scales, strict=True))
         n_items = sum(m.batch_size for m in micros)
-        local = [small_count, small_inv_b, sum_c, sum_c2_over_b, n_items]
-        return small_l, big_l, local
+        return small_l, big_l, _Counts(small_count, small_inv_b, sum_c, sum_c2_over_b, n_items)
 
     def _measure(
-        self, step: int, micros: list[_Micro], loss: float | None, lr: float | None
+        self,
+        step: int,
+        sums: tuple[list[float], list[float], _Counts],
+        loss: float | None,
+        lr: float | None,
     ) -> ProbeSample | None:
-        try:
-            small_l, big_l, local = self._local_sums(micros)
-        except Exception as exc:
-            self._fail(exc)
-            self._agree_to_stop()
-            self.examples_seen += sum(m.batch_size for m in micros) * self.world_size
-            return None
+        small_l, big_l, local = sums
         s = self._n_slots
         if self.distributed:  # G_small sums add over ranks; .grad is already all-reduced
-            # the last entry counts the ranks that stopped after an error (_agree_to_stop)
-            packed = torch.tensor(small_l + local + [0.0], dtype=torch.float64, device=self._device)
-            torch.distributed.all_reduce(packed, group=self.process_group)
-            reduced = packed.tolist()
+            reduced = self._all_reduce(small_l, local)
             small_l = reduced[:s]
             count, inv_b, c_tot, c2b_tot, items, stopped = reduced[s:]
             if stopped:
