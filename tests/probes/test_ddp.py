@@ -59,10 +59,10 @@ def _failing_norms(failing: list[bool]) -> Any:
     def factory(dtype: torch.dtype) -> _probe.NormInto:
         norm = real(dtype)
 
-        def maybe_failing(grad: torch.Tensor, out: torch.Tensor) -> object:
+        def maybe_failing(grad: torch.Tensor, /, *, out: torch.Tensor) -> object:
             if failing[0]:
                 raise RuntimeError("injected failure")
-            return norm(grad, out)
+            return norm(grad, out=out)
 
         return maybe_failing
 

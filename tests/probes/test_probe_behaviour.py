@@ -32,6 +32,22 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return (model(x) - y).square().mean()
 
 
+@pytest.fixture
+def read_first_from_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on an accelerator: a step's first backward is read from .grad in one batched call
+    when it can be (on the CPU, the default, the hooks measure it like the later ones)."""
+    monkeypatch.setattr(_probe, "_PER_PARAMETER", frozenset())
+
+
+@pytest.fixture(params=["hooks", "batched"])
+def first_read(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways of measuring a step's first backward: in the hooks (the CPU's) and, as on an
+    accelerator, from .grad in one batched call."""
+    if request.param == "batched":
+        monkeypatch.setattr(_probe, "_PER_PARAMETER", frozenset())
+    return str(request.param)
+
+
 def test_per_layer_series_match_direct_accumulation_norms() -> None:
     """layers=True: one series per module; each equals the direct per-layer computation."""
     steps, k, b = 3, 3, 4
@@ -63,10 +79,59 @@ def test_per_layer_series_match_direct_accumulation_norms() -> None:
         assert total["g_big_sq"] == pytest.approx(sum(r["g_big_sq"] for r in parts), rel=1e-6)
 
 
+class _TwoHeads(nn.Module):
+    """A branch some micro-batches skip (as a mixture-of-experts expert is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(5, 8)
+        self.heads = nn.ModuleList([nn.Linear(8, 2), nn.Linear(8, 2)])
+
+    def forward(self, x: Tensor, head: int) -> Tensor:
+        out: Tensor = self.heads[head](torch.tanh(self.body(x)))
+        return out
+
+
+@pytest.mark.parametrize("layers", [False, True], ids=["whole model", "per layer"])
+def test_a_parameter_without_a_gradient_adds_nothing(first_read: str, layers: bool) -> None:
+    """A head that sits a backward out adds nothing to that micro-batch's norm, even where it
+    had one at an earlier step; a head with no .grad at all adds nothing to the step's."""
+    heads = [(0, 1), (1, 0), (0, 0)]  # per step, each micro-batch's head; step 2 never uses 1
+    k, b = 2, 4
+    x, y = _data(len(heads), k, b)
+    model, sink = _TwoHeads(), ListSink()
+    ref = copy.deepcopy(model)
+    probe = GradientNoiseProbe(model, sink, source="micro", layers=layers)
+    for i, step_heads in enumerate(heads):
+        for j, head in enumerate(step_heads):
+            ((model(x[i, j], head) - y[i, j]).square().mean() / k).backward()
+            probe.micro_step(batch_size=b)
+        probe.step()
+        model.zero_grad()
+    params = list(ref.parameters())
+    for i, step_heads in enumerate(heads):
+        micro = [
+            torch.autograd.grad(
+                (ref(x[i, j], head) - y[i, j]).square().mean(), params, allow_unused=True
+            )
+            for j, head in enumerate(step_heads)
+        ]
+        small = sum(float(sum(g.square().sum() for g in m if g is not None)) for m in micro) / k
+        big = 0.0
+        for grads in zip(*micro, strict=True):
+            present = [g for g in grads if g is not None]
+            if present:
+                big += float((sum(present) / k).square().sum())
+        row = sink.series("")[i]
+        assert row["g_small_sq"] == pytest.approx(small, rel=1e-5)
+        assert row["g_big_sq"] == pytest.approx(big, rel=1e-5)
+
+
 @pytest.mark.parametrize("set_to_none", [True, False], ids=["read-from-grad", "hooks"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 def test_every_parameter_dtype_is_reduced_in_fp32_or_better(
-    dtype: torch.dtype, set_to_none: bool
+    dtype: torch.dtype, set_to_none: bool, first_read: str
 ) -> None:
     """Half-precision gradients are squared and summed in fp32 (their own dtype would round
     or overflow), fp64 ones in fp64 (kept as fp32); a first backward read from .grad and one
@@ -284,9 +349,9 @@ def norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     def counting(dtype: torch.dtype) -> _probe.NormInto:
         norm = real(dtype)
 
-        def counted(grad: Tensor, out: Tensor) -> object:
+        def counted(grad: Tensor, /, *, out: Tensor) -> object:
             calls[0] += 1
-            return norm(grad, out)
+            return norm(grad, out=out)
 
         return counted
 
@@ -309,7 +374,7 @@ class _NormCalls(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def test_hooks_write_norms_into_slots_made_once() -> None:
+def test_hooks_write_norms_into_slots_made_once(first_read: str) -> None:
     """Results kept alive through the later backwards of a step, allocated between their large
     gradient buffers, fragment the heap (page faults every step): the hooks write each norm
     into a slot the probe made once, the same storage every step."""
@@ -328,14 +393,15 @@ def test_hooks_write_norms_into_slots_made_once() -> None:
         probe.step()
         model.zero_grad()
         n = len(list(model.parameters()))
-        assert len(calls.outs) == (k - 1) * n  # the first backward is read from .grad
+        hooked = k - 1 if first_read == "batched" else k  # batched: 1st read from .grad
+        assert len(calls.outs) == hooked * n
         per_step.append(set(calls.outs))
     assert None not in per_step[0]
     assert per_step[0] == per_step[1] == per_step[2]
     assert len(sink.series("")) == steps
 
 
-def test_unmeasured_backwards_compute_nothing(norm_calls: list[int]) -> None:
+def test_unmeasured_backwards_compute_nothing(norm_calls: list[int], first_read: str) -> None:
     """every=2 with small_batches="first": only the first backward of a measured step is
     read, and the measured steps match a probe that measures every step."""
     steps, k, b = 4, 3, 4
@@ -358,17 +424,21 @@ def test_unmeasured_backwards_compute_nothing(norm_calls: list[int]) -> None:
         model.zero_grad(set_to_none=False)  # zeroed .grad: hooks, not a read of .grad
         twin.zero_grad(set_to_none=False)
     n = len(list(model.parameters()))
-    # step 0: no .grad yet, read from .grad; step 2: hooks on the first backward only
-    assert calls == [0, 0, 0, 0, 0, 0, n, 0, 0, 0, 0, 0]
+    # hooks on the first backward only; batched, step 0 has no .grad yet: read from .grad
+    first = 0 if first_read == "batched" else n
+    assert calls == [first, 0, 0, 0, 0, 0, n, 0, 0, 0, 0, 0]
     measured = [r for r in twin_sink.series("") if r["step"] in (0, 2)]
     assert sink.series("") == measured
     probe.remove()
     assert not any(p._backward_hooks for p in model.parameters())
 
 
-def test_first_backward_read_from_grad_matches_the_hooks(norm_calls: list[int]) -> None:
-    """With every .grad None before a step (set_to_none=True), the first backward's norms are
-    read from .grad in one batched call; zeroed grads (set_to_none=False) need the hooks.
+def test_first_backward_read_from_grad_matches_the_hooks(
+    norm_calls: list[int], first_read: str
+) -> None:
+    """Batched: with every .grad None before a step (set_to_none=True), the first backward's
+    norms are read from .grad in one batched call; zeroed grads (set_to_none=False) need the
+    hooks. Hooks (the CPU's way): every backward through the hooks, no forward hook at all.
     Both give the same samples."""
     steps, k, b = 3, 3, 4
     x, y = _data(steps, k, b)
@@ -386,8 +456,12 @@ def test_first_backward_read_from_grad_matches_the_hooks(norm_calls: list[int]) 
                 probe.micro_step(batch_size=b)
             probe.step()
             model.zero_grad(set_to_none=set_to_none)
-        # a fresh model has no .grad at all: its first step never needs the hooks
-        assert calls[::k] == [0] + [0 if set_to_none else n] * (steps - 1)
+        if first_read == "batched":
+            # a fresh model has no .grad at all: its first step never needs the hooks
+            assert calls[::k] == [0] + [0 if set_to_none else n] * (steps - 1)
+        else:
+            assert calls[::k] == [n] * steps
+            assert not any(m._forward_pre_hooks for m in model.modules())
         assert all(c == n for j, c in enumerate(calls) if j % k)
         rows[set_to_none] = sink.series("")
     numbers = ("step", "b_small", "b_big", "g_small_sq", "g_big_sq", "examples")
@@ -397,7 +471,7 @@ def test_first_backward_read_from_grad_matches_the_hooks(norm_calls: list[int]) 
 
 
 def test_first_backward_read_from_grad_when_a_submodule_is_called_directly(
-    norm_calls: list[int],
+    norm_calls: list[int], read_first_from_grad: None
 ) -> None:
     """Lightning calls ``self.model(...)`` inside training_step, never the probed module's own
     forward: the first backward is still read from .grad, and the numbers match."""
@@ -440,7 +514,7 @@ def one_process_group() -> Iterator[None]:
 
 @pytest.mark.parametrize("wrap", ["plain", "ddp"])
 def test_first_backward_read_from_grad_in_a_one_process_group(
-    one_process_group: None, norm_calls: list[int], wrap: str
+    one_process_group: None, norm_calls: list[int], read_first_from_grad: None, wrap: str
 ) -> None:
     """With no peer to all-reduce with, the first backward is read from .grad even outside
     no_sync; later backwards use the hooks; the numbers match a probe outside any group."""
@@ -480,7 +554,9 @@ def _embedding_model(sparse: bool) -> nn.Sequential:
 
 
 @pytest.mark.parametrize(("source", "k"), [("micro", 3), ("per_example", 1)])
-def test_sparse_embedding_gradients_are_measured_like_dense_ones(source: str, k: int) -> None:
+def test_sparse_embedding_gradients_are_measured_like_dense_ones(
+    source: str, k: int, first_read: str
+) -> None:
     """nn.Embedding(sparse=True) gives sparse gradients (uncoalesced once accumulated): their
     norms, by hook, from .grad and per example, equal those of the same dense model."""
     g = torch.Generator().manual_seed(2)
@@ -517,19 +593,22 @@ def test_an_error_inside_the_probe_stops_it_and_training_goes_on_unchanged(
     calls = [0]
 
     def failing_after(n: int, real: Any) -> Any:
-        def failing(*args: Any) -> Any:
+        def failing(*args: Any, **kwargs: Any) -> Any:
             calls[0] += 1
             if calls[0] > n:
                 raise RuntimeError("injected failure")
-            return real(*args)
+            return real(*args, **kwargs)
 
         return failing
 
     steps, b = 4, 4
-    if source == "micro":  # the second backward of a step norms 4 tensors in hooks
-        real = _probe._norm_into
-        monkeypatch.setattr(_probe, "_norm_into", lambda dtype: failing_after(6, real(dtype)))
+    if source == "micro":  # on the CPU, 4 norms in each backward's hooks and 4 at step()
         k = 2
+        real = _probe._norm_into
+        per_step = 4 * (k + 1)
+        monkeypatch.setattr(
+            _probe, "_norm_into", lambda dtype: failing_after(per_step, real(dtype))
+        )
     else:  # two Linear layers per backward
         monkeypatch.setattr(_per_example, "_linear_sq", failing_after(3, _per_example._linear_sq))
         k = 1
@@ -567,12 +646,12 @@ def test_an_error_inside_the_probe_stops_it_and_training_goes_on_unchanged(
     "grads_exist", [False, True], ids=["read after the first backward", "read at the step"]
 )
 def test_an_error_reading_the_gradients_is_kept_from_the_loop(
-    grads_exist: bool, monkeypatch: pytest.MonkeyPatch
+    grads_exist: bool, monkeypatch: pytest.MonkeyPatch, read_first_from_grad: None
 ) -> None:
     """Reading .grad fails in micro_step (a first backward with no .grad before it) or in
     step() (the accumulated gradient): the loop goes on, the probe stops and says why."""
 
-    def broken(self: GradientNoiseProbe, slots: Any) -> list[int]:
+    def broken(self: GradientNoiseProbe, row: int) -> None:
         raise RuntimeError("injected failure")
 
     model, sink = _mlp(), ListSink()

@@ -21,10 +21,11 @@ E = |G|^2 + tr(Sigma) mean(1/b_j) (eq. 1), so B_small is their harmonic mean.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -53,8 +54,7 @@ class ProbeSample:
 
 @dataclass
 class _Micro:
-    row: int | None  # micro source: the row of ``_rows`` holding this backward's |grad|s
-    fired: list[int]  # micro source: the parameters whose norm that row holds
+    row: int | None  # micro source: the row of ``_norms`` holding this backward's |grad|s
     per_example: Tensor | None  # per-example source: (n_slots, B) squared norms
     batch_size: float
     grad_scale: float | None
@@ -85,18 +85,29 @@ def _owns(module: nn.Module, param: nn.Parameter) -> bool:
 _HALF = (torch.float16, torch.bfloat16)
 
 
-NormInto = Callable[[Tensor, Tensor], object]
+class NormInto(Protocol):
+    def __call__(self, grad: Tensor, /, *, out: Tensor) -> object: ...
 
 
 def _norm_into(dtype: torch.dtype) -> NormInto:
-    """Writes |grad| into an fp32 scalar slot. A gradient has its parameter's dtype, so this is
-    chosen once per parameter. (A BLAS dot, faster on a gradient in cache, was slower here on
-    gradients fresh from the backward: they come from memory.)"""
+    """Writes |grad| into an fp32 scalar slot (``out=``). A gradient has its parameter's dtype,
+    so this is chosen once per parameter; for fp32, the usual case, it is the torch function
+    itself (no Python frame around a call made ~100 times per backward). (A BLAS dot, faster on
+    a gradient in cache, was slower here on gradients fresh from the backward.)"""
     if dtype == torch.float32:
-        return lambda grad, out: torch.linalg.vector_norm(grad, out=out)
+        return cast(NormInto, torch.linalg.vector_norm)
     if dtype in _HALF:  # in fp32: a half-precision result would round, its square overflow
-        return lambda grad, out: torch.linalg.vector_norm(grad, dtype=torch.float32, out=out)
-    return lambda grad, out: out.copy_(torch.linalg.vector_norm(grad))  # fp64, complex
+        return functools.partial(torch.linalg.vector_norm, dtype=torch.float32)
+    return lambda grad, /, *, out: out.copy_(torch.linalg.vector_norm(grad))  # fp64, complex
+
+
+#: Devices where every gradient norm is its own kernel, each read while the gradient is fresh:
+#: a step's first backward in the hooks like the later ones, ``.grad`` at the step one
+#: parameter after another. On the CPU a kernel costs no launch and the hook finds the
+#: gradient in cache. Elsewhere a kernel launch per parameter costs more than a cold read:
+#: ``.grad`` is read with one batched ``_foreach_norm``, after the first backward too when
+#: nothing will all-reduce into it (see ``_before_forward``).
+_PER_PARAMETER = frozenset({"cpu"})
 
 
 def _dense(grad: Tensor) -> Tensor:
@@ -218,19 +229,20 @@ class GradientNoiseProbe:
         self.skipped_steps = 0  # measured steps dropped for non-finite norms
         self.examples_seen = 0.0  # in ``units``, over all ranks
         self._micro: list[_Micro] = []
-        # Micro source: each measured backward's |grad|s go into a row of fp32 slots made once
-        # and reused every step (the hooks write with ``out=``). Results kept alive through the
-        # later backwards, allocated between their large gradient buffers, fragment the heap:
-        # page faults on every step, on the CPU several times the norms' own time.
-        self._rows: list[Tensor] = []
-        self._row_slots: list[tuple[Tensor, ...]] = []  # each row's 0-dim views
+        # |grad| per parameter: row j for the step's j-th measured backward (micro source), the
+        # row after them for the accumulated gradient. fp32 slots made once and reused (the
+        # hooks write with ``out=``): results kept alive through the later backwards, allocated
+        # between their large gradient buffers, fragment the heap: page faults on every step,
+        # on the CPU several times the norms' own time. Zeroed after each measured step, so a
+        # parameter with no gradient in a backward adds nothing, with no record of who wrote.
+        self._norms = torch.zeros(8, len(self.params), device=self._device)  # grows past 7
+        self._norm_slots: list[tuple[Tensor, ...]] = [r.unbind(0) for r in self._norms]
         self._n_rows = 0  # rows filled in the current step
-        self._big_row = torch.zeros(len(self.params), device=self._device)
-        self._big_slots = self._big_row.unbind(0)
         self._target: list[tuple[Tensor, ...]] = [()]  # the row the coming backward writes to
-        self._fired: list[int] = []  # parameters the hooks measured in it, in place
-        self._slot_list = [int(v) for v in series_of_param]
-        # .grad norms at step(): one _foreach_norm per parameter dtype
+        # squared norms -> per-slot sums on the device: one product
+        self._slot_matrix = nn.functional.one_hot(self._slot, self._n_slots).to(torch.float32)
+        self._norm_of = [_norm_into(p.dtype) for p in self.params]  # the hooks' (and CPU's)
+        # off the CPU, .grad is read with one _foreach_norm per parameter dtype
         self._by_dtype: dict[torch.dtype, list[int]] = {}
         for i, p in enumerate(self.params):
             self._by_dtype.setdefault(p.dtype, []).append(i)
@@ -295,7 +307,12 @@ class GradientNoiseProbe:
         self.remove()
         self._detached = False
         if self.source == "micro":
+            for i, p in enumerate(self.params):
+                hook = self._make_hook(i, self._norm_of[i])
+                self._handles.append(p.register_hook(hook))  # type: ignore[no-untyped-call]
             self._hook_grads(self._armed)
+            if self._device.type in _PER_PARAMETER:
+                return
             # the model's forward, or (when a wrapper calls a submodule directly, as Lightning
             # does) that of the module owning the first parameter: either runs before backward
             inner = self._inner(self.model)
@@ -321,27 +338,22 @@ class GradientNoiseProbe:
         backward read from ``.grad``) compute nothing, and nothing is re-registered per step.
         """
         self._hooks_live[0] = on
-        if not on:
-            return
-        self._target[0] = self._row(self._n_rows)
-        if not self._handles:
-            for i, p in enumerate(self.params):
-                hook = self._make_hook(i, _norm_into(p.dtype))
-                self._handles.append(p.register_hook(hook))  # type: ignore[no-untyped-call]
+        if on:
+            self._target[0] = self._row(self._n_rows)
 
     def _row(self, j: int) -> tuple[Tensor, ...]:
-        """The slots of row j (made on first use: the first step, or more backwards than ever)."""
-        while len(self._rows) <= j:
-            row = torch.zeros(len(self.params), device=self._device)
-            self._rows.append(row)
-            self._row_slots.append(row.unbind(0))
-        return self._row_slots[j]
+        """The slots of row j; the rows grow, keeping theirs, for more backwards than ever."""
+        if j >= len(self._norm_slots):
+            grown = torch.zeros(2 * j, len(self.params), device=self._device)
+            grown[: len(self._norms)] = self._norms
+            self._norms = grown
+            self._norm_slots = [row.unbind(0) for row in grown]
+        return self._norm_slots[j]
 
     def _make_hook(self, i: int, norm: NormInto) -> Callable[[Tensor], None]:
         # One kernel per parameter and backward, no allocation kept, no host sync: the norm
         # stays on the device until step() reads every row at once. Runs ~100 times per
         # backward: keep it short.
-        fired = self._fired.append
         target = self._target
         live = self._hooks_live
         fail = self._fail
@@ -349,16 +361,14 @@ class GradientNoiseProbe:
         def hook(grad: Tensor) -> None:
             if live[0]:
                 try:
-                    norm(_dense(grad), target[0][i])
+                    norm(_dense(grad) if grad.is_sparse else grad, out=target[0][i])
                 except Exception as exc:  # never abort the user's backward half-way
                     fail(exc)
-                else:
-                    fired(i)
 
         return hook
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
-        """First forward of a measured step: can its backward go without hooks?
+        """First forward of a measured step (off the CPU): can its backward go without hooks?
 
         If no parameter has a ``.grad`` yet (``zero_grad(set_to_none=True)``, PyTorch's default)
         and nothing will all-reduce into ``.grad`` during this backward (one process, or DDP
@@ -453,60 +463,52 @@ class GradientNoiseProbe:
         if not batch_size > 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self._step_items += float(batch_size)
-        measured = not (self._first_only and self._n_micro > 0)
+        first = self._n_micro == 0
         self._n_micro += 1
         read_grad, self._read_grad = self._read_grad, False
-        if self.source == "micro":
-            # later backwards add to .grad: hooks on (off after the first with "first")
-            self._hook_grads(not self._first_only and self._armed)
-        if not self._armed:
-            self._fired.clear()
-            if self._per_example is not None:
-                self._per_example.reset()
+        armed = self._armed
+        if self.source == "micro":  # kept short: runs once per backward
+            if not armed:
+                self._hooks_live[0] = False
+                return
+            row = None
+            if first or not self._first_only:  # a G_small: this backward's norms fill a row
+                row = self._n_rows
+                self._n_rows = row + 1
+                if read_grad:  # .grad holds exactly this backward's gradient (_before_forward)
+                    try:
+                        self._read_grad_into(row)
+                    except Exception as exc:
+                        self._fail(exc)
+                        return
+            # the coming backward adds to .grad: its hooks fill the next row (off with "first")
+            self._hooks_live[0] = not self._first_only
+            if row is not None and not self._first_only:
+                slots = self._norm_slots
+                self._target[0] = slots[row + 1] if row + 1 < len(slots) else self._row(row + 1)
+            self._micro.append(
+                _Micro(row, None, float(batch_size), grad_scale, None, row is not None)
+            )
+            return
+        assert self._per_example is not None
+        if not armed:
+            self._per_example.reset()
             return
         counts = None
         if item_counts is not None:
             counts = torch.as_tensor(item_counts, dtype=torch.float32, device=self._device)
-        if self.source == "micro":
-            row: int | None = None
-            fired: list[int] = []
-            if measured:
-                row = self._n_rows
-                # read_grad: .grad holds exactly this backward's gradient (see _before_forward)
-                try:
-                    fired = (
-                        self._read_grad_into(self._row(row)) if read_grad else self._fired.copy()
-                    )
-                except Exception as exc:
-                    self._fail(exc)
-                    return
-                if fired:
-                    self._n_rows += 1
-                    if self._hooks_live[0]:
-                        self._target[0] = self._row(self._n_rows)  # for the next backward
-                else:
-                    row = None
-            self._fired.clear()
-            self._micro.append(
-                _Micro(row, fired, None, float(batch_size), grad_scale, counts, measured)
-            )
-        else:
-            assert self._per_example is not None
-            per_param_ex = self._per_example.take(self._device)
-            n_full = self._per_example.last_full_batch
-            small = torch.zeros(
-                self._n_slots, per_param_ex.shape[1], device=self._device
-            ).index_add_(0, self._slot, per_param_ex)
-            if counts is not None:
-                if counts.shape[0] != n_full:
-                    raise ValueError(
-                        f"item_counts has {counts.shape[0]} entries but the batch has "
-                        f"{n_full} examples"
-                    )
-                counts = counts[: small.shape[1]]
-            self._micro.append(
-                _Micro(None, [], small, float(batch_size), grad_scale, counts, True, n_full)
-            )
+        per_param_ex = self._per_example.take(self._device)
+        n_full = self._per_example.last_full_batch
+        small = torch.zeros(self._n_slots, per_param_ex.shape[1], device=self._device).index_add_(
+            0, self._slot, per_param_ex
+        )
+        if counts is not None:
+            if counts.shape[0] != n_full:
+                raise ValueError(
+                    f"item_counts has {counts.shape[0]} entries but the batch has {n_full} examples"
+                )
+            counts = counts[: small.shape[1]]
+        self._micro.append(_Micro(None, small, float(batch_size), grad_scale, counts, True, n_full))
 
     def step(
         self,
@@ -549,8 +551,9 @@ class GradientNoiseProbe:
             self.examples_seen += step_items * self.world_size
             return None
         finally:
+            if armed:
+                self._norms.zero_()
             self._n_rows = 0
-            self._fired.clear()
             self._maybe_switch(len(micros))  # no-op unless several backwards were measured
             self._rearm()
 
@@ -591,11 +594,16 @@ class GradientNoiseProbe:
             out.append(c * amp)
         return out
 
-    def _read_grad_into(self, slots: Sequence[Tensor]) -> list[int]:
-        """|.grad| of every parameter that has one into its slot (one ``_foreach_norm`` per
-        dtype); returns those parameters."""
-        present: list[int] = []
+    def _read_grad_into(self, row: int) -> None:
+        """|.grad| of every parameter that has one into row ``row`` of the norms (off the
+        CPU, one ``_foreach_norm`` per dtype)."""
+        slots = self._row(row)
         params = self.params
+        if self._device.type in _PER_PARAMETER:
+            for i, p in enumerate(params):
+                if (g := p.grad) is not None:
+                    self._norm_of[i](_dense(g.detach()), out=slots[i])
+            return
         for dtype, index in self._by_dtype.items():
             have = [(i, _dense(g.detach())) for i in index if (g := params[i].grad) is not None]
             if not have:
@@ -605,9 +613,10 @@ class GradientNoiseProbe:
                 norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
             else:
                 norms = torch._foreach_norm(grads)
-            torch._foreach_copy_([slots[i] for i, _ in have], norms)
-            present.extend(i for i, _ in have)
-        return present
+            if len(have) == len(params):  # one dtype, every gradient there: the whole row
+                torch.stack(norms, out=self._norms[row])
+            else:
+                torch._foreach_copy_([slots[i] for i, _ in have], norms)
 
     def _local_sums(self, micros: list[_Micro]) -> tuple[list[float], list[float], _Counts]:
         """This rank's per-slot sums of |G_small|^2 and |G_big|^2, and its counts."""
@@ -640,35 +649,34 @@ class GradientNoiseProbe:
                     small_inv_b += float((1.0 / counts).sum())
                 per_example = sq_sum if per_example is None else per_example + sq_sum
                 small_count += float(n_ex)
-        big_fired = self._read_grad_into(self._big_slots)
         n_rows = self._n_rows
-        parts = [*self._rows[:n_rows], self._big_row]
-        if per_example is not None:
-            parts.append(per_example)
-        # Everything to the host in one transfer (the one host sync on a single process); the
-        # few hundred squares and weighted sums are cheaper in Python than as device kernels.
-        host = torch.cat(parts).tolist()
-        n_params = len(self.params)
-        slot_of = self._slot_list
+        self._read_grad_into(n_rows)  # the optimizer's gradient: the row after the backwards'
+        host = self._per_slot_sums(per_example)  # rows beyond n_rows are zero
         small_l = [0.0] * s
         for m, w in small_rows:
             assert m.row is not None
-            base = m.row * n_params
-            for i in dict.fromkeys(m.fired):  # twice (two backwards, one micro_step): once
-                v = host[base + i]
-                small_l[slot_of[i]] += v * v * w
-        big_l = [0.0] * s
-        base = n_rows * n_params
-        for i in big_fired:
-            v = host[base + i]
-            big_l[slot_of[i]] += v * v
+            for j, v in enumerate(host[m.row * s : (m.row + 1) * s]):
+                small_l[j] += v * w
+        big_l = host[n_rows * s : (n_rows + 1) * s]
         if per_example is not None:
-            tail = host[base + n_params :]
+            tail = host[len(self._norms) * s :]
             small_l = [a + b for a, b in zip(small_l, tail, strict=True)]
         sum_c = sum(scales)
         sum_c2_over_b = sum(c * c / m.batch_size for m, c in zip(micros, scales, strict=True))
         n_items = sum(m.batch_size for m in micros)
         return small_l, big_l, _Counts(small_count, small_inv_b, sum_c, sum_c2_over_b, n_items)
+
+    def _per_slot_sums(self, per_example: Tensor | None) -> list[float]:
+        """Each row's squared norms summed per slot (row after row), then ``per_example``'s
+        sums: everything to the host in one transfer, the one host sync on a single process.
+        Right after the backward every small kernel is slow (its code is out of cache): the
+        whole model alone (no layers, the default) takes one norm per row."""
+        if self._n_slots == 1 and per_example is None:
+            return [v * v for v in torch.linalg.vector_norm(self._norms, dim=1).tolist()]
+        sums = torch.mm(self._norms.square(), self._slot_matrix).flatten()
+        if per_example is not None:
+            sums = torch.cat([sums, per_example])
+        return list(sums.tolist())
 
     def _measure(
         self,
