@@ -54,12 +54,11 @@ class ProbeSample:
 
 @dataclass
 class _Micro:
-    row: int | None  # micro source: the row of ``_norms`` holding this backward's |grad|s
+    row: int | None  # micro source: this backward's row of ``_norms``; None: not a G_small
     per_example: Tensor | None  # per-example source: (n_slots, B) squared norms
     batch_size: float
     grad_scale: float | None
     item_counts: Tensor | None
-    measured: bool = True
     n_full: int = 0  # per-example source: examples in the micro-batch (measured or not)
 
 
@@ -482,13 +481,8 @@ class GradientNoiseProbe:
                         self._fail(exc)
                         return
             # the coming backward adds to .grad: its hooks fill the next row (off with "first")
-            self._hooks_live[0] = not self._first_only
-            if row is not None and not self._first_only:
-                slots = self._norm_slots
-                self._target[0] = slots[row + 1] if row + 1 < len(slots) else self._row(row + 1)
-            self._micro.append(
-                _Micro(row, None, float(batch_size), grad_scale, None, row is not None)
-            )
+            self._hook_grads(not self._first_only)
+            self._micro.append(_Micro(row, None, float(batch_size), grad_scale, None))
             return
         assert self._per_example is not None
         if not armed:
@@ -508,7 +502,7 @@ class GradientNoiseProbe:
                     f"item_counts has {counts.shape[0]} entries but the batch has {n_full} examples"
                 )
             counts = counts[: small.shape[1]]
-        self._micro.append(_Micro(None, small, float(batch_size), grad_scale, counts, True, n_full))
+        self._micro.append(_Micro(None, small, float(batch_size), grad_scale, counts, n_full))
 
     def step(
         self,
@@ -627,12 +621,11 @@ class GradientNoiseProbe:
         per_example: Tensor | None = None  # per-example source: per-slot sums, on the device
         small_rows: list[tuple[_Micro, float]] = []  # micro source: rows, weight 1 / c_j^2
         for m, c in zip(micros, scales, strict=True):
-            if m.per_example is None and not m.measured:
-                continue  # small_batches="first": only the first backward is a G_small
             if m.per_example is None:
+                if m.row is None:
+                    continue  # small_batches="first": only the first backward is a G_small
                 # micro-batch j: incoming gradient = c_j g_j  =>  |g_j|^2 = |incoming|^2 / c_j^2
-                if m.row is not None:
-                    small_rows.append((m, 1.0 / (c * c)))
+                small_rows.append((m, 1.0 / (c * c)))
                 small_count += 1.0
                 small_inv_b += 1.0 / m.batch_size
             else:
