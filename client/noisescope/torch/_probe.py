@@ -359,7 +359,7 @@ class GradientNoiseProbe:
 
         def hook(grad: Tensor) -> None:
             if live[0]:
-                try:
+                try:  # (is_sparse checked here: no call for the usual dense gradient)
                     norm(_dense(grad) if grad.is_sparse else grad, out=target[0][i])
                 except Exception as exc:  # never abort the user's backward half-way
                     fail(exc)
@@ -468,7 +468,7 @@ class GradientNoiseProbe:
         armed = self._armed
         if self.source == "micro":  # kept short: runs once per backward
             if not armed:
-                self._hooks_live[0] = False
+                self._hook_grads(False)
                 return
             row = None
             if first or not self._first_only:  # a G_small: this backward's norms fill a row
