@@ -55,3 +55,23 @@ def test_cli_help(args: list[str]) -> None:
     if not args:
         for name in ("up", "server", "dashboard", "db", "token", "sync"):
             assert re.search(rf"^\s+{name}\b", out.stdout, flags=re.M), name
+
+
+def test_every_read_endpoint_and_api_method_is_documented() -> None:
+    """docs/api.md lists every query endpoint of the app and every public ``Api`` method."""
+    import inspect
+
+    from noisescope import Api
+    from noisescope_server.app import create_app
+    from noisescope_server.settings import Settings
+
+    api_doc = (ROOT / "docs" / "api.md").read_text()
+    app = create_app(Settings(database_url="sqlite://"))
+    spec = app.openapi()
+    for path, operations in spec["paths"].items():
+        if any("query" in op.get("tags", []) for op in operations.values()):
+            documented = path.removeprefix("/api/v1")
+            assert f"`GET {documented}" in api_doc, f"{path} is not in docs/api.md"
+    for name, _ in inspect.getmembers(Api, inspect.isfunction):
+        if not name.startswith("_") and name != "close":
+            assert f"`{name}(" in api_doc, f"Api.{name} is not in docs/api.md"

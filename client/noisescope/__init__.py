@@ -5,12 +5,27 @@ run = noisescope.init(project="digits", task="mlp", name="bs64", batch_size=64)
 run.log_sample(step, b_small, b_big, g_small_sq, g_big_sq)   # usually via a torch probe
 run.log(step=step, loss=loss)
 run.finish()
+
+api = noisescope.Api()             # read back what the server made of it (as the dashboard does)
+api.runs(project="digits")[0].b_simple
 """
 
 from __future__ import annotations
 
-from noisescope import estimators
+from noisescope import estimators, sweep
+from noisescope._api import Api, ApiError, NotFoundError, RecommendationResult
 from noisescope._config import Settings
+from noisescope._results import (
+    EventRow,
+    ParallelismPlan,
+    ParallelismRow,
+    RunSeries,
+    RunSummary,
+    SeriesInfo,
+    SeriesPoint,
+    TaskSummary,
+    to_frame,
+)
 from noisescope._run import Run, init
 from noisescope._sender import Status
 from noisescope._sync import sync
@@ -21,20 +36,34 @@ from noisescope.schedule import BatchDecision, BatchSizeScheduler
 __version__ = "0.1.0"
 
 __all__ = [
+    "Api",
+    "ApiError",
     "BatchDecision",
     "BatchSizeScheduler",
+    "EventRow",
     "HTTPTransport",
     "NoiseTracker",
+    "NotFoundError",
+    "ParallelismPlan",
+    "ParallelismRow",
     "Recommendation",
+    "RecommendationResult",
     "Request",
     "Response",
     "Run",
+    "RunSeries",
+    "RunSummary",
+    "SeriesInfo",
+    "SeriesPoint",
     "Settings",
     "Status",
+    "TaskSummary",
     "Transport",
     "TransportError",
     "__version__",
     "estimators",
     "init",
+    "sweep",
     "sync",
+    "to_frame",
 ]

@@ -8,6 +8,7 @@ insert rate.
 from __future__ import annotations
 
 from typing import Final
+from urllib.parse import quote
 
 API_PREFIX: Final = "/api/v1"
 
@@ -29,6 +30,13 @@ REQUIRED_COLUMNS: Final = ("seq", "step", "b_small", "b_big", "g_small_sq", "g_b
 NULLABLE_COLUMNS: Final = ("examples", "loss", "lr", "time")
 
 UNITS: Final = ("examples", "tokens")
+
+#: Event kinds with a meaning of their own (any other kind is a free-form mark on the charts).
+#: ``eval``: an evaluation, payload ``{"loss": float}`` (``Run.log(eval_loss=...)``); a sweep's
+#: critical batch size is crossed on it when the task's runs have it.
+EVAL_EVENT_KIND: Final = "eval"
+#: ``notice``: why a run measures nothing, payload ``{"message": str}`` (shown on its page).
+NOTICE_EVENT_KIND: Final = "notice"
 RUN_STATUSES: Final = ("running", "finished", "failed", "crashed")
 
 #: Limits the server enforces and the client respects when batching.
@@ -47,3 +55,9 @@ def samples_path(run_id: str) -> str:
 
 def events_path(run_id: str) -> str:
     return f"{API_PREFIX}/runs/{run_id}/events"
+
+
+def run_page_url(dashboard_url: str, run_id: str) -> str:
+    """The link to a run's page on the dashboard at ``dashboard_url`` (the dashboard's Run page
+    reads ``?run=``; client, server and dashboard agree on it here)."""
+    return f"{dashboard_url.rstrip('/')}/run?run={quote(run_id, safe='')}"

@@ -14,17 +14,23 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "CURRENT_FRACTION",
+    "CURRENT_MAX_REL_WIDTH",
+    "CURRENT_MIN_SAMPLES",
     "EMA",
+    "INTERVAL_BLOCKS",
     "CriticalBatchFit",
     "Interval",
     "NoiseScale",
     "NoiseScaleInterval",
     "b_noise_from_sums",
     "b_simple_from_sums",
+    "current_noise_scale",
+    "current_window",
     "examples_ratio",
     "fit_critical_batch",
     "interval_from_blocks",
@@ -195,22 +201,38 @@ def examples_ratio(batch_size: float, b_crit: float) -> float:
 
 @dataclass(frozen=True)
 class CriticalBatchFit:
-    """S_min, E_min and B_crit = E_min / S_min for one loss target, with standard errors."""
+    """S_min, E_min and B_crit = E_min / S_min for one loss target, with B_crit's interval.
+
+    ``b_crit`` is None (with ``reason``) when the fitted S_min or E_min is not positive: the
+    points do not follow the S-E hyperbola. ``b_crit_lo``/``b_crit_hi`` are its ``level``
+    Fieller interval; both None when the interval is unbounded (S_min not significantly
+    above zero: the sweep does not pin down where steps stop falling).
+    """
 
     s_min: float
     e_min: float
-    b_crit: float
-    b_crit_stderr: float | None
+    b_crit: float | None
+    b_crit_lo: float | None
+    b_crit_hi: float | None
+    level: float
     n_points: int
+    reason: str | None = None
 
 
-def fit_critical_batch(batch_sizes: Sequence[float], steps: Sequence[float]) -> CriticalBatchFit:
+def fit_critical_batch(
+    batch_sizes: Sequence[float], steps: Sequence[float], *, level: float = 0.9
+) -> CriticalBatchFit:
     """Fit S = S_min (1 + B_crit / B) to the steps each batch size took to reach one target.
 
-    The model is linear in 1/B: S = S_min + (S_min B_crit) (1/B), so ordinary least squares on
-    (1/B, S) gives S_min (intercept) and E_min = S_min B_crit (slope). The examples form
-    E = B S = E_min (1 + B / B_crit) is the same model, so fitting S is enough.
+    The model is linear in 1/B: S = S_min + E_min (1/B) with E_min = S_min B_crit (science.md,
+    Sec. 2.2-3). Steps to a target scatter in proportion to their size (a run at a small batch
+    takes 10x the steps and is 10x as uncertain), so this is weighted least squares with
+    weights 1/S^2: relative errors, every batch size counting alike. B_crit is the ratio of the
+    slope to the intercept; its interval is Fieller's for that ratio, with Student-t quantiles
+    on n - 2 degrees of freedom (the same construction as B_simple's interval).
     """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
     if len(batch_sizes) != len(steps):
         raise ValueError("batch_sizes and steps must have the same length")
     n = len(batch_sizes)
@@ -219,35 +241,68 @@ def fit_critical_batch(batch_sizes: Sequence[float], steps: Sequence[float]) -> 
             "need at least 3 distinct batch sizes that reached the target, "
             f"got {len(set(batch_sizes))}"
         )
+    if not all(b > 0 and math.isfinite(b) for b in batch_sizes):
+        raise ValueError("batch sizes must be finite and positive")
+    if not all(s > 0 and math.isfinite(s) for s in steps):
+        raise ValueError("steps must be finite and positive")
     xs = [1.0 / b for b in batch_sizes]
     ys = [float(s) for s in steps]
-    x_mean = sum(xs) / n
-    y_mean = sum(ys) / n
-    sxx = sum((x - x_mean) ** 2 for x in xs)
-    sxy = sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys, strict=True))
-    e_min = sxy / sxx
-    s_min = y_mean - e_min * x_mean
+    ws = [1.0 / (s * s) for s in ys]
+    w_sum = sum(ws)
+    x_mean = sum(w * x for w, x in zip(ws, xs, strict=True)) / w_sum
+    y_mean = sum(w * y for w, y in zip(ws, ys, strict=True)) / w_sum
+    sxx = sum(w * (x - x_mean) ** 2 for w, x in zip(ws, xs, strict=True))
+    sxy = sum(w * (x - x_mean) * (y - y_mean) for w, x, y in zip(ws, xs, ys, strict=True))
+    e_min = sxy / sxx  # slope
+    s_min = y_mean - e_min * x_mean  # intercept
     if s_min <= 0 or e_min <= 0:
-        raise ValueError(
-            f"the S-E hyperbola does not fit these points (S_min={s_min:.3g}, "
-            f"E_min={e_min:.3g}); the batch sizes may not span the critical batch size"
+        return CriticalBatchFit(
+            s_min,
+            e_min,
+            None,
+            None,
+            None,
+            level,
+            n,
+            f"the points do not follow S = S_min(1 + B_crit/B) (fitted S_min={s_min:.3g}, "
+            f"E_min={e_min:.3g}): steps do not fall with the batch size as the model says",
         )
     b_crit = e_min / s_min
-    stderr: float | None = None
-    if n > 2:
-        # Delta method on B_crit = slope / intercept with the OLS covariance.
-        resid = [y - (s_min + e_min * x) for x, y in zip(xs, ys, strict=True)]
-        s2 = sum(r * r for r in resid) / (n - 2)
-        var_slope = s2 / sxx
-        var_icept = s2 * (1.0 / n + x_mean**2 / sxx)
-        cov = -x_mean * s2 / sxx
-        d_slope = 1.0 / s_min
-        d_icept = -e_min / s_min**2
-        var = d_slope**2 * var_slope + d_icept**2 * var_icept + 2 * d_slope * d_icept * cov
-        stderr = math.sqrt(max(var, 0.0))
-    return CriticalBatchFit(
-        s_min=s_min, e_min=e_min, b_crit=b_crit, b_crit_stderr=stderr, n_points=n
-    )
+    # Weighted residual variance and the covariance of (intercept, slope).
+    resid = [y - (s_min + e_min * x) for x, y in zip(xs, ys, strict=True)]
+    s2 = sum(w * r * r for w, r in zip(ws, resid, strict=True)) / (n - 2)
+    var_slope = s2 / sxx
+    var_icept = s2 * (1.0 / w_sum + x_mean**2 / sxx)
+    cov = -x_mean * s2 / sxx
+    lo, hi = _fieller(e_min, s_min, var_slope, var_icept, cov, level, n - 2)
+    reason = None
+    if lo is None:
+        reason = (
+            f"B_crit is not determined at {level:.0%} confidence: the fitted S_min is not "
+            "significantly above zero (steps may still be falling at the largest batch tried)"
+        )
+    return CriticalBatchFit(s_min, e_min, b_crit, lo, hi, level, n, reason)
+
+
+def _fieller(
+    num: float, den: float, var_num: float, var_den: float, cov: float, level: float, df: float
+) -> tuple[float | None, float | None]:
+    """Fieller's ``level`` interval for num/den (jointly normal, t on ``df`` d.o.f.).
+
+    (None, None) when it is unbounded: the denominator is not significantly non-zero. The
+    lower end is clipped at 0 (the quantities here are non-negative, so no coverage is lost).
+    """
+    t = student_t_quantile(0.5 + level / 2.0, df)
+    a = den * den - t * t * var_den
+    if a <= 0.0:
+        return None, None
+    half_b = num * den - t * t * cov
+    c = num * num - t * t * var_num
+    disc = max(half_b * half_b - a * c, 0.0)
+    ratio = num / den
+    lo = (half_b - math.sqrt(disc)) / a
+    hi = (half_b + math.sqrt(disc)) / a
+    return max(0.0, min(lo, ratio)), max(hi, ratio)
 
 
 def b_noise_from_sums(sum_g_h_g: float, sum_trace_h_sigma: float) -> float | None:
@@ -419,12 +474,17 @@ def reblock(
     return out_n, out_g, out_s
 
 
+#: Blocks an interval is computed from: more are merged into this many (``reblock``): long
+#: compared with the step-to-step correlation, and enough for the jackknife's t quantile.
+INTERVAL_BLOCKS = 30
+
+
 def interval_from_blocks(
     block_n: Sequence[float],
     block_sum_g_sq: Sequence[float],
     block_sum_trace_sigma: Sequence[float],
     level: float = 0.9,
-    max_blocks: int = 30,
+    max_blocks: int | None = None,
 ) -> NoiseScaleInterval:
     """Confidence intervals for a window from contiguous per-block sums.
 
@@ -435,7 +495,7 @@ def interval_from_blocks(
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    merged = reblock(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks)
+    merged = reblock(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks or INTERVAL_BLOCKS)
     rows = [
         (n_b, g_b, s_b)
         for n_b, g_b, s_b in zip(*merged, strict=True)
@@ -476,8 +536,8 @@ def interval_from_blocks(
     if point.b_simple is None:
         return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, None, point.reason)
     # Fieller: {rho : (s - rho g)^2 <= t^2 (var_s - 2 rho cov + rho^2 var_g)}
-    a = g_mean * g_mean - t * t * var_g
-    if a <= 0.0:
+    lo, hi = _fieller(s_mean, g_mean, var_s, var_g, cov_gs, level, m - 1)
+    if lo is None or hi is None:
         return NoiseScaleInterval(
             level,
             n_total,
@@ -488,13 +548,7 @@ def interval_from_blocks(
             f"not yet measurable: the |G|^2 estimate ({g_mean:.3g}) is not significantly above "
             f"zero at {level:.0%} confidence (gradient signal below the noise; widen the window)",
         )
-    half_b = s_mean * g_mean - t * t * cov_gs
-    c = s_mean * s_mean - t * t * var_s
-    disc = max(half_b * half_b - a * c, 0.0)
-    lo = (half_b - math.sqrt(disc)) / a
-    hi = (half_b + math.sqrt(disc)) / a
-    b_iv = Interval(point.b_simple, max(0.0, min(lo, point.b_simple)), max(hi, point.b_simple))
-    return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, b_iv, None)
+    return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, Interval(point.b_simple, lo, hi), None)
 
 
 def interval_from_steps(
@@ -506,6 +560,90 @@ def interval_from_steps(
     """``interval_from_blocks`` for a sequence of per-step estimates, in ``n_blocks`` blocks."""
     merged = reblock([1.0] * len(g_sq), g_sq, trace_sigma, n_blocks)
     return interval_from_blocks(*merged, level=level, max_blocks=n_blocks)
+
+
+# --- The current B_simple of a run -------------------------------------------------------
+#
+# One definition, used by every page and endpoint that says "B_simple now": the trailing window
+# of a run's samples that holds at least ``CURRENT_FRACTION`` of them and at least
+# ``CURRENT_MIN_SAMPLES``, grown (doubling, back toward the start of the run) until its
+# ``level`` interval is no wider than ``CURRENT_MAX_REL_WIDTH`` times the estimate, or until it
+# holds the whole run. The fraction keeps the window recent while the noise scale moves; the
+# width bound keeps it long enough to say something. Below ``CURRENT_MIN_SAMPLES`` samples, or
+# when even the final window's |G|^2 is not significantly positive, there is no number.
+
+#: Share of a run's samples the current window holds at least (the most recent ones).
+CURRENT_FRACTION = 0.1
+#: Fewest samples the current B_simple is ever computed from.
+CURRENT_MIN_SAMPLES = 64
+#: The window grows until (hi - lo) / B_simple of its interval is at most this.
+CURRENT_MAX_REL_WIDTH = 1.0
+
+
+#: The trailing blocks of a run that hold at least a given number of samples (oldest first).
+Trailing = Callable[[int], tuple[Sequence[float], Sequence[float], Sequence[float]]]
+
+
+def current_noise_scale(
+    n_total: float, trailing: Trailing, *, level: float = 0.9
+) -> tuple[float, NoiseScaleInterval]:
+    """The current B_simple of a run of ``n_total`` samples, by the rule above.
+
+    ``trailing(target)`` gives the run's last blocks (counts and sums of |𝒢|^2 and 𝒮, oldest
+    first) holding at least ``target`` samples, or all of them: raw samples (blocks of one)
+    or storage blocks, whichever the caller has. Returns the samples the window holds and its
+    interval (``b_simple`` None, with ``reason``, when not yet measurable).
+    """
+    if n_total < CURRENT_MIN_SAMPLES:
+        return 0.0, NoiseScaleInterval(
+            level,
+            n_total,
+            0,
+            None,
+            None,
+            None,
+            f"not yet measurable: {n_total:,.0f} samples so far; the current B_simple needs at "
+            f"least {CURRENT_MIN_SAMPLES}",
+        )
+    target = max(math.ceil(CURRENT_FRACTION * n_total), CURRENT_MIN_SAMPLES)
+    while True:
+        block_n, block_g, block_s = trailing(target)
+        interval = interval_from_blocks(block_n, block_g, block_s, level=level)
+        used = float(sum(block_n))
+        b_iv = interval.b_simple
+        if used >= n_total or (
+            b_iv is not None
+            and b_iv.value > 0
+            and (b_iv.hi - b_iv.lo) <= CURRENT_MAX_REL_WIDTH * b_iv.value
+        ):
+            return used, interval
+        target *= 2
+
+
+def current_window(
+    block_n: Sequence[float],
+    block_sum_g_sq: Sequence[float],
+    block_sum_trace_sigma: Sequence[float],
+    *,
+    level: float = 0.9,
+) -> tuple[int, NoiseScaleInterval]:
+    """``current_noise_scale`` over a run's blocks in a list (oldest first): how many trailing
+    blocks the window takes (whole blocks, from the end, until their samples reach the
+    window's target) and its interval."""
+    if not len(block_n) == len(block_sum_g_sq) == len(block_sum_trace_sigma):
+        raise ValueError("block_n, block_sum_g_sq and block_sum_trace_sigma differ in length")
+    taken = [0]
+
+    def trailing(target: int) -> tuple[Sequence[float], Sequence[float], Sequence[float]]:
+        k, count = 0, 0.0
+        while k < len(block_n) and count < target:
+            k += 1
+            count += block_n[-k]
+        taken[0] = k
+        return block_n[-k:], block_sum_g_sq[-k:], block_sum_trace_sigma[-k:]
+
+    _, interval = current_noise_scale(float(sum(block_n)), trailing, level=level)
+    return taken[0], interval
 
 
 # --- Acting on the noise scale: statistical efficiency, goodput, batch-size targets ----------
@@ -627,3 +765,39 @@ def scaled_lr(base_lr: float, batch_size: float, base_batch_size: float, rule: s
     if not (batch_size > 0 and base_batch_size > 0):
         raise ValueError("batch sizes must be positive")
     return float(base_lr * (batch_size / base_batch_size) ** powers[rule])
+
+
+# --- How far a task parallelises (science.md's S-E model, B_crit known) ---------------------
+#
+# With N devices of ``per_device_batch`` each, B = N b and the run takes S = S_min (1 + B_crit/B)
+# steps. Taking the step time as independent of N (ideal data parallelism: what the model
+# alone predicts, before any communication cost), doubling N speeds training up by
+# S(B)/S(2B) = (1 + B_crit/B) / (1 + B_crit/(2B)), which falls from 2x toward 1x as B passes
+# B_crit, while the examples processed grow as E = E_min (1 + B/B_crit).
+
+__all__ += ["compute_waste", "doubling_speedup", "parallelism_limit"]
+
+
+def doubling_speedup(batch_size: float, b_crit: float) -> float:
+    """S(B) / S(2B): how much faster a run gets when its batch (its device count) doubles."""
+    return steps_ratio(batch_size, b_crit) / steps_ratio(2.0 * batch_size, b_crit)
+
+
+def compute_waste(batch_size: float, b_crit: float) -> float:
+    """1 - E_min/E = B / (B + B_crit): the share of the examples processed beyond the minimum."""
+    return batch_size / (batch_size + b_crit)
+
+
+def parallelism_limit(b_crit: float, per_device_batch: float, min_speedup: float = 1.5) -> float:
+    """Devices N* past which doubling the devices speeds training up by less than
+    ``min_speedup`` (between 1 and 2).
+
+    Solving doubling_speedup(N b, B_crit) >= s for N: with u = B_crit/(N b),
+    (1 + u)/(1 + u/2) >= s  <=>  u >= (s - 1)/(1 - s/2), so N* = (B_crit/b)(1 - s/2)/(s - 1).
+    At s = 1.5, N* b = B_crit/2, where a third of the compute is already beyond the minimum.
+    """
+    if not 1.0 < min_speedup < 2.0:
+        raise ValueError(f"min_speedup must be between 1 and 2 (exclusive), got {min_speedup}")
+    if not (b_crit > 0 and per_device_batch > 0):
+        raise ValueError("b_crit and per_device_batch must be positive")
+    return (b_crit / per_device_batch) * (1.0 - min_speedup / 2.0) / (min_speedup - 1.0)

@@ -23,21 +23,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from noisescope import _format
+from noisescope._results import ParallelismPlan, ParallelismRow
 from noisescope._sink import Sink
 from noisescope.estimators import (
     EMA,
     NoiseScale,
     NoiseScaleInterval,
+    compute_waste,
+    doubling_speedup,
     examples_ratio,
     goodput_optimal_batch,
     interpolate_throughput,
     interval_from_steps,
+    parallelism_limit,
     statistical_efficiency,
     steps_ratio,
     two_batch_estimates,
 )
 
-__all__ = ["BatchOption", "NoiseTracker", "Recommendation", "default_candidates", "recommend"]
+__all__ = [
+    "BatchOption",
+    "NoiseTracker",
+    "Recommendation",
+    "default_candidates",
+    "parallelism_plan",
+    "recommend",
+    "verdict",
+]
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,8 @@ class Recommendation:
     #: The critical-batch point B ≈ B_simple: 2x the minimum steps and 2x the minimum examples.
     critical_batch_size: float | None
     reason: str | None = None
+    #: The batch in use against B_simple in one sentence (``verdict``).
+    verdict: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,6 +112,64 @@ class Recommendation:
         if self.goodput_batch_size is not None:
             line += f"; goodput-optimal batch {self.goodput_batch_size:g}"
         return line
+
+
+def verdict(
+    batch_size: float,
+    reference_value: float | None,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    level: float | None = None,
+    units: str = "examples",
+    reference: str = "B_simple",
+) -> str:
+    """The batch in use read against B_crit ≈ ``reference_value`` (science.md's S-E model).
+
+    Compares the batch with doubling or halving it through ``steps_ratio`` and
+    ``examples_ratio``: "batch 256 is ~0.3× B_simple (90% interval 0.2× to 0.5×): doubling it
+    would cut steps by ~38% for ~23% more examples." When the interval reaches across the
+    balance point (B = B_crit/2 .. 2 B_crit), the sentence says the advice is only a direction.
+    """
+    if reference_value is None or not reference_value > 0 or not batch_size > 0:
+        return f"{reference} is not yet measurable, so there is no verdict on the batch size yet."
+    value = float(reference_value)
+    r = batch_size / value
+    head = f"batch {_format.count(batch_size)} is ~{_format.ratio(r)}× {reference}"
+    # the ratio's interval: the largest ratio comes with the smallest reference value
+    r_lo = batch_size / hi if hi is not None and hi > 0 else None
+    r_hi = batch_size / lo if lo is not None and lo > 0 else (math.inf if lo == 0 else None)
+    if r_lo is not None and r_hi is not None:
+        head += (
+            f" ({level:.0%} interval " if level is not None else " (interval "
+        ) + f"{_format.ratio(r_lo)}× to {_format.ratio(r_hi)}×)"
+    s_now = steps_ratio(batch_size, value)
+    e_now = examples_ratio(batch_size, value)
+    if r < 0.5:
+        s_2x = steps_ratio(2 * batch_size, value)
+        e_2x = examples_ratio(2 * batch_size, value)
+        text = (
+            f"{head}: doubling it would cut steps by ~{(1 - s_2x / s_now) * 100:.0f}% "
+            f"for ~{(e_2x / e_now - 1) * 100:.0f}% more {units}."
+        )
+        sure = r_hi is None or r_hi < 0.5
+    elif r > 2.0:
+        s_half = steps_ratio(batch_size / 2, value)
+        e_half = examples_ratio(batch_size / 2, value)
+        text = (
+            f"{head}: halving it would save ~{(1 - e_half / e_now) * 100:.0f}% of the {units} "
+            f"for ~{(s_half / s_now - 1) * 100:.0f}% more steps."
+        )
+        sure = r_lo is None or r_lo > 2.0
+    else:
+        text = (
+            f"{head}: near the balance point, at ~{s_now:.2g}× the minimum steps and "
+            f"~{e_now:.2g}× the minimum {units}."
+        )
+        sure = True
+    if not sure:
+        text += " The interval reaches the balance point: read this as a direction, not a setting."
+    return text
 
 
 def default_candidates(batch_size: float, b_simple: float | None) -> list[float]:
@@ -138,6 +211,7 @@ def recommend(
     candidates: Sequence[float] | None = None,
     throughput: Mapping[float, float] | None = None,
     reference_batch: float = 0.0,
+    units: str = "examples",
 ) -> Recommendation:
     """A ``Recommendation`` from a noise-scale estimate and the batch in use.
 
@@ -150,6 +224,7 @@ def recommend(
         throughput: measured examples (tokens) per second at a few batch sizes; enables
             goodput and the goodput-maximising batch (Pollux).
         reference_batch: B0 of the efficiency (φ + B0)/(φ + B); 0 gives E_min/E.
+        units: what the batch counts ("examples" or "tokens"), for the verdict's wording.
     """
     if not batch_size > 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -179,7 +254,7 @@ def recommend(
     if b_simple is None:
         return Recommendation(
             batch_size, None, lo, hi, level, reference_batch, None, (), None, None,
-            reason or "not yet measurable",
+            reason or "not yet measurable", verdict(batch_size, None, units=units),
         )  # fmt: skip
     pool = set(candidates if candidates is not None else default_candidates(batch_size, b_simple))
     if throughput:
@@ -201,6 +276,7 @@ def recommend(
         options=options,
         goodput_batch_size=best,
         critical_batch_size=b_simple,
+        verdict=verdict(batch_size, b_simple, lo=lo, hi=hi, level=level, units=units),
     )
 
 
@@ -293,3 +369,88 @@ class NoiseTracker:
             throughput=throughput,
             reference_batch=reference_batch,
         )
+
+
+def parallelism_plan(
+    b_crit: float,
+    per_device_batch: float,
+    *,
+    s_min: float | None = None,
+    step_time: float | None = None,
+    min_speedup: float = 1.5,
+    max_devices: int | None = None,
+    units: str = "examples",
+    batch_size: float | None = None,
+) -> ParallelismPlan:
+    """How far data parallelism pays at ``b_crit`` (science.md's S-E model, ideal scaling).
+
+    One row per power-of-two device count up to ``max_devices`` (default: 4x the limit,
+    at least 8): batch, S/S_min, E/E_min, the speed-up over one device and from the last
+    doubling, and the share of the compute beyond the minimum. With ``s_min`` (from a sweep
+    fit) the rows give absolute steps, and with ``step_time`` (seconds per step, taken as
+    independent of the device count) hours as well. ``batch_size`` adds the ``verdict`` on
+    that batch against B_crit.
+    """
+    for name, value in (("b_crit", b_crit), ("per_device_batch", per_device_batch)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite positive number, got {value}")
+    for name, opt in (("s_min", s_min), ("step_time", step_time), ("batch_size", batch_size)):
+        if opt is not None and not (math.isfinite(opt) and opt > 0):
+            raise ValueError(f"{name} must be a finite positive number, got {opt}")
+    limit = parallelism_limit(b_crit, per_device_batch, min_speedup)
+    if max_devices is None:
+        max_devices = max(8, 2 ** math.ceil(math.log2(max(4.0 * limit, 1.0))))
+    if not 1 <= max_devices <= 2**24:
+        raise ValueError(f"max_devices must be between 1 and {2**24}, got {max_devices}")
+    rows = []
+    devices = 1
+    s_one = steps_ratio(per_device_batch, b_crit)
+    while devices <= max_devices:
+        batch = devices * per_device_batch
+        s_ratio = steps_ratio(batch, b_crit)
+        steps = None if s_min is None else s_min * s_ratio
+        rows.append(
+            ParallelismRow(
+                devices=devices,
+                batch_size=batch,
+                steps_ratio=s_ratio,
+                examples_ratio=examples_ratio(batch, b_crit),
+                speedup=s_one / s_ratio,
+                doubling_speedup=None if devices == 1 else doubling_speedup(batch / 2, b_crit),
+                waste=compute_waste(batch, b_crit),
+                steps=steps,
+                hours=None if steps is None or step_time is None else steps * step_time / 3600,
+            )
+        )
+        devices *= 2
+    limit_batch = limit * per_device_batch
+    waste = compute_waste(limit_batch, b_crit)
+    if limit < 1:
+        summary = (
+            f"Even one device at {_format.count(per_device_batch)} {units} per step is past the "
+            f"point where doubling pays {min_speedup:g}×: B_crit is {_format.count(b_crit)} "
+            f"{units}, so a smaller batch per device would waste less compute."
+        )
+    else:
+        summary = (
+            f"Past ~{limit:,.0f} devices ({_format.count(limit_batch)} {units} per "
+            f"step) each doubling of devices speeds training up by less than {min_speedup:g}×, "
+            f"and {waste:.0%} of the compute already goes beyond the minimum "
+            f"(B_crit = {_format.count(b_crit)} {units})."
+        )
+    return ParallelismPlan(
+        b_crit=b_crit,
+        per_device_batch=per_device_batch,
+        min_speedup=min_speedup,
+        device_limit=limit,
+        limit_batch_size=limit_batch,
+        limit_waste=waste,
+        s_min=s_min,
+        step_time=step_time,
+        rows=rows,
+        summary=summary,
+        batch_size=batch_size,
+        verdict=None
+        if batch_size is None
+        else verdict(batch_size, b_crit, units=units, reference="B_crit"),
+    )

@@ -1,14 +1,13 @@
-"""The read side, shared by the HTTP query API and the dashboard.
+"""The read side: the one place the HTTP query API reads stored runs from.
 
-Every function takes an ``Engine`` and returns plain frozen dataclasses (no ORM objects, no
-pandas), so callers can cache, serialise (``dataclasses.asdict``) or test them directly.
-Signatures are a contract with the dashboard: add keyword arguments, never change existing ones.
-
-Aggregation happens in SQL: a series is bucketed to at most ``max_points`` buckets of *exact*
-sums of the per-sample unbiased estimates |𝒢|^2 and 𝒮 (science.md, two-batch estimator);
-B_simple = sum 𝒮 / sum |𝒢|^2 and its interval (block jackknife + Fieller) are computed
-afterwards by ``noisescope.estimators``. Long runs are read from ``sample_block`` (pre-summed
-blocks of 64 consecutive samples maintained at ingest), short ones from ``sample`` directly.
+Every function takes an ``Engine`` and returns plain frozen dataclasses (``noisescope._results``,
+the same classes ``noisescope.Api`` decodes), so the server, the dashboard and a notebook hold
+the very same fields. Aggregation happens in SQL: a series is bucketed to at most
+``max_points`` buckets of *exact* sums of the per-sample unbiased estimates |𝒢|^2 and 𝒮
+(science.md, two-batch estimator); B_simple = sum 𝒮 / sum |𝒢|^2 and its interval (block
+jackknife + Fieller) are computed afterwards by ``noisescope.estimators``. Long runs are read
+from ``sample_block`` (pre-summed blocks of 64 consecutive samples maintained at ingest), short
+ones from ``sample`` directly.
 
 ``project_scope`` (a project id) restricts every function to one project; the HTTP layer sets
 it from the caller's token. A run outside the scope raises ``crud.Forbidden``.
@@ -42,12 +41,21 @@ from sqlalchemy import (
     union_all,
 )
 
+from noisescope import _wire
+from noisescope._results import (
+    EventRow,
+    RunSeries,
+    RunSummary,
+    SeriesInfo,
+    SeriesPoint,
+    TaskSummary,
+)
 from noisescope.estimators import (
     NoiseScale,
-    NoiseScaleInterval,
+    current_noise_scale,
     interval_from_blocks,
-    interval_from_steps,
 )
+from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
 from noisescope_server.crud import Forbidden, NotFound
 from noisescope_server.models import (
     BLOCK_SIZE,
@@ -62,9 +70,7 @@ from noisescope_server.models import (
 
 __all__ = [
     "BucketSums",
-    "Crossing",
     "EventRow",
-    "RunCrossings",
     "RunSeries",
     "RunSummary",
     "SeriesInfo",
@@ -72,10 +78,10 @@ __all__ = [
     "TaskSummary",
     "XAxis",
     "bucket_sums",
+    "compare_series",
     "get_run",
     "list_projects",
     "list_runs",
-    "loss_target_crossings",
     "raw_samples_csv",
     "run_events",
     "run_series",
@@ -88,8 +94,11 @@ XAxis = Literal["step", "examples", "time"]
 X_AXES: tuple[XAxis, ...] = ("step", "examples", "time")
 #: Confidence level of every interval the query layer returns.
 LEVEL = 0.9
-#: Samples in the "current" B_simple window of a run summary.
-RECENT_WINDOW = 500
+#: A current window of up to this many samples is read as raw samples, a longer one as
+#: 64-sample blocks (then at least 64 of them: the interval's 30 blocks are as fine either way).
+CURRENT_RAW_LIMIT = 64 * BLOCK_SIZE
+#: ``b_simple_reason`` of runs listed with ``current=False``.
+NOT_COMPUTED = "not computed: the run was listed without its current B_simple (current=false)"
 #: Smallest bucket that gets its own interval: a handful of samples cut into sub-blocks says
 #: nothing useful, and skipping them keeps short runs' 2000-point series cheap.
 MIN_INTERVAL_SAMPLES = 32
@@ -108,37 +117,6 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 # --- runs ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """One run as listed: metadata, progress, and B_simple over its most recent samples.
-
-    ``b_simple`` is None (with ``b_simple_reason``) while not yet measurable; its interval is
-    the ``LEVEL`` (90%) block-jackknife/Fieller interval over the last ``RECENT_WINDOW`` samples.
-    """
-
-    uid: str
-    project: str
-    task: str
-    name: str
-    tags: list[str]
-    config: dict[str, Any]
-    batch_size: float | None
-    units: str
-    status: str
-    started_at: datetime | None
-    ended_at: datetime | None
-    last_seen_at: datetime | None
-    n_samples: int
-    last_step: int | None
-    last_examples: float | None
-    last_loss: float | None
-    b_simple: float | None
-    b_simple_lo: float | None
-    b_simple_hi: float | None
-    b_simple_reason: str | None
-    window_samples: int
 
 
 def _run_select() -> Any:
@@ -164,58 +142,181 @@ def _run_select() -> Any:
     )
 
 
-def _recent_window(
-    conn: Connection, run_id: int, window: int
-) -> tuple[NoiseScaleInterval | None, NoiseScale | None, int]:
-    rows = conn.execute(
-        select(Sample.g_sq_est, Sample.trace_sigma_est)
+@dataclass(frozen=True)
+class _Current:
+    """A run's current window (``estimators.current_window``) and where it lies."""
+
+    b_simple: float | None
+    lo: float | None
+    hi: float | None
+    reason: str | None
+    g_sq: float | None
+    trace_sigma: float | None
+    n: int
+    first_step: int | None
+    last_step: int | None
+
+
+def _current(conn: Connection, run_id: int, n_samples: int) -> _Current:
+    """The current B_simple of a run (``estimators.current_noise_scale``): windows of up to
+    ``CURRENT_RAW_LIMIT`` samples are read as raw samples, longer ones as 64-sample blocks,
+    so either way the interval has its full count of blocks and the read stays small. Rows
+    come as plain DBAPI tuples: a window is up to thousands of them per run, on every list."""
+    rows: list[Any] = []
+
+    def trailing(target: int) -> tuple[list[float], list[float], list[float]]:
+        nonlocal rows
+        rows = (
+            _trailing_samples(conn, run_id, min(target, n_samples))
+            if target <= CURRENT_RAW_LIMIT
+            else _trailing_blocks(conn, run_id, target)
+        )
+        return [float(r[0]) for r in rows], [float(r[1]) for r in rows], [float(r[2]) for r in rows]
+
+    used, interval = current_noise_scale(float(n_samples), trailing, level=LEVEL)
+    b_iv, g_iv, s_iv = interval.b_simple, interval.g_sq, interval.trace_sigma
+    return _Current(
+        b_simple=None if b_iv is None else b_iv.value,
+        lo=None if b_iv is None else b_iv.lo,
+        hi=None if b_iv is None else b_iv.hi,
+        reason=interval.reason if b_iv is None else None,
+        g_sq=None if g_iv is None else g_iv.value,
+        trace_sigma=None if s_iv is None else s_iv.value,
+        n=int(used),
+        first_step=int(min(r[3] for r in rows)) if rows and used else None,
+        last_step=int(max(r[4] for r in rows)) if rows and used else None,
+    )
+
+
+def _trailing_samples(conn: Connection, run_id: int, count: int) -> list[Any]:
+    """The last ``count`` whole-model samples, oldest first, as one-sample blocks.
+
+    (Summing them into the interval's blocks in SQL, with a window function, measured slower
+    on SQLite than reading the rows: a fetch of 1,000 rows is about a millisecond.)"""
+    stmt = (
+        select(Sample.g_sq_est, Sample.trace_sigma_est, Sample.step)
         .where(Sample.run_id == run_id, Sample.series == "")
         .order_by(Sample.seq.desc())
-        .limit(window)
-    ).all()
-    if not rows:
-        return None, None, 0
-    g_sq = [float(r[0]) for r in reversed(rows)]
-    trace_sigma = [float(r[1]) for r in reversed(rows)]
-    point = NoiseScale.from_sums(sum(g_sq), sum(trace_sigma), len(g_sq))
-    return interval_from_steps(g_sq, trace_sigma, level=LEVEL), point, len(rows)
+        .limit(count)
+    )
+    return [(1, g, t, step, step) for g, t, step in reversed(_tuples(conn, stmt))]
 
 
-def _summarise(conn: Connection, row: Any, window: int) -> RunSummary:
+def _trailing_blocks(conn: Connection, run_id: int, target: int) -> list[Any]:
+    """The run's last 64-sample blocks that hold at least ``target`` samples, oldest first."""
+    stmt = (
+        select(
+            SampleBlock.n,
+            SampleBlock.sum_g_sq,
+            SampleBlock.sum_trace_sigma,
+            SampleBlock.step_min,
+            SampleBlock.step_max,
+        )
+        .where(SampleBlock.run_id == run_id, SampleBlock.series == "")
+        .order_by(SampleBlock.block.desc())
+    )
+    fetched, count = [], 0
+    for block in _tuples(conn, stmt):  # newest first, until the window's count is reached
+        if count >= target:
+            break
+        fetched.append(block)
+        count += int(block[0])
+    return fetched[::-1]
+
+
+def _tuples(conn: Connection, stmt: Any) -> list[Any]:
+    """A statement's rows as plain DBAPI tuples (no per-row result objects)."""
+    cursor = conn.execute(stmt).cursor
+    assert cursor is not None
+    return list(cursor.fetchall())
+
+
+#: Run ids per ``IN (...)`` of the set-based run queries (SQLite bounds bound parameters).
+_ID_CHUNK = 900
+
+
+@dataclass(frozen=True)
+class _RunFacts:
+    """What the run list reads for all its runs at once (a handful of queries, not per run)."""
+
+    n_samples: dict[int, int]
+    last: dict[int, tuple[int, float | None]]
+    events: dict[tuple[int, str], dict[str, Any]]
+
+
+def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
+    """Sample counts, last step and examples (from the block table) and the latest event of
+    each kind that means something (eval, batch_size, notice), for many runs at once."""
+    n_samples: dict[int, int] = {}
+    last: dict[int, tuple[int, float | None]] = {}
+    events: dict[tuple[int, str], dict[str, Any]] = {}
+    kinds = [_wire.EVAL_EVENT_KIND, BATCH_SIZE_EVENT, _wire.NOTICE_EVENT_KIND]
+    for lo in range(0, len(run_ids), _ID_CHUNK):
+        ids = list(run_ids[lo : lo + _ID_CHUNK])
+        counts = select(SampleBlock.run_id, func.sum(SampleBlock.n)).where(
+            SampleBlock.run_id.in_(ids), SampleBlock.series == ""
+        )
+        for run_id, n in _tuples(conn, counts.group_by(SampleBlock.run_id)):
+            n_samples[int(run_id)] = int(n or 0)
+        # steps and examples only grow with seq: the largest over all series is the last
+        ends = select(
+            SampleBlock.run_id, func.max(SampleBlock.step_max), func.max(SampleBlock.examples_max)
+        ).where(SampleBlock.run_id.in_(ids))
+        for run_id, step, examples in _tuples(conn, ends.group_by(SampleBlock.run_id)):
+            last[int(run_id)] = (int(step), None if examples is None else float(examples))
+        rank = (
+            func.row_number()
+            .over(
+                partition_by=(Event.run_id, Event.kind),
+                order_by=(Event.step.desc(), Event.id.desc()),
+            )
+            .label("rank")
+        )
+        ranked = (
+            select(Event.run_id, Event.kind, Event.payload, rank)
+            .where(Event.run_id.in_(ids), Event.kind.in_(kinds))
+            .subquery()
+        )
+        latest = select(ranked.c.run_id, ranked.c.kind, ranked.c.payload).where(ranked.c.rank == 1)
+        for run_id, kind, payload in conn.execute(latest):
+            if isinstance(payload, dict):
+                events[(int(run_id), str(kind))] = dict(payload)
+    return _RunFacts(n_samples, last, events)
+
+
+def _positive(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = True) -> RunSummary:
     run_id = int(row.id)
-    counts = conn.execute(
-        select(func.coalesce(func.sum(SampleBlock.n), 0)).where(SampleBlock.run_id == run_id)
-    ).scalar_one()
-    last = conn.execute(
-        select(Sample.step, Sample.examples)
-        .where(Sample.run_id == run_id)
-        .order_by(Sample.seq.desc())
-        .limit(1)
-    ).first()
+    n_samples = facts.n_samples.get(run_id, 0)
+    last = facts.last.get(run_id)
     last_loss = conn.execute(
         select(Sample.loss)
         .where(Sample.run_id == run_id, Sample.loss.is_not(None))
         .order_by(Sample.seq.desc())
         .limit(1)
     ).scalar()
-    interval, point, n_window = _recent_window(conn, run_id, window)
-    b_iv = interval.b_simple if interval is not None else None
-    b_simple: float | None
-    lo: float | None
-    hi: float | None
-    if b_iv is not None:
-        b_simple, lo, hi, reason = b_iv.value, b_iv.lo, b_iv.hi, None
-    elif point is not None and point.b_simple is not None:
-        # Measurable as a point but not significant at LEVEL: give the point, no interval.
-        b_simple, lo, hi = point.b_simple, None, None
-        reason = interval.reason if interval is not None else None
-    else:
-        b_simple = lo = hi = None
-        reason = (
-            (interval.reason if interval is not None else None)
-            or (point.reason if point is not None else None)
-            or "not yet measurable: no samples"
-        )
+    evaluation = facts.events.get((run_id, _wire.EVAL_EVENT_KIND))
+    change = facts.events.get((run_id, BATCH_SIZE_EVENT))
+    notice = facts.events.get((run_id, _wire.NOTICE_EVENT_KIND))
+    in_use = _positive(change.get("batch_size")) if change else None
+    source = "event" if in_use is not None else None
+    if in_use is None and _positive(row.batch_size) is not None:
+        in_use, source = float(row.batch_size), "run"
+    now = (
+        _current(conn, run_id, n_samples)
+        if current
+        else _Current(None, None, None, NOT_COMPUTED, None, None, 0, None, None)
+    )
+    if n_samples == 0 and current:
+        reason = "no samples yet"
+        if notice and isinstance(notice.get("message"), str):
+            reason += f": {notice['message']}"
+        now = _Current(None, None, None, reason, None, None, 0, None, None)
     return RunSummary(
         uid=str(row.uid),
         project=str(row.project),
@@ -229,16 +330,35 @@ def _summarise(conn: Connection, row: Any, window: int) -> RunSummary:
         started_at=_utc(row.started_at),
         ended_at=_utc(row.ended_at),
         last_seen_at=_utc(row.last_seen_at),
-        n_samples=int(counts),
-        last_step=None if last is None else int(last[0]),
-        last_examples=None if last is None or last[1] is None else float(last[1]),
+        n_samples=n_samples,
+        last_step=None if last is None else last[0],
+        last_examples=None if last is None else last[1],
         last_loss=None if last_loss is None else float(last_loss),
-        b_simple=b_simple,
-        b_simple_lo=lo,
-        b_simple_hi=hi,
-        b_simple_reason=reason,
-        window_samples=n_window,
+        last_eval_loss=_positive_or_any(evaluation.get("loss")) if evaluation else None,
+        batch_in_use=in_use,
+        batch_in_use_source=source,
+        level=LEVEL,
+        b_simple=now.b_simple,
+        b_simple_lo=now.lo,
+        b_simple_hi=now.hi,
+        b_simple_reason=now.reason,
+        g_sq=now.g_sq,
+        trace_sigma=now.trace_sigma,
+        window_samples=now.n,
+        window_first_step=now.first_step,
+        window_last_step=now.last_step,
+        batch_to_b_simple=(in_use / now.b_simple if in_use is not None and now.b_simple else None),
+        notice=str(notice["message"])
+        if notice and isinstance(notice.get("message"), str)
+        else None,
     )
+
+
+def _positive_or_any(value: Any) -> float | None:
+    """A finite number from a JSON payload (a loss may be any finite value)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def list_runs(
@@ -252,11 +372,12 @@ def list_runs(
     started_after: datetime | None = None,
     started_before: datetime | None = None,
     limit: int = 200,
-    window: int = RECENT_WINDOW,
     project_scope: int | None = None,
+    current: bool = True,
 ) -> list[RunSummary]:
     """Runs, newest first, filtered by project/task name, tag, status, a case-insensitive
-    substring of name/uid/task (``search``) and start time; each with its current B_simple."""
+    substring of name/uid/task (``search``) and start time; each with its current B_simple
+    (``current=False`` skips that window, for callers that only need the runs)."""
     stmt = _run_select().order_by(Run.started_at.desc(), Run.id.desc())
     if project is not None:
         stmt = stmt.where(Project.name == project)
@@ -287,7 +408,9 @@ def list_runs(
         rows = conn.execute(stmt).all()
         if tag is not None:  # JSON containment is not portable; tags lists are short
             rows = [r for r in rows if tag in (r.tags or [])]
-        return [_summarise(conn, r, window) for r in rows[: max(limit, 0)]]
+        rows = rows[: max(limit, 0)]
+        facts = _run_facts(conn, [int(r.id) for r in rows])
+        return [_summarise(conn, r, facts, current=current) for r in rows]
 
 
 def _scoped_run(conn: Connection, run_uid: str, project_scope: int | None) -> Any:
@@ -299,12 +422,11 @@ def _scoped_run(conn: Connection, run_uid: str, project_scope: int | None) -> An
     return row
 
 
-def get_run(
-    engine: Engine, run_uid: str, *, window: int = RECENT_WINDOW, project_scope: int | None = None
-) -> RunSummary:
+def get_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunSummary:
     """One run's summary; raises ``crud.NotFound`` for an unknown uid."""
     with engine.connect() as conn:
-        return _summarise(conn, _scoped_run(conn, run_uid, project_scope), window)
+        row = _scoped_run(conn, run_uid, project_scope)
+        return _summarise(conn, row, _run_facts(conn, [int(row.id)]))
 
 
 def list_projects(engine: Engine, *, project_scope: int | None = None) -> list[str]:
@@ -322,10 +444,10 @@ def list_projects(engine: Engine, *, project_scope: int | None = None) -> list[s
 class BucketSums:
     """One bucket of one (run, series): raw sums, so that smoothing stays the reader's choice.
 
-    Buckets split each (run, series) step range evenly. ``step`` and ``examples`` are the
-    bucket's last, ``time`` its last sample's seconds since the series' first, ``loss`` and
-    ``lr`` means over the samples that had one, ``batch_size`` the largest B_big (the batch in
-    use).
+    Buckets split each (run, series) step range evenly. ``step_lo`` is the bucket's first
+    step, ``step`` and ``examples`` its last, ``time`` its last sample's seconds since the
+    series' first, ``loss`` and ``lr`` means over the samples that had one, ``batch_size`` the
+    largest B_big (the batch in use).
     """
 
     run_uid: str
@@ -334,6 +456,7 @@ class BucketSums:
     n: int
     sum_g_sq: float
     sum_trace_sigma: float
+    step_lo: int
     step: int
     examples: float | None
     time: float | None
@@ -479,6 +602,7 @@ def bucket_sums(
                 func.sum(rows.c.n).label("n"),
                 func.sum(rows.c.sum_g_sq).label("sum_g_sq"),
                 func.sum(rows.c.sum_trace_sigma).label("sum_trace_sigma"),
+                func.min(rows.c.step_lo).label("step_lo"),
                 func.max(rows.c.step_hi).label("step"),
                 func.max(rows.c.examples_max).label("examples"),
                 (func.max(rows.c.time_max) - func.min(stats.c.t0)).label("time"),
@@ -503,7 +627,7 @@ def _opt(value: Any) -> float | None:
 
 def _bucket_sums(row: Any) -> BucketSums:
     """Plain Python numbers: PostgreSQL returns sums of integers as Decimal."""
-    uid, series, bucket, n, g_sq, trace_sigma, step, examples, time, loss, lr, batch = row
+    uid, series, bucket, n, g_sq, trace_sigma, step_lo, step, examples, time, loss, lr, batch = row
     return BucketSums(
         str(uid),
         str(series),
@@ -511,6 +635,7 @@ def _bucket_sums(row: Any) -> BucketSums:
         int(n),
         float(g_sq),
         float(trace_sigma),
+        int(step_lo),
         int(step),
         _opt(examples),
         _opt(time),
@@ -521,47 +646,6 @@ def _bucket_sums(row: Any) -> BucketSums:
 
 
 # --- series ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SeriesPoint:
-    """One bucket: exact sums over its samples, and the estimates derived from them.
-
-    ``x`` is the bucket's mean x over its samples' range (``x_lo``..``x_hi``); ``g_sq`` and
-    ``trace_sigma`` are the bucket means of the per-sample estimates; ``b_simple`` is their
-    ratio (None, with ``reason``, where not measurable) and ``b_simple_lo/hi`` its ``LEVEL``
-    interval from the bucket's sub-buckets (None when too few to tell).
-    """
-
-    x: float
-    x_lo: float
-    x_hi: float
-    step_lo: int
-    step_hi: int
-    examples_hi: float | None
-    n: int
-    sum_g_sq: float
-    sum_trace_sigma: float
-    g_sq: float
-    trace_sigma: float
-    b_simple: float | None
-    b_simple_lo: float | None
-    b_simple_hi: float | None
-    reason: str | None
-    loss: float | None
-    lr: float | None
-
-
-@dataclass(frozen=True)
-class RunSeries:
-    run_uid: str
-    series: str
-    x: XAxis
-    units: str
-    n_samples: int
-    #: "samples" (bucketed from raw rows) or "blocks" (from pre-summed 64-sample blocks).
-    source: str
-    points: list[SeriesPoint]
 
 
 def _x_columns(x: XAxis, use_blocks: bool) -> tuple[Any, Any]:
@@ -614,6 +698,7 @@ def _bucket_rows(
             func.min(SampleBlock.step_min),
             func.max(SampleBlock.step_max),
             func.max(SampleBlock.examples_max),
+            func.max(SampleBlock.b_big_max),
         ]
     else:
         aggregates = [
@@ -629,6 +714,7 @@ def _bucket_rows(
             func.min(Sample.step),
             func.max(Sample.step),
             func.max(Sample.examples),
+            func.max(Sample.b_big),
         ]
     stmt = select(index, *aggregates).where(where).group_by(index).order_by(index)
     # Plain DBAPI tuples: up to 4 x max_points rows, no per-value result processing needed.
@@ -644,15 +730,17 @@ def run_series(
     x: XAxis = "step",
     max_points: int = 2000,
     series: str = "",
+    window: float = 0.0,
     intervals: bool = True,
     project_scope: int | None = None,
 ) -> RunSeries:
     """A run's series bucketed in SQL to at most ``max_points`` buckets along ``x``.
 
     Buckets are equal-width in ``x``; empty buckets are omitted. Samples without a value for
-    ``x`` (e.g. no ``examples`` logged) are left out. ``intervals=False`` skips the per-bucket
-    interval (``b_simple_lo/hi`` None), which is most of the Python time on 2000 buckets.
-    Raises ``crud.NotFound``.
+    ``x`` (e.g. no ``examples`` logged) are left out. ``window`` > 0 smooths the series by
+    trailing windows of that many steps (``smooth_series``). ``intervals=False`` skips the
+    per-bucket interval (``b_simple_lo/hi`` None), which is most of the Python time on 2000
+    buckets. Raises ``crud.NotFound``.
     """
     if x not in X_AXES:
         raise ValueError(f"x must be one of {', '.join(X_AXES)}, got {x!r}")
@@ -675,8 +763,17 @@ def run_series(
         sub = _SUB if intervals and n_samples >= MIN_INTERVAL_SAMPLES * max_points else 1
         rows = _bucket_rows(conn, run_id, series, x, max_points * sub, use_blocks, x_min, x_max)
     points = _merge_fine(rows, intervals, sub)
+    if window > 0:
+        points = smooth_series(points, window, intervals=intervals)
     return RunSeries(
-        run_uid, series, x, str(run.units), n_samples, "blocks" if use_blocks else "samples", points
+        run_uid,
+        series,
+        x,
+        str(run.units),
+        n_samples,
+        "blocks" if use_blocks else "samples",
+        float(window),
+        points,
     )
 
 
@@ -684,7 +781,7 @@ def _merge_fine(rows: Sequence[Any], intervals: bool = True, sub: int = _SUB) ->
     """Sum sub-buckets into buckets; each bucket's sub-buckets are its jackknife blocks.
 
     ``rows`` are (fine index, n, sum_g, sum_s, n_loss, sum_loss, n_lr, sum_lr, x_lo, x_hi,
-    step_lo, step_hi, examples_hi) ordered by fine index.
+    step_lo, step_hi, examples_hi, b_big_max) ordered by fine index.
     """
     points: list[SeriesPoint] = []
     i = 0
@@ -694,7 +791,7 @@ def _merge_fine(rows: Sequence[Any], intervals: bool = True, sub: int = _SUB) ->
         j = i + 1
         while j < total and int(rows[j][0]) // sub == key:
             j += 1
-        (_, c_n, c_g, c_s, c_nl, c_sl, c_nr, c_sr, c_xlo, c_xhi, c_slo, c_shi, c_ex) = zip(
+        (_, c_n, c_g, c_s, c_nl, c_sl, c_nr, c_sr, c_xlo, c_xhi, c_slo, c_shi, c_ex, c_b) = zip(
             *rows[i:j], strict=True
         )
         i = j
@@ -722,6 +819,7 @@ def _merge_fine(rows: Sequence[Any], intervals: bool = True, sub: int = _SUB) ->
                 examples_hi=max(ex) if ex else None,
                 loss=sum(float(v or 0.0) for v in c_sl) / n_loss if n_loss else None,
                 lr=sum(float(v or 0.0) for v in c_sr) / n_lr if n_lr else None,
+                batch_size=max(float(v) for v in c_b),
             )
         )
     return points
@@ -742,11 +840,13 @@ def _point(
     examples_hi: float | None,
     loss: float | None,
     lr: float | None,
+    batch_size: float | None,
+    interval: bool = True,
 ) -> SeriesPoint:
     point = NoiseScale.from_sums(sum_g, sum_s, n)
     lo = hi = None
     reason = point.reason
-    if point.b_simple is not None and len(block_n) >= 2 and n >= MIN_INTERVAL_SAMPLES:
+    if interval and point.b_simple is not None and len(block_n) >= 2 and n >= MIN_INTERVAL_SAMPLES:
         iv = interval_from_blocks(block_n, block_g, block_s, level=LEVEL)
         if iv.b_simple is not None:
             lo, hi = iv.b_simple.lo, iv.b_simple.hi
@@ -768,49 +868,155 @@ def _point(
         reason=reason,
         loss=loss,
         lr=lr,
+        batch_size=batch_size,
     )
 
 
-def smooth_series(points: Sequence[SeriesPoint], window: int) -> list[SeriesPoint]:
-    """Trailing-window smoothing over buckets: each output point sums the last ``window``
-    buckets (ratio of sums, science.md) and takes its interval from those buckets as blocks.
+def smooth_series(
+    points: Sequence[SeriesPoint], window: float, *, intervals: bool = True
+) -> list[SeriesPoint]:
+    """Trailing-window smoothing: each point sums the buckets whose steps end within the last
+    ``window`` steps before its own last step (ratio of sums, science.md) and takes its
+    interval from those buckets as blocks. A window narrower than a bucket is that bucket.
 
-    ``window=1`` returns the points unchanged. Used by the dashboard's smoothing control, so the
-    smoothed curve and its band come from the same exact sums as the raw buckets.
+    The dashboard's smoothing control goes through here, so a smoothed curve and its band come
+    from the same exact sums as the raw buckets. It never changes a run's current B_simple.
+    Running sums keep it linear in the number of points whatever the window.
     """
-    if window <= 1:
+    if window <= 0:
         return list(points)
+    sums = _prefix_sums(points)
     out = []
-    for i in range(len(points)):
-        chunk = points[max(0, i - window + 1) : i + 1]
-        losses = [(p.loss, p.n) for p in chunk if p.loss is not None]
-        lrs = [(p.lr, p.n) for p in chunk if p.lr is not None]
-        loss_w = sum(w for _, w in losses)
-        lr_w = sum(w for _, w in lrs)
+    start = 0
+    for i, point in enumerate(points):
+        while start < i and points[start].step_hi <= point.step_hi - window:
+            start += 1
+
+        def total(k: int, lo: int = start, hi: int = i + 1) -> float:
+            return sums[hi][k] - sums[lo][k]
+
+        chunk = points[start : i + 1] if intervals else ()
+        n, loss_w, lr_w = int(total(0)), total(3), total(5)
         out.append(
             _point(
                 [p.n for p in chunk],
                 [p.sum_g_sq for p in chunk],
                 [p.sum_trace_sigma for p in chunk],
-                n=sum(p.n for p in chunk),
-                sum_g=sum(p.sum_g_sq for p in chunk),
-                sum_s=sum(p.sum_trace_sigma for p in chunk),
-                x_lo=chunk[0].x_lo,
-                x_hi=chunk[-1].x_hi,
-                step_lo=chunk[0].step_lo,
-                step_hi=chunk[-1].step_hi,
-                examples_hi=chunk[-1].examples_hi,
-                loss=sum(v * w for v, w in losses) / loss_w if loss_w else None,
-                lr=sum(v * w for v, w in lrs) / lr_w if lr_w else None,
+                n=n,
+                sum_g=total(1),
+                sum_s=total(2),
+                x_lo=points[start].x_lo,
+                x_hi=point.x_hi,
+                step_lo=points[start].step_lo,
+                step_hi=point.step_hi,
+                examples_hi=point.examples_hi,
+                loss=total(4) / loss_w if loss_w else None,
+                lr=total(6) / lr_w if lr_w else None,
+                batch_size=point.batch_size,
+                interval=intervals,
             )
         )
     return out
 
 
-@dataclass(frozen=True)
-class SeriesInfo:
-    name: str
-    n_samples: int
+def _prefix_sums(points: Sequence[SeriesPoint]) -> list[tuple[float, ...]]:
+    """Running (n, sum_g, sum_s, n with loss, sum n*loss, n with lr, sum n*lr) over points."""
+    acc: list[tuple[float, ...]] = [(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)]
+    for p in points:
+        n_loss = p.n if p.loss is not None else 0
+        n_lr = p.n if p.lr is not None else 0
+        a = acc[-1]
+        acc.append(
+            (
+                a[0] + p.n,
+                a[1] + p.sum_g_sq,
+                a[2] + p.sum_trace_sigma,
+                a[3] + n_loss,
+                a[4] + n_loss * (p.loss or 0.0),
+                a[5] + n_lr,
+                a[6] + n_lr * (p.lr or 0.0),
+            )
+        )
+    return acc
+
+
+def _bucket_point(b: BucketSums) -> SeriesPoint:
+    """A several-runs bucket as a series point along steps (one block, no interval)."""
+    return _point(
+        [b.n],
+        [b.sum_g_sq],
+        [b.sum_trace_sigma],
+        n=b.n,
+        sum_g=b.sum_g_sq,
+        sum_s=b.sum_trace_sigma,
+        x_lo=float(b.step_lo),
+        x_hi=float(b.step),
+        step_lo=b.step_lo,
+        step_hi=b.step,
+        examples_hi=b.examples,
+        loss=b.loss,
+        lr=b.lr,
+        batch_size=b.batch_size,
+        interval=False,
+    )
+
+
+#: A compared run with this many 64-sample blocks is read from the block table (coarser,
+#: much faster: 100 runs of 10,000 samples is 16k rows instead of 1M).
+COMPARE_MIN_BLOCKS = 100
+
+
+def compare_series(
+    engine: Engine,
+    run_uids: Sequence[str],
+    *,
+    max_points: int = 400,
+    window_fraction: float = 0.1,
+    project_scope: int | None = None,
+) -> list[RunSeries]:
+    """Whole-model series of several runs along steps, in one query, each smoothed over the
+    trailing ``window_fraction`` of its own step range (runs of different lengths alike).
+
+    Points carry no interval (the comparison charts draw none). Unknown runs, and runs outside
+    ``project_scope``, are left out.
+    """
+    buckets = bucket_sums(
+        engine,
+        run_uids,
+        max_points=max_points,
+        min_blocks=COMPARE_MIN_BLOCKS,
+        project_scope=project_scope,
+    )
+    by_run: dict[str, list[SeriesPoint]] = {}
+    for b in buckets:
+        by_run.setdefault(b.run_uid, []).append(_bucket_point(b))
+    with engine.connect() as conn:
+        units = dict(
+            conn.execute(select(Run.uid, Run.units).where(Run.uid.in_(list(by_run)))).all()
+        )
+    out = []
+    for uid in run_uids:
+        points = by_run.get(uid)
+        if points is None:
+            continue
+        span = points[-1].step_hi - points[0].step_lo + 1
+        window = max(1.0, window_fraction * span) if window_fraction > 0 else 0.0
+        smoothed = smooth_series(points, window, intervals=False) if window > 0 else points
+        n = sum(p.n for p in points)
+        source = "blocks" if n >= BLOCK_SIZE * COMPARE_MIN_BLOCKS else "samples"
+        out.append(
+            RunSeries(
+                uid,
+                "",
+                "step",
+                str(units.get(uid, "examples")),
+                n,
+                source,
+                window,
+                smoothed,
+            )
+        )
+    return out
 
 
 def series_names(
@@ -826,15 +1032,6 @@ def series_names(
             .order_by(SampleBlock.series)
         ).all()
     return [SeriesInfo(str(r[0]), int(r[1])) for r in rows]
-
-
-@dataclass(frozen=True)
-class EventRow:
-    step: int
-    kind: str
-    payload: dict[str, Any]
-    time: float | None
-    seq: int | None
 
 
 def run_events(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> list[EventRow]:
@@ -853,21 +1050,6 @@ def run_events(engine: Engine, run_uid: str, *, project_scope: int | None = None
 
 
 # --- tasks and the critical batch ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TaskSummary:
-    """A task across its runs; ``b_simple_median`` is the median of the runs' current B_simple."""
-
-    project: str
-    task: str
-    n_runs: int
-    n_running: int
-    n_samples: int
-    batch_sizes: list[float]
-    units: list[str]
-    last_started_at: datetime | None
-    b_simple_median: float | None
 
 
 def task_summaries(
@@ -892,67 +1074,12 @@ def task_summaries(
                 batch_sizes=sorted({r.batch_size for r in members if r.batch_size is not None}),
                 units=sorted({r.units for r in members}),
                 last_started_at=max(starts) if starts else None,
+                n_measured=len(b_values),
                 b_simple_median=statistics.median(b_values) if b_values else None,
+                b_simple_min=min(b_values) if b_values else None,
+                b_simple_max=max(b_values) if b_values else None,
             )
         )
-    return out
-
-
-@dataclass(frozen=True)
-class Crossing:
-    """Where a run's bucketed loss first reached ``target`` (None fields: never reached)."""
-
-    target: float
-    step: int | None
-    examples: float | None
-    #: B_simple over the buckets around the crossing: the noise scale at that loss.
-    b_simple: float | None
-
-
-@dataclass(frozen=True)
-class RunCrossings:
-    uid: str
-    name: str
-    batch_size: float | None
-    units: str
-    crossings: list[Crossing]
-
-
-def loss_target_crossings(
-    engine: Engine,
-    task: str,
-    targets: Sequence[float],
-    *,
-    project: str | None = None,
-    max_points: int = 500,
-    smooth: int = 3,
-    project_scope: int | None = None,
-) -> list[RunCrossings]:
-    """Per run of ``task``: the first step/examples where the loss reached each target.
-
-    The loss is the per-bucket mean of a ``max_points`` bucketing along steps, smoothed over
-    ``smooth`` trailing buckets, so a single noisy minibatch does not count as reaching it.
-    Input for ``noisescope.estimators.fit_critical_batch`` (science.md, Sec. 2.2-3).
-    """
-    runs = list_runs(
-        engine, project=project, task=task, limit=1_000_000, window=0, project_scope=project_scope
-    )
-    out = []
-    for r in runs:
-        series = run_series(engine, r.uid, x="step", max_points=max_points)
-        points = smooth_series(series.points, smooth)
-        crossings = []
-        for target in targets:
-            hit = next((p for p in points if p.loss is not None and p.loss <= target), None)
-            crossings.append(
-                Crossing(
-                    float(target),
-                    None if hit is None else hit.step_hi,
-                    None if hit is None else hit.examples_hi,
-                    None if hit is None else hit.b_simple,
-                )
-            )
-        out.append(RunCrossings(r.uid, r.name, r.batch_size, r.units, crossings))
     return out
 
 

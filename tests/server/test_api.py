@@ -13,10 +13,15 @@ import httpx
 import orjson
 import pytest
 
-from noisescope.estimators import NoiseScale
+from noisescope.estimators import NoiseScale, current_window, two_batch_estimates
 from tests.server._data import columns, expected_sums, run_body
 
 API = "/api/v1"
+
+
+def _norms(cols: dict[str, Any]) -> list[tuple[float, float, float, float]]:
+    names = ("b_small", "b_big", "g_small_sq", "g_big_sq")
+    return list(zip(*(cols[n] for n in names), strict=True))
 
 
 def put_run(client: httpx.Client, run_id: str, **body: Any) -> httpx.Response:
@@ -44,7 +49,9 @@ def test_openapi_is_published_with_every_endpoint(client: httpx.Client) -> None:
         "/api/v1/runs/{run_id}/series",
         "/api/v1/runs/{run_id}/samples.csv",
         "/api/v1/tasks",
-        "/api/v1/tasks/{task}/crossings",
+        "/api/v1/series",
+        "/api/v1/tasks/{project}/{task}/critical-batch",
+        "/api/v1/parallelism",
     ):
         assert path in paths, path
     samples_schema = paths["/api/v1/runs/{run_id}/samples"]["post"]["requestBody"]["content"][
@@ -106,6 +113,7 @@ def test_series_sums_are_exact_and_ratio_comes_last(client: httpx.Client, run_id
     put_run(client, run_id)
     cols = columns(1000, seed=3)
     post_samples(client, run_id, cols)
+    run_before = client.get(f"{API}/runs/{run_id}").json()
     r = client.get(f"{API}/runs/{run_id}/series", params={"max_points": 10})
     assert r.status_code == 200, r.text
     series = r.json()
@@ -127,10 +135,17 @@ def test_series_sums_are_exact_and_ratio_comes_last(client: httpx.Client, run_id
     assert len(ex["points"]) <= 7
     assert sum(p["n"] for p in ex["points"]) == 1000
     assert ex["points"][-1]["x_hi"] == 999 * 32
+    # a trailing window of 300 steps: the last point sums the buckets ending after step 699
     smoothed = client.get(
-        f"{API}/runs/{run_id}/series", params={"max_points": 10, "smooth": 3}
+        f"{API}/runs/{run_id}/series", params={"max_points": 10, "window": 300}
     ).json()
-    assert smoothed["points"][-1]["n"] == sum(p["n"] for p in points[-3:])
+    assert smoothed["window_steps"] == 300
+    inside = [p for p in points if p["step_hi"] > points[-1]["step_hi"] - 300]
+    assert 3 <= len(inside) <= 4
+    assert smoothed["points"][-1]["n"] == sum(p["n"] for p in inside)
+    assert smoothed["points"][-1]["sum_g_sq"] == pytest.approx(sum(p["sum_g_sq"] for p in inside))
+    # smoothing changes the curve, never the run's current B_simple
+    assert client.get(f"{API}/runs/{run_id}").json()["b_simple"] == run_before["b_simple"]
     assert client.get(f"{API}/runs/{run_id}/series", params={"x": "bogus"}).status_code == 422
 
 
@@ -157,12 +172,27 @@ def test_list_runs_filters_and_current_b_simple(client: httpx.Client) -> None:
     run = client.get(f"{API}/runs/{ids[0]}").json()
     assert run["n_samples"] == 600
     assert run["last_loss"] == pytest.approx(2.0 / (1.0 + 0.01 * 599))
-    # the current window holds the last 500 samples; its B_simple is their ratio of sums
-    tail = {k: v[100:] for k, v in columns(600, seed=1).items()}
+    # the current window is estimators.current_window's on the same per-sample estimates, and
+    # its B_simple the ratio of the sums over exactly those last samples
+    cols = columns(600, seed=1)
+    g_sq, trace_sigma = zip(*(two_batch_estimates(*row) for row in _norms(cols)), strict=True)
+    k, interval = current_window([1.0] * 600, list(g_sq), list(trace_sigma))
+    assert interval.b_simple is not None
+    assert run["window_samples"] == k >= 64
+    assert (run["window_first_step"], run["window_last_step"]) == (600 - k, 599)
+    tail = {name: values[600 - k :] for name, values in cols.items()}
     g_total, s_total = expected_sums(tail)
-    assert run["window_samples"] == 500
     assert run["b_simple"] == pytest.approx(s_total / g_total)
+    assert (run["b_simple_lo"], run["b_simple_hi"]) == pytest.approx(
+        (interval.b_simple.lo, interval.b_simple.hi)
+    )
     assert run["b_simple_lo"] <= run["b_simple"] <= run["b_simple_hi"]
+    assert run["batch_in_use"] == 32
+    assert run["batch_to_b_simple"] == pytest.approx(32 / run["b_simple"])
+    # fewer samples than the minimum: no number, no ratio, and the reason
+    short = client.get(f"{API}/runs/{ids[1]}").json()
+    assert short["b_simple"] is None and short["batch_to_b_simple"] is None
+    assert short["b_simple_reason"].startswith("no samples yet")
     assert project in client.get(f"{API}/projects").json()
 
 
@@ -217,26 +247,22 @@ def test_csv_export_returns_the_raw_samples(client: httpx.Client, run_id: str) -
     assert client.get(f"{API}/runs/nope/samples.csv").status_code == 404
 
 
-def test_tasks_and_loss_target_crossings(client: httpx.Client) -> None:
-    project = f"crit-{uuid.uuid4().hex[:8]}"
+def test_tasks_summarise_their_runs(client: httpx.Client) -> None:
+    project = f"tasks-{uuid.uuid4().hex[:8]}"
+    ids = []
     for batch, loss0 in ((32, 2.0), (128, 4.0)):
         rid = uuid.uuid4().hex
+        ids.append(rid)
         put_run(client, rid, project=project, task="lsq", batch_size=batch)
         post_samples(client, rid, columns(400, loss0=loss0))
     tasks = client.get(f"{API}/tasks", params={"project": project}).json()
     assert len(tasks) == 1
     assert tasks[0]["n_runs"] == 2
     assert tasks[0]["batch_sizes"] == [32, 128]
-    r = client.get(
-        f"{API}/tasks/lsq/crossings", params={"project": project, "targets": [1.0, 0.01]}
-    )
-    assert r.status_code == 200, r.text
-    by_batch = {c["batch_size"]: c["crossings"] for c in r.json()}
-    # loss = loss0 / (1 + 0.01 step): reaches 1.0 at step 100 (loss0 2) and 300 (loss0 4),
-    # located to within the bucket width and smoothing of the bucketed series
-    assert by_batch[32][0]["step"] == pytest.approx(100, abs=15)
-    assert by_batch[128][0]["step"] == pytest.approx(300, abs=15)
-    assert by_batch[32][1]["step"] is None  # 0.01 never reached
+    current = [client.get(f"{API}/runs/{rid}").json()["b_simple"] for rid in ids]
+    assert tasks[0]["n_measured"] == 2
+    assert tasks[0]["b_simple_min"] == pytest.approx(min(current))
+    assert tasks[0]["b_simple_max"] == pytest.approx(max(current))
 
 
 def test_unknown_run_is_404(client: httpx.Client) -> None:

@@ -103,6 +103,9 @@ def test_token_of_a_cannot_write_or_read_b(
         assert a.get(f"{API}/runs/{run_b}").status_code == 403
         assert a.get(f"{API}/runs/{run_b}/series").status_code == 403
         assert a.get(f"{API}/runs/{run_b}/samples.csv").status_code == 403
+        assert a.get(f"{API}/runs/{run_b}/recommendation").status_code == 403
+        assert a.get(f"{API}/tasks/{proj_b}/task/critical-batch").status_code == 403
+        assert {t["project"] for t in a.get(f"{API}/tasks").json()} == {proj_a}
         assert {r["uid"] for r in a.get(f"{API}/runs").json()} == {run_a}
         assert a.get(f"{API}/projects").json() == [proj_a]
         # B's run is untouched
@@ -111,6 +114,9 @@ def test_token_of_a_cannot_write_or_read_b(
         # A's own writes work
         r = a.post(f"{API}/runs/{run_a}/samples", json={"columns": columns(5)})
         assert r.json()["inserted"] == 5
+        assert b.post(f"{API}/runs/{run_b}/samples", json={"columns": columns(5)}).is_success
+        compared = a.get(f"{API}/series", params={"runs": [run_b, run_a]}).json()
+        assert [s["run_uid"] for s in compared] == [run_a]  # B's run is left out for A
     # reading without a token is open in "write" mode
     assert httpx.get(f"{base}{API}/runs/{run_b}").status_code == 200
 

@@ -174,9 +174,27 @@ def test_bad_events(client: httpx.Client, target: str, body: bytes) -> None:
 def test_bad_query_parameters(client: httpx.Client, target: str) -> None:
     assert client.get(f"{API}/runs/{target}/series", params={"max_points": 0}).status_code == 422
     assert client.get(f"{API}/runs", params={"limit": "many"}).status_code == 422
-    r = client.get(f"{API}/tasks/t/crossings")
+    for params in ({"targets": "nan"}, {"targets": "inf"}, {"targets": "x"}, {"loss": "both"}):
+        r = client.get(f"{API}/tasks/p/t/critical-batch", params=params)
+        assert r.status_code == 422, (params, r.text)
+        assert r.json()["detail"]
+    r = client.get(f"{API}/tasks/no-project/no-task/critical-batch")
+    assert r.status_code == 404 and "does not exist" in r.json()["detail"]
+    assert client.get(f"{API}/series").status_code == 422  # runs= is required
+    r = client.get(f"{API}/series", params={"runs": [f"r{i}" for i in range(201)]})
     assert r.status_code == 422
-    assert "targets" in r.json()["detail"]
+    assert client.get(f"{API}/series", params={"runs": ["nope"]}).json() == []
+    for params in (
+        {"b_crit": -1, "per_device_batch": 8},
+        {"b_crit": 100, "per_device_batch": 0},
+        {"b_crit": 100, "per_device_batch": 8, "min_speedup": 2.5},
+        {"b_crit": 100, "per_device_batch": 8, "max_devices": 0},
+        {"b_crit": "1e400", "per_device_batch": 8},
+    ):
+        r = client.get(f"{API}/parallelism", params=params)
+        assert r.status_code == 422, (params, r.text)
+    r = client.get(f"{API}/runs/{target}/series", params={"window": -5})
+    assert r.status_code == 422
 
 
 _json_values = st.recursive(

@@ -1,15 +1,31 @@
-"""The JSON query API (shared with the dashboard through ``noisescope_server.queries``)."""
+"""The JSON query API: every number the dashboard (and ``noisescope.Api``) shows comes from here.
+
+Answers are the dataclasses of ``noisescope._results`` and ``noisescope.sweep``, which
+``noisescope.Api`` decodes back into the same classes.
+"""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated
+from urllib.parse import unquote
 
 import orjson
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from noisescope_server import queries
+from noisescope._results import (
+    EventRow,
+    ParallelismPlan,
+    RunSeries,
+    RunSummary,
+    SeriesInfo,
+    TaskSummary,
+)
+from noisescope.recommend import parallelism_plan
+from noisescope.sweep import CriticalBatchReport
+from noisescope_server import queries, sweeps
 from noisescope_server.api.deps import EngineDep, ReadScope
 
 router = APIRouter(tags=["query"])
@@ -26,7 +42,7 @@ def get_projects(engine: EngineDep, scope: ReadScope) -> list[str]:
     return queries.list_projects(engine, project_scope=scope)
 
 
-@router.get("/runs", response_model=list[queries.RunSummary], summary="List and filter runs")
+@router.get("/runs", response_model=list[RunSummary], summary="List and filter runs")
 def get_runs(
     engine: EngineDep,
     scope: ReadScope,
@@ -38,6 +54,13 @@ def get_runs(
     started_after: datetime | None = None,
     started_before: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
+    current: Annotated[
+        bool,
+        Query(
+            description="compute each run's current B_simple (false: a cheaper list whose "
+            "b_simple fields are null, for pickers)"
+        ),
+    ] = True,
 ) -> Response:
     return _json(
         queries.list_runs(
@@ -51,18 +74,19 @@ def get_runs(
             started_before=started_before,
             limit=limit,
             project_scope=scope,
+            current=current,
         )
     )
 
 
-@router.get("/runs/{run_id}", response_model=queries.RunSummary, summary="One run")
+@router.get("/runs/{run_id}", response_model=RunSummary, summary="One run")
 def get_run(run_id: str, engine: EngineDep, scope: ReadScope) -> Response:
     return _json(queries.get_run(engine, run_id, project_scope=scope))
 
 
 @router.get(
     "/runs/{run_id}/series",
-    response_model=queries.RunSeries,
+    response_model=RunSeries,
     summary="A run's |G|^2, tr(Sigma), B_simple, loss bucketed server-side to <= max_points",
 )
 def get_series(
@@ -72,36 +96,62 @@ def get_series(
     x: queries.XAxis = "step",
     max_points: Annotated[int, Query(ge=1, le=20_000)] = 2000,
     series: str = "",
-    smooth: Annotated[int, Query(ge=1, le=1000, description="trailing buckets summed")] = 1,
+    window: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=1e15,
+            description="smooth by trailing windows of this many steps (0: each bucket alone); "
+            "never changes the run's current B_simple",
+        ),
+    ] = 0.0,
 ) -> Response:
-    result = queries.run_series(
-        engine, run_id, x=x, max_points=max_points, series=series, project_scope=scope
-    )
-    if smooth > 1:
-        result = queries.RunSeries(
-            result.run_uid,
-            result.series,
-            result.x,
-            result.units,
-            result.n_samples,
-            result.source,
-            queries.smooth_series(result.points, smooth),
+    return _json(
+        queries.run_series(
+            engine,
+            run_id,
+            x=x,
+            max_points=max_points,
+            series=series,
+            window=window,
+            project_scope=scope,
         )
-    return _json(result)
+    )
+
+
+@router.get(
+    "/series",
+    response_model=list[RunSeries],
+    summary="Whole-model series of several runs, each smoothed over a fraction of its length",
+)
+def get_compare_series(
+    engine: EngineDep,
+    scope: ReadScope,
+    runs: Annotated[list[str], Query(min_length=1, max_length=200, description="run ids")],
+    max_points: Annotated[int, Query(ge=1, le=2000)] = 400,
+    window_fraction: Annotated[float, Query(ge=0, le=1)] = 0.1,
+) -> Response:
+    return _json(
+        queries.compare_series(
+            engine,
+            runs,
+            max_points=max_points,
+            window_fraction=window_fraction,
+            project_scope=scope,
+        )
+    )
 
 
 @router.get(
     "/runs/{run_id}/series-names",
-    response_model=list[queries.SeriesInfo],
+    response_model=list[SeriesInfo],
     summary="Series of a run",
 )
 def get_series_names(run_id: str, engine: EngineDep, scope: ReadScope) -> Response:
     return _json(queries.series_names(engine, run_id, project_scope=scope))
 
 
-@router.get(
-    "/runs/{run_id}/events", response_model=list[queries.EventRow], summary="Events of a run"
-)
+@router.get("/runs/{run_id}/events", response_model=list[EventRow], summary="Events of a run")
 def get_events(run_id: str, engine: EngineDep, scope: ReadScope) -> Response:
     return _json(queries.run_events(engine, run_id, project_scope=scope))
 
@@ -123,25 +173,85 @@ def get_samples_csv(
     )
 
 
-@router.get("/tasks", response_model=list[queries.TaskSummary], summary="Tasks across runs")
+@router.get("/tasks", response_model=list[TaskSummary], summary="Tasks across runs")
 def get_tasks(engine: EngineDep, scope: ReadScope, project: str | None = None) -> Response:
     return _json(queries.task_summaries(engine, project, project_scope=scope))
 
 
 @router.get(
-    "/tasks/{task}/crossings",
-    response_model=list[queries.RunCrossings],
-    summary="Per run of a task: first step/examples where the loss reached each target",
+    "/tasks/{project}/{task:path}/critical-batch",
+    response_model=CriticalBatchReport,
+    summary="B_crit per loss target from the task's batch-size sweep, with B_simple at that loss",
 )
-def get_crossings(
+def get_critical_batch(
+    project: str,
     task: str,
+    request: Request,
     engine: EngineDep,
     scope: ReadScope,
-    targets: Annotated[list[float], Query(min_length=1, max_length=100)],
-    project: str | None = None,
+    targets: Annotated[
+        list[float] | None,
+        Query(max_length=50, description="loss targets (default: every batch size reaches them)"),
+    ] = None,
+    loss: Annotated[
+        sweeps.LossChoice,
+        Query(description="cross targets on eval losses, training losses, or auto"),
+    ] = "auto",
 ) -> Response:
-    if any(t != t or t in (float("inf"), float("-inf")) for t in targets):
+    chosen = targets or []
+    if any(not math.isfinite(t) for t in chosen):
         raise HTTPException(422, "targets must be finite numbers")
+    project, task = _task_path(request, project, task)
     return _json(
-        queries.loss_target_crossings(engine, task, targets, project=project, project_scope=scope)
+        sweeps.critical_batch(engine, project, task, targets=chosen, loss=loss, project_scope=scope)
+    )
+
+
+def _task_path(request: Request, project: str, task: str) -> tuple[str, str]:
+    """Project and task from the undecoded path, so that a name holding "/" (sent as %2F)
+    stays one name: the router sees the path after percent-decoding."""
+    raw = request.scope.get("raw_path")
+    if not isinstance(raw, bytes):
+        return project, task
+    parts = raw.decode("latin-1").split("?", 1)[0].split("/")
+    try:
+        start = parts.index("tasks")
+    except ValueError:
+        return project, task
+    names = parts[start + 1 : -1]
+    if len(names) < 2 or parts[-1] != "critical-batch":
+        return project, task
+    return unquote(names[0]), unquote("/".join(names[1:]))
+
+
+@router.get(
+    "/parallelism",
+    response_model=ParallelismPlan,
+    summary="Devices past which each doubling buys less than min_speedup (S-E model at B_crit)",
+)
+def get_parallelism(
+    b_crit: Annotated[float, Query(gt=0, le=1e18, description="critical batch size")],
+    per_device_batch: Annotated[float, Query(gt=0, le=1e18)],
+    s_min: Annotated[float | None, Query(gt=0, le=1e18, description="from a sweep fit")] = None,
+    step_time: Annotated[float | None, Query(gt=0, le=1e9, description="seconds per step")] = (
+        None
+    ),
+    min_speedup: Annotated[float, Query(gt=1, lt=2)] = 1.5,
+    max_devices: Annotated[int | None, Query(ge=1, le=2**24)] = None,
+    units: Annotated[str, Query(pattern="^(examples|tokens)$")] = "examples",
+    batch_size: Annotated[
+        float | None, Query(gt=0, le=1e18, description="a batch to give a verdict on")
+    ] = None,
+) -> Response:
+    return _json(
+        parallelism_plan(
+            b_crit,
+            per_device_batch,
+            s_min=s_min,
+            step_time=step_time,
+            min_speedup=min_speedup,
+            max_devices=max_devices,
+            units=units,
+            batch_size=batch_size,
+        )
     )

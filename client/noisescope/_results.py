@@ -1,0 +1,225 @@
+"""What the read API answers, as plain frozen dataclasses: one definition for both ends.
+
+The server's read side (``noisescope_server.queries``) builds these and encodes them as JSON;
+``noisescope.Api`` decodes the same JSON back into them. The dashboard, a notebook and the
+server therefore hold the very same fields. ``to_frame`` turns a list of any of them (or a
+series' points) into a pandas frame when pandas is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+__all__ = [
+    "EventRow",
+    "ParallelismPlan",
+    "ParallelismRow",
+    "RunSeries",
+    "RunSummary",
+    "SeriesInfo",
+    "SeriesPoint",
+    "TaskSummary",
+    "to_frame",
+]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run: metadata, progress, the batch in use, and its *current* B_simple.
+
+    The current B_simple follows one rule everywhere (``estimators.current_window``): a
+    trailing window of at least ``CURRENT_FRACTION`` of the run's samples and at least
+    ``CURRENT_MIN_SAMPLES``, grown until its ``level`` interval is no wider than
+    ``CURRENT_MAX_REL_WIDTH`` times the value. ``b_simple`` is None, with
+    ``b_simple_reason``, while not yet measurable; there is then no ratio and no verdict.
+    """
+
+    uid: str
+    project: str
+    task: str
+    name: str
+    tags: list[str]
+    config: dict[str, Any]
+    #: The batch size given at ``init`` (task units per optimizer step).
+    batch_size: float | None
+    units: str
+    status: str
+    started_at: datetime | None
+    ended_at: datetime | None
+    last_seen_at: datetime | None
+    n_samples: int
+    last_step: int | None
+    last_examples: float | None
+    last_loss: float | None
+    last_eval_loss: float | None
+    #: The batch in use now: the latest ``batch_size`` event, else ``batch_size``.
+    batch_in_use: float | None
+    #: "event", "run", or None when neither gives one.
+    batch_in_use_source: str | None
+    level: float
+    b_simple: float | None
+    b_simple_lo: float | None
+    b_simple_hi: float | None
+    b_simple_reason: str | None
+    #: |G|^2 and tr(Sigma) over the same window (means of the per-sample estimates).
+    g_sq: float | None
+    trace_sigma: float | None
+    #: The current window: its samples and its first and last steps.
+    window_samples: int
+    window_first_step: int | None
+    window_last_step: int | None
+    #: batch_in_use / b_simple (None when either is missing).
+    batch_to_b_simple: float | None
+    #: Why the run measures nothing, when its training loop said so (a ``notice`` event).
+    notice: str | None
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    """One bucket of a series (or, smoothed, the trailing window ending at that bucket).
+
+    ``x`` is the middle of the bucket's x range (``x_lo``..``x_hi``); ``g_sq`` and
+    ``trace_sigma`` are means of the per-sample estimates; ``b_simple`` is their ratio (None,
+    with ``reason``, where not measurable) and ``b_simple_lo/hi`` its interval from the
+    bucket's (or window's) blocks (None when too few samples to tell).
+    """
+
+    x: float
+    x_lo: float
+    x_hi: float
+    step_lo: int
+    step_hi: int
+    examples_hi: float | None
+    n: int
+    sum_g_sq: float
+    sum_trace_sigma: float
+    g_sq: float
+    trace_sigma: float
+    b_simple: float | None
+    b_simple_lo: float | None
+    b_simple_hi: float | None
+    reason: str | None
+    loss: float | None
+    lr: float | None
+    #: The largest B_big in the bucket: the batch in use.
+    batch_size: float | None
+
+
+@dataclass(frozen=True)
+class RunSeries:
+    run_uid: str
+    series: str
+    x: str
+    units: str
+    n_samples: int
+    #: "samples" (bucketed from raw rows) or "blocks" (from pre-summed 64-sample blocks).
+    source: str
+    #: Trailing smoothing window in steps (0: none, each bucket on its own).
+    window_steps: float
+    points: list[SeriesPoint]
+
+    def to_frame(self) -> Any:
+        """The points as a pandas frame (one row per bucket)."""
+        return to_frame(self.points)
+
+
+@dataclass(frozen=True)
+class SeriesInfo:
+    name: str
+    n_samples: int
+
+
+@dataclass(frozen=True)
+class EventRow:
+    step: int
+    kind: str
+    payload: dict[str, Any]
+    time: float | None
+    seq: int | None
+
+
+@dataclass(frozen=True)
+class TaskSummary:
+    """A task across its runs; the B_simple columns summarise the runs' current B_simple."""
+
+    project: str
+    task: str
+    n_runs: int
+    n_running: int
+    n_samples: int
+    batch_sizes: list[float]
+    units: list[str]
+    last_started_at: datetime | None
+    n_measured: int
+    b_simple_median: float | None
+    b_simple_min: float | None
+    b_simple_max: float | None
+
+
+@dataclass(frozen=True)
+class ParallelismRow:
+    """Training with ``devices`` x ``per_device_batch`` (science.md's S-E model)."""
+
+    devices: int
+    batch_size: float
+    #: S/S_min and E/E_min.
+    steps_ratio: float
+    examples_ratio: float
+    #: Speed-up over one device (S(b)/S(N b)) and from the previous row's doubling.
+    speedup: float
+    doubling_speedup: float | None
+    #: Share of the examples processed beyond the minimum, 1 - E_min/E.
+    waste: float
+    #: Absolute steps and wall time, when S_min (and a step time) are known.
+    steps: float | None
+    hours: float | None
+
+
+@dataclass(frozen=True)
+class ParallelismPlan:
+    """How far a task parallelises at B_crit, from the S-E model with ideal scaling."""
+
+    b_crit: float
+    per_device_batch: float
+    min_speedup: float
+    #: Devices past which each doubling speeds training up by less than ``min_speedup``.
+    device_limit: float
+    #: The batch past which doubling buys less than ``min_speedup``, B_crit (1 - s/2)/(s - 1),
+    #: and the compute waste there; meaningful even when ``device_limit`` is below one device.
+    limit_batch_size: float
+    limit_waste: float
+    s_min: float | None
+    step_time: float | None
+    rows: list[ParallelismRow]
+    summary: str
+    #: For a chosen batch size: the sentence ``recommend.verdict`` gives against B_crit.
+    batch_size: float | None = None
+    verdict: str | None = None
+
+
+def _row(item: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return {f.name: getattr(item, f.name) for f in dataclasses.fields(item)}
+    if isinstance(item, dict):
+        return dict(item)
+    raise TypeError(f"cannot make a frame row of {type(item).__name__}")
+
+
+def to_frame(items: Sequence[Any]) -> Any:
+    """A pandas ``DataFrame`` with one row per dataclass (its fields as columns)."""
+    try:
+        import pandas as pd
+    except ImportError as exc:  # pragma: no cover - pandas is optional for the client
+        raise ImportError("to_frame needs pandas: pip install pandas") from exc
+    if not items:
+        return pd.DataFrame()
+    fields = (
+        [f.name for f in dataclasses.fields(items[0])]
+        if dataclasses.is_dataclass(items[0])
+        else None
+    )
+    return pd.DataFrame([_row(i) for i in items], columns=fields)

@@ -1,0 +1,105 @@
+"""``noisescope.Api`` against a real server: the server's answers come back as the very same
+dataclasses, with the same numbers; errors are exceptions that say what is wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+import noisescope
+from noisescope.sweep import CriticalBatchReport
+from tests.server._data import columns, run_body
+from tests.support.servers import ServerProcess
+from tests.support.synthetic_sweep import make_sweep, post
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    with ServerProcess() as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def loaded(server: ServerProcess) -> dict[str, str]:
+    """A run with 800 samples, an eval and a batch-size event, plus a 3-size sweep."""
+    uid = uuid.uuid4().hex
+    with httpx.Client(base_url=server.url) as c:
+        assert c.put(f"/api/v1/runs/{uid}", json=run_body(project="api", task="t")).is_success
+        assert c.post(f"/api/v1/runs/{uid}/samples", json={"columns": columns(800)}).is_success
+        events = [
+            {"step": 10, "kind": "eval", "payload": {"loss": 1.5}},
+            {"step": 400, "kind": "batch_size", "payload": {"batch_size": 64}},
+        ]
+        assert c.post(f"/api/v1/runs/{uid}/events", json={"events": events}).is_success
+        post(c, make_sweep(200.0, (32, 128, 512), rng=random.Random(0)), project="api", task="s")
+    return {"run": uid}
+
+
+def test_every_read_decodes_into_the_shared_dataclasses(
+    server: ServerProcess, loaded: dict[str, str]
+) -> None:
+    api = noisescope.Api(server.url)
+    raw = httpx.get(f"{server.url}/api/v1/runs/{loaded['run']}").json()
+    run = api.run(loaded["run"])
+    assert isinstance(run, noisescope.RunSummary)
+    assert {f.name for f in dataclasses.fields(run)} == set(raw)
+    assert run.b_simple == raw["b_simple"] and run.b_simple_lo == raw["b_simple_lo"]
+    assert run.started_at is not None and run.started_at.tzinfo is not None
+    assert run.last_eval_loss == 1.5
+    assert (run.batch_in_use, run.batch_in_use_source) == (64.0, "event")
+    assert [r.uid for r in api.runs(project="api", task="t")] == [loaded["run"]]
+    (light,) = api.runs(project="api", task="t", current=False)  # a picker's cheap list
+    assert light.b_simple is None and "not computed" in (light.b_simple_reason or "")
+    assert (light.n_samples, light.batch_in_use, light.last_step) == (800, 64.0, run.last_step)
+    series = api.series(loaded["run"], max_points=50, window=100)
+    assert isinstance(series, noisescope.RunSeries) and 0 < len(series.points) <= 50
+    assert isinstance(series.points[0], noisescope.SeriesPoint)
+    assert sum(p.n for p in api.series(loaded["run"], max_points=50).points) == 800
+    assert [e.kind for e in api.events(loaded["run"])] == ["eval", "batch_size"]
+    assert api.series_names(loaded["run"]) == [noisescope.SeriesInfo("", 800)]
+    (compared,) = api.compare([loaded["run"]])
+    assert compared.run_uid == loaded["run"]
+    tasks = {t.task: t for t in api.tasks(project="api")}
+    assert tasks["t"].n_runs == 1 and isinstance(tasks["t"], noisescope.TaskSummary)
+    report = api.critical_batch("api", "s")
+    assert isinstance(report, CriticalBatchReport)
+    assert report.batch_sizes == [32.0, 128.0, 512.0]
+    assert report.targets and report.targets[0].points[0].run_uids
+    rec = api.recommendation(loaded["run"])
+    assert rec.recommendation.b_simple == run.b_simple  # one current B_simple
+    assert rec.recommendation.batch_size == 64.0 and rec.batch_size_source == "event"
+    plan = api.parallelism(2000, 32, batch_size=256)
+    assert plan.rows[0].devices == 1 and plan.verdict is not None
+    assert api.samples_csv(loaded["run"]).count("\n") == 801
+    assert "api" in api.projects()
+
+
+def test_frames_have_one_row_per_item(server: ServerProcess, loaded: dict[str, str]) -> None:
+    pytest.importorskip("pandas")
+    api = noisescope.Api(server.url)
+    frame = noisescope.to_frame(api.runs(project="api"))
+    assert len(frame) == 1 + 3 * 3 and "b_simple" in frame.columns  # the run and the sweep
+    points = api.series(loaded["run"], max_points=20).to_frame()
+    assert len(points) <= 20 and points["n"].sum() == 800
+
+
+def test_errors_name_what_is_wrong(server: ServerProcess) -> None:
+    api = noisescope.Api(server.url)
+    with pytest.raises(noisescope.NotFoundError, match="does not exist"):
+        api.run("no-such-run")
+    with pytest.raises(noisescope.NotFoundError):
+        api.critical_batch("api", "no-such-task")
+    with pytest.raises(noisescope.ApiError, match="422"):
+        api.parallelism(100, 1, min_speedup=3)
+    with pytest.raises(noisescope.ApiError, match="no answer"):
+        noisescope.Api("http://127.0.0.1:9", timeout=2).runs()
+
+
+def test_url_and_token_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOISESCOPE_URL", "http://127.0.0.1:1234/")
+    assert noisescope.Api().url == "http://127.0.0.1:1234"

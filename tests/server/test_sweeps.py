@@ -1,0 +1,156 @@
+"""``GET /tasks/{project}/{task}/critical-batch`` on sweeps with a known B_crit, through the real
+server on SQLite and PostgreSQL: which loss, which runs, the answer and its warnings."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+import noisescope
+from tests.support.synthetic_sweep import make_sweep, post
+
+API = "/api/v1"
+BATCHES = (16, 32, 64, 128, 256, 512)
+B_CRIT = 200.0
+
+
+def critical(client: httpx.Client, project: str, task: str, **params: Any) -> dict[str, Any]:
+    r = client.get(f"{API}/tasks/{project}/{task}/critical-batch", params=params)
+    assert r.status_code == 200, r.text
+    report: dict[str, Any] = r.json()
+    return report
+
+
+@pytest.fixture(scope="module")
+def sweep_project(server: Any) -> str:
+    """One project holding the module's sweeps (posted once per backend)."""
+    project = f"sweep-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for task, evals in (("evals", True), ("train", False)):
+            runs = make_sweep(B_CRIT, BATCHES, seeds=2, seed_spread=0.03, rng=random.Random(5))
+            post(client, runs, project=project, task=task, evals=evals, train_noise=0.05)
+    return project
+
+
+def test_b_crit_from_evaluation_losses_is_within_ten_percent(
+    client: httpx.Client, sweep_project: str
+) -> None:
+    report = critical(client, sweep_project, "evals")
+    assert report["loss_source"] == "eval"
+    assert report["default_targets"] is True
+    assert report["batch_sizes"] == list(BATCHES)
+    assert report["excluded"] == []
+    assert len(report["targets"]) >= 3
+    for t in report["targets"]:
+        assert t["determined"], t["warnings"]
+        assert t["b_crit"] == pytest.approx(B_CRIT, rel=0.10)
+        assert t["b_crit_lo"] <= t["b_crit"] <= t["b_crit_hi"]
+        assert {p["lr"] for p in t["points"]} == {0.3}  # the fastest learning rate
+        assert t["b_simple"] == pytest.approx(B_CRIT / 2, rel=0.01)  # wobble: odd windows
+        frontier = {u for p in t["points"] for u in p["run_uids"]}
+        assert {r["uid"] for r in t["runs"] if r["frontier"]} == frontier
+
+
+def test_b_crit_from_a_noisy_training_loss_is_within_ten_percent(
+    client: httpx.Client, sweep_project: str
+) -> None:
+    report = critical(client, sweep_project, "train")
+    assert report["loss_source"] == "train"
+    assert "training loss averaged" in report["loss_method"]
+    for t in report["targets"]:
+        assert t["determined"], t["warnings"]
+        assert t["b_crit"] == pytest.approx(B_CRIT, rel=0.10)
+
+
+def test_targets_can_be_given_and_the_loss_source_forced(
+    client: httpx.Client, sweep_project: str
+) -> None:
+    report = critical(client, sweep_project, "evals", targets=[1.2, 0.9], loss="train")
+    assert report["default_targets"] is False
+    assert [t["target"] for t in report["targets"]] == [1.2, 0.9]
+    assert report["loss_source"] == "train"
+    # forcing evaluations on a task without any: every run is left out, with the reason
+    report = critical(client, sweep_project, "train", loss="eval")
+    assert len(report["excluded"]) == len(BATCHES) * 3 * 2
+    assert {e["reason"] for e in report["excluded"]} == {"fewer than 2 evaluation losses"}
+    assert any("3 or more" in w for w in report["warnings"])
+
+
+def test_runs_that_cannot_be_on_the_curve_are_left_out_with_their_reason(
+    client: httpx.Client,
+) -> None:
+    project = f"mixed-{uuid.uuid4().hex[:8]}"
+    runs = make_sweep(B_CRIT, (32, 128, 512), lrs=((0.3, 1.0),))
+    post(client, runs, project=project, task="t")
+    changed = runs[0].uid
+    event = {"events": [{"step": 5, "kind": "batch_size", "payload": {"batch_size": 64}}]}
+    assert client.post(f"{API}/runs/{changed}/events", json=event).status_code == 200
+    tokens = uuid.uuid4().hex
+    body = {"project": project, "task": "t", "batch_size": 4096, "units": "tokens"}
+    assert client.put(f"{API}/runs/{tokens}", json=body).status_code == 201
+    report = critical(client, project, "t")
+    reasons = {e["uid"]: e["reason"] for e in report["excluded"]}
+    assert "batch size changed" in reasons[changed]
+    assert "tokens" in reasons[tokens]
+    assert report["batch_sizes"] == [128.0, 512.0]
+    for t in report["targets"]:  # two batch sizes left: warnings, no confident number
+        assert not t["determined"]
+        assert any("a fit needs at least 3" in w for w in t["warnings"])
+
+
+def test_some_runs_with_evaluations_fall_back_to_training_loss_for_all(
+    client: httpx.Client,
+) -> None:
+    project = f"some-evals-{uuid.uuid4().hex[:8]}"
+    runs = make_sweep(B_CRIT, (32, 128, 512), lrs=((0.3, 1.0),))
+    post(client, runs[:1], project=project, task="t")
+    post(client, runs[1:], project=project, task="t", evals=False)
+    report = critical(client, project, "t")
+    assert report["loss_source"] == "train"
+    assert any("1 of 3 runs logged evaluation losses" in w for w in report["warnings"])
+
+
+def test_unknown_tasks_and_bad_targets_are_4xx(client: httpx.Client, sweep_project: str) -> None:
+    r = client.get(f"{API}/tasks/{sweep_project}/no-such-task/critical-batch")
+    assert r.status_code == 404
+    assert "does not exist" in r.json()["detail"]
+    r = client.get(f"{API}/tasks/{sweep_project}/evals/critical-batch", params={"targets": "nan"})
+    assert r.status_code == 422
+    r = client.get(f"{API}/tasks/{sweep_project}/evals/critical-batch", params={"loss": "x"})
+    assert r.status_code == 422
+
+
+def test_names_with_slashes_and_odd_characters_are_reachable(client: httpx.Client) -> None:
+    for project, task in (
+        (f"slash/{uuid.uuid4().hex[:8]}", "a/b"),
+        (f"odd {uuid.uuid4().hex[:8]} %2F?#", "ü & <b>x</b>"),
+    ):
+        runs = make_sweep(B_CRIT, (32, 128, 512), lrs=((0.3, 1.0),))
+        post(client, runs, project=project, task=task)
+        report = noisescope.Api(str(client.base_url)).critical_batch(project, task)
+        assert (report.project, report.task) == (project, task)
+        assert report.n_runs == 3 and report.targets
+
+
+def test_parallelism_answers_the_device_question(client: httpx.Client) -> None:
+    r = client.get(
+        f"{API}/parallelism",
+        params={"b_crit": 2000, "per_device_batch": 32, "s_min": 1000, "step_time": 0.5},
+    )
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    # doubling N speeds up by less than 1.5x past N* = (B_crit/b)(1 - 1.5/2)/(1.5 - 1)
+    assert plan["device_limit"] == pytest.approx(2000 / 32 / 2)
+    assert plan["limit_waste"] == pytest.approx(1 / 3)
+    rows = {row["devices"]: row for row in plan["rows"]}
+    assert rows[32]["doubling_speedup"] > 1.5 > rows[64]["doubling_speedup"]
+    assert rows[1]["steps"] == pytest.approx(1000 * (1 + 2000 / 32))
+    assert rows[1]["hours"] == pytest.approx(rows[1]["steps"] * 0.5 / 3600)
+    assert "Past ~31 devices" in plan["summary"]
+    for bad in ({"b_crit": 0, "per_device_batch": 1}, {"b_crit": 5, "per_device_batch": 1,
+                "min_speedup": 2}, {"b_crit": "nan", "per_device_batch": 1}):  # fmt: skip
+        assert client.get(f"{API}/parallelism", params=bad).status_code == 422
