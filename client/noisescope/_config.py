@@ -54,8 +54,11 @@ class Settings:
     world_size: int = 1
     #: If True every rank sends (series tagged ``rank{r}``); else only rank 0 sends.
     all_ranks: bool = False
-    #: If True, no status/sync line is printed at finish.
+    #: If True, neither the run's link nor the status/sync line at finish is printed.
     quiet: bool = False
+    #: The dashboard's base URL: the run's link is printed at init. Unset, the link comes
+    #: from the server's answer to the run's creation, if the server knows its dashboard.
+    dashboard_url: str | None = None
     #: If True, an online run also delivers spools that earlier online runs to the same URL
     #: left behind (e.g. a job killed during an outage), once its own data is sent.
     resume_orphans: bool = True
@@ -119,6 +122,7 @@ def resolve(
     world_size: int | None = None,
     all_ranks: bool | None = None,
     quiet: bool | None = None,
+    dashboard_url: str | None = None,
     **overrides: object,
 ) -> Settings:
     """Merge explicit arguments (win), ``NOISESCOPE_*`` env vars, and defaults."""
@@ -146,6 +150,7 @@ def resolve(
         "world_size": world_size if world_size is not None else detected_world,
         "all_ranks": all_ranks if all_ranks is not None else bool(env_all),
         "quiet": quiet if quiet is not None else bool(env_quiet),
+        "dashboard_url": dashboard_url or _env("NOISESCOPE_DASHBOARD_URL"),
     }
     known = set(Settings.__dataclass_fields__)
     unknown = set(overrides) - known

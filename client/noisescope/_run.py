@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -29,6 +30,7 @@ from noisescope._config import Settings, resolve
 from noisescope._sender import Row, Sender, Status
 from noisescope._spool import RunSpool
 from noisescope._transport import HTTPTransport, Transport
+from noisescope._wire import run_page_url
 
 logger = logging.getLogger("noisescope")
 
@@ -79,6 +81,8 @@ class Run:
         #: Whether this process records anything (mode, rank policy, not a forked child).
         self.active = settings.sends
         self.finished = False
+        #: The run's page on the dashboard, once known (client setting or the server's answer).
+        self.page_url: str | None = None
 
         self._lock = threading.Lock()
         self._buffer: deque[Row] = deque()
@@ -100,6 +104,8 @@ class Run:
         self._spool: RunSpool | None = None
         self._sender: Sender | None = None
         if self.active:
+            if self.mode == "online" and settings.dashboard_url:  # before the sender can learn it
+                self._found_page(run_page_url(settings.dashboard_url, self.id))
             self._start(transport)
         _live_runs.add(self)
         _install_hooks()
@@ -132,7 +138,14 @@ class Run:
         if settings.mode == "offline":
             transport = None
         self._sender = Sender(
-            settings, self.id, body, self._buffer, transport, self._spool, self._commit_open
+            settings,
+            self.id,
+            body,
+            self._buffer,
+            transport,
+            self._spool,
+            self._commit_open,
+            on_page=self._found_page,
         )
         if self._spool is not None:
             self._sender._save_meta()
@@ -190,32 +203,53 @@ class Run:
         loss: float | None = None,
         lr: float | None = None,
         examples: float | None = None,
+        eval_loss: float | None = None,
     ) -> None:
-        """Training scalars for ``step`` (default: the current step).
+        """Training scalars for ``step`` (default: the current step), or an evaluation.
 
-        They are attached to every sample of that step, whether the probe logged it before or
-        after this call. Scalars of a step without any sample are not stored.
+        Training scalars are attached to every sample of that step, whether the probe logged
+        it before or after this call. Scalars of a step without any sample are not stored.
+
+        ``eval_loss`` is an evaluation at ``step`` (with ``examples`` seen, if given): it is
+        sent as an ``eval`` event, never attached to samples. A call with only ``eval_loss``
+        (and ``examples``) leaves the training step open, so an evaluation logged late for an
+        earlier step does not cut the current step's record short. A non-finite value is
+        ignored (counted, warned about once).
         """
         if not self.active:
             return
         try:
-            with self._lock:
-                if step is not None and step != self._step:
-                    self._advance(step)
-                if loss is not None:
-                    self._step_loss = loss
-                if lr is not None:
-                    self._step_lr = lr
-                if examples is not None:
-                    self._step_examples = examples
+            if eval_loss is None or loss is not None or lr is not None:
+                with self._lock:
+                    if step is not None and step != self._step:
+                        self._advance(step)
+                    if loss is not None:
+                        self._step_loss = loss
+                    if lr is not None:
+                        self._step_lr = lr
+                    if examples is not None:
+                        self._step_examples = examples
+            if eval_loss is not None:
+                self._log_eval(step, eval_loss, examples)
         except Exception as exc:
             self._hot_error(exc)
+
+    def _log_eval(self, step: int | None, eval_loss: float, examples: float | None) -> None:
+        value = float(eval_loss)
+        if not math.isfinite(value):
+            raise ValueError(f"eval_loss must be finite, got {value!r}")
+        payload: dict[str, Any] = {"loss": value}
+        if examples is not None:
+            payload["examples"] = float(examples)
+        at = step if step is not None else self._step
+        self.log_event(0 if at is None else int(at), _wire.EVAL_EVENT_KIND, payload)
 
     def log_event(self, step: int, kind: str, payload: dict[str, Any] | None = None) -> None:
         """Mark ``step`` with an event (e.g. ``"batch_size"`` changes); sent in the background.
 
-        Events are rare marks the dashboard draws on the charts. They are held in memory (not
-        spooled) until the server takes them; ``seq`` makes re-sends idempotent.
+        Events are rare marks the dashboard draws on the charts. They wait in memory (at most
+        10 000) while the server is unreachable and go to the spool in offline mode or when
+        ``finish()`` gives up; ``seq`` makes re-sends idempotent.
         """
         if not self.active or self._sender is None:
             return
@@ -265,6 +299,21 @@ class Run:
                 self._commit()
                 self._step_loss = self._step_lr = self._step_examples = None
                 # keep self._step: a late log() for it starts a fresh (empty) record set
+
+    def _found_page(self, url: Any) -> None:
+        """Print the run's dashboard link once, from the client setting at init or from the
+        server's answer (on the sender thread). A server's text must look like a link before
+        it reaches the user's terminal."""
+        if self.page_url is not None or not isinstance(url, str):
+            return
+        if not (url.startswith(("http://", "https://")) and url.isprintable()):
+            return
+        self.page_url = url
+        logger.info("noisescope: run %s (%s): %s", self.name, self.id, url)
+        if not self.settings.quiet:
+            print(
+                f"noisescope: run {self.name} ({self.id[:8]}): {url}", file=sys.stderr, flush=True
+            )
 
     def _hot_error(self, exc: Exception) -> None:
         self._hot_errors += 1
@@ -340,6 +389,8 @@ class Run:
                 else f"Not all data reached {self.settings.url}"
             )
             line += f". {where}; send it with: noisescope sync {root} --url {self.settings.url}"
+        if self.page_url is not None:
+            line += f". View it at {self.page_url}"
         logger.info("noisescope: %s", line)
         if not self.settings.quiet:
             print(f"noisescope: {line}", file=sys.stderr, flush=True)
@@ -388,6 +439,7 @@ def init(
     world_size: int | None = None,
     all_ranks: bool | None = None,
     quiet: bool | None = None,
+    dashboard_url: str | None = None,
     transport: Transport | None = None,
     **settings: Any,
 ) -> Run:
@@ -397,6 +449,8 @@ def init(
     Extra keyword arguments set advanced ``Settings`` fields (``batch_max``, ``memory_max``,
     ``spool_max_bytes``, ``backoff_base``, ...). ``run_id`` defaults to a fresh uuid4 hex
     (``NOISESCOPE_RUN_ID`` lets all ranks of a job share one when ``all_ranks=True``).
+    ``dashboard_url`` (``NOISESCOPE_DASHBOARD_URL``) is the dashboard's base URL: the run's link
+    is printed at once; without it the link comes from the server, if it knows its dashboard.
     """
     resolved = resolve(
         url=url,
@@ -408,6 +462,7 @@ def init(
         world_size=world_size,
         all_ranks=all_ranks,
         quiet=quiet,
+        dashboard_url=dashboard_url,
         **settings,
     )
     return Run(

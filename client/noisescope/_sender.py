@@ -300,6 +300,8 @@ class Sender:
         transport: Transport | None,
         spool: RunSpool | None,
         commit_open: Callable[[], None] | None = None,
+        *,
+        on_page: Callable[[Any], None] | None = None,
     ) -> None:
         self.settings = settings
         self.run_id = run_id
@@ -308,6 +310,8 @@ class Sender:
         self.transport = transport
         self.spool = spool
         self._commit_open = commit_open
+        #: Told the run's dashboard link from the server's answers to the run's creation.
+        self._on_page = on_page
         self.series_prefix = f"rank{settings.rank}" if settings.all_ranks else ""
         #: Samples per request when replaying the spool.
         self.replay_max = min(max(settings.batch_max, 5000), _wire.MAX_SAMPLES_PER_REQUEST)
@@ -547,6 +551,7 @@ class Sender:
             return False
         outcome = self._answered(response)
         if outcome == "ok":
+            self._tell_page(response)
             self._run_created = True
             return True
         if outcome == "retry":
@@ -555,6 +560,18 @@ class Sender:
         self._halted = message
         self._error(message, key="run-refused", level=logging.WARNING)
         return False
+
+    def _tell_page(self, response: Response) -> None:
+        """The run's link from the server's answer, if it has one; never fails the send."""
+        if self._on_page is None:
+            return
+        try:
+            answer = response.json()
+            link = answer.get("dashboard_url") if isinstance(answer, dict) else None
+            if link is not None:
+                self._on_page(link)
+        except Exception:  # an old server, a proxy's page: no link, nothing else changes
+            logger.debug("noisescope: no run link in the answer to PUT", exc_info=True)
 
     def _post(self, columns: Columns) -> Outcome | None:
         """POST one batch: the outcome, or None if there was no answer."""

@@ -9,21 +9,29 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from noisescope_server.settings import AUTH_MODES, Settings, parse_auth
+from noisescope._config import DEFAULT_URL
+from noisescope_server.settings import AUTH_MODES, Settings, default_database_url, parse_auth
 
-__all__ = ["bind_socket", "main", "register", "serve"]
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+__all__ = ["bind_socket", "dashboard_command", "dashboard_env", "main", "register", "serve"]
 
 DEFAULT_PORT = 8765
 DEFAULT_DASHBOARD_PORT = 8501
+#: uvicorn's log levels, most to least severe.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 log = logging.getLogger("noisescope_server")
 
 
@@ -35,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Zero-setup local mode: applies migrations to a SQLite file (default "
             "~/.noisescope/noisescope.db, or $NOISESCOPE_HOME), starts the ingest server and "
-            "the dashboard on 127.0.0.1 with auth off, and prints both URLs. Ctrl-C stops both."
+            "the dashboard (a client of the server's HTTP API) on 127.0.0.1 with auth off, and "
+            "prints both URLs; training jobs print links to their runs' pages on that dashboard. "
+            "Ctrl-C stops both."
         ),
     )
     up.add_argument("--port", type=int, default=DEFAULT_PORT, help="server port (%(default)s)")
@@ -60,10 +70,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _server_args(server)
     server.set_defaults(func=_cmd_server)
 
-    dash = subparsers.add_parser("dashboard", help="run the Streamlit dashboard")
-    dash.add_argument("--port", type=int, default=DEFAULT_DASHBOARD_PORT)
-    dash.add_argument("--host", default="127.0.0.1")
-    dash.add_argument("--database-url", help="SQLAlchemy URL (default: $NOISESCOPE_DATABASE_URL)")
+    dash = subparsers.add_parser(
+        "dashboard",
+        help="run the Streamlit dashboard",
+        description=(
+            "Run the Streamlit dashboard: runs, noise-scale charts and recommendations. It reads "
+            "everything through a noisescope server's HTTP API, never the database, so it can "
+            "run on any machine that reaches the server. Ctrl-C stops it."
+        ),
+    )
+    dash.add_argument(
+        "--url",
+        type=_http_url,
+        help=f"the server to read from (default: $NOISESCOPE_URL, else {DEFAULT_URL})",
+    )
+    dash.add_argument(
+        "--token",
+        help=(
+            "read token, needed when the server runs with --auth all; a project token shows "
+            "that project only (default: $NOISESCOPE_TOKEN, else none; the variable keeps the "
+            "secret out of the process list)"
+        ),
+    )
+    dash.add_argument(
+        "--port", type=int, default=DEFAULT_DASHBOARD_PORT, help="dashboard port (%(default)s)"
+    )
+    dash.add_argument("--host", default="127.0.0.1", help="bind address (%(default)s)")
     dash.set_defaults(func=_cmd_dashboard)
 
     dbp = subparsers.add_parser("db", help="database maintenance (upgrade, current)")
@@ -112,12 +144,114 @@ def _server_args(p: argparse.ArgumentParser) -> None:
         type=parse_auth,
         help=f"one of {', '.join(AUTH_MODES)} (default: $NOISESCOPE_AUTH or off)",
     )
+    p.add_argument(
+        "--dashboard-url",
+        type=_http_url,
+        help=(
+            "the dashboard's base URL: run creation answers carry a link to the run's page, "
+            "which the client prints (default: $NOISESCOPE_DASHBOARD_URL, else no links)"
+        ),
+    )
     p.add_argument("--access-log", action="store_true", help="log every request")
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level (%(default)s)"
+    )
+
+
+def _http_url(value: str) -> str:
+    """An argparse type: an http(s) base URL, without a trailing slash."""
+    if not re.match(r"https?://[^/\s]+", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http:// or https:// URL")
+    return value.rstrip("/")
 
 
 def _settings(args: argparse.Namespace, **extra: object) -> Settings:
     return Settings.from_env(database_url=getattr(args, "database_url", None), **extra)
+
+
+# --- the database ------------------------------------------------------------------------------
+
+
+def _open_database(settings: Settings) -> Engine:
+    """The engine of ``settings.database_url``, connected once.
+
+    Every command opens its database here, so a bad URL, a missing driver or an unreachable
+    database ends any of them the same way: one line naming the URL (password hidden) and what
+    is wrong, exit status 2, no traceback from deep inside SQLAlchemy.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from noisescope_server import db
+
+    url = settings.database_url
+    try:
+        path = db.sqlite_path(url)
+        # the default file's directory is created (zero setup); a directory named in a URL
+        # given by the user must exist: a typo should not silently start an empty database
+        if path is not None and url != default_database_url() and not path.parent.is_dir():
+            state = "is not a directory" if path.parent.exists() else "does not exist"
+            raise FileNotFoundError(f"directory {path.parent} {state}")
+        engine = db.make_engine(url, **_connect_args(url))
+        try:
+            with engine.connect():
+                pass
+        except BaseException:
+            engine.dispose()
+            raise
+    except (SQLAlchemyError, ImportError, OSError, ValueError) as exc:
+        print(
+            f"noisescope: cannot open database {_describe_url(url)}: {_why(exc, url)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2) from None
+    return engine
+
+
+def _connect_args(url: str) -> dict[str, Any]:
+    """A bounded first connect on PostgreSQL: libpq's default waits for the OS (minutes)."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    libpq = u.get_backend_name() == "postgresql" and u.get_driver_name() in ("psycopg", "psycopg2")
+    if libpq and "connect_timeout" not in u.query:
+        return {"connect_args": {"connect_timeout": 10}}
+    return {}
+
+
+def _why(exc: BaseException, url: str) -> str:
+    """What is wrong, on one line, without the URL's password."""
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    if isinstance(exc, NoSuchModuleError):
+        scheme = url.partition(":")[0]
+        text = f"unknown database kind {scheme!r} (use sqlite:///PATH or postgresql+psycopg://...)"
+    elif isinstance(exc, ArgumentError):
+        text = "not a database URL (use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
+    elif isinstance(exc, ImportError):
+        text = f"its driver is not installed ({exc})"
+    elif isinstance(exc, DBAPIError):
+        text = str(exc.orig)
+    elif isinstance(exc, OSError):
+        text = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
+    elif isinstance(exc, ValueError):  # half-parsed, e.g. a port that is not a number
+        text = f"not a valid URL ({exc})"
+    else:
+        text = str(exc) or type(exc).__name__
+    password = _password(url)
+    if password and len(password) >= 3:  # shorter: replacing it would garble the message
+        text = text.replace(password, "***")
+    return " ".join(text.split())
+
+
+def _password(url: str) -> str | None:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).password
+    except Exception:
+        match = re.search(r"://[^:/@]*:([^@]*)@", url)
+        return match.group(1) if match else None
 
 
 # --- serving -----------------------------------------------------------------------------------
@@ -150,13 +284,16 @@ def serve(
     access_log: bool = False,
     log_level: str = "info",
 ) -> None:
-    """Migrate once, then serve with ``workers`` processes sharing one TCP_NODELAY socket."""
+    """Migrate once, then serve with ``workers`` processes sharing one TCP_NODELAY socket.
+
+    A database that cannot be opened ends the process (status 2) with one line saying why.
+    """
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
     from noisescope_server import db
 
-    engine = db.make_engine(settings.database_url)
+    engine = _open_database(settings)
     before, after = db.upgrade(engine)
     engine.dispose()
     print(
@@ -201,11 +338,14 @@ def _url_host(host: str) -> str:
 def _describe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not parseable: still never print its password
+        return repr(re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url))
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
-    settings = _settings(args, auth=args.auth)
+    settings = _settings(args, auth=args.auth, dashboard_url=args.dashboard_url)
     if args.workers < 1:
         print("noisescope server: --workers must be at least 1", file=sys.stderr)
         return 2
@@ -223,8 +363,13 @@ def _cmd_server(args: argparse.Namespace) -> int:
 # --- up / dashboard ----------------------------------------------------------------------------
 
 
-def dashboard_command(database_url: str, port: int, host: str = "127.0.0.1") -> list[str]:
-    """The Streamlit command line for the dashboard app shipped with this distribution."""
+def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
+    """The Streamlit command line for the dashboard app shipped with this distribution; the
+    server it reads comes from its environment (``dashboard_env``).
+
+    ``toolbarMode minimal`` hides Streamlit's Deploy button and developer menu: they mean
+    nothing to someone looking at their runs.
+    """
     import noisescope_dashboard
 
     app = Path(noisescope_dashboard.__file__).with_name("app.py")
@@ -242,9 +387,24 @@ def dashboard_command(database_url: str, port: int, host: str = "127.0.0.1") -> 
         host,
         "--browser.gatherUsageStats",
         "false",
+        "--client.toolbarMode",
+        "minimal",
         "--server.fileWatcherType",
         "none",
     ]
+
+
+def dashboard_env(
+    server_url: str, token: str | None = None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The dashboard's environment: the server it reads (``NOISESCOPE_URL``) and its read
+    token. No database URL: the dashboard reads only through the HTTP API."""
+    env = {**(os.environ if base is None else base), "NOISESCOPE_URL": server_url}
+    env.pop("NOISESCOPE_DATABASE_URL", None)
+    env.pop("NOISESCOPE_TOKEN", None)
+    if token:
+        env["NOISESCOPE_TOKEN"] = token
+    return env
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> bool:
@@ -288,8 +448,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
     _interrupt_on_termination()
 
-    settings = _settings(args, auth="off")
-    engine = db.make_engine(settings.database_url)
+    dash_url = f"http://127.0.0.1:{args.dashboard_port}"
+    settings = _settings(args, auth="off", dashboard_url=None if args.no_dashboard else dash_url)
+    engine = _open_database(settings)
     before, after = db.upgrade(engine)
     engine.dispose()
     path = db.sqlite_path(settings.database_url)
@@ -327,12 +488,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"noisescope up: ingest server  {server_url}   (API docs {server_url}/api/v1/docs)")
         if not args.no_dashboard:
             dash = subprocess.Popen(
-                dashboard_command(settings.database_url, args.dashboard_port),
-                env=env,
+                dashboard_command(args.dashboard_port),
+                env=dashboard_env(server_url),
                 stdout=subprocess.DEVNULL,
             )
             procs.append(dash)
-            dash_url = f"http://127.0.0.1:{args.dashboard_port}"
             if _wait_http(f"{dash_url}/_stcore/health", 90, dash):
                 print(f"noisescope up: dashboard      {dash_url}")
             else:
@@ -354,10 +514,15 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    env = {**os.environ, **settings.to_env()}
-    proc = subprocess.Popen(dashboard_command(settings.database_url, args.port, args.host), env=env)
-    print(f"noisescope dashboard: http://{_url_host(args.host)}:{args.port}", flush=True)
+    server_url = args.url or (os.environ.get("NOISESCOPE_URL") or DEFAULT_URL).rstrip("/")
+    token = args.token if args.token is not None else os.environ.get("NOISESCOPE_TOKEN")
+    proc = subprocess.Popen(
+        dashboard_command(args.port, args.host), env=dashboard_env(server_url, token)
+    )
+    print(
+        f"noisescope dashboard: http://{_url_host(args.host)}:{args.port} (reading {server_url})",
+        flush=True,
+    )
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -372,7 +537,7 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
     from noisescope_server import db
 
     settings = _settings(args)
-    engine = db.make_engine(settings.database_url)
+    engine = _open_database(settings)
     before, after = db.upgrade(engine)
     engine.dispose()
     print(f"{_describe_url(settings.database_url)}: {before or 'empty'} -> {after}")
@@ -382,8 +547,7 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
 def _cmd_db_current(args: argparse.Namespace) -> int:
     from noisescope_server import db
 
-    settings = _settings(args)
-    engine = db.make_engine(settings.database_url)
+    engine = _open_database(_settings(args))
     current = db.current_revision(engine)
     engine.dispose()
     head = db.head_revision()
@@ -392,21 +556,18 @@ def _cmd_db_current(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine(args: argparse.Namespace) -> object:
+def _engine(args: argparse.Namespace) -> Engine:
     from noisescope_server import db
 
-    engine = db.make_engine(_settings(args).database_url)
+    engine = _open_database(_settings(args))
     db.upgrade(engine)
     return engine
 
 
 def _cmd_token_create(args: argparse.Namespace) -> int:
-    from sqlalchemy import Engine
-
     from noisescope_server import crud
 
     engine = _engine(args)
-    assert isinstance(engine, Engine)
     created = crud.create_token(engine, args.project, args.name)
     print(f"token {created.id} ({created.name}) for project {created.project!r}:")
     print(created.secret)
@@ -415,12 +576,9 @@ def _cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def _cmd_token_list(args: argparse.Namespace) -> int:
-    from sqlalchemy import Engine
-
     from noisescope_server.tokens import list_tokens
 
     engine = _engine(args)
-    assert isinstance(engine, Engine)
     rows = list_tokens(engine, args.project)
     print(f"{'id':>5}  {'project':<20} {'name':<24} {'created':<20} status")
     for t in rows:
@@ -430,12 +588,9 @@ def _cmd_token_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_token_revoke(args: argparse.Namespace) -> int:
-    from sqlalchemy import Engine
-
     from noisescope_server import crud
 
     engine = _engine(args)
-    assert isinstance(engine, Engine)
     if crud.revoke_token(engine, args.token_id, project=args.project):
         print(f"token {args.token_id} revoked")
         return 0

@@ -10,6 +10,9 @@ Environment variables (all optional, so ``noisescope up`` needs no setup):
 - ``NOISESCOPE_ADMIN_TOKEN``: enables token management over HTTP when auth is on.
 - ``NOISESCOPE_MAX_BODY_BYTES``, ``NOISESCOPE_MAX_SAMPLES``: request limits (defaults from the
   wire format, which the client respects when batching).
+- ``NOISESCOPE_DASHBOARD_URL``: the dashboard's base URL (``noisescope up`` sets it to the one it
+  starts); when set, the answer to ``PUT /api/v1/runs/{id}`` carries the link to the run's page,
+  which the client prints, as wandb does.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from noisescope import _wire
+from noisescope._wire import run_page_url
 
 __all__ = ["AUTH_MODES", "AuthMode", "Settings", "default_database_url", "default_home"]
 
@@ -56,6 +60,8 @@ class Settings:
     max_samples: int = _wire.MAX_SAMPLES_PER_REQUEST
     #: Apply Alembic migrations when the app starts (under a lock; safe with many workers).
     migrate: bool = True
+    #: The dashboard's base URL, for the run links in PUT answers (None: no links).
+    dashboard_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, /, **overrides: object) -> Settings:
@@ -66,6 +72,7 @@ class Settings:
             admin_token=env.get("NOISESCOPE_ADMIN_TOKEN") or None,
             max_body_bytes=int(env.get("NOISESCOPE_MAX_BODY_BYTES", _wire.MAX_BODY_BYTES)),
             max_samples=int(env.get("NOISESCOPE_MAX_SAMPLES", _wire.MAX_SAMPLES_PER_REQUEST)),
+            dashboard_url=env.get("NOISESCOPE_DASHBOARD_URL") or None,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings  # type: ignore[arg-type]
@@ -80,4 +87,10 @@ class Settings:
         }
         if self.admin_token:
             env["NOISESCOPE_ADMIN_TOKEN"] = self.admin_token
+        if self.dashboard_url:
+            env["NOISESCOPE_DASHBOARD_URL"] = self.dashboard_url
         return env
+
+    def run_page_url(self, run_id: str) -> str | None:
+        """The link to a run's dashboard page, None without ``dashboard_url``."""
+        return run_page_url(self.dashboard_url, run_id) if self.dashboard_url else None

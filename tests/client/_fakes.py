@@ -36,6 +36,8 @@ class FakeServer:
         self.batch_sizes: list[int] = []
         self.on_request: Callable[[Request], None] | None = None
         self.closed = False
+        #: Answer run creations with this ``dashboard_url`` (the server's run link), if set.
+        self.dashboard_url: str | None = None
 
     # -- Transport protocol --------------------------------------------------------------
     def handle_request(self, request: Request) -> Response:
@@ -73,7 +75,8 @@ class FakeServer:
             if request.method == "PUT" and not samples:
                 self.runs.setdefault(run_id, {}).update(payload)
                 self.samples.setdefault(run_id, {})
-                return Response(200, b"{}")
+                answer = {"dashboard_url": self.dashboard_url} if self.dashboard_url else {}
+                return Response(200, json.dumps(answer).encode())
             if run_id not in self.runs:
                 return Response(404, b'{"detail": "unknown run"}')
             if request.method == "PATCH":

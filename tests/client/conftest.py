@@ -23,6 +23,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         "NOISESCOPE_FLUSH_TIMEOUT",
         "NOISESCOPE_ALL_RANKS",
         "NOISESCOPE_RUN_ID",
+        "NOISESCOPE_DASHBOARD_URL",
         "RANK",
         "WORLD_SIZE",
     ):

@@ -1,4 +1,8 @@
-"""The README's first command: `noisescope up`, the example posting to it, and a clean stop."""
+"""The README's first command: `noisescope up`, the example posting to it, and a clean stop.
+
+The dashboard `up` starts reads the server it started (NOISESCOPE_URL), never the database, and
+the server hands out links to that dashboard's run pages, which the example's client prints.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +30,17 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _child_environ(parent: int, program: str) -> dict[str, str]:
+    """The environment of the child process of ``parent`` whose command line names ``program``
+    (Linux /proc)."""
+    for pid in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+        if program.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+            pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+            return {k.decode(): v.decode() for k, _, v in pairs}
+    raise AssertionError(f"noisescope up has no {program} child")
+
+
 def _wait(url: str, proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not _answers(url):
@@ -42,7 +57,8 @@ def test_up_runs_server_and_dashboard_and_stops_both(tmp_path: Path) -> None:
     pytest.importorskip("sklearn")
     port, dash_port = free_port(), free_port()
     env = {**os.environ, "NOISESCOPE_HOME": str(tmp_path)}
-    env.pop("NOISESCOPE_DATABASE_URL", None)
+    for name in ("NOISESCOPE_DATABASE_URL", "NOISESCOPE_DASHBOARD_URL", "NOISESCOPE_QUIET"):
+        env.pop(name, None)
     up = subprocess.Popen(
         [
             sys.executable,
@@ -63,6 +79,10 @@ def test_up_runs_server_and_dashboard_and_stops_both(tmp_path: Path) -> None:
     try:
         wait_for_health(server_url, timeout=120)
         _wait(f"{dash_url}/_stcore/health", up)
+        dash_env = _child_environ(up.pid, "streamlit")
+        assert dash_env["NOISESCOPE_URL"] == server_url
+        assert "NOISESCOPE_DATABASE_URL" not in dash_env  # it reads the HTTP API only
+        assert _child_environ(up.pid, "noisescope_server")["NOISESCOPE_DASHBOARD_URL"] == dash_url
 
         example = subprocess.run(
             [
@@ -82,6 +102,11 @@ def test_up_runs_server_and_dashboard_and_stops_both(tmp_path: Path) -> None:
         )
         assert example.returncode == 0, example.stderr
         assert "sent 30" in example.stdout + example.stderr
+        run_id = example.stdout.split("run ")[-1].split()[0]
+        link = f"{dash_url}/run?run={run_id}"
+        # printed once when the server answered the run's creation, and again at finish
+        assert f"noisescope: run from-test ({run_id[:8]}): {link}\n" in example.stderr
+        assert f"View it at {link}" in example.stderr
 
         db = tmp_path / "noisescope.db"
         assert db.exists(), "noisescope up did not create its database under NOISESCOPE_HOME"

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -149,6 +150,45 @@ def test_fp16_loss_scale_is_divided_out(server: ServerProcess, tmp_path: Path) -
     # the module reads the gradient after Lightning un-scaled it
     for sample, recorded in zip(stored.samples, module.big_norms_sq, strict=True):
         assert sample["g_big_sq"] == pytest.approx(recorded, rel=1e-4)
+
+
+def _notices(server: ServerProcess, run_id: str) -> list[str]:
+    events = httpx.get(f"{server.url}/api/v1/runs/{run_id}/events", timeout=30).json()
+    return [e["payload"]["message"] for e in events if e["kind"] == "notice"]
+
+
+def test_a_callback_that_stops_measuring_says_why_on_the_runs_page(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    calls = [0]
+
+    def items(batch: Any) -> float:
+        calls[0] += 1
+        if calls[0] >= 4:  # after the run has started: it has a page to explain
+            raise ValueError("unreadable batch")
+        return float(len(batch[0]))
+
+    callback = LightningCallback(url=server.url, dir=tmp_path, quiet=True, batch_size_fn=items)
+    with pytest.warns(UserWarning, match="not measuring this run"):
+        _trainer([callback], max_epochs=1).fit(DigitsMLP(), digits_loader(16, n=192))
+    assert callback.run is not None
+    assert _notices(server, callback.run.id) == [
+        "not measuring this run: could not read the micro-batch: ValueError('unreadable batch')"
+    ]
+
+
+def test_one_batch_size_per_step_says_why_on_the_runs_page(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    callback = LightningCallback(url=server.url, dir=tmp_path, quiet=True)
+    with pytest.warns(UserWarning, match="one batch size"):
+        _trainer([callback], max_epochs=1, accumulate_grad_batches=1).fit(
+            DigitsMLP(), digits_loader(16, n=64)
+        )
+    assert callback.run is not None
+    assert stored_run(server, callback.run.id).samples == []
+    [notice] = _notices(server, callback.run.id)
+    assert notice.startswith("this step has one batch size only")
 
 
 def _fit_params(callbacks: list[Any]) -> dict[str, Tensor]:

@@ -7,15 +7,17 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import noisescope
 from noisescope.torch import GradientNoiseProbe, _probe
 from tests.probes.lsq_torch import ListSink
-from tests.support.servers import free_port
+from tests.support.servers import ServerProcess, free_port
 
 
 def _mlp() -> nn.Sequential:
@@ -673,3 +675,75 @@ def test_an_error_reading_the_gradients_is_kept_from_the_loop(
     assert sum("stopped measuring" in str(w.message) for w in caught) == 1
     assert probe.examples_seen == 16
     assert sink.rows == []
+
+
+class _EventSink(ListSink):
+    """A sink that, like ``noisescope.Run``, also takes events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[int, str, dict[str, Any]]] = []
+
+    def log_event(self, step: int, kind: str, payload: dict[str, Any] | None = None) -> None:
+        self.events.append((step, kind, dict(payload or {})))
+
+
+def _single_backward_steps(probe: GradientNoiseProbe, model: nn.Module, steps: int) -> None:
+    x, y = _data(steps, 1, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(steps):
+            _loss(model, x[i, 0], y[i, 0]).backward()
+            probe.micro_step(batch_size=4)
+            probe.step()
+            model.zero_grad()
+
+
+def test_a_probe_that_cannot_measure_says_why_on_the_runs_page_once() -> None:
+    model, sink = _mlp(), _EventSink()
+    _single_backward_steps(GradientNoiseProbe(model, sink, source="micro"), model, 3)
+    assert sink.rows == []
+    [(step, kind, payload)] = sink.events
+    assert (step, kind) == (0, "notice")
+    assert payload["message"].startswith("this step has one batch size only")
+    assert "gradient accumulation" in payload["message"]  # what to do
+
+
+def test_a_plain_sink_gets_no_notice_and_no_error() -> None:
+    model = _mlp()
+    _single_backward_steps(GradientNoiseProbe(model, ListSink(), source="micro"), model, 2)
+
+
+def test_a_probe_stopped_by_an_error_says_why_on_the_runs_page(
+    monkeypatch: pytest.MonkeyPatch, read_first_from_grad: None
+) -> None:
+    def broken(self: GradientNoiseProbe, row: int) -> None:
+        raise RuntimeError("injected failure")
+
+    model, sink = _mlp(), _EventSink()
+    probe = GradientNoiseProbe(model, sink, source="micro")
+    probe.step_count = 7
+    monkeypatch.setattr(GradientNoiseProbe, "_read_grad_into", broken)
+    x, y = _data(3, 2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(3):
+            model.zero_grad(set_to_none=True)
+            for j in range(2):
+                (_loss(model, x[i, j], y[i, j]) / 2).backward()
+                probe.micro_step(batch_size=4)
+            probe.step()
+    [(step, kind, payload)] = sink.events
+    assert (step, kind) == (7, "notice")
+    assert "stopped measuring at step 7" in payload["message"]
+    assert "RuntimeError: injected failure" in payload["message"]
+
+
+def test_the_notice_reaches_the_server(live_server: ServerProcess) -> None:
+    model = _mlp()
+    run = noisescope.init(live_server.url, project="p", task="t", quiet=True)
+    _single_backward_steps(GradientNoiseProbe(model, run, source="micro"), model, 3)
+    run.finish()
+    events = httpx.get(f"{live_server.url}/api/v1/runs/{run.id}/events", timeout=30).json()
+    assert [e["kind"] for e in events] == ["notice"]
+    assert "one batch size only" in events[0]["payload"]["message"]

@@ -1,20 +1,25 @@
-"""The server subcommands of ``noisescope``: db, token, server/up start-up, TCP_NODELAY."""
+"""The server subcommands of ``noisescope``: db, token, server/up/dashboard start-up, bad
+database URLs, run links, TCP_NODELAY."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 
-from noisescope.cli import main
+from noisescope.cli import build_parser, main
+from noisescope_server import cli as server_cli
 from noisescope_server import db
-from noisescope_server.cli import bind_socket, dashboard_command
+from noisescope_server.cli import bind_socket, dashboard_command, dashboard_env
 from tests.support.servers import ServerProcess, free_port, wait_for_health
 
 
@@ -87,6 +92,7 @@ def test_up_without_dashboard_prints_paths_and_stops_on_ctrl_c(tmp_path: Path) -
     port = free_port()
     env = {**os.environ, "NOISESCOPE_HOME": str(tmp_path)}
     env.pop("NOISESCOPE_DATABASE_URL", None)
+    env.pop("NOISESCOPE_DASHBOARD_URL", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "noisescope.cli", "up", "--no-dashboard", "--port", str(port)],
         env=env,
@@ -102,6 +108,12 @@ def test_up_without_dashboard_prints_paths_and_stops_on_ctrl_c(tmp_path: Path) -
             if "Ctrl-C stops both" in line:
                 break
         wait_for_health(f"http://127.0.0.1:{port}", 10)
+        put = httpx.put(
+            f"http://127.0.0.1:{port}/api/v1/runs/{uuid.uuid4().hex}",
+            json={"project": "p", "task": "t"},
+            timeout=30,
+        )
+        assert put.json()["dashboard_url"] is None  # no dashboard started: no links to it
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=30)
         out = "".join(lines) + rest
@@ -119,8 +131,251 @@ def test_up_without_dashboard_prints_paths_and_stops_on_ctrl_c(tmp_path: Path) -
 
 
 def test_dashboard_command_runs_the_shipped_streamlit_app() -> None:
-    cmd = dashboard_command("sqlite:///x.db", 8599)
+    cmd = dashboard_command(8599)
     app = Path(cmd[cmd.index("run") + 1])
     assert app.name == "app.py"
     assert app.exists()
     assert "--server.headless" in cmd
+    assert cmd[cmd.index("--server.port") + 1] == "8599"
+    assert cmd[cmd.index("--browser.gatherUsageStats") + 1] == "false"
+    # no Deploy button or developer menu for people looking at their runs
+    assert cmd[cmd.index("--client.toolbarMode") + 1] == "minimal"
+
+
+def test_streamlit_knows_the_toolbar_mode_option() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "streamlit", "config", "show"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert '- "minimal"' in shown
+    assert "toolbarMode" in shown
+
+
+def test_dashboard_env_names_the_server_and_no_database() -> None:
+    base = {"PATH": "/bin", "NOISESCOPE_DATABASE_URL": "sqlite:///x.db", "NOISESCOPE_TOKEN": "old"}
+    env = dashboard_env("http://127.0.0.1:9", "nsk_read", base)
+    assert env == {
+        "PATH": "/bin",
+        "NOISESCOPE_URL": "http://127.0.0.1:9",
+        "NOISESCOPE_TOKEN": "nsk_read",
+    }
+    assert "NOISESCOPE_TOKEN" not in dashboard_env("http://127.0.0.1:9", None, base)
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = sub.choices[name]
+    return found
+
+
+def test_dashboard_help_says_what_it_is_and_describes_every_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    dash = _subparser("dashboard")
+    options = {o for a in dash._actions for o in a.option_strings}
+    assert options == {"-h", "--help", "--url", "--token", "--port", "--host"}
+    assert all(a.help for a in dash._actions)
+    with pytest.raises(SystemExit) as exited:
+        main(["dashboard", "--help"])
+    assert exited.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "HTTP API" in out and "never the database" in out
+    assert "$NOISESCOPE_URL, else http://127.0.0.1:8765" in out
+    assert "$NOISESCOPE_TOKEN" in out
+    assert "dashboard port (8501)" in out
+    assert "bind address (127.0.0.1)" in out
+
+
+def _child_environ(parent: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, str]:
+    """The environment of ``parent``'s first child process (Linux /proc)."""
+    deadline = time.monotonic() + timeout
+    children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+    while time.monotonic() < deadline:
+        pids = children.read_text().split() if children.exists() else []
+        if pids:
+            raw = Path(f"/proc/{pids[0]}/environ").read_bytes()
+            if raw:
+                pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+                return {k.decode(): v.decode() for k, _, v in pairs}
+        assert parent.poll() is None, "noisescope dashboard exited"
+        time.sleep(0.05)
+    raise AssertionError("noisescope dashboard started no process")
+
+
+def test_dashboard_starts_streamlit_reading_the_given_server(tmp_path: Path) -> None:
+    env = {**os.environ, "NOISESCOPE_DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}"}
+    env["NOISESCOPE_TOKEN"] = "nsk_from_env"
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "noisescope.cli", "dashboard"),
+            *("--url", "http://127.0.0.1:9/", "--port", str(port)),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        child = _child_environ(proc)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert child["NOISESCOPE_URL"] == "http://127.0.0.1:9"
+    assert child["NOISESCOPE_TOKEN"] == "nsk_from_env"  # --token's default
+    assert "NOISESCOPE_DATABASE_URL" not in child
+
+
+def test_dashboard_url_option_is_checked() -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["dashboard", "--url", "127.0.0.1:8765"])
+    assert exited.value.code == 2
+
+
+def test_log_level_lists_the_uvicorn_levels(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        server_cli.main(["--help"])
+    assert exited.value.code == 0
+    assert "{critical,error,warning,info,debug,trace}" in capsys.readouterr().out
+    for argv in (["server", "--log-level", "loud"], ["server", "--log-level", "WARNING"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        server_cli.main(["--log-level", "loud"])
+    assert "invalid choice: 'loud'" in capsys.readouterr().err
+
+
+def _bad_urls(tmp_path: Path) -> dict[str, str]:
+    return {
+        "unknown kind": "nonsense://x",
+        "not a URL": "nonsense",
+        "missing directory": f"sqlite:///{tmp_path / 'missing' / 'x.db'}",
+        "file as directory": f"sqlite:///{tmp_path / 'file' / 'x.db'}",
+        "unreachable": f"postgresql+psycopg://ns:s3cret-pw@127.0.0.1:{free_port()}/x",
+        "no driver": "postgresql+asyncpg://ns@127.0.0.1/x",
+    }
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["server"],
+        ["db", "upgrade"],
+        ["db", "current"],
+        ["token", "list"],
+        ["token", "create", "--project", "p"],
+        ["token", "revoke", "1"],
+    ],
+    ids=" ".join,
+)
+def test_a_bad_database_url_is_one_line_and_status_2(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    for kind, url in _bad_urls(tmp_path).items():
+        with pytest.raises(SystemExit) as exited:
+            main([*command, "--database-url", url])
+        assert exited.value.code == 2, kind
+        captured = capsys.readouterr()
+        lines = captured.err.splitlines()
+        assert len(lines) == 1, (kind, captured.err)
+        assert lines[0].startswith("noisescope: cannot open database "), kind
+        assert "s3cret-pw" not in captured.err + captured.out, kind
+        assert "Traceback" not in captured.err, kind
+    assert not (tmp_path / "missing").exists()  # a typo does not start an empty database
+
+
+def test_bad_database_urls_name_the_url_and_the_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    urls = _bad_urls(tmp_path)
+    expected = {
+        "unknown kind": ["nonsense://x", "unknown database kind 'nonsense'"],
+        "not a URL": ["'nonsense'", "not a database URL"],
+        "missing directory": [urls["missing directory"], f"{tmp_path / 'missing'} does not exist"],
+        "file as directory": [f"{tmp_path / 'file'} is not a directory"],
+        "unreachable": ["postgresql+psycopg://ns:***@127.0.0.1", "Connection refused"],
+        "no driver": ["driver is not installed", "asyncpg"],
+    }
+    for kind, url in urls.items():
+        with pytest.raises(SystemExit):
+            main(["db", "current", "--database-url", url])
+        err = capsys.readouterr().err
+        for part in expected[kind]:
+            assert part in err, (kind, err)
+
+
+@pytest.mark.parametrize("command", [["server"], ["up", "--no-dashboard"]], ids=" ".join)
+def test_a_bad_database_url_exits_2_without_a_traceback(command: list[str], tmp_path: Path) -> None:
+    env = {**os.environ, "NOISESCOPE_HOME": str(tmp_path)}
+    env.pop("NOISESCOPE_DATABASE_URL", None)
+    url = f"postgresql+psycopg://ns:s3cret-pw@127.0.0.1:{free_port()}/x"
+    for argv in (
+        [*command, "--database-url", url, "--port", str(free_port())],
+        [*command, "--database-url", "sqlite:////nonexistent-dir-ns/x.db"],
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "noisescope.cli", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "cannot open database" in out.stderr
+        assert "Traceback" not in out.stderr + out.stdout
+        assert "s3cret-pw" not in out.stderr + out.stdout
+    assert not Path("/nonexistent-dir-ns").exists()
+
+
+def test_a_bad_database_url_in_the_environment_is_reported_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NOISESCOPE_DATABASE_URL", "nonsense://from-env")
+    with pytest.raises(SystemExit) as exited:
+        main(["db", "upgrade"])
+    assert exited.value.code == 2
+    assert "nonsense://from-env" in capsys.readouterr().err
+
+
+class _LinkingServer(ServerProcess):
+    """``python -m noisescope_server --dashboard-url URL``."""
+
+    def __init__(self, dashboard_url: str) -> None:
+        super().__init__()
+        self.dashboard_url = dashboard_url
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--dashboard-url", self.dashboard_url]
+
+
+def test_dashboard_url_option_puts_run_links_in_the_answers() -> None:
+    run_id = uuid.uuid4().hex
+    with _LinkingServer("http://dash.example:8501/") as server:
+        body = {"project": "p", "task": "t"}
+        put = httpx.put(f"{server.url}/api/v1/runs/{run_id}", json=body, timeout=30)
+        patch = httpx.patch(
+            f"{server.url}/api/v1/runs/{run_id}", json={"status": "finished"}, timeout=30
+        )
+    link = f"http://dash.example:8501/run?run={run_id}"
+    assert put.status_code == 201, put.text
+    assert put.json()["dashboard_url"] == link
+    assert patch.json()["dashboard_url"] == link
+
+
+def test_no_run_links_without_a_dashboard_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOISESCOPE_DASHBOARD_URL", raising=False)
+    run_id = uuid.uuid4().hex
+    with ServerProcess() as server:
+        put = httpx.put(
+            f"{server.url}/api/v1/runs/{run_id}", json={"project": "p", "task": "t"}, timeout=30
+        )
+    assert put.status_code == 201, put.text
+    assert put.json()["dashboard_url"] is None

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from torch import Tensor, nn
 
 import noisescope
+from noisescope import _wire
 from noisescope._run import Run
 from noisescope.torch import GradientNoiseProbe
 
@@ -99,8 +100,13 @@ class _TrackingCallback:
             self.run.finish(status)
 
     def _disable(self, reason: str) -> None:
-        """Stop measuring this run, once, and say why: training itself goes on untouched."""
+        """Stop measuring this run, once, and say why (in the log and on the run's page):
+        training itself goes on untouched."""
         if self._disabled is None:
             self._disabled = reason
             warnings.warn(f"noisescope: not measuring this run: {reason}", stacklevel=2)
             logger.warning("noisescope: not measuring this run: %s", reason)
+            if self.run is not None:  # none yet: nothing was created, no page to explain
+                step = self.probe.step_count if self.probe is not None else 0
+                message = f"not measuring this run: {reason}"
+                self.run.log_event(step, _wire.NOTICE_EVENT_KIND, {"message": message})

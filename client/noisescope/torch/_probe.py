@@ -21,6 +21,7 @@ E = |G|^2 + tr(Sigma) mean(1/b_j) (eq. 1), so B_small is their harmonic mean.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from noisescope import _wire
 from noisescope._sink import Sink
 
 from ._per_example import PerExampleMethod, PerExampleNorms
@@ -427,6 +429,21 @@ class GradientNoiseProbe:
                 RuntimeWarning,
                 stacklevel=2,
             )
+            self._notice(
+                self.step_count,
+                f"the gradient noise probe stopped measuring at step {self.step_count} after "
+                f"an error ({self.error}); training went on without it. Check the probe's "
+                "arguments (source, micro_loss, layers) against the model, or report the error.",
+            )
+
+    def _notice(self, step: int, message: str) -> None:
+        """Say on the run's page why it has no samples: the warning reaches only the training
+        log. A plain ``Sink`` has no events; a failing one must not reach training either."""
+        log_event = getattr(self.sink, "log_event", None)
+        if log_event is None:
+            return
+        with contextlib.suppress(Exception):
+            log_event(step, _wire.NOTICE_EVENT_KIND, {"message": message})
 
     def _agree_to_stop(self) -> None:
         """After an error on this rank: every rank stops at this step. The others are in
@@ -703,11 +720,15 @@ class GradientNoiseProbe:
             return None
         if not b_big > b_small * (1.0 + 1e-9):
             if not self._warned_single:
-                warnings.warn(
-                    "noisescope: this step has one batch size only (one process, one backward):"
-                    " use source='per_example' or gradient accumulation / DDP",
-                    stacklevel=3,
+                single = (
+                    "this step has one batch size only (one process, one backward):"
+                    " nothing can be measured. Use gradient accumulation (several backward"
+                    " passes per optimizer step, e.g. accumulate_grad_batches or"
+                    " gradient_accumulation_steps > 1), several data-parallel processes, or"
+                    " source='per_example'"
                 )
+                warnings.warn(f"noisescope: {single}", stacklevel=3)
+                self._notice(step, single)
                 self._warned_single = True
             return None
         total_small = sum(small_l) / count

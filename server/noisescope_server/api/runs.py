@@ -1,4 +1,8 @@
-"""Run lifecycle: create/update (PUT, idempotent by client-generated id) and status (PATCH)."""
+"""Run lifecycle: create/update (PUT, idempotent by client-generated id) and status (PATCH).
+
+Both answers carry the run's dashboard link when the server knows its dashboard
+(``NOISESCOPE_DASHBOARD_URL``): the client prints it, so a job's log says where to look.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,14 @@ from noisescope_server import crud
 from noisescope_server.api._body import openapi_body, parse_model, read_body
 from noisescope_server.api.deps import EngineDep, SettingsDep, WriteScope
 from noisescope_server.api.schemas import RunPatch, RunPut, RunPutResult
+from noisescope_server.settings import Settings
 
 router = APIRouter(tags=["runs"])
 
 
-def _put(engine: Engine, run_id: str, raw: bytes, scope: int | None) -> RunPutResult:
+def _put(
+    engine: Engine, settings: Settings, run_id: str, raw: bytes, scope: int | None
+) -> RunPutResult:
     body = parse_model(RunPut, raw)
     ref, created = crud.upsert_run(
         engine,
@@ -32,7 +39,12 @@ def _put(engine: Engine, run_id: str, raw: bytes, scope: int | None) -> RunPutRe
         ),
         project_scope=scope,
     )
-    return RunPutResult(run_id=ref.uid, project=ref.project, created=created)
+    return RunPutResult(
+        run_id=ref.uid,
+        project=ref.project,
+        created=created,
+        dashboard_url=settings.run_page_url(ref.uid),
+    )
 
 
 @router.put(
@@ -52,12 +64,14 @@ async def put_run(
 ) -> RunPutResult:
     crud.check_run_uid(run_id)
     raw = await read_body(request, settings.max_body_bytes)
-    result = await run_in_threadpool(_put, engine, run_id, raw, scope)
+    result = await run_in_threadpool(_put, engine, settings, run_id, raw, scope)
     response.status_code = 201 if result.created else 200
     return result
 
 
-def _patch(engine: Engine, run_id: str, raw: bytes, scope: int | None) -> RunPutResult:
+def _patch(
+    engine: Engine, settings: Settings, run_id: str, raw: bytes, scope: int | None
+) -> RunPutResult:
     body = parse_model(RunPatch, raw)
     ref = crud.patch_run(
         engine,
@@ -67,7 +81,12 @@ def _patch(engine: Engine, run_id: str, raw: bytes, scope: int | None) -> RunPut
         batch_size=body.batch_size,
         project_scope=scope,
     )
-    return RunPutResult(run_id=ref.uid, project=ref.project, created=False)
+    return RunPutResult(
+        run_id=ref.uid,
+        project=ref.project,
+        created=False,
+        dashboard_url=settings.run_page_url(ref.uid),
+    )
 
 
 @router.patch(
@@ -81,4 +100,4 @@ async def patch_run(
 ) -> RunPutResult:
     crud.check_run_uid(run_id)
     raw = await read_body(request, settings.max_body_bytes)
-    return await run_in_threadpool(_patch, engine, run_id, raw, scope)
+    return await run_in_threadpool(_patch, engine, settings, run_id, raw, scope)

@@ -68,6 +68,10 @@ class RunPutResult(BaseModel):
     run_id: str
     project: str
     created: bool
+    dashboard_url: str | None = Field(
+        default=None,
+        description="the run's dashboard page (null unless NOISESCOPE_DASHBOARD_URL is set)",
+    )
 
 
 class RunPatch(_Strict):
