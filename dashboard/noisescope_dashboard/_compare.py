@@ -1,65 +1,56 @@
 """What the Compare runs and Compare tasks pages share: B_simple against loss and progress.
 
-Each run is bucketed in SQL to ``POINTS_PER_RUN`` points (100 runs stay far below the
-browser budget), smoothed over the same fraction of its length, and drawn one colour per task
-(or run) with a legend that highlights on click.
+The curves are ``GET /api/v1/series`` (each run bucketed by the server and smoothed over the
+same fraction of its own length). One chart per unit: B_simple in tokens and B_simple in
+examples are different quantities and never share an axis. Full width, the legend under the
+chart with its labels never cut, a click on a legend entry highlights it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 import streamlit as st
 
-from noisescope_dashboard import _charts, _data, _model, _state
-from noisescope_dashboard._ui import chart_with_downloads
+from noisescope._results import RunSummary
 
-__all__ = ["POINTS_PER_RUN", "compare_view", "task_summary"]
+from . import _charts, _data, _frames, _state, _text
+from ._ui import chart_with_downloads
 
-POINTS_PER_RUN = 400
-#: A run with this many 64-sample blocks is read from the block table (coarser, much faster).
-MIN_BLOCKS = 100
+__all__ = ["PROGRESS_AXES", "compare_section"]
+
+PROGRESS_AXES = {
+    "progress": "fraction of the run (step ÷ the run's last step)",
+    "step": "optimizer step",
+    "examples": "examples or tokens seen",
+}
 
 
-def task_summary(runs: pd.DataFrame, smoothed: pd.DataFrame) -> pd.DataFrame:
-    """One row per task: runs, batch sizes, best loss, current B_simple (median and range)."""
-    rows = []
-    for (project, task), group in runs.groupby(["project", "task"], sort=True):
-        series = smoothed[smoothed["run"].isin(group["uid"])]
-        b_now = group["b_simple"].dropna().astype(float)
-        rows.append(
-            {
-                "project": str(project),
-                "task": str(task),
-                "runs": len(group),
-                "batch sizes": ", ".join(
-                    _model.format_batch(float(b))
-                    for b in sorted(group["batch_size"].dropna().unique())
-                ),
-                "units": ", ".join(sorted(group["units"].astype(str).unique())),
-                "best loss": float(series["loss"].min()) if series["loss"].notna().any() else None,
-                "B_simple (median, latest)": float(b_now.median()) if not b_now.empty else None,
-                "B_simple min": float(b_now.min()) if not b_now.empty else None,
-                "B_simple max": float(b_now.max()) if not b_now.empty else None,
-            }
+def compare_section(
+    src: _data.Source,
+    runs: Sequence[RunSummary],
+    *,
+    color: str,
+    key: str,
+    progress: bool = True,
+    noun: str = "runs",
+) -> pd.DataFrame:
+    """Controls and charts for ``runs``; ``color`` is ``run_name`` or ``task``. Returns the
+    points drawn."""
+    c1, c2, c3 = st.columns([1.4, 1.2, 1])
+    progress_x = "progress"
+    if progress:
+        progress_x = str(
+            _state.select(
+                "Progress axis",
+                list(PROGRESS_AXES),
+                key="px",
+                format_func=PROGRESS_AXES.__getitem__,
+                container=c1,
+            )
         )
-    return pd.DataFrame(rows)
-
-
-def compare_view(url: str, chosen: pd.DataFrame, *, color: str, key: str) -> pd.DataFrame:
-    """Controls and the two charts for the runs in ``chosen``; returns the smoothed frame."""
-    c1, c2, c3 = st.columns(3)
-    progress_x = _state.select(
-        "Progress axis",
-        ["progress", "step", "examples"],
-        key="px",
-        format_func=lambda v: {
-            "progress": "fraction of the run",
-            "step": "step",
-            "examples": "examples or tokens seen",
-        }[v],
-        container=c1,
-    )
-    frac = c2.number_input(
+    fraction = c2.number_input(
         "Smoothing window (fraction of each run)",
         min_value=0.0,
         max_value=1.0,
@@ -67,49 +58,66 @@ def compare_view(url: str, chosen: pd.DataFrame, *, color: str, key: str) -> pd.
         step=0.05,
         key="win",
         bind="query-params",
+        help="Each point sums the trailing window of this share of its run's steps "
+        "(ratio last); 0: each bucket alone",
     )
-    log_x = c3.checkbox("log x (progress)", value=False, key="logx", bind="query-params")
-    series = _data.runs_series(url, tuple(chosen["uid"]), ("",), POINTS_PER_RUN, MIN_BLOCKS)
-    if series.empty:
+    with c3:
+        log_y = st.checkbox("log B_simple", value=True, key="logy", bind="query-params")
+        log_loss = st.checkbox("log loss", value=False, key="logloss", bind="query-params")
+        log_x = progress and st.checkbox(
+            "log progress", value=False, key="logx", bind="query-params"
+        )
+    by_uid = {r.uid: r for r in runs}
+    series = _data.compare(src, tuple(by_uid), float(fraction))
+    points = _frames.compare_points(series, by_uid)
+    if points.empty:
         st.info("These runs have no samples yet; they appear once training loops post them.")
-        return series
-    smoothed = _model.smooth_groups(
-        series, method="window", window_frac=float(frac), interval=False
-    )
-    meta = chosen.set_index("uid")
-    smoothed["task"] = smoothed["run"].map(
-        lambda u: f"{meta.at[u, 'project']}/{meta.at[u, 'task']}"
-    )
-    smoothed["run_name"] = smoothed["run"].map(lambda u: str(meta.at[u, "name"]))
-    csv_cols = ["task", "run", "run_name", "step", "examples", "progress", "loss", "b_simple"]
-    csv_cols += ["b_simple_lo", "b_simple_hi"]
-    left, right = st.columns(2)
-    with left:
+        return points
+    color_title = "run" if color == "run_name" else "task"
+    units = sorted(points["units"].unique())
+    for unit in units:
+        part = points[points["units"] == unit]
+        word = _text.units_word(str(unit))
+        suffix = f" — {noun} in {word}" if len(units) > 1 else ""
         chart_with_downloads(
             _charts.compare_chart(
-                smoothed,
+                part,
                 x="loss",
+                x_title="training loss (falls to the right)",
                 color=color,
-                detail="run",
+                color_title=color_title,
                 reverse_x=True,
-                title="B_simple against loss (loss falls to the right)",
+                log_x=log_loss,
+                log_y=log_y,
+                y_title=f"B_simple ({word})",
+                title="B_simple against loss" + suffix,
             ),
-            smoothed[csv_cols],
-            name=f"{key}_b_simple_vs_loss",
-            key=f"{key}_loss",
+            part,
+            title="B_simple against loss" + suffix,
+            name=f"{key}_b_simple_vs_loss_{word}",
+            key=f"{key}_loss_{word}",
+            caption="The paper's view: the noise scale grows as the loss falls. Click a legend "
+            "entry to highlight it.",
         )
-    with right:
-        chart_with_downloads(
-            _charts.compare_chart(
-                smoothed,
-                x=str(progress_x),
-                color=color,
-                detail="run",
-                log_x=log_x,
-                title="B_simple against training progress",
-            ),
-            smoothed[csv_cols],
-            name=f"{key}_b_simple_vs_progress",
-            key=f"{key}_progress",
-        )
-    return smoothed
+        if progress:
+            x_title = PROGRESS_AXES[progress_x]
+            if progress_x == "examples":
+                x_title = f"{word} seen"
+            chart_with_downloads(
+                _charts.compare_chart(
+                    part,
+                    x=progress_x,
+                    x_title=x_title,
+                    color=color,
+                    color_title=color_title,
+                    log_x=log_x,
+                    log_y=log_y,
+                    y_title=f"B_simple ({word})",
+                    title="B_simple against training progress" + suffix,
+                ),
+                part,
+                title="B_simple against training progress" + suffix,
+                name=f"{key}_b_simple_vs_progress_{word}",
+                key=f"{key}_progress_{word}",
+            )
+    return points

@@ -32,9 +32,14 @@ def select(
     format_func: Callable[[T], str] = str,
     widget: str = "selectbox",
     container: Any = None,
+    keep: bool = False,
     **kwargs: Any,
 ) -> T | None:
-    """A selectbox (or radio) whose raw value lives in ``?key=``; default when absent/unknown."""
+    """A selectbox (or radio) whose raw value lives in ``?key=``; default when absent/unknown.
+
+    ``keep`` writes the value to the URL even when it is the default: for choices whose
+    default moves (the newest run), so that a copied link keeps showing the same thing.
+    """
     if not options:
         return None
     encoded = [_encode(o) for o in options]
@@ -46,7 +51,7 @@ def select(
     value: T | None = make(
         label, list(options), index=index, format_func=format_func, key=f"_qp_{key}", **kwargs
     )
-    if value is None or value == fallback:
+    if value is None or (value == fallback and not keep):
         if key in st.query_params:
             del st.query_params[key]
     elif st.query_params.get(key) != _encode(value):

@@ -1,27 +1,34 @@
-"""Streamlit pieces every page shares: the database guard, empty states, charts with downloads.
+"""Streamlit pieces every page shares: the connection guard, API errors, empty states, charts
+with their downloads.
 
-User-supplied text (run names, tags, config values) goes through ``md_text`` or a dataframe,
-never ``unsafe_allow_html``: a run called ``<script>`` or ``**x**`` is shown literally.
+A page is a function of the server it reads (``_data.Source``), run by ``run_page``: with no
+server configured, an unreachable one or a refused token, the page says what to do instead of
+showing a traceback. User text goes through ``_text.md`` (or a dataframe), never
+``unsafe_allow_html``.
 """
 
 from __future__ import annotations
 
 import io
-import re
+from collections.abc import Callable
 from typing import Any
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
-from ._data import DATABASE_URL_ENV, database_url, list_runs
+from noisescope import ApiError, NotFoundError
+
+from . import _data
+from ._text import md
 
 __all__ = [
     "QUICKSTART",
     "chart_with_downloads",
-    "md_text",
-    "require_runs",
-    "run_label",
+    "connect",
+    "explain_api_error",
+    "not_found",
+    "run_page",
 ]
 
 #: What a user adds to a training loop; shown wherever there is nothing to display yet.
@@ -38,66 +45,83 @@ for x, y in loader:                # your loop; with k micro-batches per step:
 run.finish()
 """
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
 
-
-def md_text(value: Any) -> str:
-    """Escape text for Streamlit markdown so names and tags render literally, never as markup."""
-    return _MD_SPECIAL.sub(r"\\\1", str(value))
-
-
-def run_label(row: Any) -> str:
-    """A run as people recognise it: project / task / name (short id)."""
-    return f"{row['project']} / {row['task']} / {row['name']} ({str(row['uid'])[:8]})"
-
-
-def require_runs() -> tuple[str, pd.DataFrame]:
-    """The database URL and its runs, or an empty state telling the user what to do, and stop."""
-    url = database_url()
-    if url is None:
+def connect() -> _data.Source:
+    """The server to read, after checking it answers; otherwise say what to do, and stop."""
+    src = _data.source()
+    if src is None:
         st.warning(
-            f"No database configured. Start everything with `noisescope up`, or set "
-            f"`{DATABASE_URL_ENV}` to the server's database URL "
-            "(e.g. `sqlite:////path/to/noisescope.db`) and restart the dashboard."
+            f"No noisescope server configured. Start everything with `noisescope up`, or run "
+            f"`noisescope dashboard --url URL` (it sets `{_data.URL_ENV}`), or set "
+            f"`{_data.URL_ENV}` to the server's address (e.g. `http://127.0.0.1:8765`) before "
+            "starting the dashboard."
         )
         st.stop()
     try:
-        runs = list_runs(url)
-    except Exception as exc:  # a missing table, an unreachable server: say which, do not crash
-        st.error(
-            f"Could not read the noisescope database at `{md_text(_safe_url(url))}`: "
-            f"{md_text(type(exc).__name__)}: {md_text(_first_line(exc))}. "
-            "Run `noisescope db upgrade` (or `noisescope up`) "
-            "to create it, then reload."
-        )
+        projects = _data.projects(src)
+    except ApiError as exc:
+        explain_api_error(exc, src)
         st.stop()
-    if runs.empty:
+    if not projects:
         st.info(
             "No runs yet. Add these lines to a training loop (or run the bundled example, "
             "`python examples/digits.py`), and the run appears here live:"
         )
         st.code(QUICKSTART, language="python")
         st.stop()
-    return url, runs
+    return src
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0][:200] if text else ""
+def explain_api_error(exc: ApiError, src: _data.Source) -> None:
+    """An API error in words, with what to do about it."""
+    where = md(src.url)
+    if exc.status == 0:
+        st.error(
+            f"Cannot reach the noisescope server at {where}. Start it with `noisescope up` "
+            f"(or `noisescope server`), or point the dashboard at the right one with "
+            f"`noisescope dashboard --url URL` or `{_data.URL_ENV}`, then reload. "
+            f"({md(exc.detail)})"
+        )
+    elif exc.status in (401, 403):
+        st.error(
+            f"The server at {where} refused the token (HTTP {exc.status}: {md(exc.detail)}). "
+            f"Set `{_data.TOKEN_ENV}` (or `noisescope dashboard --token`) to a token of the "
+            "project you want to see, or leave it unset on a server with auth off."
+        )
+    else:
+        st.error(f"The server at {where} answered HTTP {exc.status}: {md(exc.detail)}")
 
 
-def _safe_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+def not_found(what: str, detail: str = "") -> None:
+    """A page opened on something that does not exist: say so, name it, and stop."""
+    st.error(
+        f"{what} not found"
+        + (f": {md(detail)}" if detail else "")
+        + ". Check the link, or pick one from the menu on the left."
+    )
+    st.stop()
 
 
-def _png(chart: alt.Chart | alt.LayerChart) -> bytes:
+def run_page(main: Callable[[_data.Source], None]) -> None:
+    """Run a page against the configured server, turning API errors into messages."""
+    src = connect()
+    try:
+        main(src)
+    except NotFoundError as exc:
+        st.error(
+            f"Not found: {md(exc.detail)}. Check the link, or pick one from the menu on the left."
+        )
+    except ApiError as exc:
+        explain_api_error(exc, src)
+
+
+def _png(chart: alt.TopLevelMixin, title: str) -> bytes:
     import vl_convert as vlc
 
-    # Outside a Streamlit render Altair's 5000-row guard is back on; our data is already
-    # bucketed (<= 2000 points per series), so lift it for the export.
+    # Outside a Streamlit render Altair's 5000-row guard is back on; the data is already
+    # bucketed by the server (<= 2000 points per series), so lift it for the export.
     with alt.data_transformers.disable_max_rows():
-        spec = chart.to_dict()
+        spec = chart.properties(title=title, width=800).to_dict()
     png: bytes = vlc.vegalite_to_png(spec, scale=2)
     return png
 
@@ -109,21 +133,33 @@ def _csv(frame: pd.DataFrame) -> str:
 
 
 def chart_with_downloads(
-    chart: alt.Chart | alt.LayerChart, frame: pd.DataFrame, *, name: str, key: str
+    chart: Any,
+    frame: pd.DataFrame,
+    *,
+    title: str,
+    name: str,
+    key: str,
+    caption: str | None = None,
+    stretch: bool = True,
 ) -> None:
-    """Draw a chart with PNG (rendered offline by vl-convert, on click) and CSV downloads."""
-    st.altair_chart(chart, width="stretch", key=f"chart_{key}")
-    left, right, _ = st.columns([1, 1, 6])
-    left.download_button(
+    """A titled chart (the title above it, where it wraps instead of being clipped) with PNG
+    (rendered offline by vl-convert, on click) and CSV downloads of the data drawn."""
+    st.subheader(title, anchor=False)
+    if caption:
+        st.caption(caption)
+    st.altair_chart(chart, width="stretch" if stretch else "content", key=f"chart_{key}")
+    row = st.container(horizontal=True)
+    row.download_button(
         "PNG",
-        data=lambda: _png(chart),
+        data=lambda: _png(chart, title),
         file_name=f"{name}.png",
         mime="image/png",
         key=f"png_{key}",
         on_click="ignore",
         icon=":material/image:",
+        width="content",
     )
-    right.download_button(
+    row.download_button(
         "CSV",
         data=_csv(frame),
         file_name=f"{name}.csv",
@@ -131,4 +167,5 @@ def chart_with_downloads(
         key=f"csv_{key}",
         on_click="ignore",
         icon=":material/download:",
+        width="content",
     )

@@ -1,4 +1,5 @@
-"""noisescope's dashboard: ``streamlit run app.py`` with NOISESCOPE_DATABASE_URL set.
+"""noisescope's dashboard: ``noisescope dashboard --url URL`` (or ``streamlit run app.py`` with
+NOISESCOPE_URL set). It reads the server's HTTP API only (``_data``), never a database.
 
 Multipage through ``st.Page`` + ``st.navigation``; each page keeps its state (run, task,
 filters, axis choices) in the query string, so a URL shared is the view seen.
@@ -12,12 +13,22 @@ import streamlit as st
 
 _HERE = Path(__file__).parent
 
-st.set_page_config(page_title="noisescope", page_icon=":material/blur_on:", layout="wide")
+#: The tab icon, inline: a Material icon name would make the browser fetch it from Google's
+#: font servers, and nothing the dashboard shows may leave this machine.
+ICON = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><path d="M2 19C7 19 8 5 12 5'
+    's5 14 10 14" fill="none" stroke="#1f77b4" stroke-width="2.6" stroke-linecap="round"/>'
+    '<circle cx="12" cy="5" r="2.2" fill="#d62728"/></svg>'
+)
+
+st.set_page_config(page_title="noisescope", page_icon=ICON, layout="wide")
+
+RUNS = _HERE / "views/runs.py"
 
 PAGES = [
-    st.Page(
-        _HERE / "views/runs.py", title="Runs", icon=":material/list:", url_path="runs", default=True
-    ),
+    # Streamlit serves the default page at "/" only; the hidden twin below answers "/runs".
+    st.Page(RUNS, title="Runs", icon=":material/list:", url_path="home", default=True),
+    st.Page(RUNS, title="Runs", icon=":material/list:", url_path="runs", visibility="hidden"),
     st.Page(_HERE / "views/run.py", title="Run", icon=":material/show_chart:", url_path="run"),
     st.Page(
         _HERE / "views/compare_runs.py",
@@ -42,4 +53,4 @@ PAGES = [
     ),
 ]
 
-st.navigation(PAGES).run()
+st.navigation(PAGES, position="top").run()

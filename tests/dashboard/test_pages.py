@@ -1,73 +1,62 @@
-"""AppTest for every page: widgets and query parameters drive state, charts are asserted from
-their Vega-Lite specs, and user text (names, tags, config) never becomes markup."""
+"""AppTest for every page against a real server: widgets and query parameters drive state,
+charts are asserted from their Vega-Lite specs, missing things say "not found", and user text
+(names, tags, config, task names) never becomes markup."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from typing import Any
+from urllib.parse import quote
 
 import pandas as pd
 import pytest
-from streamlit.testing.v1 import AppTest
 
+from noisescope import Api
 from noisescope_dashboard._charts import spec_layers
+from tests.support.servers import free_port
 
-from ._synth import DIGITS_B_CRIT
+from ._app import chart_data, charts, plain, texts
+from ._synth import DIGITS64, HOSTILE_TASK, LM, NOTICE, NOTICE_MESSAGE, SHORT, default_runs
+from .conftest import MakeApp
 
-MakeApp = Callable[..., AppTest]
-DIGITS64 = "digits0064" + "0" * 22
-LM = "lm" + "0" * 30
+PAGES = ["runs", "run", "compare_runs", "compare_tasks", "critical_batch", "what_if"]
+B_CHART = "B_simple with its 90% interval and the batch in use"
 
 
-def charts(at: AppTest) -> dict[str, dict[str, Any]]:
-    """Vega-Lite specs of the page's charts by title."""
-    out = {}
-    for element in at.get("vega_lite_chart"):
-        spec = json.loads(element.proto.spec)
-        out[str(spec.get("title"))] = spec
+def _layer_marks(spec: dict[str, object]) -> list[str]:
+    out = []
+    for layer in spec_layers(spec):  # type: ignore[arg-type]
+        mark = layer["mark"]
+        out.append(str(mark["type"] if isinstance(mark, dict) else mark))
     return out
 
 
-def chart_data(at: AppTest) -> dict[str, list[pd.DataFrame]]:
-    """The data frames each chart ships to the browser (Streamlit sends them as Arrow)."""
-    import pyarrow as pa
-
-    out = {}
-    for element in at.get("vega_lite_chart"):
-        title = str(json.loads(element.proto.spec).get("title"))
-        out[title] = [
-            pa.ipc.open_stream(ds.data.data).read_all().to_pandas() for ds in element.proto.datasets
-        ]
-    return out
-
-
-def texts(at: AppTest) -> str:
-    parts = [
-        e.value
-        for kind in ("markdown", "caption", "info", "warning", "error")
-        for e in at.get(kind)
-    ]
-    return "\n".join(str(p) for p in parts)
-
-
-def test_no_database_configured_says_what_to_do(make_app: MakeApp) -> None:
-    at = make_app(None, "runs")
+@pytest.mark.parametrize("page", PAGES)
+def test_no_server_configured_says_what_to_do(make_app: MakeApp, page: str) -> None:
+    at = make_app(None, page)
     assert not at.exception
-    assert "noisescope up" in at.warning[0].value
+    (warning,) = at.warning
+    assert "noisescope up" in warning.value and "NOISESCOPE_URL" in warning.value
+    assert not at.get("vega_lite_chart")
 
 
-def test_empty_database_shows_the_lines_to_add(make_app: MakeApp, empty_db: str) -> None:
-    at = make_app(empty_db)
+@pytest.mark.parametrize("page", PAGES)
+def test_unreachable_server_says_what_to_do(make_app: MakeApp, page: str) -> None:
+    at = make_app(f"http://127.0.0.1:{free_port()}", page)
+    assert not at.exception
+    (error,) = at.error
+    assert "Cannot reach the noisescope server" in error.value
+    assert "noisescope up" in error.value
+
+
+def test_empty_server_shows_the_lines_to_add(make_app: MakeApp, empty_server: str) -> None:
+    at = make_app(empty_server)
     assert not at.exception
     assert "No runs yet" in at.info[0].value
     code = at.code[0].value
     assert "noisescope.init(" in code and "GradientNoiseProbe(model, run)" in code
-    assert "probe.step(" in code
 
 
-def test_app_navigates_all_pages(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db)
+def test_app_navigates_all_pages(make_app: MakeApp, server: str) -> None:
+    at = make_app(server)
     assert at.title[0].value == "Runs"
     for page, title in [
         ("run", "Run"),
@@ -81,165 +70,355 @@ def test_app_navigates_all_pages(make_app: MakeApp, synth_db: str) -> None:
         assert at.title[0].value == title
 
 
-def test_runs_table_filters_search_and_sort(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db, "runs")
-    assert not at.exception
-    table = at.dataframe[0].value
-    assert len(table) == 7
-    lm = table[table["uid"] == LM].iloc[0]
-    assert lm["name"] == "<b>lm</b> **run**"  # shown verbatim, as text
-    assert lm["tags"] == "<script>alert(1)</script>"
-    digits = table[table["task"] == "digits"]
-    assert digits["b_simple"].tolist() == pytest.approx([100.0] * 6)
-    assert sorted(digits["ratio"].tolist()) == pytest.approx(
-        [b / 100 for b in (16, 32, 64, 128, 256, 512)]
-    )
+# --- Runs --------------------------------------------------------------------------------
 
-    at = make_app(synth_db, "runs", task=["digits"], sort="ratio")
+
+def test_runs_table_shows_every_run_and_why_some_have_no_number(
+    make_app: MakeApp, server: str
+) -> None:
+    at = make_app(server, "runs")
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("uid")
+    assert len(table) == len(default_runs())
+    lm = table.loc[LM]
+    assert lm["name"] == "<b>lm</b> **run**"  # shown verbatim, as text
+    assert lm["tags"] == "<script>alert(1)</script>, **bold**"
+    assert lm["batch"] == "8,192"  # the batch-size change, written as people write it
+    digits = table.loc[DIGITS64]
+    assert digits["b_simple"] == "100" and digits["ratio"] == "0.6×"
+    assert digits["why"] == ""
+    for uid in (SHORT, NOTICE):  # not measurable: no number, no ratio, and why
+        row = table.loc[uid]
+        assert row["b_simple"] == "" and row["interval"] == "" and row["ratio"] == ""
+        assert row["why"]
+    assert "40 samples" in table.loc[SHORT, "why"]
+    assert NOTICE_MESSAGE in table.loc[NOTICE, "why"]
+    assert table.loc[NOTICE, "task"] == HOSTILE_TASK
+
+
+def test_runs_table_filters_search_and_sort(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "runs", task=["digits"], sort="ratio")
     table = at.dataframe[0].value
-    assert len(table) == 6
-    assert table["ratio"].is_monotonic_increasing
-    at.text_input(key="q").input("b512").run()
-    assert at.dataframe[0].value["name"].tolist() == ["digits-b512"]
+    assert len(table) == 18
+    assert table["_ratio"].is_monotonic_increasing
+    at.text_input(key="q").input("b512-lr0.1").run()
+    assert at.dataframe[0].value["name"].tolist() == ["digits-b512-lr0.1"]
     at.text_input(key="q").input("nothing-matches").run()
     assert "No run matches" in at.info[0].value
 
 
-def test_run_page_restores_state_from_the_url(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db, "run", run=DIGITS64, x="seen", logy="false")
+# --- Run ---------------------------------------------------------------------------------
+
+
+def test_run_page_headline_and_verdict(make_app: MakeApp, server: str, api: Api) -> None:
+    at = make_app(server, "run", run=DIGITS64)
     assert not at.exception
     assert at.selectbox(key="_qp_run").value == DIGITS64
-    metrics = {m.label: m.value for m in at.metric}
-    assert metrics["B_simple (latest window)"] == "100"
-    assert metrics["Batch in use"] == "64"
-    assert metrics["B / B_simple"] == "0.64×"
-    assert "batch 64 is ~0.6× B_simple" in at.info[0].value
-    specs = charts(at)
-    b_chart = specs["B_simple = tr(Σ) / |G|² with its interval"]
-    marks = [layer["mark"]["type"] for layer in spec_layers(b_chart)]
-    assert marks == ["area", "line", "line"]  # band, B_simple, batch in use (no events)
-    line = spec_layers(b_chart)[1]
-    assert line["encoding"]["x"]["field"] == "examples"
-    assert line["encoding"]["y"]["scale"].get("type", "linear") == "linear"
-    assert set(specs) >= {"Loss", "Learning rate", "|G|²: true-gradient norm² (unbiased)"}
-    # ≤ 2000 points per series reach the browser
-    shipped = chart_data(at)
-    assert max(len(f) for frames in shipped.values() for f in frames) == 600  # one per step
-    assert all(len(f) <= 2000 for frames in shipped.values() for f in frames)
-
-
-def test_run_page_widgets_update_the_url(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db, "run", run=DIGITS64)
-    at.selectbox(key="_qp_smooth").select("ema").run()
-    at.radio(key="_qp_x").set_value("time").run()
-    assert not at.exception
-    assert at.query_params["smooth"] == "ema"
-    assert at.query_params["x"] == "time"
     assert at.query_params["run"] == DIGITS64
-    line = spec_layers(charts(at)["B_simple = tr(Σ) / |G|² with its interval"])[1]
-    assert line["encoding"]["x"]["field"] == "time"
-    assert line["encoding"]["y"]["scale"]["type"] == "log"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics == {
+        "B_simple now": "100",
+        "Batch in use": "64 examples",
+        "B / B_simple": "0.6×",
+        "Loss": "0.153",
+    }
+    run = api.run(DIGITS64)
+    caption = plain(texts(at))
+    assert f"Over the last {run.window_samples} samples, steps " in caption
+    assert "the same value as the Runs table and the API" in caption
+    verdict = api.recommendation(DIGITS64).recommendation.verdict
+    assert plain(at.info[0].value) == verdict
+    assert verdict.startswith("batch 64 is ~0.6× B_simple")
 
 
-def test_run_page_layers_events_and_text_safety(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db, "run", run=LM, x="seen")
+def test_run_page_unknown_run_is_not_found(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "run", run="no-such-run")
+    assert not at.exception
+    (error,) = at.error
+    assert "no-such-run" in plain(error.value) and "not found" in error.value
+    assert not at.metric and not at.get("vega_lite_chart")
+    assert not at.selectbox  # never silently another run
+
+
+def test_run_page_not_yet_measurable_shows_no_number_and_no_verdict(
+    make_app: MakeApp, server: str
+) -> None:
+    at = make_app(server, "run", run=SHORT)
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["B_simple now"] == "—" and metrics["B / B_simple"] == "—"
+    (warning,) = at.warning
+    assert "not yet measurable" in plain(warning.value) and "no verdict" in warning.value
+    assert not at.info  # no verdict
+
+
+def test_run_page_without_samples_says_why_and_what_to_do(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "run", run=NOTICE)
+    assert not at.exception
+    assert NOTICE_MESSAGE in plain(at.warning[0].value)
+    assert "accumulate_grad_batches" in at.markdown[0].value
+    assert not at.metric and not at.get("vega_lite_chart")
+
+
+def test_run_page_smoothing_changes_the_curves_not_the_headline(
+    make_app: MakeApp, server: str
+) -> None:
+    metrics = []
+    curves = []
+    for window in ("0", "200"):
+        at = make_app(server, "run", run=LM, window=window)
+        assert not at.exception
+        assert at.number_input(key="window").value == int(window)
+        metrics.append({m.label: m.value for m in at.metric})
+        (frame,) = [f for f in chart_data(at)[B_CHART] if "what" in f and len(f)][:1]
+        curves.append(frame["b_simple"].round(6).tolist())
+    assert metrics[0] == metrics[1]
+    assert curves[0] != curves[1]
+
+
+def test_run_page_default_window_is_about_five_percent(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "run", run=LM)
+    assert at.number_input(key="window").value == 50  # 5% of 400 steps, at least 50
+
+
+def test_run_page_charts_legend_events_evals_and_units(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "run", run=LM, x="examples")
     assert not at.exception
     specs = charts(at)
-    main = spec_layers(specs["B_simple = tr(Σ) / |G|² with its interval"])
-    assert main[-1]["mark"]["type"] == "rule"  # the batch-size change at step 200
-    assert main[1]["encoding"]["x"]["field"] == "tokens"
+    main = specs[B_CHART]
+    assert _layer_marks(main) == ["area", "line", "line", "rule"]
+    legend = spec_layers(main)[1]["encoding"]["color"]
+    assert legend["scale"]["domain"] == [
+        "B_simple",
+        "90% interval",
+        "batch in use",
+        "batch-size change",
+        "other event",
+    ]
+    assert spec_layers(main)[1]["encoding"]["x"]["title"] == "tokens seen"
+    assert "tr(Σ) per token: the gradient noise" in specs
+    loss = specs["Loss (evaluations as points)"]
+    assert _layer_marks(loss) == ["line", "point", "rule"]
+    rules = [f for f in chart_data(at)[B_CHART] if "label" in f]
+    labels = sorted(set(rules[0]["label"]))
+    assert labels == ["batch size 4,096 → 8,192", "checkpoint: path=<b>ckpt</b>"]  # no eval
     per_layer = spec_layers(specs["B_simple per layer"])
     assert per_layer[1]["encoding"]["color"]["field"] == "layer"
-    # the name is escaped markdown: no tag and no bold survive as markup
+    digits = charts(make_app(server, "run", run=DIGITS64))
+    assert "tr(Σ) per example: the gradient noise" in digits
+
+
+def test_run_page_log_axes_read_as_numbers(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "run", run=LM)
+    y = spec_layers(charts(at)[B_CHART])[1]["encoding"]["y"]
+    assert y["scale"]["type"] == "log"
+    assert y["axis"]["format"] == ",~r"
+    for value in y["axis"]["values"]:
+        mantissa = value / 10 ** len(str(int(value))[1:]) if value >= 1 else value
+        assert round(mantissa, 9) in (1, 2, 5) or value < 1
+
+
+def test_run_page_widgets_update_the_url(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "run", run=DIGITS64)
+    at.radio(key="_qp_x").set_value("time").run()
+    assert not at.exception
+    assert at.query_params["x"] == "time"  # (bound widgets write the URL in the browser)
+    assert at.query_params["run"] == DIGITS64
+    line = spec_layers(charts(at)[B_CHART])[1]
+    assert line["encoding"]["x"]["title"] == "seconds since the first sample"
+
+
+def test_user_text_is_shown_literally(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "run", run=LM)
+    assert not at.exception
+    # escaped Markdown: no tag, bold or link survives as markup
     assert at.subheader[0].value == r"\<b\>lm\</b\> \*\*run\*\*"
-    assert "\\<script\\>" in texts(at)
-    assert "<script>" not in texts(at).replace("\\<script\\>", "")
+    caption = at.caption[0].value
+    assert r"\<script\>alert\(1\)\</script\>" in caption and r"\*\*bold\*\*" in caption
+    assert "<script>" not in texts(at).replace(r"\<script\>", "")
+    label = at.selectbox(key="_qp_run")
+    assert "<b>lm</b> **run**" in label.format_func(LM)  # selectbox options are plain text
 
 
-def test_compare_runs(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db, "compare_runs", runs=[DIGITS64, LM], color="task")
+# --- Compare -----------------------------------------------------------------------------
+
+
+def test_compare_runs_one_chart_per_unit_with_a_clickable_legend(
+    make_app: MakeApp, server: str
+) -> None:
+    at = make_app(server, "compare_runs", runs=[DIGITS64, LM], color="task")
     assert not at.exception
     assert at.multiselect(key="_qp_runs").value == [DIGITS64, LM]
-    specs = charts(at)
-    vs_loss = specs["B_simple against loss (loss falls to the right)"]
-    assert vs_loss["encoding"]["x"]["field"] == "loss"
-    assert vs_loss["encoding"]["color"]["field"] == "task"
-    assert vs_loss["params"][0]["bind"] == "legend"
-    assert specs["B_simple against training progress"]["encoding"]["x"]["field"] == "progress"
-    tasks = at.dataframe[0].value
-    assert sorted(tasks["task"]) == ["digits", "lm"]
-
-
-def test_compare_tasks_one_colour_per_task(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db, "compare_tasks", px="step")
-    assert not at.exception
-    spec = charts(at)["B_simple against training progress"]
+    subheaders = [s.value for s in at.subheader]
+    assert "B_simple against loss — runs in examples" in subheaders
+    assert "B_simple against loss — runs in tokens" in subheaders
+    data = chart_data(at)
+    spec = charts(at)["B_simple against loss — runs in tokens"]
+    assert spec["encoding"]["x"]["field"] == "loss"
     assert spec["encoding"]["color"]["field"] == "task"
-    assert spec["encoding"]["x"]["field"] == "step"
-    (rows,) = chart_data(at)["B_simple against training progress"]
-    assert set(rows["task"]) == {"vision/digits", "nlp/lm"}
-    summary = at.dataframe[0].value.set_index("task")
-    assert summary.loc["digits", "runs"] == 6
-    assert summary.loc["digits", "B_simple (median, latest)"] == pytest.approx(100.0)
-    at.multiselect(key="tasks").set_value(["vision/digits"]).run()
-    assert list(at.dataframe[0].value["task"]) == ["digits"]
+    assert spec["encoding"]["color"]["legend"]["labelLimit"] == 0
+    assert spec["params"][0]["bind"] == "legend"
+    units = {frozenset(f["units"]) for frames in data.values() for f in frames if "units" in f}
+    assert units == {frozenset({"examples"}), frozenset({"tokens"})}  # never mixed
+    table = at.dataframe[0].value.set_index("uid")
+    assert table.loc[DIGITS64, "b_simple"] == "100"
 
 
-def test_critical_batch_fits_the_sweep(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db, "critical_batch", task="vision/digits", targets="1.0, 0.6, 0.01")
+def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api: Api) -> None:
+    at = make_app(server, "compare_tasks")
     assert not at.exception
-    fits = at.dataframe[0].value
-    assert fits["loss target"].tolist() == [1.0, 0.6]
-    assert fits["B_crit"].tolist() == pytest.approx([DIGITS_B_CRIT] * 2, rel=0.05)
-    # 0.01 is below every run's loss: it is explained, not fitted
-    warnings = [w.value.replace("\\", "") for w in at.warning]
-    assert any("loss 0.01" in w and "at least 3" in w for w in warnings), warnings
-    specs = charts(at)
-    versus = specs["B_crit against loss, with B_simple at the same loss"]
-    assert versus["encoding"] if "encoding" in versus else spec_layers(versus)
-    rows = pd.concat(chart_data(at)["B_crit against loss, with B_simple at the same loss"])
-    assert set(rows["quantity"]) == {"B_crit (fit)", "B_simple (measured, median over runs)"}
-    sweep = specs["Steps vs examples per loss target, fitted S-E model"]
-    assert [layer["mark"]["type"] for layer in spec_layers(sweep)] == ["line", "point"]
+    versus = charts(at)["B_simple against B_crit across tasks"]
+    assert _layer_marks(versus) == ["line", "rule", "rule", "point"]
+    _diagonal, x_bars, y_bars, points = spec_layers(versus)
+    assert x_bars["encoding"]["x2"]["field"] == "b_crit_hi_shown"
+    assert y_bars["encoding"]["y2"]["field"] == "b_simple_hi_shown"
+    assert points["encoding"]["x"]["scale"]["type"] == "log"
+    assert points["encoding"]["y"]["scale"]["type"] == "log"
+    rows = chart_data(at)["B_simple against B_crit across tasks"]
+    shown = max(rows, key=len)
+    expected = {
+        (f"{r.project}/{r.task}", t.target, t.b_crit, t.b_simple)
+        for r in (api.critical_batch("vision", "digits"), api.critical_batch("nlp", "lm-sweep"))
+        for t in r.targets
+        if t.determined and t.b_simple is not None
+    }
+    got = {(r.task, r.target, r.b_crit, r.b_simple) for r in shown.itertuples()}
+    assert got == expected
+    left_out = at.dataframe[0].value
+    assert set(left_out["task"]) == {"nlp/lm", f"vision/{HOSTILE_TASK}"}
+    assert "B_simple against loss — tasks in tokens" in [s.value for s in at.subheader]
+    summary = at.dataframe[1].value.set_index("task")
+    assert summary.loc["digits", "runs"] == "18"
+    assert summary.loc["digits", "measured runs"] == "18 of 18"
+    assert summary.loc["digits", "B_simple median"] == "100"
+    at.multiselect(key="tasks").set_value(["vision/digits"]).run()
+    assert not at.exception
+    assert list(at.dataframe[-1].value["task"]) == ["digits"]
 
 
-def test_critical_batch_too_few_batch_sizes(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db, "critical_batch", task="nlp/lm")
+# --- Critical batch size -----------------------------------------------------------------
+
+DIGITS = quote("vision/digits", safe="")
+
+
+def test_critical_batch_page_renders_the_report(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "critical_batch", task="vision/digits")
+    assert not at.exception
+    assert "evaluation loss" in at.markdown[0].value
+    table = at.dataframe[0].value
+    assert len(table) == 4  # the report's default targets
+    assert all(b != "not determined" for b in table["B_crit"])
+    sweep = charts(at)["Steps and examples to reach each loss target"]
+    assert _layer_marks(sweep) == ["line", "point", "point"]
+    _hyperbola, hollow, filled = spec_layers(sweep)
+    assert hollow["mark"]["filled"] is False and filled["mark"]["filled"] is True
+    frames = chart_data(at)["Steps and examples to reach each loss target"]
+    points = pd.concat([f for f in frames if "frontier" in f])
+    assert set(points["frontier"]) == {True, False}  # the fit's runs and the others
+    versus = charts(at)["B_crit against loss, beside B_simple at the same loss"]
+    assert _layer_marks(versus) == ["rule", "line"]
+
+
+def test_critical_batch_targets_live_in_the_url(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "critical_batch", task="vision/digits", targets="1.0, 0.05, x")
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert table["loss target"].tolist() == ["1", "0.05"]
+    row = table.set_index("loss target").loc["0.05"]
+    assert row["B_crit"] == "not determined" and row["S_min (steps)"] == ""
+    assert "a fit needs at least 3" in row["warnings"]
+    assert "Not numbers" in at.error[0].value and "x" in at.error[0].value
+    at.text_input(key="_qp_targets").input("0.9").run()
+    assert at.query_params["targets"] == "0.9"
+    assert at.dataframe[0].value["loss target"].tolist() == ["0.9"]
+
+
+def test_critical_batch_unknown_task_is_not_found(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "critical_batch", task="vision/nope")
+    assert not at.exception
+    (error,) = at.error
+    assert "vision/nope" in plain(error.value) and "not found" in error.value
+    assert not at.dataframe
+
+
+def test_critical_batch_too_few_batch_sizes(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "critical_batch", task="nlp/lm")
     assert not at.exception
     assert "3 or more batch sizes" in at.warning[0].value
 
 
-def test_what_if_batch_and_gpus(make_app: MakeApp, synth_db: str) -> None:
-    at = make_app(synth_db, "what_if", task="vision/digits", b="400")
+def test_critical_batch_hostile_task_name_is_text(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "critical_batch", task=f"vision/{HOSTILE_TASK}")
     assert not at.exception
-    metrics = {m.label: m.value for m in at.metric}
-    b_crit = float(at.caption[0].value.split("=")[1].split()[0])
-    assert b_crit == pytest.approx(DIGITS_B_CRIT, rel=0.05)
-    assert metrics["Steps / minimum"] == f"{1 + b_crit / 400:.2f}×"
-    assert metrics["Examples / minimum"] == f"{1 + 400 / b_crit:.2f}×"
-    trade = charts(at)["Time/compute trade-off (science.md model)"]
-    point = spec_layers(trade)[1]
-    assert point["mark"]["type"] == "point"
-    at.radio(key="_qp_mode").set_value("gpus").run()
-    at.number_input(key="gpus").set_value(4).run()
-    at.number_input(key="per_gpu").set_value(50).run()
-    assert {m.label: m.value for m in at.metric}["Batch"] == "200"
-    assert "~1× B_crit" in at.info[0].value
+    assert at.selectbox(key="_qp_task").value == f"vision/{HOSTILE_TASK}"
 
 
-def test_png_and_csv_downloads_render_offline() -> None:
-    import pandas as pd
+# --- What-if -----------------------------------------------------------------------------
 
-    from noisescope_dashboard import _charts, _ui
 
-    frame = pd.DataFrame({"step": [1, 2], "g_sq": [1.0, 2.0]})
-    png = _ui._png(_charts.metric_chart(frame, x="step", y="g_sq", title="|G|²"))
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    assert _ui._csv(frame).splitlines() == ["step,g_sq", "1,1.0", "2,2.0"]
-    # Compare charts hold up to 400 points per run x many runs: more than Altair's 5000-row
-    # guard, which is active outside a Streamlit render
-    many = pd.DataFrame(
-        {"task": ["t"] * 6000, "run": ["r"] * 6000, "loss": range(1, 6001), "b_simple": 1.0}
+def test_what_if_renders_the_parallelism_plan(make_app: MakeApp, server: str, api: Api) -> None:
+    at = make_app(server, "what_if", task="vision/digits", b="512", step_time="0.3")
+    assert not at.exception
+    report = api.critical_batch("vision", "digits")
+    first = next(t for t in report.targets if t.determined)
+    assert at.selectbox(key="_qp_source").value == f"bcrit:{first.target:g}"
+    assert first.b_crit is not None
+    plan = api.parallelism(
+        first.b_crit,
+        16,
+        s_min=first.s_min,
+        step_time=0.3,
+        min_speedup=1.5,
+        units="examples",
+        batch_size=512,
     )
-    png = _ui._png(_charts.compare_chart(many, x="loss", title="many"))
-    assert png[:4] == b"\x89PNG"
+    assert plain(at.info[0].value) == plan.summary
+    assert plan.verdict is not None and plain(at.markdown[0].value).endswith(plan.verdict)
+    table = at.dataframe[0].value
+    assert table["devices"].tolist() == [f"{r.devices:,}" for r in plan.rows]
+    assert table["time"].iloc[0].endswith(("s", "min", "h"))
+    specs = charts(at)
+    assert set(specs) == {"Time against compute as devices double", "Speed-up against devices"}
+    trade = spec_layers(specs["Time against compute as devices double"])
+    assert trade[1]["encoding"]["x"]["scale"]["type"] == "log"
+    assert _layer_marks(specs["Time against compute as devices double"]) == [
+        "line",
+        "point",
+        "text",
+    ]
+
+
+def test_what_if_median_b_simple_has_no_absolute_steps(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "what_if", task="vision/digits", source="median")
+    assert not at.exception
+    assert "median current B_simple" in plain(at.caption[0].value)
+    assert set(at.dataframe[0].value["steps"]) == {""}
+
+
+def test_what_if_unknown_task_is_not_found(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "what_if", task="x/y")
+    assert "x/y" in plain(at.error[0].value) and "not found" in at.error[0].value
+
+
+# --- Tokens ------------------------------------------------------------------------------
+
+
+def test_a_project_token_shows_only_that_project(make_app: MakeApp, auth_server: str) -> None:
+    import httpx
+
+    from .conftest import ADMIN
+
+    answer = httpx.post(
+        f"{auth_server}/api/v1/projects/vision/tokens",
+        json={"name": "dashboard-test"},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+    )
+    assert answer.status_code == 201, answer.text
+    token = answer.json()["token"]
+    at = make_app(auth_server, "runs", token=token)
+    assert not at.exception
+    assert set(at.dataframe[0].value["project"]) == {"vision"}
+    at = make_app(auth_server, "run", token=token, run=LM)  # another project's run
+    assert "not found" in at.error[0].value
+    at = make_app(auth_server, "runs")
+    assert "refused the token" in at.error[0].value and "NOISESCOPE_TOKEN" in at.error[0].value

@@ -1,43 +1,105 @@
-"""Compare tasks: every run of the chosen tasks, one colour per task, and a summary per task.
+"""Compare tasks, as the paper draws it (McCandlish et al. 2018, Fig. 5 and Fig. 7):
 
-The paper's view: the noise scale grows as the loss falls, at very different levels per task.
+(a) B_simple against B_crit across tasks, one point per task and loss target whose fit is
+determined (``GET /tasks/{project}/{task}/critical-batch``), both intervals, y = x for reference;
+(b) B_simple against loss, one colour per task, one chart per unit (``GET /series``);
+(c) the per-task summary (``GET /tasks``).
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from noisescope_dashboard._compare import compare_view, task_summary
-from noisescope_dashboard._ui import require_runs
+from noisescope._results import TaskSummary
+from noisescope.sweep import MIN_BATCH_SIZES, CriticalBatchReport
+from noisescope_dashboard import _charts, _data, _frames, _text, _ui
+from noisescope_dashboard._compare import compare_section
 
-st.title("Compare tasks")
-url, runs = require_runs()
-runs = runs.assign(task_key=runs["project"].astype(str) + "/" + runs["task"].astype(str))
-all_tasks = sorted(runs["task_key"].unique())
-tasks = st.multiselect(
-    "Tasks (project/task)", all_tasks, default=all_tasks, key="tasks", bind="query-params"
-)
-if not tasks:
-    st.info("Pick one or more tasks above.")
-    st.stop()
-chosen = runs[runs["task_key"].isin(tasks)]
-smoothed = compare_view(url, chosen, color="task", key="tasks")
-st.subheader("Summary per task")
-summary = task_summary(chosen, smoothed)
-st.dataframe(
-    summary,
-    hide_index=True,
-    width="stretch",
-    column_config={
-        c: st.column_config.NumberColumn(c, format="%.4g")
-        for c in ("best loss", "B_simple (median, latest)", "B_simple min", "B_simple max")
-    },
-)
-st.download_button(
-    "Summary CSV",
-    summary.to_csv(index=False),
-    file_name="task_summary.csv",
-    mime="text/csv",
-    on_click="ignore",
-    icon=":material/download:",
-)
+
+def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary]) -> None:
+    swept = [t for t in tasks if len(t.batch_sizes) >= MIN_BATCH_SIZES]
+    reports: list[CriticalBatchReport] = [
+        _data.critical_batch(src, t.project, t.task) for t in swept
+    ]
+    points, left_out = _frames.tasks_b_simple_vs_b_crit(reports)
+    for t in tasks:
+        if len(t.batch_sizes) < MIN_BATCH_SIZES:
+            left_out.loc[len(left_out)] = [
+                _text.task_key(t.project, t.task),
+                "",
+                f"runs at {_text.plural(len(t.batch_sizes), 'batch size')}; a critical batch "
+                f"size needs {MIN_BATCH_SIZES} or more",
+            ]
+    if points.empty:
+        st.subheader("B_simple against B_crit across tasks", anchor=False)
+        st.info(
+            "No task has a determined critical batch size yet: run a task at 3 or more batch "
+            "sizes (each with its learning rate tuned), until its loss falls past the targets. "
+            "Why each task or target is left out is listed below."
+        )
+    else:
+        _ui.chart_with_downloads(
+            _charts.b_simple_vs_b_crit_chart(points),
+            points,
+            title="B_simple against B_crit across tasks",
+            name="b_simple_vs_b_crit",
+            key="versus",
+            stretch=False,
+            caption="One point per task and loss target whose B_crit fit is determined: B_crit "
+            "from the task's batch-size sweep, B_simple measured at the same loss in the runs "
+            "the fit used; bars are 90% intervals (an interval reaching 0 is drawn to the axis). "
+            "On the dashed line B_simple equals B_crit; the paper finds B_simple within a small "
+            "factor of B_crit, often below it.",
+        )
+    if not left_out.empty:
+        with st.expander(f"Left out of this chart ({len(left_out)})", expanded=points.empty):
+            st.dataframe(left_out, hide_index=True, width="stretch")
+
+
+def main(src: _data.Source) -> None:
+    st.title("Compare tasks")
+    tasks = _data.tasks(src)
+    keys = {_text.task_key(t.project, t.task): t for t in tasks}
+    chosen_keys = st.multiselect(
+        "Tasks (project/task)", list(keys), default=list(keys), key="tasks", bind="query-params"
+    )
+    if not chosen_keys:
+        st.info("Pick one or more tasks above.")
+        st.stop()
+    chosen = [keys[k] for k in chosen_keys]
+    _versus_b_crit(src, chosen)
+    wanted = {(t.project, t.task) for t in chosen}
+    runs = [r for r in _data.run_list(src) if (r.project, r.task) in wanted]
+    compare_section(src, runs, color="task", key="tasks", progress=False, noun="tasks")
+    st.subheader("Summary per task", anchor=False)
+    summary = _frames.task_table(chosen)
+    st.dataframe(
+        summary,
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "runs": st.column_config.TextColumn("runs", width="small"),
+            "running": st.column_config.TextColumn("running", width="small"),
+            "units": st.column_config.TextColumn("units", width="small"),
+            "B_simple median": st.column_config.TextColumn(
+                "B_simple median", help="Median of the task's runs' current B_simple"
+            ),
+            "B_simple range": st.column_config.TextColumn(
+                "B_simple min – max", help="Smallest and largest current B_simple of its runs"
+            ),
+            "measured runs": st.column_config.TextColumn(
+                "measured", help="Runs whose current B_simple is measurable"
+            ),
+        },
+    )
+    st.download_button(
+        "Summary CSV",
+        summary.to_csv(index=False),
+        file_name="task_summary.csv",
+        mime="text/csv",
+        on_click="ignore",
+        icon=":material/download:",
+    )
+
+
+_ui.run_page(main)

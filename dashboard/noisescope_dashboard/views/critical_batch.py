@@ -1,156 +1,169 @@
-"""Critical batch size: fit science.md's S-E model to a task's batch-size sweep, per loss target.
-
-For each target, the steps and examples each run took to reach it; the fitted hyperbola
-(S/S_min - 1)(E/E_min - 1) = 1 with S_min, E_min and B_crit = E_min / S_min; and B_crit
-against loss beside B_simple measured at the same loss.
+"""Critical batch size of a task from its batch-size sweep, per loss target, as the server's
+``GET /tasks/{project}/{task}/critical-batch`` reports it (``noisescope.sweep``): which loss was
+used, B_crit with its 90% interval (or "not determined" and why), S_min, E_min, B_simple at the
+same loss, the frontier of fastest learning rates, the S-E plane with the fitted hyperbola,
+and B_crit against loss beside B_simple. Task, loss and targets live in the query string.
 """
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
-from noisescope_dashboard import _charts, _data, _model, _state
-from noisescope_dashboard._ui import chart_with_downloads, md_text, require_runs
+from noisescope.sweep import MIN_BATCH_SIZES, CriticalBatchReport
+from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
+from noisescope_dashboard._text import md
 
-#: z for a two-sided 90% normal interval on B_crit from its delta-method standard error.
-Z90 = 1.645
+LOSSES = {
+    "auto": "auto (evaluations when every run has them)",
+    "eval": "evaluation loss",
+    "train": "training loss (smoothed)",
+}
 
-st.title("Critical batch size")
-url, runs = require_runs()
-runs = runs.assign(task_key=runs["project"].astype(str) + "/" + runs["task"].astype(str))
-sizes_per_task = runs.groupby("task_key")["batch_size"].nunique().sort_values(ascending=False)
-task = _state.select(
-    "Task", list(sizes_per_task.index), key="task", default=str(sizes_per_task.index[0])
-)
-chosen = runs[runs["task_key"] == task]
-units = str(chosen["units"].iloc[0] or "examples")
-sizes = sorted(float(b) for b in chosen["batch_size"].dropna().unique())
-st.caption(
-    md_text(
-        f"{len(chosen)} runs at {len(sizes)} batch sizes: "
-        + ", ".join(_model.format_batch(b) for b in sizes)
-    )
-)
-if len(sizes) < 3:
-    st.warning(
-        f"A fit needs runs of this task at 3 or more batch sizes; it has {len(sizes)}. "
-        "Run the same task at several batch sizes (e.g. 4 sizes spanning 16x, each with its "
-        "learning rate tuned), then come back."
-    )
-    st.stop()
 
-series = _data.runs_series(url, tuple(chosen["uid"]), ("",), 1000)
-smoothed = _model.smooth_groups(series, method="window", window_frac=0.05, interval=False)
-defaults = _model.default_targets(smoothed)
-targets_text = st.text_input(
-    "Loss targets (comma separated)",
-    value=", ".join(f"{t:g}" for t in defaults),
-    key="targets",
-    bind="query-params",
-    help="Each target is the loss a run must reach; pick values every batch size reaches.",
-)
-targets: list[float] = []
-bad: list[str] = []
-for part in (targets_text or "").split(","):
-    if part.strip():
-        try:
-            targets.append(float(part))
-        except ValueError:
-            bad.append(part.strip())
-if bad:
-    st.error(md_text(f"Not numbers: {', '.join(bad)}. Write targets like: 0.5, 0.3, 0.2"))
-if not targets:
-    st.info(
-        "No loss target to fit: the runs have no loss logged, or none falls. Pass `loss=` "
-        "to the probe (or `run.log`) and enter targets above."
-    )
-    st.stop()
+def parse_targets(text: str) -> tuple[list[float], list[str]]:
+    """Loss targets from "1.0, 0.6 0.3": the numbers, and the pieces that are not."""
+    numbers: list[float] = []
+    bad: list[str] = []
+    for part in text.replace(";", ",").replace(" ", ",").split(","):
+        if part.strip():
+            try:
+                numbers.append(float(part))
+            except ValueError:
+                bad.append(part.strip())
+    return numbers, bad
 
-crossings = _model.loss_crossings(smoothed, chosen, targets)
-result = _model.critical_batch_analysis(crossings, targets)
-for message in result.messages:
-    st.warning(md_text(message))
-if result.fits.empty:
-    st.info("No loss target could be fitted yet; see the messages above.")
-    st.stop()
 
-fits = result.fits
-show = pd.DataFrame(
-    {
-        "loss target": fits["target"],
-        "S_min (steps)": fits["s_min"],
-        f"E_min ({units})": fits["e_min"],
-        "B_crit": fits["b_crit"],
-        "B_crit 90% interval": [
-            f"{_model.format_batch(max(b - Z90 * se, 0.0))} – {_model.format_batch(b + Z90 * se)}"
-            if pd.notna(se)
-            else ""
-            for b, se in zip(fits["b_crit"], fits["b_crit_stderr"], strict=True)
-        ],
-        "runs": fits["n_points"],
-    }
-)
-st.dataframe(
-    show,
-    hide_index=True,
-    width="stretch",
-    column_config={
-        c: st.column_config.NumberColumn(c, format="%.4g")
-        for c in ("loss target", "S_min (steps)", f"E_min ({units})", "B_crit")
-    },
-)
-points = result.points[result.points["target"].isin(fits["target"])].copy()
-points["target"] = points["target"].map(lambda t: f"{t:g}")
-curves = result.curves.copy()
-curves["target"] = curves["target"].map(lambda t: f"{t:g}")
-left, right = st.columns(2)
-with left:
-    chart_with_downloads(
-        _charts.sweep_chart(points, curves, units=units),
-        points,
-        name="steps_vs_examples",
-        key="sweep",
+def _targets(src: _data.Source, project: str, task: str, loss: str) -> CriticalBatchReport:
+    """The report for the targets in ``?targets=`` (the report's defaults when absent); the
+    input shows them and writes an edit back to the URL."""
+    raw = st.query_params.get("targets")
+    asked, bad = parse_targets(raw or "")
+    report = _data.critical_batch(src, project, task, tuple(asked), loss)  # type: ignore[arg-type]
+    shown = raw if raw else ", ".join(f"{t.target:g}" for t in report.targets)
+    text = st.text_input(
+        "Loss targets (comma separated; empty: the defaults)",
+        value=shown,
+        key="_qp_targets",
+        help="Each target is a loss every batch size should reach. The defaults lie between "
+        "where the runs start and the best loss every batch size reaches.",
     )
-measured = (
-    crossings.dropna(subset=["b_simple"])
-    .groupby("target")["b_simple"]
-    .agg(["median", "min", "max"])
-    .reset_index()
-)
-versus = pd.concat(
-    [
-        pd.DataFrame(
-            {
-                "loss": fits["target"],
-                "value": fits["b_crit"],
-                "lo": (fits["b_crit"] - Z90 * fits["b_crit_stderr"]).clip(lower=0),
-                "hi": fits["b_crit"] + Z90 * fits["b_crit_stderr"],
-                "quantity": "B_crit (fit)",
-            }
-        ),
-        pd.DataFrame(
-            {
-                "loss": measured["target"],
-                "value": measured["median"],
-                "lo": measured["min"],
-                "hi": measured["max"],
-                "quantity": "B_simple (measured, median over runs)",
-            }
-        ),
-    ],
-    ignore_index=True,
-)
-with right:
-    chart_with_downloads(
-        _charts.bcrit_vs_loss_chart(versus, units=units),
-        versus,
-        name="b_crit_vs_loss",
-        key="bcrit",
+    if text != shown:
+        if text.strip():
+            st.query_params["targets"] = text
+        elif "targets" in st.query_params:
+            del st.query_params["targets"]
+        asked, bad = parse_targets(text)
+        report = _data.critical_batch(src, project, task, tuple(asked), loss)  # type: ignore[arg-type]
+    if bad:
+        st.error("Not numbers, left out: " + md(", ".join(bad)) + ". Write targets like 0.5, 0.3")
+    return report
+
+
+def _results(report: CriticalBatchReport) -> None:
+    units = _text.units_word(report.units)
+    st.subheader("Per loss target", anchor=False)
+    st.dataframe(_frames.target_table(report), hide_index=True, width="stretch")
+    for t in report.targets:
+        notes = _frames.target_warnings(t)
+        if not notes:
+            continue
+        say = st.caption if t.determined else st.warning
+        say(
+            f"Loss {md(_text.target(t.target))}"
+            + ("" if t.determined else " (not determined)")
+            + ": "
+            + md(" · ".join(notes))
+        )
+    st.caption(
+        f"B_crit, S_min and E_min come from fitting S = S_min (1 + B_crit/B) through the "
+        f"frontier (per batch size, the learning rate that reached the target in the fewest "
+        f"steps); a target whose fit is not determined shows no number. {report.level:.0%} "
+        f"intervals. B_simple at this loss pools the frontier runs' samples around the step "
+        "where each reached it."
     )
-st.caption(
-    "Model (science.md, McCandlish et al. 2018): S = S_min(1 + B_crit/B), "
-    "E = E_min(1 + B/B_crit). At B = B_crit a run takes 2× the minimum steps and 2× the "
-    "minimum examples. B_simple is expected to track B_crit within a small factor and may "
-    "underestimate it early in training."
-)
+    points = _frames.sweep_points(report)
+    if not points.empty:
+        _ui.chart_with_downloads(
+            _charts.sweep_chart(points, _frames.sweep_curves(report), units=units),
+            points,
+            title="Steps and examples to reach each loss target"
+            if units == "examples"
+            else "Steps and tokens to reach each loss target",
+            name="steps_vs_examples",
+            key="sweep",
+            caption="Each run's steps and "
+            + units
+            + " to reach each target. Filled: the fastest learning rate at each batch size "
+            "(the runs the fit used); hollow: the other runs. Dashed: the fitted "
+            "S = S_min (1 + B_crit/B), E = E_min (1 + B/B_crit), drawn only where B_crit is "
+            "determined.",
+        )
+    versus = _frames.bcrit_vs_loss(report)
+    if not versus.empty:
+        _ui.chart_with_downloads(
+            _charts.bcrit_vs_loss_chart(versus, units=units),
+            versus,
+            title="B_crit against loss, beside B_simple at the same loss",
+            name="b_crit_vs_loss",
+            key="bcrit",
+            caption="Bars: 90% intervals (an interval reaching 0 is drawn to the axis). "
+            "B_simple is expected to track B_crit within a small factor and may underestimate "
+            "it (Merrill et al. 2025).",
+        )
+    if report.excluded:
+        st.subheader("Runs left out", anchor=False)
+        st.dataframe(
+            [{"run": e.name, "why": e.reason} for e in report.excluded],
+            hide_index=True,
+            width="stretch",
+        )
+
+
+def main(src: _data.Source) -> None:
+    st.title("Critical batch size")
+    tasks = sorted(_data.tasks(src), key=lambda t: (-len(t.batch_sizes), t.project, t.task))
+    keys = {_text.task_key(t.project, t.task): t for t in tasks}
+    wanted = st.query_params.get("task")
+    if wanted and wanted not in keys:
+        _ui.not_found(f"Task {md(wanted)}", "no task of that name on this server")
+    left, right = st.columns([2, 1])
+    key = _state.select("Task (project/task)", list(keys), key="task", keep=True, container=left)
+    if key is None:
+        st.info("No task yet.")
+        st.stop()
+    summary = keys[str(key)]
+    loss = _state.select(
+        "Loss", list(LOSSES), key="loss", format_func=LOSSES.__getitem__, container=right
+    )
+    units = _text.units_word(summary.units[0] if summary.units else "examples")
+    st.caption(
+        md(
+            f"{_text.plural(summary.n_runs, 'run')} at "
+            f"{_text.plural(len(summary.batch_sizes), 'batch size')}: "
+            + ", ".join(_text.count(b) for b in summary.batch_sizes)
+            + f" {units}"
+        )
+    )
+    if len(summary.batch_sizes) < MIN_BATCH_SIZES:
+        st.warning(
+            f"A fit needs runs of this task at {MIN_BATCH_SIZES} or more batch sizes; it has "
+            f"{len(summary.batch_sizes)}. Run the same task at several batch sizes (e.g. 4 "
+            "sizes spanning 16×, each with its learning rate tuned), then come back."
+        )
+        st.stop()
+    report = _targets(src, summary.project, summary.task, str(loss))
+    st.markdown(f"**Loss used:** {md(report.loss_method)}.")
+    for warning in report.warnings:
+        st.warning(md(warning))
+    if not report.targets:
+        st.info("No loss target to fit: see the messages above, or enter targets.")
+        st.stop()
+    _results(report)
+    st.caption(
+        "Model (science.md, McCandlish et al. 2018): S = S_min (1 + B_crit/B), "
+        "E = E_min (1 + B/B_crit). At B = B_crit a run takes 2× the minimum steps and 2× the "
+        "minimum examples."
+    )
+
+
+_ui.run_page(main)

@@ -1,206 +1,329 @@
-"""Run page: |G|², tr(Σ), B_simple with its interval, loss and lr for one run, and a verdict.
+"""Run page: one run's B_simple now (with its interval and window), the verdict on its batch,
+and its curves: B_simple with its band and the batch in use, |G|², tr(Σ), loss (evaluations
+as points), learning rate, per-layer B_simple, batch-size changes as marks.
 
-State (run, x axis, smoothing, log scales, layers) lives in the query string.
+The headline is ``GET /runs/{id}`` (the same value as the Runs table and the API); the verdict
+is ``GET /runs/{id}/recommendation``; the curves are ``GET /runs/{id}/series``, whose trailing
+window is the only thing the smoothing control changes. State lives in the query string.
 """
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+
 import pandas as pd
 import streamlit as st
 
-from noisescope_dashboard import _charts, _data, _model, _state
-from noisescope_dashboard._ui import chart_with_downloads, md_text, require_runs, run_label
+from noisescope import ApiError, NotFoundError
+from noisescope._results import RunSummary
+from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
+from noisescope_dashboard._text import md
 
-st.title("Run")
-url, runs = require_runs()
-labels = {str(r["uid"]): run_label(r) for _, r in runs.iterrows()}
-uid = _state.select("Run", list(labels), key="run", format_func=lambda u: labels.get(u, u))
-if uid is None:
-    st.info("Pick a run above, or open one from the Runs page.")
-    st.stop()
-run = runs[runs["uid"] == uid].iloc[0]
-units = str(run["units"] or "examples")
+#: How often the page re-reads a running run.
+LIVE_EVERY = timedelta(seconds=5)
+#: Layers drawn by default on the per-layer chart.
+DEFAULT_LAYERS = 8
 
-c1, c2, c3, c4, c5 = st.columns([1.2, 1, 1, 1, 1])
-x_choice = _state.select(
-    "x axis",
-    ["step", "seen", "time"],
-    format_func=lambda v: {"step": "step", "seen": units, "time": "wall time"}[v],
-    horizontal=True,
-    key="x",
-    widget="radio",
-    container=c1,
-)
-method = _state.select(
-    "Smoothing",
-    ["window", "ema", "none"],
-    format_func=lambda v: {
-        "window": "window (sums)",
-        "ema": "EMA (debiased)",
-        "none": "none (buckets)",
-    }[v],
-    key="smooth",
-    container=c2,
-)
-last_step = float(run["last_step"]) if pd.notna(run["last_step"]) else 0.0
-window = c3.number_input(
-    "Window (steps)",
-    min_value=1,
-    value=max(1, int(last_step // 20) or 1),
-    step=10,
-    key="window",
-    bind="query-params",
-    disabled=method != "window",
-)
-beta = _state.select(
-    "EMA beta (per step)",
-    [0.9, 0.98, 0.99, 0.995, 0.999],
-    default=0.99,
-    key="beta",
-    container=c4,
-    disabled=method != "ema",
-)
-with c5:
-    log_y = st.checkbox("log y", value=True, key="logy", bind="query-params")
-    log_x = st.checkbox("log x", value=False, key="logx", bind="query-params")
+X_AXES = ("step", "examples", "time")
 
-names = _data.series_names(url, uid)
-layers = [n for n in names if n != ""]
-x = {"step": "step", "seen": "tokens" if units == "tokens" else "examples", "time": "time"}[
-    str(x_choice)
-]
 
-st.subheader(md_text(run["name"]))
-tags = ", ".join(str(t) for t in (run["tags"] or []))
-st.caption(
-    md_text(f"{run['project']} / {run['task']} · status {run['status']} · units {units}")
-    + (" · tags: " + md_text(tags) if tags else "")
-)
-with st.expander("Config"):
-    st.json(run["config"] or {})
-st.download_button(
-    "Raw samples (CSV)",
-    data=lambda: _data.raw_samples_csv(url, str(uid)),
-    file_name=f"noisescope_{uid}.csv",
-    mime="text/csv",
-    on_click="ignore",
-    icon=":material/table:",
-    help="Every sample of this run as stored, for your own analysis",
-)
+#: The shortest default window: the server gives a window its interval only from 32 samples
+#: on (``queries.MIN_INTERVAL_SAMPLES``), and the B_simple chart is about its interval.
+MIN_DEFAULT_WINDOW = 50
 
-series = _data.runs_series(url, (uid,), ("", *tuple(layers)))
-if series.empty or not (series["series"] == "").any():
-    st.info(
-        "This run has no samples yet. Samples appear a few seconds after the training loop "
-        "calls the probe; if they never do, check the client's log for the server URL."
+
+def default_window(last_step: int | None) -> int:
+    """About 5% of the run's steps, to one significant digit (20,000 -> 1,000), and at least
+    ``MIN_DEFAULT_WINDOW`` (but at most half the run); 0 (none) for runs under 10 steps."""
+    if not last_step or last_step < 10:
+        return 0
+    raw = min(max(0.05 * last_step, MIN_DEFAULT_WINDOW), last_step / 2)
+    unit = int(10 ** max(math.floor(math.log10(raw)), 0))
+    return max(1, round(raw / unit) * unit)
+
+
+def _x_title(x: str, units: str) -> str:
+    return {
+        "step": "optimizer step",
+        "examples": f"{_text.units_word(units)} seen",
+        "time": "seconds since the first sample",
+    }[x]
+
+
+def _pick_run(src: _data.Source) -> RunSummary:
+    """The run named by ``?run=`` (an unknown id stops the page with "not found"), else the
+    newest; the choice is always written back to the URL."""
+    wanted = st.query_params.get("run")
+    chosen: RunSummary | None = None
+    if wanted:
+        try:
+            chosen = _data.run(src, wanted)
+        except NotFoundError:
+            _ui.not_found(f"Run {md(wanted)}", "no run with this id on this server")
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            _ui.not_found(f"Run {md(wanted)}", "this token may not read it")
+    runs = _data.run_list(src)
+    labels = {r.uid: _text.run_label(r) for r in runs}
+    if chosen is not None and chosen.uid not in labels:
+        labels = {chosen.uid: _text.run_label(chosen), **labels}
+    uid = _state.select(
+        "Run", list(labels), key="run", format_func=lambda u: labels.get(u, u), keep=True
     )
-    st.stop()
-smoothed = _model.smooth_groups(
-    series, method=str(method), window_steps=float(window), beta=float(beta or 0.99)
-)
-if units == "tokens":
-    smoothed["tokens"] = smoothed["examples"]
-whole = smoothed[smoothed["series"] == ""].reset_index(drop=True)
-events = _model.place_events(_data.run_events(url, uid), whole, x)
-
-current = whole.dropna(subset=["b_simple"]).tail(1)
-b_now = float(current["b_simple"].iloc[0]) if not current.empty else None
-batch_now = (
-    float(whole["batch_size"].dropna().iloc[-1]) if whole["batch_size"].notna().any() else None
-)
-m1, m2, m3, m4 = st.columns(4)
-if b_now is not None:
-    lo, hi = current["b_simple_lo"].iloc[0], current["b_simple_hi"].iloc[0]
-    m1.metric(
-        "B_simple (latest window)",
-        _model.format_batch(b_now),
-        help="90% interval: "
-        + (f"{lo:.4g} – {hi:.4g}" if pd.notna(lo) and pd.notna(hi) else "not available yet"),
-    )
-    if pd.notna(lo) and pd.notna(hi):
-        m1.caption(f"90% interval {_model.format_batch(lo)} – {_model.format_batch(hi)}")
-else:
-    reason = whole["b_simple"].isna().all() and "not yet measurable"
-    m1.metric("B_simple (latest window)", "—", help=str(reason))
-m2.metric("Batch in use", _model.format_batch(batch_now) if batch_now else "—")
-m3.metric("B / B_simple", f"{batch_now / b_now:.2g}×" if batch_now and b_now else "—")
-loss_now = whole["loss"].dropna()
-m4.metric("Loss", f"{loss_now.iloc[-1]:.4g}" if not loss_now.empty else "—")
-if batch_now:
-    st.info(_model.verdict(batch_now, b_now, units=units))
-if b_now is None:
-    st.warning(
-        "B_simple is not yet measurable over the latest window: the |G|² estimate is not "
-        "positive or tr(Σ) is negative. Widen the smoothing window or wait for more steps."
-    )
-
-csv_cols = ["step", "examples", "time", "n", "sum_g_sq", "sum_trace_sigma", "g_sq", "trace_sigma"]
-csv_cols += ["b_simple", "b_simple_lo", "b_simple_hi", "batch_size", "loss", "lr"]
-slug = str(uid)[:8]
-chart_with_downloads(
-    _charts.b_simple_chart(whole, x=x, log_y=log_y, log_x=log_x, events=events),
-    whole[csv_cols],
-    name=f"b_simple_{slug}",
-    key="b_simple",
-)
+    assert uid is not None  # connect() checked there is a project, run_page a run
+    if chosen is None or chosen.uid != uid:
+        chosen = _data.run(src, uid)
+    return chosen
 
 
-def metric_panel(y: str, title: str, y_title: str | None = None) -> None:
-    """One smoothed metric over ``x`` with its PNG/CSV downloads (the CSV keeps the step)."""
-    chart_with_downloads(
-        _charts.metric_chart(
-            whole,
-            x=x,
-            y=y,
-            title=title,
-            y_title=y_title,
-            log_y=log_y,
-            log_x=log_x,
-            events=events,
-        ),
-        whole[list(dict.fromkeys(["step", x, y]))],
-        name=f"{y}_{slug}",
-        key=y,
-    )
-
-
-left, right = st.columns(2)
-with left:
-    metric_panel("g_sq", "|G|²: true-gradient norm² (unbiased)", "|G|²")
-with right:
-    metric_panel("trace_sigma", "tr(Σ): per-example gradient noise", "tr(Σ)")
-left, right = st.columns(2)
-with left:
-    if whole["loss"].notna().any():
-        metric_panel("loss", "Loss")
-    else:
-        st.caption("No loss logged: pass `loss=` to the probe or `run.log()` to see it here.")
-with right:
-    if whole["lr"].notna().any():
-        metric_panel("lr", "Learning rate")
-    else:
-        st.caption("No learning rate logged: pass `lr=` to see it here.")
-
-if layers:
-    st.subheader("Per layer")
-    chosen = st.multiselect("Layers", layers, default=layers[:8], key="layers", bind="query-params")
-    per_layer = smoothed[smoothed["series"].isin(chosen)].rename(columns={"series": "layer"})
-    if per_layer.empty:
-        st.caption("Pick layers to compare their noise scales.")
-    else:
-        chart_with_downloads(
-            _charts.b_simple_chart(
-                per_layer,
-                x=x,
-                log_y=log_y,
-                log_x=log_x,
-                color="layer",
-                batch_size=False,
-                title="B_simple per layer",
-            ),
-            per_layer[["layer", "step", x, "b_simple", "b_simple_lo", "b_simple_hi"]]
-            if x != "step"
-            else per_layer[["layer", "step", "b_simple", "b_simple_lo", "b_simple_hi"]],
-            name=f"b_simple_layers_{slug}",
-            key="layers_chart",
+def _headline(src: _data.Source, run: RunSummary) -> None:
+    """B_simple now, batch in use, B / B_simple, loss; then the verdict, or why there is none."""
+    units = _text.units_word(run.units)
+    measured = run.b_simple is not None
+    m1, m2, m3, m4 = st.columns(4)
+    m1.metric("B_simple now", _text.count(run.b_simple), help=_text.CURRENT_RULE)
+    if measured:
+        steps = (
+            f", steps {_text.count(run.window_first_step)}–{_text.count(run.window_last_step)}"
+            if run.window_first_step is not None and run.window_last_step is not None
+            else ""
         )
+        m1.caption(
+            f"{run.level:.0%} interval {_text.interval(run.b_simple_lo, run.b_simple_hi)} "
+            f"{units}. Over the last {run.window_samples:,} samples{steps}: the same value as "
+            "the Runs table and the API."
+        )
+    m2.metric(
+        "Batch in use",
+        f"{_text.count(run.batch_in_use)} {units}" if run.batch_in_use is not None else "—",
+        help="The latest batch-size change"
+        if run.batch_in_use_source == "event"
+        else "The batch size given at init",
+    )
+    m3.metric(
+        "B / B_simple",
+        _text.ratio(run.batch_to_b_simple) if measured else "—",
+        help="Below 1: a bigger batch would cut steps; above 1: a smaller one would save compute",
+    )
+    m4.metric("Loss", _text.loss(run.last_loss), help="The latest training loss")
+    if run.last_eval_loss is not None:
+        m4.caption(f"Latest evaluation loss {_text.loss(run.last_eval_loss)}")
+    if not measured:
+        st.warning(
+            "No B_simple yet, so no ratio and no verdict. "
+            + md(run.b_simple_reason or "not yet measurable")
+        )
+        return
+    try:
+        rec = _data.recommendation(src, run.uid)
+    except ApiError as exc:
+        if exc.status != 422:
+            raise
+        st.caption(f"No verdict: {md(exc.detail)}")
+        return
+    st.info(md(rec.recommendation.verdict))
+
+
+def _no_samples(run: RunSummary) -> None:
+    why = run.notice or run.b_simple_reason or "no samples yet"
+    st.warning(f"This run has no samples yet: {md(why)}")
+    st.markdown(
+        "What to do: samples appear a few seconds after the training loop calls the probe. "
+        "The probe needs two batch sizes per step — gradient accumulation (several "
+        "micro-batches per step), DDP on several processes, or per-example norms; with "
+        "Lightning set `accumulate_grad_batches` > 1, with Hugging Face "
+        "`gradient_accumulation_steps` > 1. If none arrive, check the training script's log "
+        "for the server URL it posts to (see docs/sources.md and docs/integrations.md)."
+    )
+
+
+def _charts_section(src: _data.Source, run: RunSummary) -> None:
+    c1, c2, c3 = st.columns([1.4, 1.2, 1])
+    x = _state.select(
+        "x axis",
+        list(X_AXES),
+        format_func=lambda v: {
+            "step": "step",
+            "examples": _text.units_word(run.units),
+            "time": "wall time",
+        }[v],
+        horizontal=True,
+        key="x",
+        widget="radio",
+        container=c1,
+    )
+    x = str(x)
+    window = c2.number_input(
+        "Smoothing window (steps; 0: none)",
+        min_value=0,
+        value=default_window(run.last_step),
+        step=max(1, default_window(run.last_step) // 2),
+        key="window",
+        bind="query-params",
+        help="A trailing window of this many steps: sums of the per-sample estimates, ratio "
+        "last. It changes the curves only, never B_simple now.",
+    )
+    with c3:
+        log_y = st.checkbox("log y (B_simple)", value=True, key="logy", bind="query-params")
+        log_x = st.checkbox("log x", value=False, key="logx", bind="query-params")
+
+    series = _data.series(src, run.uid, x=x, window=float(window))  # type: ignore[arg-type]
+    points = _frames.series_points(series)
+    t0 = _frames.time_origin(series)
+    events = _data.events(src, run.uid)
+    marks = _frames.event_marks(events, points, x, t0)
+    evals = _frames.eval_points(events, points, x, t0)
+    x_title = _x_title(x, run.units)
+    slug = run.uid[:8]
+    smoothing = (
+        f"Each point: a trailing window of {int(window):,} steps, drawn at its middle"
+        if window
+        else "Each point: one bucket of the server's (at most 2,000 per series)"
+    )
+    _ui.chart_with_downloads(
+        _charts.b_simple_chart(
+            points,
+            x="x",
+            x_title=x_title,
+            log_x=log_x,
+            log_y=log_y,
+            events=marks,
+            y_title=f"B_simple ({_text.units_word(run.units)})",
+        ),
+        points.rename(columns={"x": x}),
+        title="B_simple with its 90% interval and the batch in use",
+        name=f"b_simple_{slug}",
+        key="b_simple",
+        caption=f"{smoothing}, sums of the per-sample estimates with the ratio taken last; the "
+        "band is that window's 90% interval. The smoothing changes only these curves, never "
+        "B_simple now above."
+        + (
+            ""
+            if points["b_simple_lo"].notna().any()
+            else " No band: windows this short hold too few samples for an interval; widen the "
+            "smoothing window to see it."
+        ),
+    )
+    per = _text.units_word(run.units, singular=True)
+
+    def panel(
+        y: str, title: str, y_title: str, *, log: bool = False, with_evals: bool = False
+    ) -> None:
+        _ui.chart_with_downloads(
+            _charts.metric_chart(
+                points,
+                x="x",
+                x_title=x_title,
+                y=y,
+                y_title=y_title,
+                title=title,
+                log_x=log_x,
+                log_y=log,
+                events=marks,
+                evals=evals if with_evals else None,
+            ),
+            points[["step", "x", y]].rename(columns={"x": f"{x} (chart)"}),
+            title=title,
+            name=f"{y}_{slug}",
+            key=y,
+        )
+
+    left, right = st.columns(2)
+    with left:
+        panel("g_sq", "|G|²: the true gradient's squared norm", "|G|²", log=log_y)
+    with right:
+        panel("trace_sigma", f"tr(Σ) per {per}: the gradient noise", f"tr(Σ) per {per}", log=log_y)
+    left, right = st.columns(2)
+    with left:
+        if points["loss"].notna().any() or not evals.empty:
+            title = "Loss (evaluations as points)" if not evals.empty else "Training loss"
+            panel("loss", title, "loss", with_evals=True)
+        else:
+            st.caption("No loss logged: pass `loss=` to `probe.step` or `run.log` to see it here.")
+    with right:
+        if points["lr"].notna().any():
+            panel("lr", "Learning rate", "learning rate")
+        else:
+            st.caption("No learning rate logged: pass `lr=` to see it here.")
+    _layers(src, run, x=x, x_title=x_title, window=float(window), log_x=log_x, log_y=log_y)
+    st.download_button(
+        "Raw samples (CSV)",
+        data=lambda: _data.samples_csv(src, run.uid),
+        file_name=f"{run.uid}.csv",
+        mime="text/csv",
+        on_click="ignore",
+        icon=":material/download:",
+    )
+
+
+def _layers(
+    src: _data.Source,
+    run: RunSummary,
+    *,
+    x: str,
+    x_title: str,
+    window: float,
+    log_x: bool,
+    log_y: bool,
+) -> None:
+    layers = [s.name for s in _data.series_names(src, run.uid) if s.name]
+    if not layers:
+        return
+    chosen = st.multiselect(
+        "Layers", layers, default=layers[:DEFAULT_LAYERS], key="layers", bind="query-params"
+    )
+    if not chosen:
+        st.caption("Pick layers to compare their noise scales.")
+        return
+    frames = [
+        _frames.series_points(_data.series(src, run.uid, x=x, name=name, window=window)).assign(  # type: ignore[arg-type]
+            layer=name
+        )
+        for name in chosen
+    ]
+    per_layer = pd.concat(frames, ignore_index=True)
+    _ui.chart_with_downloads(
+        _charts.layers_chart(
+            per_layer,
+            x="x",
+            x_title=x_title,
+            log_x=log_x,
+            log_y=log_y,
+            y_title=f"B_simple ({_text.units_word(run.units)})",
+        ),
+        per_layer[["layer", "step", "x", "b_simple", "b_simple_lo", "b_simple_hi"]],
+        title="B_simple per layer",
+        name=f"b_simple_layers_{run.uid[:8]}",
+        key="layers_chart",
+        caption="Each layer's own B_simple, smoothed like the chart above.",
+    )
+
+
+def main(src: _data.Source) -> None:
+    st.title("Run")
+    picked = _pick_run(src)
+
+    @st.fragment(run_every=LIVE_EVERY if picked.status == "running" else None)
+    def body() -> None:
+        run = _data.run(src, picked.uid)
+        st.subheader(md(run.name), anchor=False)
+        tags = ", ".join(run.tags)
+        st.caption(
+            md(f"{run.project} / {run.task} · status {run.status} · units {run.units}")
+            + (" · tags: " + md(tags) if tags else "")
+            + f" · run id {md(run.uid)}"
+        )
+        with st.expander("Config"):
+            st.json(run.config)
+        if run.n_samples == 0:
+            _no_samples(run)
+            return
+        _headline(src, run)
+        _charts_section(src, run)
+
+    body()
+
+
+_ui.run_page(main)

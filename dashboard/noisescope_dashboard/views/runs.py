@@ -1,7 +1,9 @@
 """Runs page: every run with its current B_simple, interval, batch in use and B / B_simple.
 
-Filters, search and sort live in the query string. While any run is active the table is a
-fragment that re-reads the database every few seconds without rerunning the page.
+All values are ``GET /api/v1/runs``'s: the current B_simple here is the same number as on the
+Run page, the recommendation endpoint and the API. Filters, search and sort live in the query
+string; while any run is running the table re-reads every few seconds (a fragment, so only
+the table reruns).
 """
 
 from __future__ import annotations
@@ -11,177 +13,172 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
-from noisescope_dashboard import _data, _state
-from noisescope_dashboard._model import format_batch
-from noisescope_dashboard._ui import require_runs, run_label
+from noisescope._results import RunSummary
+from noisescope_dashboard import _data, _frames, _state, _text, _ui
 
 #: How often the table refreshes while some run is still running.
 LIVE_EVERY = timedelta(seconds=5)
+#: Row height of Streamlit's dataframe, and the tallest table before it scrolls.
+TABLE_ROW_PX = 35
+TABLE_MAX_PX = 900
 
+#: Sort key -> (column of ``_frames.runs_table``, ascending).
 SORTS = {
     "started": ("started_at", False),
     "name": ("name", True),
-    "b_simple": ("b_simple", False),
-    "ratio": ("ratio", True),
-    "loss": ("loss", True),
+    "b_simple": ("_b_simple", False),
+    "ratio": ("_ratio", True),
+    "loss": ("_loss", True),
+}
+SORT_LABELS = {
+    "started": "newest first",
+    "name": "name",
+    "b_simple": "B_simple (largest first)",
+    "ratio": "B / B_simple (smallest first)",
+    "loss": "loss (lowest first)",
 }
 
-st.title("Runs")
-url, runs = require_runs()
 
-f1, f2, f3, f4 = st.columns(4)
-projects = f1.multiselect(
-    "Project", sorted(runs["project"].unique()), key="project", bind="query-params"
-)
-tasks = f2.multiselect(
-    "Task",
-    sorted(
-        runs[runs["project"].isin(projects)]["task"].unique() if projects else runs["task"].unique()
-    ),
-    key="task",
-    bind="query-params",
-)
-all_tags = sorted({str(t) for tags in runs["tags"] for t in (tags or [])})
-tags = f3.multiselect("Tag", all_tags, key="tag", bind="query-params")
-statuses = f4.multiselect(
-    "Status", sorted(runs["status"].unique()), key="status", bind="query-params"
-)
-s1, s2, s3 = st.columns([3, 1, 1])
-search = s1.text_input(
-    "Search names, tasks, tags and config", key="q", bind="query-params", placeholder="e.g. lr=0.1"
-)
-sort = _state.select(
-    "Sort by",
-    list(SORTS),
-    key="sort",
-    format_func=lambda s: {
-        "started": "newest first",
-        "name": "name",
-        "b_simple": "B_simple (largest first)",
-        "ratio": "B / B_simple",
-        "loss": "loss",
-    }[s],
-    container=s2,
-)
-live_default = bool((runs["status"] == "running").any())
-live = s3.toggle(
-    "Live", value=live_default, key="live", help="Refresh every 5 s while runs are active"
-)
-
-
-def _filtered(frame: pd.DataFrame) -> pd.DataFrame:
-    out = frame
-    if projects:
-        out = out[out["project"].isin(projects)]
-    if tasks:
-        out = out[out["task"].isin(tasks)]
-    if statuses:
-        out = out[out["status"].isin(statuses)]
-    if tags:
-        out = out[[bool(set(tags) & {str(t) for t in (ts or [])}) for ts in out["tags"]]]
+def _filtered(
+    runs: list[RunSummary],
+    projects: list[str],
+    tasks: list[str],
+    tags: list[str],
+    statuses: list[str],
+    search: str,
+) -> pd.DataFrame:
+    table = _frames.runs_table(
+        r
+        for r in runs
+        if (not projects or r.project in projects)
+        and (not tasks or r.task in tasks)
+        and (not statuses or r.status in statuses)
+        and (not tags or set(tags) & set(r.tags))
+    )
     if search:
-        needle = search.lower()
         haystack = (
-            out["name"].astype(str)
-            + " "
-            + out["project"].astype(str)
-            + " "
-            + out["task"].astype(str)
-            + " "
-            + out["tags"].astype(str)
-            + " "
-            + out["config"].map(lambda c: " ".join(f"{k}={v}" for k, v in (c or {}).items()))
+            table["name"] + " " + table["project"] + " " + table["task"] + " " + table["tags"]
         )
-        out = out[haystack.str.lower().str.contains(needle, regex=False)]
-    return out
+        haystack += " " + table["_config"] + " " + table["uid"]
+        table = table[haystack.str.lower().str.contains(search.lower(), regex=False)]
+    return table
 
 
-def _table(frame: pd.DataFrame) -> pd.DataFrame:
-    batch = frame["batch_in_use"].fillna(frame["batch_size"]).astype(float)
-    b = frame["b_simple"].astype(float)
-    interval = [
-        f"{format_batch(lo)} – {format_batch(hi)}" if pd.notna(lo) and pd.notna(hi) else ""
-        for lo, hi in zip(frame["b_simple_lo"], frame["b_simple_hi"], strict=True)
-    ]
-    table = pd.DataFrame(
-        {
-            "uid": frame["uid"],
-            "name": frame["name"].astype(str),
-            "project": frame["project"].astype(str),
-            "task": frame["task"].astype(str),
-            "status": frame["status"].astype(str),
-            "tags": [", ".join(str(t) for t in (ts or [])) for ts in frame["tags"]],
-            "batch": batch,
-            "b_simple": b,
-            "interval": interval,
-            "ratio": batch / b,
-            "loss": frame["loss"].astype(float),
-            "step": frame["last_step"],
-            "units": frame["units"].astype(str),
-            "started_at": frame["started_at"],
-        }
+def main(src: _data.Source) -> None:
+    st.title("Runs")
+    runs = _data.runs(src)
+    f1, f2, f3, f4 = st.columns(4)
+    projects = f1.multiselect(
+        "Project", sorted({r.project for r in runs}), key="project", bind="query-params"
     )
-    column, ascending = SORTS[str(sort)]
-    column = {"started_at": "started_at"}.get(column, column)
-    return table.sort_values(column, ascending=ascending, na_position="last").reset_index(drop=True)
-
-
-@st.fragment(run_every=LIVE_EVERY if live else None)
-def runs_table() -> None:
-    frame = _data.list_runs(url) if live else runs
-    shown = _table(_filtered(frame))
-    st.caption(f"{len(shown)} of {len(frame)} runs" + (" · live" if live else ""))
-    if shown.empty:
-        st.info("No run matches these filters. Clear the search or the filters above.")
-        return
-    event = st.dataframe(
-        shown,
-        hide_index=True,
-        width="stretch",
-        on_select="rerun",
-        selection_mode="single-row",
-        key="runs_table",
-        column_order=[
-            "name",
-            "project",
-            "task",
-            "status",
-            "tags",
-            "batch",
-            "b_simple",
-            "interval",
-            "ratio",
-            "loss",
-            "step",
-            "started_at",
-        ],
-        column_config={
-            "name": st.column_config.TextColumn("Run"),
-            "batch": st.column_config.NumberColumn("Batch in use", format="%.4g"),
-            "b_simple": st.column_config.NumberColumn(
-                "B_simple", format="%.4g", help="Over the last 10% of the run's steps"
-            ),
-            "interval": st.column_config.TextColumn("90% interval"),
-            "ratio": st.column_config.NumberColumn(
-                "B / B_simple", format="%.2f", help="Below 1: a bigger batch would cut steps"
-            ),
-            "loss": st.column_config.NumberColumn("Loss", format="%.4g"),
-            "step": st.column_config.NumberColumn("Step", format="%d"),
-            "started_at": st.column_config.DatetimeColumn("Started", format="YYYY-MM-DD HH:mm"),
-        },
+    tasks = f2.multiselect(
+        "Task",
+        sorted({r.task for r in runs if not projects or r.project in projects}),
+        key="task",
+        bind="query-params",
     )
-    rows = event.selection.rows if event is not None else []
-    if rows:
-        row = shown.iloc[rows[0]]
-        label = run_label(row)
-        st.page_link(
-            "views/run.py",
-            label=f"Open {label}",
-            icon=":material/show_chart:",
-            query_params={"run": str(row["uid"])},
+    tags = f3.multiselect(
+        "Tag", sorted({t for r in runs for t in r.tags}), key="tag", bind="query-params"
+    )
+    statuses = f4.multiselect(
+        "Status", sorted({r.status for r in runs}), key="status", bind="query-params"
+    )
+    s1, s2, s3 = st.columns([3, 1, 1])
+    search = s1.text_input(
+        "Search names, tasks, tags and config",
+        key="q",
+        bind="query-params",
+        placeholder="e.g. lr=0.1",
+    )
+    sort = _state.select(
+        "Sort by", list(SORTS), key="sort", format_func=SORT_LABELS.__getitem__, container=s2
+    )
+    live = s3.toggle(
+        "Live",
+        value=any(r.status == "running" for r in runs),
+        key="live",
+        help=f"Re-read every {LIVE_EVERY.seconds} s while runs are running",
+    )
+
+    @st.fragment(run_every=LIVE_EVERY if live else None)
+    def runs_table() -> None:
+        current = _data.runs(src) if live else runs
+        shown = _filtered(current, projects, tasks, tags, statuses, search or "")
+        column, ascending = SORTS[str(sort)]
+        shown = shown.sort_values(column, ascending=ascending, na_position="last")
+        shown = shown.reset_index(drop=True)
+        st.caption(f"{len(shown):,} of {len(current):,} runs" + (" · live" if live else ""))
+        if shown.empty:
+            st.info("No run matches these filters. Clear the search or the filters above.")
+            return
+        event = st.dataframe(
+            shown,
+            hide_index=True,
+            width="stretch",
+            height=min(TABLE_ROW_PX * (len(shown) + 1) + 3, TABLE_MAX_PX),
+            on_select="rerun",
+            selection_mode="single-row",
+            key="runs_table",
+            column_order=[
+                "name",
+                "project",
+                "task",
+                "status",
+                "batch",
+                "units",
+                "b_simple",
+                "interval",
+                "ratio",
+                "why",
+                "loss",
+                "step",
+                "tags",
+                "started_at",
+            ],
+            column_config={
+                "name": st.column_config.TextColumn("Run", width=200),
+                "project": st.column_config.TextColumn("Project", width="small"),
+                "task": st.column_config.TextColumn("Task", width="small"),
+                "status": st.column_config.TextColumn("Status", width="small"),
+                "batch": st.column_config.TextColumn(
+                    "Batch in use",
+                    help="The latest batch-size change, else the batch at init",
+                    width=95,
+                ),
+                "units": st.column_config.TextColumn("Units", width="small"),
+                "b_simple": st.column_config.TextColumn(
+                    "B_simple now", help=_text.CURRENT_RULE, width=100
+                ),
+                "interval": st.column_config.TextColumn("90% interval", width=120),
+                "ratio": st.column_config.TextColumn(
+                    "B / B_simple", help="Below 1: a bigger batch would cut steps", width=95
+                ),
+                "why": st.column_config.TextColumn(
+                    "No B_simple because", help="Why the run has no B_simple yet", width=240
+                ),
+                "loss": st.column_config.TextColumn(
+                    "Loss", help="The latest training loss", width="small"
+                ),
+                "step": st.column_config.TextColumn("Step", help="The latest step", width="small"),
+                "tags": st.column_config.TextColumn("Tags", width="small"),
+                "started_at": st.column_config.DatetimeColumn(
+                    "Started", format="YYYY-MM-DD HH:mm", width="small"
+                ),
+            },
         )
-    else:
-        st.caption("Select a row to open the run.")
+        rows = event.selection.rows if event is not None else []
+        if rows:
+            row = shown.iloc[rows[0]]
+            st.page_link(
+                "views/run.py",
+                label="Open " + _text.md(f"{row['project']} / {row['task']} / {row['name']}"),
+                icon=":material/show_chart:",
+                query_params={"run": str(row["uid"])},
+            )
+        else:
+            st.caption("Select a row to open the run.")
+
+    runs_table()
 
 
-runs_table()
+_ui.run_page(main)

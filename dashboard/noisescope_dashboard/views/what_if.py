@@ -1,118 +1,201 @@
-"""What-if: pick a task and a batch size (or GPUs × per-GPU batch); see predicted steps and
-examples relative to the minimum on the time/compute trade-off curve (science.md's model)."""
+"""What-if: how far does this task parallelise? ``GET /api/v1/parallelism`` at a critical
+batch size the user picks the source of: a determined sweep fit (with S_min, so steps and
+hours are absolute), B_simple at a target's loss, or the median current B_simple of the task's
+runs. The page shows the API's summary and verdict sentences, its table of device counts, the
+time/compute trade-off and the speed-up against devices.
+"""
 
 from __future__ import annotations
 
-import pandas as pd
+import statistics
+from dataclasses import dataclass
+
 import streamlit as st
 
-from noisescope.estimators import examples_ratio, steps_ratio
-from noisescope_dashboard import _charts, _data, _model, _state
-from noisescope_dashboard._ui import chart_with_downloads, md_text, require_runs
+from noisescope._results import TaskSummary
+from noisescope.sweep import MIN_BATCH_SIZES
+from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
+from noisescope_dashboard._text import md
 
-st.title("What-if")
-url, runs = require_runs()
-runs = runs.assign(task_key=runs["project"].astype(str) + "/" + runs["task"].astype(str))
-tasks = sorted(runs["task_key"].unique())
-task = _state.select("Task", tasks, key="task")
-chosen = runs[runs["task_key"] == task]
-units = str(chosen["units"].iloc[0] or "examples")
 
-# Where B_crit comes from: a sweep fit when the task has one, else B_simple as its estimate.
-sources: dict[str, tuple[float, float | None, float | None]] = {}
-if chosen["batch_size"].nunique() >= 3:
-    series = _data.runs_series(url, tuple(chosen["uid"]), ("",), 1000)
-    smoothed = _model.smooth_groups(series, method="window", window_frac=0.05, interval=False)
-    targets = _model.default_targets(smoothed)
-    result = _model.critical_batch_analysis(
-        _model.loss_crossings(smoothed, chosen, targets), targets
-    )
-    for _, fit in result.fits.iterrows():
-        sources[f"B_crit fitted at loss {fit['target']:g}"] = (
-            float(fit["b_crit"]),
-            float(fit["s_min"]),
-            float(fit["e_min"]),
+@dataclass(frozen=True)
+class Estimate:
+    """Where the critical batch size comes from, in words, and its value (and S_min)."""
+
+    label: str
+    b_crit: float
+    s_min: float | None
+    explain: str
+
+
+def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
+    """The task's possible critical batch sizes, keyed as in ``?source=``."""
+    out: dict[str, Estimate] = {}
+    units = _text.units_word(task.units[0] if task.units else "examples")
+    swept = len(task.batch_sizes) >= MIN_BATCH_SIZES
+    targets = _data.critical_batch(src, task.project, task.task).targets if swept else []
+    for t in targets:
+        if t.determined and t.b_crit is not None:
+            out[f"bcrit:{t.target:g}"] = Estimate(
+                f"B_crit at loss {_text.target(t.target)} (sweep fit): "
+                f"{_text.count(t.b_crit)} {units}",
+                t.b_crit,
+                t.s_min,
+                f"B_crit = {_text.count(t.b_crit)} {units} (90% interval "
+                f"{_text.interval(t.b_crit_lo, t.b_crit_hi)}) from the task's batch-size sweep "
+                f"at loss {_text.target(t.target)}, with S_min = {_text.count(t.s_min)} steps: "
+                "steps and hours below are absolute.",
+            )
+    if task.b_simple_median is not None:
+        out["median"] = Estimate(
+            f"median current B_simple of the task's runs: {_text.count(task.b_simple_median)} "
+            f"{units}",
+            task.b_simple_median,
+            None,
+            f"B_simple = {_text.count(task.b_simple_median)} {units}, the median current "
+            f"B_simple of the task's {task.n_measured} measured runs, as the estimate of B_crit "
+            "(it may underestimate it); no S_min, so steps are relative to the minimum.",
         )
-b_simple_now = chosen["b_simple"].dropna()
-if not b_simple_now.empty:
-    sources["B_simple now (median over the task's runs)"] = (
-        float(b_simple_now.median()),
-        None,
-        None,
-    )
-if not sources:
-    st.info(
-        "This task has neither a batch-size sweep to fit nor a measurable B_simple yet. Let a "
-        "run train longer (B_simple needs enough steps) or run the task at 3+ batch sizes."
-    )
-    st.stop()
-source = _state.select("Critical batch size from", list(sources), key="source")
-b_crit, s_min, e_min = sources[str(source)]
-st.caption(f"B_crit = {_model.format_batch(b_crit)} {md_text(units)}")
+    for t in targets:
+        if t.b_simple is not None:
+            out[f"bsimple:{t.target:g}"] = Estimate(
+                f"B_simple at loss {_text.target(t.target)}: {_text.count(t.b_simple)} {units}",
+                t.b_simple,
+                None,
+                f"B_simple = {_text.count(t.b_simple)} {units} measured at loss "
+                f"{_text.target(t.target)} as the estimate of B_crit (it may underestimate "
+                "it); no S_min, so steps are relative to the minimum.",
+            )
+    return out
 
-mode = _state.select(
-    "Batch",
-    ["batch", "gpus"],
-    key="mode",
-    widget="radio",
-    horizontal=True,
-    format_func=lambda m: {"batch": "batch size", "gpus": "GPUs × per-GPU batch"}[m],
-)
-in_use = chosen["batch_in_use"].dropna()
-default_batch = int(in_use.median()) if not in_use.empty else int(max(b_crit, 1))
-if mode == "gpus":
-    g1, g2 = st.columns(2)
-    gpus = g1.number_input("GPUs", min_value=1, value=8, step=1, key="gpus", bind="query-params")
-    per_gpu = g2.number_input(
-        f"Per-GPU batch ({units})",
+
+def main(src: _data.Source) -> None:
+    st.title("What-if")
+    tasks = {_text.task_key(t.project, t.task): t for t in _data.tasks(src)}
+    wanted = st.query_params.get("task")
+    if wanted and wanted not in tasks:
+        _ui.not_found(f"Task {md(wanted)}", "no task of that name on this server")
+    key = _state.select("Task (project/task)", list(tasks), key="task", keep=True)
+    if key is None:
+        st.stop()
+    task = tasks[str(key)]
+    units = task.units[0] if task.units else "examples"
+    word = _text.units_word(units)
+    options = sources(src, task)
+    if not options:
+        st.info(
+            "This task has neither a determined critical batch size nor a measurable B_simple "
+            "yet. Let a run train longer (B_simple needs enough steps), or run the task at 3 or "
+            "more batch sizes."
+        )
+        st.stop()
+    chosen = _state.select(
+        "Critical batch size from",
+        list(options),
+        key="source",
+        format_func=lambda k: options[k].label,
+    )
+    source = options[str(chosen)]
+    st.caption(md(source.explain))
+
+    runs = [r for r in _data.run_list(src) if (r.project, r.task) == (task.project, task.task)]
+    in_use = [r.batch_in_use for r in runs if r.batch_in_use is not None]
+    default_batch = int(statistics.median(in_use)) if in_use else int(max(source.b_crit, 1))
+    smallest = int(min(task.batch_sizes)) if task.batch_sizes else 32
+    c1, c2, c3, c4 = st.columns(4)
+    per_device = c1.number_input(
+        f"Batch per device ({word})",
         min_value=1,
-        value=max(1, default_batch // 8),
+        value=max(1, smallest),
         step=1,
-        key="per_gpu",
+        key="per_device",
         bind="query-params",
     )
-    batch = float(gpus * per_gpu)
-else:
-    batch = float(
-        st.number_input(
-            f"Batch size ({units})",
-            min_value=1,
-            value=default_batch,
-            step=1,
-            key="b",
-            bind="query-params",
-        )
+    step_time = c2.number_input(
+        "Step time (seconds; 0: unknown)",
+        min_value=0.0,
+        value=0.0,
+        step=0.1,
+        key="step_time",
+        bind="query-params",
+        help="Seconds per optimizer step, taken as the same on any number of devices",
+    )
+    min_speedup = c3.number_input(
+        "Minimum speed-up per doubling",
+        min_value=1.05,
+        max_value=1.95,
+        value=1.5,
+        step=0.05,
+        key="min_speedup",
+        bind="query-params",
+    )
+    batch = c4.number_input(
+        f"A batch size to judge ({word})",
+        min_value=1,
+        value=max(1, default_batch),
+        step=1,
+        key="b",
+        bind="query-params",
+    )
+    plan = _data.parallelism(
+        src,
+        source.b_crit,
+        float(per_device),
+        s_min=source.s_min,
+        step_time=float(step_time) or None,
+        min_speedup=float(min_speedup),
+        units=units,
+        batch_size=float(batch),
+    )
+    st.info(md(plan.summary), icon=":material/speed:")
+    if plan.verdict:
+        st.markdown(f"**Batch {_text.count(batch)}:** " + md(plan.verdict))
+    m1, m2, m3 = st.columns(3)
+    m1.metric("Device limit", f"~{plan.device_limit:,.0f}" if plan.device_limit >= 1 else "< 1")
+    m2.metric("Batch at the limit", f"{_text.count(plan.limit_batch_size)} {word}")
+    m3.metric("Extra compute at the limit", _text.percent(plan.limit_waste))
+    st.dataframe(
+        _frames.parallelism_table(plan, units),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "S / S_min": st.column_config.TextColumn(
+                "S / S_min", help="Optimizer steps relative to the fewest possible"
+            ),
+            "E / E_min": st.column_config.TextColumn(
+                "E / E_min", help=f"{word.capitalize()} relative to the fewest possible"
+            ),
+            "speed-up": st.column_config.TextColumn("speed-up", help="Over one device"),
+            "this doubling": st.column_config.TextColumn(
+                "this doubling", help="Speed-up from the previous row's device count"
+            ),
+            "extra compute": st.column_config.TextColumn(
+                "extra compute", help="Share of the compute beyond the minimum, 1 − E_min/E"
+            ),
+        },
+    )
+    if source.s_min is None:
+        st.caption("Steps and time need S_min, which only a sweep fit gives: pick a B_crit source.")
+    elif plan.step_time is None:
+        st.caption("Enter a step time to see hours.")
+    rows = _frames.parallelism_rows(plan)
+    _ui.chart_with_downloads(
+        _charts.tradeoff_chart(rows, units=word),
+        rows,
+        title="Time against compute as devices double",
+        name="tradeoff",
+        key="tradeoff",
+        caption="S/S_min = 1 + B_crit/B against E/E_min = 1 + B/B_crit (science.md) at "
+        "B = devices × batch per device; grey points are past the device limit.",
+    )
+    _ui.chart_with_downloads(
+        _charts.speedup_chart(rows),
+        rows,
+        title="Speed-up against devices",
+        name="speedup",
+        key="speedup",
+        caption="The S-E model's speed-up over one device beside ideal scaling.",
     )
 
-s_ratio = steps_ratio(batch, b_crit)
-e_ratio = examples_ratio(batch, b_crit)
-m1, m2, m3 = st.columns(3)
-m1.metric("Batch", _model.format_batch(batch), help=f"{batch / b_crit:.2g}× B_crit")
-m2.metric(
-    "Steps / minimum",
-    f"{s_ratio:.2f}×",
-    help="S / S_min = 1 + B_crit / B",
-)
-m3.metric(f"{units.capitalize()} / minimum", f"{e_ratio:.2f}×", help="E / E_min = 1 + B / B_crit")
-if s_min is not None and e_min is not None:
-    st.write(
-        f"To reach the loss target: about **{s_min * s_ratio:,.0f} steps** and "
-        f"**{e_min * e_ratio:,.3g} {md_text(units)}** at batch {_model.format_batch(batch)}."
-    )
-st.info(_model.verdict(batch, b_crit, units=units, reference="B_crit"))
 
-curve = _model.tradeoff_curve(b_crit, lo=min(batch, b_crit) / 20, hi=max(batch, b_crit) * 20)
-point = pd.DataFrame(
-    {
-        "batch_size": [batch],
-        "steps_ratio": [s_ratio],
-        "examples_ratio": [e_ratio],
-        "label": [f"batch {_model.format_batch(batch)}"],
-    }
-)
-chart_with_downloads(
-    _charts.tradeoff_chart(curve, point, units=units),
-    pd.concat([curve.assign(chosen=False), point.drop(columns="label").assign(chosen=True)]),
-    name="tradeoff",
-    key="tradeoff",
-)
+_ui.run_page(main)

@@ -1,0 +1,132 @@
+"""Words and numbers as a page shows them: escaping, labels, number formats.
+
+Numbers go through ``noisescope._format`` (the formatter the API's own sentences use), so a
+table cell, a metric and a verdict write "1,860", never "1.86e+03". User text (run, task and
+project names, tags, config values) goes through ``md`` wherever Streamlit renders Markdown,
+so ``**x**``, ``<b>x</b>`` or ``[a](javascript:...)`` appear literally.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from noisescope import _format
+from noisescope._results import RunSummary
+from noisescope.estimators import CURRENT_FRACTION, CURRENT_MAX_REL_WIDTH, CURRENT_MIN_SAMPLES
+
+__all__ = [
+    "CURRENT_RULE",
+    "DASH",
+    "count",
+    "hours",
+    "interval",
+    "loss",
+    "md",
+    "percent",
+    "plural",
+    "ratio",
+    "run_label",
+    "target",
+    "task_key",
+    "units_word",
+]
+
+#: What a cell shows where there is no number.
+DASH = "—"
+
+#: The one rule for "B_simple now" (``estimators.current_window``), in words.
+CURRENT_RULE = (
+    f"The run's current B_simple: its last {CURRENT_FRACTION:.0%} of samples (at least "
+    f"{CURRENT_MIN_SAMPLES}), widened until the 90% interval is no wider than "
+    f"{CURRENT_MAX_REL_WIDTH:g}× the value. The same number on the Runs table, the Run page "
+    "and the API."
+)
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=\"'])")
+
+
+def md(value: Any) -> str:
+    """``value`` escaped for Streamlit Markdown: every character that could start markup is
+    backslash-escaped, so the text renders exactly as written."""
+    return _MD_SPECIAL.sub(r"\\\1", str(value))
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def count(value: float | None) -> str:
+    """A batch size, step or example count ("1,860", "2.1M"); a dash when there is none."""
+    return _format.count(value) if value is not None else DASH
+
+
+def ratio(value: float | None) -> str:
+    """A ratio such as B / B_simple ("0.3×"); a dash when there is none."""
+    return f"{_format.ratio(value)}×" if value is not None else DASH
+
+
+def interval(lo: float | None, hi: float | None) -> str:
+    """An interval "lo – hi" in the same format as its value; empty when unknown."""
+    if lo is None or hi is None:
+        return ""
+    return f"{count(lo)} – {count(hi)}"
+
+
+def loss(value: float | None) -> str:
+    """A loss to three significant digits, never with an exponent ("0.524", "2.31", "1,234")."""
+    if value is None or not math.isfinite(value):
+        return DASH
+    if abs(value) >= 100:
+        return _format.count(value)
+    if value == 0:
+        return "0"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
+def target(value: float) -> str:
+    """A loss target as the user would type it (0.98, not 0.980)."""
+    return f"{value:.4g}" if abs(value) >= 1e-4 else loss(value)
+
+
+def percent(value: float | None) -> str:
+    """A share (0.33 -> "33%")."""
+    return f"{value:.0%}" if _finite(value) else DASH
+
+
+def hours(value: float | None) -> str:
+    """A duration given in hours, in the unit people would say it in."""
+    if not _finite(value):
+        return DASH
+    assert value is not None
+    if value < 1 / 60:
+        return f"{value * 3600:.3g} s"
+    if value < 1:
+        return f"{value * 60:.3g} min"
+    if value < 48:
+        return f"{value:.3g} h"
+    return f"{value / 24:,.3g} days"
+
+
+def plural(n: int, word: str) -> str:
+    """A count and its noun: "1 run", "18 runs"."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def units_word(units: str, *, singular: bool = False) -> str:
+    """ "examples"/"tokens" (or "example"/"token")."""
+    word = "tokens" if units == "tokens" else "examples"
+    return word[:-1] if singular else word
+
+
+def task_key(project: str, task: str) -> str:
+    """A task as it appears in URLs and menus: ``project/task``."""
+    return f"{project}/{task}"
+
+
+def run_label(run: RunSummary) -> str:
+    """A run as people recognise it: project / task / name (short id). Plain text: use it in
+    selectboxes and tables, pass it through ``md`` for Markdown."""
+    return f"{run.project} / {run.task} / {run.name} ({run.uid[:8]})"

@@ -1,0 +1,94 @@
+"""Regenerate the dashboard screenshots in docs/figures/dashboard_<page>.png.
+
+    python scripts/dashboard_screenshots.py [--out docs/figures] [--server URL]
+
+Starts a noisescope server on a fresh synthetic database (``tests/dashboard/_synth.py``: a
+vision sweep at 6 batch sizes x 3 learning rates with known B_crit, a token sweep, a live run
+with layers and a batch-size change, a run that measured nothing) unless ``--server`` names a
+running one, runs the dashboard against it (``streamlit run``, NOISESCOPE_URL only), opens every
+page in headless Debian Chromium through Playwright and saves a full-page PNG of each. Every
+request the pages make is checked to stay on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.dashboard import _stack  # noqa: E402
+from tests.dashboard._synth import DIGITS64, LM  # noqa: E402
+
+#: name -> (path, whether the page draws charts)
+PAGES = {
+    "runs": ("/runs", False),
+    "run": (f"/run?run={DIGITS64}", True),
+    "run_tokens": (f"/run?run={LM}&x=examples", True),
+    "compare_runs": (
+        "/compare-runs?runs=" + "&runs=".join([DIGITS64, "digits0512" + "0" * 22, LM]),
+        True,
+    ),
+    "compare_tasks": ("/compare-tasks", True),
+    "critical_batch": (f"/critical-batch?task={quote('vision/digits', safe='')}", True),
+    "what_if": (f"/what-if?task={quote('vision/digits', safe='')}&b=512&step_time=0.3", True),
+}
+
+
+def shoot(base: str, out: Path, executable: str, only: list[str] | None = None) -> list[str]:
+    """Screenshot every page; returns the requests that left the machine (should be none)."""
+    from playwright.sync_api import sync_playwright
+
+    outside: list[str] = []
+    with sync_playwright() as p:
+        browser = _stack.browser(p, executable)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("request", lambda r: None if _stack.local_only(r.url) else outside.append(r.url))
+        try:
+            for name, (path, charts) in PAGES.items():
+                if only and name not in only:
+                    continue
+                page.set_viewport_size({"width": 1400, "height": 1000})
+                _stack.open_page(page, base + path, charts=charts)
+                _stack.fit_height(page)
+                target = out / f"dashboard_{name}.png"
+                page.screenshot(path=str(target), full_page=True)
+                print(
+                    f"wrote {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}"
+                )
+        finally:
+            browser.close()
+    return outside
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "figures")
+    parser.add_argument("--server", help="a running server to read instead of synthetic data")
+    parser.add_argument("--only", nargs="*", choices=list(PAGES), help="just these pages")
+    args = parser.parse_args(argv)
+    executable = _stack.chromium()
+    if executable is None:
+        print("chromium is not installed (apt-get install chromium)", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if args.server:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dash-")))
+            base = stack.enter_context(_stack.dashboard(args.server, work / "dashboard.log"))
+        else:
+            base = stack.enter_context(_stack.stack()).base
+        outside = shoot(base, args.out, executable, args.only)
+    if outside:
+        print("requests that left the machine:", *outside, sep="\n  ", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

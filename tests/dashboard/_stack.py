@@ -1,0 +1,166 @@
+"""A real server on synthetic data and the dashboard reading it, for the browser test and for
+``scripts/dashboard_screenshots.py``: both drive the same stack through Playwright.
+
+The server is ``tests.support.servers.ServerProcess``; the dashboard is ``streamlit run`` on
+the app with only ``NOISESCOPE_URL`` (and ``NOISESCOPE_TOKEN``) in its environment, as
+``noisescope dashboard`` starts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from tests.support.browser import CHROMIUM_ARGS
+from tests.support.servers import ServerProcess, free_port
+
+from ._synth import default_runs, insert_runs
+
+__all__ = [
+    "APP",
+    "Stack",
+    "chromium",
+    "dashboard",
+    "fit_height",
+    "local_only",
+    "open_page",
+    "stack",
+]
+
+APP = Path(__file__).resolve().parents[2] / "dashboard" / "noisescope_dashboard" / "app.py"
+READY = "[data-testid='stApp'][data-test-script-state='notRunning']"
+
+
+def chromium() -> str | None:
+    """Debian's Chromium (never a downloaded browser)."""
+    return shutil.which("chromium") or (
+        "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+    )
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the dashboard exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer within {timeout} s")
+
+
+@contextlib.contextmanager
+def dashboard(server_url: str, log: Path, token: str | None = None) -> Iterator[str]:
+    """``streamlit run app.py`` reading ``server_url``; yields the dashboard's base URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOISESCOPE_")}
+    env["NOISESCOPE_URL"] = server_url
+    if token:
+        env["NOISESCOPE_TOKEN"] = token
+    command = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+        "--server.address",
+        "127.0.0.1",
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+        "--client.toolbarMode",
+        "minimal",
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            _wait(f"http://127.0.0.1:{port}/_stcore/health", proc)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+class Stack:
+    """The server (``server``) on a synthetic database and the dashboard (``base``)."""
+
+    def __init__(self, server: ServerProcess, base: str, workdir: Path) -> None:
+        self.server = server
+        self.base = base
+        self.workdir = workdir
+
+
+@contextlib.contextmanager
+def stack(workdir: Path | None = None) -> Iterator[Stack]:
+    """A fresh synthetic database (``_synth.default_runs``), a server and the dashboard."""
+    with contextlib.ExitStack() as stack_:
+        if workdir is None:
+            workdir = Path(stack_.enter_context(tempfile.TemporaryDirectory(prefix="dash-")))
+        db = workdir / "noisescope.db"
+        db.unlink(missing_ok=True)
+        url = f"sqlite:///{db}"
+        insert_runs(url, default_runs())
+        server = stack_.enter_context(ServerProcess(url))
+        base = stack_.enter_context(dashboard(server.url, workdir / "dashboard.log"))
+        yield Stack(server, base, workdir)
+
+
+def local_only(url: str) -> bool:
+    """Whether a request stays on this machine."""
+    host = urlparse(url).hostname
+    return url.startswith(("data:", "blob:", "about:")) or host in ("127.0.0.1", "localhost")
+
+
+def open_page(page: Any, url: str, *, charts: bool = True, settle_ms: int = 1200) -> None:
+    """Go to ``url`` and wait until the script finished and, with ``charts``, Vega drew."""
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector(READY, timeout=90_000)
+    if charts:
+        page.wait_for_selector(
+            "[data-testid='stVegaLiteChart'] canvas, [data-testid='stVegaLiteChart'] svg",
+            timeout=60_000,
+        )
+    page.wait_for_timeout(settle_ms)  # Vega's last frame, fonts
+    page.wait_for_selector(READY, timeout=90_000)
+
+
+def fit_height(page: Any, width: int = 1400) -> None:
+    """Grow the viewport to the page's whole height: Streamlit scrolls inside its own
+    container, so a full-page screenshot of a short viewport would cut the page off."""
+    height = page.evaluate(
+        "Math.max(...[...document.querySelectorAll('[data-testid=stMain], "
+        "[data-testid=stAppViewContainer], section')].map(e => e.scrollHeight), 800)"
+    )
+    page.set_viewport_size({"width": width, "height": int(height) + 40})
+    page.wait_for_timeout(1500)  # charts redraw at the new size
+    page.wait_for_selector(READY, timeout=90_000)
+
+
+def browser(playwright: Any, executable: str) -> Any:
+    return playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)

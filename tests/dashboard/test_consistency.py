@@ -1,0 +1,108 @@
+"""One right answer, everywhere: every number the pages show is the API's, in the same words.
+
+The same run gives the same current B_simple and interval on the Runs table, the Run page, the
+recommendation endpoint and ``GET /runs/{id}``; the Critical batch page shows
+``GET /tasks/.../critical-batch``'s B_crit, S_min, E_min and B_simple at each loss; the task
+summary is ``GET /tasks``'s.
+"""
+
+from __future__ import annotations
+
+import math
+
+from noisescope import Api
+from noisescope_dashboard import _text
+
+from ._app import plain, texts
+from ._synth import DIGITS64, LM, NOTICE, SHORT
+from .conftest import MakeApp
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    if a is None or (isinstance(a, float) and math.isnan(a)):
+        return b is None or (isinstance(b, float) and math.isnan(b))
+    return a == b
+
+
+def test_runs_table_is_the_apis_current_b_simple(make_app: MakeApp, server: str, api: Api) -> None:
+    at = make_app(server, "runs")
+    table = at.dataframe[0].value.set_index("uid")
+    runs = api.runs()
+    assert set(table.index) == {r.uid for r in runs}
+    for listed in runs:
+        one = api.run(listed.uid)  # the list and the run endpoint agree
+        assert (one.b_simple, one.b_simple_lo, one.b_simple_hi) == (
+            listed.b_simple,
+            listed.b_simple_lo,
+            listed.b_simple_hi,
+        )
+        row = table.loc[listed.uid]
+        assert _same(row["_b_simple"], one.b_simple)
+        if one.b_simple is None:
+            assert row["b_simple"] == row["interval"] == row["ratio"] == ""
+            assert row["why"] == one.b_simple_reason
+        else:
+            assert row["b_simple"] == _text.count(one.b_simple)
+            assert row["interval"] == _text.interval(one.b_simple_lo, one.b_simple_hi)
+            assert row["ratio"] == _text.ratio(one.batch_to_b_simple)
+        assert row["batch"] == _text.count(one.batch_in_use)
+
+
+def test_run_page_is_the_apis_current_b_simple(make_app: MakeApp, server: str, api: Api) -> None:
+    for uid in (DIGITS64, LM, SHORT):
+        run = api.run(uid)
+        at = make_app(server, "run", run=uid)
+        assert not at.exception
+        metrics = {m.label: m.value for m in at.metric}
+        assert metrics["B_simple now"] == _text.count(run.b_simple)
+        if run.b_simple is not None:
+            interval = _text.interval(run.b_simple_lo, run.b_simple_hi)
+            assert f"90% interval {interval}" in plain(texts(at))
+            assert metrics["B / B_simple"] == _text.ratio(run.batch_to_b_simple)
+            rec = api.recommendation(uid)
+            assert rec.recommendation.b_simple == run.b_simple  # the endpoint's own number
+            assert plain(at.info[0].value) == rec.recommendation.verdict
+        else:
+            assert metrics["B / B_simple"] == "—"
+
+
+def test_smoothing_never_moves_b_simple_now(make_app: MakeApp, server: str, api: Api) -> None:
+    expected = _text.count(api.run(LM).b_simple)
+    for window in ("0", "10", "400"):
+        at = make_app(server, "run", run=LM, window=window)
+        assert {m.label: m.value for m in at.metric}["B_simple now"] == expected
+
+
+def test_critical_batch_page_is_the_apis_report(make_app: MakeApp, server: str, api: Api) -> None:
+    for task, units in (("vision/digits", "examples"), ("nlp/lm-sweep", "tokens")):
+        report = api.critical_batch(*task.split("/"))
+        at = make_app(server, "critical_batch", task=task)
+        assert not at.exception
+        table = at.dataframe[0].value
+        assert table["loss target"].tolist() == [_text.target(t.target) for t in report.targets]
+        for cells, t in zip(table.to_dict("records"), report.targets, strict=True):
+            assert t.determined
+            assert cells["B_crit"] == _text.count(t.b_crit)
+            assert cells["B_crit 90% interval"] == _text.interval(t.b_crit_lo, t.b_crit_hi)
+            assert cells["S_min (steps)"] == _text.count(t.s_min)
+            assert cells[f"E_min ({units})"] == _text.count(t.e_min)
+            assert cells["B_simple at this loss"] == _text.count(t.b_simple)
+
+
+def test_task_summary_is_the_apis(make_app: MakeApp, server: str, api: Api) -> None:
+    at = make_app(server, "compare_tasks")
+    summary = at.dataframe[-1].value.set_index(["project", "task"])
+    for t in api.tasks():
+        row = summary.loc[(t.project, t.task)]
+        assert row["runs"] == _text.count(t.n_runs)
+        assert row["B_simple median"] == _text.count(t.b_simple_median)
+        assert row["measured runs"] == f"{t.n_measured} of {t.n_runs}"
+
+
+def test_a_run_without_samples_has_no_number_anywhere(
+    make_app: MakeApp, server: str, api: Api
+) -> None:
+    run = api.run(NOTICE)
+    assert run.n_samples == 0 and run.b_simple is None and run.notice
+    at = make_app(server, "run", run=NOTICE)
+    assert not at.metric

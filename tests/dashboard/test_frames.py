@@ -1,0 +1,125 @@
+"""Arranging the API's answers: text as people read it, marks placed on the x axis, and no
+number where the API gives none."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+
+import pandas as pd
+import pytest
+
+from noisescope._results import EventRow, RunSummary
+from noisescope_dashboard import _frames, _text
+
+
+def _run(**changes: object) -> RunSummary:
+    fields: dict[str, object] = {
+        "uid": "u" * 32,
+        "project": "p",
+        "task": "t",
+        "name": "**n**",
+        "tags": ["<b>x</b>"],
+        "config": {"lr": 0.1},
+        "batch_size": 64.0,
+        "units": "examples",
+        "status": "running",
+        "started_at": datetime(2026, 1, 1, tzinfo=timezone.utc),
+        "ended_at": None,
+        "last_seen_at": None,
+        "n_samples": 1000,
+        "last_step": 1000,
+        "last_examples": 64000.0,
+        "last_loss": 0.5234,
+        "last_eval_loss": None,
+        "batch_in_use": 1860.0,
+        "batch_in_use_source": "event",
+        "level": 0.9,
+        "b_simple": 6200.0,
+        "b_simple_lo": 5100.0,
+        "b_simple_hi": 7400.0,
+        "b_simple_reason": None,
+        "g_sq": 1.0,
+        "trace_sigma": 6200.0,
+        "window_samples": 100,
+        "window_first_step": 901,
+        "window_last_step": 1000,
+        "batch_to_b_simple": 0.3,
+        "notice": None,
+    }
+    fields.update(changes)
+    return RunSummary(**fields)  # type: ignore[arg-type]
+
+
+def test_runs_table_writes_numbers_as_people_do() -> None:
+    (row,) = _frames.runs_table([_run()]).to_dict("records")
+    assert row["batch"] == "1,860"
+    assert row["b_simple"] == "6,200"
+    assert row["interval"] == "5,100 – 7,400"
+    assert row["ratio"] == "0.3×"
+    assert row["loss"] == "0.523"
+    assert row["step"] == "1,000"
+    assert row["name"] == "**n**" and row["tags"] == "<b>x</b>"  # text, as given
+    assert row["_b_simple"] == 6200.0
+
+
+def test_runs_table_gives_no_number_and_no_ratio_when_not_measurable() -> None:
+    reason = "not yet measurable: 28 samples so far"
+    (row,) = _frames.runs_table(
+        [_run(b_simple=None, b_simple_lo=None, b_simple_hi=None, b_simple_reason=reason)]
+    ).to_dict("records")
+    assert row["b_simple"] == row["interval"] == row["ratio"] == ""
+    assert row["why"] == reason
+    assert math.isnan(row["_b_simple"]) and math.isnan(row["_ratio"])
+
+
+def test_event_marks_leave_out_evaluations_and_notices() -> None:
+    events = [
+        EventRow(10, "batch_size", {"old_batch_size": 64, "batch_size": 2048}, 5.0, 1),
+        EventRow(20, "eval", {"loss": 0.4}, 6.0, 2),
+        EventRow(0, "notice", {"message": "not measuring"}, 1.0, 3),
+        EventRow(30, "checkpoint", {"path": "x"}, 7.0, 4),
+    ]
+    points = pd.DataFrame({"step": [0.0, 40.0], "x": [0.0, 4000.0]})
+    marks = _frames.event_marks(events, points, "examples")
+    assert marks["label"].tolist() == ["batch size 64 → 2,048", "checkpoint: path=x"]
+    assert marks["x"].tolist() == [1000.0, 3000.0]  # placed by the series' own steps
+    assert _frames.event_marks(events, points, "time", t0=1.0)["x"].tolist() == [4.0, 6.0]
+    evals = _frames.eval_points(events, points, "step")
+    assert evals.to_dict("records") == [{"step": 20, "loss": 0.4, "x": 20.0}]
+
+
+def test_intervals_that_reach_zero_are_drawn_to_the_axis() -> None:
+    assert _frames._clip([0.0, 5.0, None], 1.0, 100.0) == [1.0, 5.0, 100.0]
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(1860, "1,860"), (2.1e6, "2.1M"), (12, "12"), (18.5, "18.5"), (None, "—")],
+)
+def test_counts(value: float | None, text: str) -> None:
+    assert _text.count(value) == text
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.5234, "0.523"), (2.3145, "2.31"), (1234.5, "1,234"), (1.23e-5, "0.0000123")],
+)
+def test_losses_never_use_exponents(value: float, text: str) -> None:
+    assert _text.loss(value) == text
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["**x**", "<b>x</b>", "[a](javascript:alert(1))", "`code`", "$x$", "a_b_c", "# h", "~s~"],
+)
+def test_markdown_escaping_leaves_nothing_to_interpret(hostile: str) -> None:
+    escaped = _text.md(hostile)
+    special = set("\\`*_{}[]()#+-.!|<>~$:&=\"'")
+    i = 0
+    while i < len(escaped):  # every special character is preceded by a backslash
+        if escaped[i] == "\\":
+            i += 2
+            continue
+        assert escaped[i] not in special, escaped
+        i += 1
