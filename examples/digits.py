@@ -82,13 +82,22 @@ def main(argv: list[str] | None = None) -> None:
             probe.step(loss=total, lr=args.lr)  # before any clipping or optimizer.step()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if step % 100 == 0 or step == args.steps - 1:
+            if step % 25 == 0 or step == args.steps - 1:
                 with torch.no_grad():
-                    acc = (model(x_test).argmax(1) == y_test).float().mean().item()
-                print(f"step {step:5d}  loss {total:.4f}  test accuracy {acc:.3f}", flush=True)
+                    logits = model(x_test)
+                    test_loss = loss_fn(logits, y_test).item()
+                    acc = (logits.argmax(1) == y_test).float().mean().item()
+                # held-out loss: the smooth curve a batch-size sweep's targets are crossed on
+                run.log(step, eval_loss=test_loss)
+                if step % 100 == 0 or step == args.steps - 1:
+                    print(
+                        f"step {step:5d}  loss {total:.4f}  test loss {test_loss:.4f}  "
+                        f"test accuracy {acc:.3f}",
+                        flush=True,
+                    )
             if args.sleep:
                 time.sleep(args.sleep)
-        print(f"run {run.id} finished; open the dashboard to see its noise scale")
+        print(f"run {run.id} finished; its page on the dashboard shows its noise scale")
 
 
 if __name__ == "__main__":

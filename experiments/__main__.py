@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from experiments import analysis, figures, report
-    from experiments.runner import OFFLINE, Progress, ensure_logged, run_sweep, to_sweep_runs
+    from experiments.runner import OFFLINE, PROJECT, Progress, ensure_logged, run_sweep
     from experiments.server import LocalServer
     from experiments.tasks import TASKS
 
@@ -104,38 +104,48 @@ def main(argv: list[str] | None = None) -> int:
                     + (f" ({resent} re-sent from the run cache)" if resent else "")
                 )
                 resent_total[name] = resent
-            runs = to_sweep_runs(records)
-            rows = analysis.critical_batch_rows(runs, spec.loss_targets)
-            lowest = rows[-1] if rows else None
-            best_ids = {p.run_ids[0] for p in lowest.points} if lowest else set()
-            best_runs = sorted(
-                (r for r in runs if r.run_id in best_ids), key=lambda r: r.batch_size
+            runs = analysis.to_sweep_runs(records)
+            crit = analysis.analyse(
+                runs, spec.loss_targets, project=PROJECT, task=name, units=spec.units
             )
+            lowest = crit.targets[-1] if crit.targets else None
+            best_ids = {p.run_uids[0] for p in lowest.points} if lowest else set()
+            best_runs = sorted((r for r in runs if r.uid in best_ids), key=lambda r: r.batch_size)
             fig = f"figures/reproduction_{name}{'_quick' if args.quick else ''}.png"
             figures.save_png(
-                figures.task_chart(spec.title, spec.units, rows, best_runs), docs / fig
+                figures.task_chart(spec.title, spec.units, crit, best_runs), docs / fig
             )
-            results.append(report.TaskResult(spec, rows, records, fig, resent_total.get(name)))
-            for row in rows:
-                if row.fit is not None and row.b_simple is not None:
+            results.append(
+                report.TaskResult(spec, crit, runs, records, fig, resent_total.get(name))
+            )
+            for t in crit.targets:
+                if t.determined and t.b_crit is not None and t.b_simple is not None:
                     summary.append(
                         {
                             "task": name,
-                            "target": row.target,
-                            "b_crit": row.fit.b_crit,
-                            "b_crit_lo": max(
-                                row.fit.b_crit - (row.fit.b_crit_stderr or 0.0),
-                                row.fit.b_crit / 10,
-                            ),
-                            "b_crit_hi": row.fit.b_crit + (row.fit.b_crit_stderr or 0.0),
-                            "b_simple": row.b_simple,
+                            "target": t.target,
+                            "b_crit": t.b_crit,
+                            "b_crit_lo": t.b_crit_lo,
+                            "b_crit_hi": t.b_crit_hi,
+                            "b_simple": t.b_simple,
+                            "b_simple_lo": t.b_simple_lo,
+                            "b_simple_hi": t.b_simple_hi,
                         }
                     )
+                interval = (
+                    f" [{t.b_crit_lo:.3g}, {t.b_crit_hi:.3g}]"
+                    if t.b_crit_lo is not None and t.b_crit_hi is not None
+                    else ""
+                )
                 progress.line(
-                    f"{name} loss {row.target:g}: B_crit "
-                    + (f"{row.fit.b_crit:.3g}" if row.fit else f"- ({row.fit_error})")
+                    f"{name} loss {t.target:g}: B_crit "
+                    + (
+                        f"{t.b_crit:.3g}{interval}"
+                        if t.determined and t.b_crit is not None
+                        else f"not determined ({'; '.join(t.warnings)})"
+                    )
                     + ", B_simple "
-                    + ("-" if row.b_simple is None else f"{row.b_simple:.3g}")
+                    + ("-" if t.b_simple is None else f"{t.b_simple:.3g}")
                 )
         summary_fig = f"figures/reproduction_summary{'_quick' if args.quick else ''}.png"
         figures.save_png(figures.summary_chart(summary), docs / summary_fig)

@@ -1,288 +1,130 @@
-"""Critical batch size from a batch-size sweep, set against B_simple measured at the same loss.
+"""The study's records handed to ``noisescope.sweep``, the one critical-batch analysis.
 
-Generic on purpose (no torch, no task knowledge): the dashboard's Critical-batch page can feed it
-the loss curves and noise samples it reads from the server. The maths (two-batch estimator,
-window ratio of sums, the S-E hyperbola fit) is ``noisescope.estimators``; this module only
-decides *which* numbers go in:
+Crossings, the frontier (fastest learning rate per batch size, median over seeds), the S-E fit
+with its Fieller interval and B_simple at the same loss all live in ``noisescope.sweep``; the
+server's ``GET /api/v1/tasks/{project}/{task}/critical-batch`` runs the same code on what the
+runs logged. This module only decides what each cached run record contributes, so that it is
+exactly what the server receives:
 
-- ``crossing_step``: the first step where a (smoothed) loss curve reaches a target, linearly
-  interpolated between evaluations.
-- ``best_per_batch``: per batch size, the run (learning rate) that reached the target in the
-  fewest steps (science.md, "Critical batch size from batch-size sweeps": lr tuned per B).
-- ``fit_target``: S_min, E_min, B_crit = E_min / S_min from those points
-  (``estimators.fit_critical_batch``, S = S_min (1 + B_crit/B)).
-- ``b_simple_at_loss``: B_simple over a window of steps around where a run reaches the loss,
-  as the ratio of window sums of the unbiased |𝒢|² and 𝒮 (science.md, two-batch estimator).
-- ``critical_batch_rows``: all of the above for a list of loss targets.
+- its loss curve: the finite evaluation losses (``Run.log(step, eval_loss=...)`` sends only
+  finite ones), steps as logged;
+- its noise samples: one ``sweep.NoiseBucket`` per step, the unbiased |𝒢|² and 𝒮 of
+  ``estimators.two_batch_estimate_columns``;
+- its batch size (task units per step) and learning rate, which group runs into seeds.
 
-Batch sizes, examples and the b_small/b_big of noise samples must be in the same units
-(examples, or tokens for language models).
+What is specific to the study's figures and tables is here too: B_simple per frontier batch
+size, and B_simple along a run (both through ``sweep.b_simple_at_loss``).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
-import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from noisescope.estimators import (
-    CriticalBatchFit,
-    NoiseScale,
-    fit_critical_batch,
-    two_batch_estimates,
-)
+from noisescope import sweep
+from noisescope.estimators import two_batch_estimate_columns
 
 __all__ = [
-    "CriticalBatchRow",
-    "LossCurve",
-    "NoiseSamples",
-    "SweepRun",
-    "TargetFit",
-    "TargetPoint",
-    "b_simple_at_loss",
-    "best_per_batch",
-    "critical_batch_rows",
-    "crossing_step",
-    "ema",
-    "fit_target",
-    "noise_scale_curve",
-    "window_noise_scale",
+    "BSimple",
+    "analyse",
+    "b_simple_curve",
+    "b_simple_per_batch",
+    "noise_buckets",
+    "run_name",
+    "to_sweep_run",
+    "to_sweep_runs",
 ]
 
+#: (value, lo, hi, reason) as ``sweep.b_simple_at_loss`` returns it.
+BSimple = tuple[float | None, float | None, float | None, str | None]
 
-def ema(values: Sequence[float], beta: float) -> list[float]:
-    """Debiased exponential moving average (Adam-style), for smoothing noisy training losses."""
-    if not 0.0 <= beta < 1.0:
-        raise ValueError(f"beta must be in [0, 1), got {beta}")
-    out: list[float] = []
-    avg = 0.0
-    weight = 0.0
-    for v in values:
-        avg = beta * avg + (1.0 - beta) * v
-        weight = beta * weight + (1.0 - beta)
-        out.append(avg / weight)
+
+def run_name(batch_size: int, lr: float, seed: int) -> str:
+    """A run's name on the server, its cache file name and its uid in the analysis."""
+    return f"B{batch_size}-lr{lr:.6g}-s{seed}"
+
+
+def noise_buckets(samples: dict[str, Sequence[float]]) -> list[sweep.NoiseBucket]:
+    """One bucket per step: the step's |𝒢|² and 𝒮 (consecutive steps with the same batch
+    sizes are estimated as one column, the same floats as per step)."""
+    steps = samples["step"]
+    out: list[sweep.NoiseBucket] = []
+    i = 0
+    while i < len(steps):
+        b_small, b_big = samples["b_small"][i], samples["b_big"][i]
+        j = i
+        while j < len(steps) and samples["b_small"][j] == b_small and samples["b_big"][j] == b_big:
+            j += 1
+        g_sq, trace_sigma = two_batch_estimate_columns(
+            b_small, b_big, samples["g_small_sq"][i:j], samples["g_big_sq"][i:j]
+        )
+        for k in range(i, j):
+            s = float(steps[k])
+            out.append(sweep.NoiseBucket(s, s, 1.0, g_sq[k - i], trace_sigma[k - i]))
+        i = j
     return out
 
 
-def crossing_step(steps: Sequence[float], losses: Sequence[float], target: float) -> float | None:
-    """First step where ``losses`` reaches ``target`` (≤), interpolated linearly; None if never.
-
-    ``losses`` should already be smooth (held-out loss at fixed points, or an EMA).
-    """
-    if len(steps) != len(losses):
-        raise ValueError("steps and losses must have the same length")
-    prev_s: float | None = None
-    prev_l: float | None = None
-    for s, loss in zip(steps, losses, strict=True):
-        if math.isfinite(loss) and loss <= target:
-            if prev_s is None or prev_l is None or not math.isfinite(prev_l) or prev_l == loss:
-                return float(s)
-            frac = (prev_l - target) / (prev_l - loss)
-            return float(prev_s + frac * (s - prev_s))
-        prev_s, prev_l = float(s), float(loss)
-    return None
+def to_sweep_run(record: dict[str, Any]) -> sweep.SweepRun:
+    """One cached run record as ``noisescope.sweep`` sees it (batch size in task units)."""
+    ev = record["evals"]
+    points = [(float(s), float(x)) for s, x in zip(ev["step"], ev["loss"], strict=True)]
+    points = [p for p in points if math.isfinite(p[1])]
+    return sweep.SweepRun(
+        uid=run_name(record["batch_size"], record["lr"], record.get("seed", 0)),
+        name=run_name(record["batch_size"], record["lr"], record.get("seed", 0)),
+        batch_size=float(record["batch_size_units"]),
+        lr=float(record["lr"]),
+        steps=[p[0] for p in points],
+        losses=[p[1] for p in points],
+        noise=noise_buckets(record["samples"]),
+    )
 
 
-@dataclass(frozen=True)
-class LossCurve:
-    """A run's loss at a set of steps (held-out evaluations, or a smoothed training loss)."""
-
-    steps: Sequence[float]
-    losses: Sequence[float]
+def to_sweep_runs(records: Iterable[dict[str, Any]]) -> list[sweep.SweepRun]:
+    return [to_sweep_run(r) for r in records]
 
 
-@dataclass(frozen=True)
-class NoiseSamples:
-    """Column-wise two-batch samples of one run (the wire format's columns)."""
-
-    step: Sequence[float]
-    b_small: Sequence[float]
-    b_big: Sequence[float]
-    g_small_sq: Sequence[float]
-    g_big_sq: Sequence[float]
-
-
-@dataclass(frozen=True)
-class SweepRun:
-    """One run of a sweep. ``batch_size`` in the task's units (examples or tokens) per step."""
-
-    run_id: str
-    batch_size: float
-    lr: float
-    curve: LossCurve
-    samples: NoiseSamples | None = None
-    seed: int = 0
+def analyse(
+    runs: Sequence[sweep.SweepRun],
+    targets: Sequence[float],
+    *,
+    project: str = "",
+    task: str = "",
+    units: str = "examples",
+) -> sweep.CriticalBatchReport:
+    """``sweep.analyse`` on the evaluation losses, at the task's fixed targets."""
+    return sweep.analyse(runs, targets, project=project, task=task, units=units, loss_source="eval")
 
 
-def window_noise_scale(samples: NoiseSamples, lo_step: float, hi_step: float) -> NoiseScale:
-    """B_simple over samples with lo_step ≤ step ≤ hi_step: ratio of the window sums."""
-    sum_g_sq = 0.0
-    sum_trace_sigma = 0.0
-    n = 0
-    for i, s in enumerate(samples.step):
-        if lo_step <= s <= hi_step:
-            g_sq, trace_sigma = two_batch_estimates(
-                samples.b_small[i], samples.b_big[i], samples.g_small_sq[i], samples.g_big_sq[i]
-            )
-            sum_g_sq += g_sq
-            sum_trace_sigma += trace_sigma
-            n += 1
-    return NoiseScale.from_sums(sum_g_sq, sum_trace_sigma, n)
+def b_simple_per_batch(
+    runs: Sequence[sweep.SweepRun], result: sweep.TargetResult
+) -> dict[float, BSimple]:
+    """B_simple at the target per frontier batch size (its seeds pooled), to show how far
+    the runs that make up the pooled value disagree."""
+    by_uid = {r.uid: r for r in runs}
+    crossings = {r.uid: r.steps for r in result.runs}
+    return {
+        p.batch_size: sweep.b_simple_at_loss([by_uid[u] for u in p.run_uids], crossings)
+        for p in result.points
+    }
 
 
-def b_simple_at_loss(
-    runs: SweepRun | Sequence[SweepRun], target: float, window: float = 1.25
-) -> NoiseScale | None:
-    """B_simple in the step window [s*/window, s*·window] around each run's crossing step s*.
-
-    Several runs (repeats) pool their window sums before the ratio is taken. None when no run
-    reaches ``target`` or none has samples. A window in log-steps keeps the same relative
-    width for runs of very different lengths.
-    """
-    group = [runs] if isinstance(runs, SweepRun) else list(runs)
-    sum_g_sq = 0.0
-    sum_trace_sigma = 0.0
-    n = 0.0
-    for run in group:
-        if run.samples is None:
-            continue
-        s_star = crossing_step(run.curve.steps, run.curve.losses, target)
-        if s_star is None:
-            continue
-        scale = window_noise_scale(run.samples, s_star / window, s_star * window)
-        sum_g_sq += scale.g_sq * scale.n
-        sum_trace_sigma += scale.trace_sigma * scale.n
-        n += scale.n
-    if n == 0:
-        return None
-    return NoiseScale.from_sums(sum_g_sq, sum_trace_sigma, n)
-
-
-@dataclass(frozen=True)
-class TargetPoint:
-    """The fastest learning rate at one batch size for one loss target.
-
-    ``steps`` is the mean over the seeds of that (batch size, lr); ``run_ids`` are those runs.
-    """
-
-    batch_size: float
-    lr: float
-    steps: float
-    examples: float
-    run_ids: tuple[str, ...]
-
-
-def best_per_batch(runs: Sequence[SweepRun], target: float) -> list[TargetPoint]:
-    """Per batch size, the learning rate that reached ``target`` in the fewest steps.
-
-    Runs that share a batch size and lr are repeats (seeds): their crossing steps are averaged,
-    and the pair counts only if every repeat reached the target.
-    """
-    groups: dict[tuple[float, float], list[SweepRun]] = {}
-    for run in runs:
-        groups.setdefault((run.batch_size, run.lr), []).append(run)
-    best: dict[float, TargetPoint] = {}
-    for (batch_size, lr), group in groups.items():
-        crossings = [crossing_step(r.curve.steps, r.curve.losses, target) for r in group]
-        if any(c is None for c in crossings):
-            continue
-        s = statistics.fmean(c for c in crossings if c is not None)
-        current = best.get(batch_size)
-        if current is None or s < current.steps:
-            ids = tuple(r.run_id for r in group)
-            best[batch_size] = TargetPoint(batch_size, lr, s, s * batch_size, ids)
-    return [best[b] for b in sorted(best)]
-
-
-@dataclass(frozen=True)
-class TargetFit:
-    """The S-E fit for one target, or the reason it could not be made."""
-
-    fit: CriticalBatchFit | None
-    error: str | None
-
-
-def fit_target(points: Sequence[TargetPoint]) -> TargetFit:
-    """S = S_min (1 + B_crit / B) through the best points (estimators.fit_critical_batch)."""
-    try:
-        fit = fit_critical_batch([p.batch_size for p in points], [p.steps for p in points])
-    except ValueError as exc:
-        return TargetFit(None, str(exc))
-    return TargetFit(fit, None)
-
-
-@dataclass(frozen=True)
-class CriticalBatchRow:
-    """One loss target: sweep points, the fit, and B_simple measured at that loss.
-
-    ``b_simple`` is the median over the best runs (one per batch size) of each run's window
-    estimate; ``b_simple_per_run`` keeps them all (batch size → estimate) for plots.
-    """
-
-    target: float
-    points: list[TargetPoint]
-    fit: CriticalBatchFit | None
-    fit_error: str | None
-    b_simple: float | None
-    b_simple_per_run: dict[float, float] = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float | None:
-        """B_simple / B_crit (1 means the noise scale predicts the critical batch exactly)."""
-        if self.fit is None or self.b_simple is None:
-            return None
-        return self.b_simple / self.fit.b_crit
-
-
-def critical_batch_rows(
-    runs: Sequence[SweepRun], targets: Sequence[float], window: float = 1.25
-) -> list[CriticalBatchRow]:
-    """For each target: best run per batch size, the fit, and B_simple at that loss."""
-    by_id = {r.run_id: r for r in runs}
-    rows: list[CriticalBatchRow] = []
-    for target in targets:
-        points = best_per_batch(runs, target)
-        fitted = fit_target(points)
-        per_run: dict[float, float] = {}
-        for p in points:
-            scale = b_simple_at_loss([by_id[i] for i in p.run_ids], target, window)
-            if scale is not None and scale.b_simple is not None:
-                per_run[p.batch_size] = scale.b_simple
-        b_simple = statistics.median(per_run.values()) if per_run else None
-        rows.append(CriticalBatchRow(target, points, fitted.fit, fitted.error, b_simple, per_run))
-    return rows
-
-
-def noise_scale_curve(
-    run: SweepRun, window: float = 1.25
-) -> list[tuple[float, float, float | None]]:
-    """(step, loss, B_simple) at each evaluation of a run, B_simple over [s/window, s·window].
-
-    Prefix sums make this linear in the number of samples, so a dashboard can draw B_simple
-    against loss for long runs.
-    """
-    if run.samples is None:
-        return []
-    sm = run.samples
-    prefix_g = [0.0]
-    prefix_t = [0.0]
-    for i in range(len(sm.step)):
-        g_sq, trace_sigma = two_batch_estimates(
-            sm.b_small[i], sm.b_big[i], sm.g_small_sq[i], sm.g_big_sq[i]
-        )
-        prefix_g.append(prefix_g[-1] + g_sq)
-        prefix_t.append(prefix_t[-1] + trace_sigma)
-    steps = list(sm.step)
+def b_simple_curve(run: sweep.SweepRun) -> list[tuple[float, float, float | None]]:
+    """(step, loss, B_simple) at each evaluation s of a run: B_simple at the loss reached at s,
+    as ``sweep.b_simple_at_loss`` defines it (window [s/B_SIMPLE_WINDOW, s·B_SIMPLE_WINDOW])."""
+    mids = [(b.step_lo + b.step_hi) / 2.0 for b in run.noise]
     out: list[tuple[float, float, float | None]] = []
-    for s, loss in zip(run.curve.steps, run.curve.losses, strict=True):
+    for s, loss in zip(run.steps, run.losses, strict=True):
         if s <= 0:
             continue
-        lo = bisect.bisect_left(steps, s / window)
-        hi = bisect.bisect_right(steps, s * window)
-        scale = NoiseScale.from_sums(
-            prefix_g[hi] - prefix_g[lo], prefix_t[hi] - prefix_t[lo], hi - lo
-        )
-        out.append((float(s), float(loss), scale.b_simple))
+        # Only the buckets near s, so a long run costs its length, not length × evaluations.
+        lo = bisect.bisect_left(mids, s / sweep.B_SIMPLE_WINDOW)
+        hi = bisect.bisect_right(mids, s * sweep.B_SIMPLE_WINDOW)
+        near = dataclasses.replace(run, noise=run.noise[max(0, lo - 1) : hi + 1])
+        value = sweep.b_simple_at_loss([near], {run.uid: s})[0]
+        out.append((float(s), float(loss), value))
     return out

@@ -10,39 +10,24 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from experiments.analysis import CriticalBatchRow, SweepRun, noise_scale_curve
+from experiments.analysis import b_simple_curve
+from noisescope import sweep
 
 __all__ = ["summary_chart", "task_chart"]
 
-#: Wider step window than the table's, only to make the along-the-run curves legible.
-CURVE_WINDOW = 1.5
 WIDTH = 300
 HEIGHT = 240
 
 
-def _hyperbola(row: CriticalBatchRow, b_lo: float, b_hi: float) -> list[dict[str, Any]]:
-    """S = S_min(1 + B_crit/B), E = E_min(1 + B/B_crit) along a log grid of B."""
-    if row.fit is None:
-        return []
-    fit = row.fit
-    n = 40
-    out = []
-    for i in range(n + 1):
-        b = b_lo * (b_hi / b_lo) ** (i / n)
-        out.append(
-            {
-                "target": f"{row.target:g}",
-                "steps": fit.s_min * (1 + fit.b_crit / b),
-                "examples": fit.e_min * (1 + b / fit.b_crit),
-            }
-        )
-    return out
-
-
 def task_chart(
-    title: str, units: str, rows: Sequence[CriticalBatchRow], best_runs: Sequence[SweepRun]
+    title: str,
+    units: str,
+    report: sweep.CriticalBatchReport,
+    best_runs: Sequence[sweep.SweepRun],
 ) -> alt.HConcatChart:
     """Three panels: the S-E trade-off, B_crit vs B_simple per target, B_simple along runs."""
+    rows = report.targets
+    level = f"{report.level:.0%}"
     pts = pd.DataFrame(
         [
             {
@@ -56,8 +41,14 @@ def task_chart(
             for p in r.points
         ]
     )
-    all_b = [p.batch_size for r in rows for p in r.points] or [1.0, 2.0]
-    fit_df = pd.DataFrame([d for r in rows for d in _hyperbola(r, min(all_b) / 2, max(all_b) * 2)])
+    fit_df = pd.DataFrame(
+        [
+            {"target": f"{r.target:g}", "steps": c.steps, "examples": c.examples}
+            for r in rows
+            if r.determined
+            for c in r.curve
+        ]
+    )
     order = [f"{r.target:g}" for r in rows]
     color = alt.Color("target:N", sort=order, title="loss target")
     base_x = alt.X("examples:Q", scale=alt.Scale(type="log"), title=f"{units} to target")
@@ -66,7 +57,10 @@ def task_chart(
         alt.Chart(pts)
         .mark_point(filled=True, size=50)
         .encode(
-            x=base_x, y=base_y, color=color, tooltip=["target", "batch", "lr", "steps", "examples"]
+            x=base_x,
+            y=base_y,
+            color=color,
+            tooltip=["target:N", "batch:Q", "lr:Q", "steps:Q", "examples:Q"],
         )
     )
     if not fit_df.empty:
@@ -75,20 +69,19 @@ def task_chart(
             + tradeoff
         )
     tradeoff = tradeoff.properties(
-        width=WIDTH, height=HEIGHT, title="steps vs data to reach each loss (best lr per B)"
+        width=WIDTH, height=HEIGHT, title="steps vs data to reach each loss (frontier)"
     )
 
     crit = []
     for r in rows:
-        if r.fit is not None:
-            se = r.fit.b_crit_stderr or 0.0
+        if r.determined and r.b_crit is not None:
             crit.append(
                 {
                     "loss": r.target,
-                    "value": r.fit.b_crit,
-                    "lo": max(r.fit.b_crit - se, r.fit.b_crit / 10),
-                    "hi": r.fit.b_crit + se,
-                    "what": "B_crit (sweep fit ±1 s.e.)",
+                    "value": r.b_crit,
+                    "lo": r.b_crit_lo,
+                    "hi": r.b_crit_hi,
+                    "what": f"B_crit (sweep fit, {level} interval)",
                 }
             )
         if r.b_simple is not None:
@@ -96,13 +89,20 @@ def task_chart(
                 {
                     "loss": r.target,
                     "value": r.b_simple,
-                    "lo": min(r.b_simple_per_run.values()),
-                    "hi": max(r.b_simple_per_run.values()),
-                    "what": "B_simple (median, range over runs)",
+                    "lo": r.b_simple_lo,
+                    "hi": r.b_simple_hi,
+                    "what": f"B_simple (frontier runs, {level} interval)",
                 }
             )
     crit_df = pd.DataFrame(crit)
-    y_scale = alt.Scale(type="log")
+    if crit_df.empty:
+        y_scale = alt.Scale(type="log")
+    else:
+        y_lo, y_hi = crit_df["value"].min() / 4, crit_df["value"].max() * 4
+        y_scale = alt.Scale(type="log", domain=[y_lo, y_hi], nice=False)
+        # An interval reaching 0 (or past the chart) is drawn to the chart's edge.
+        crit_df["lo"] = crit_df["lo"].clip(lower=y_lo)
+        crit_df["hi"] = crit_df["hi"].clip(upper=y_hi)
     targets = [r.target for r in rows] or [1.0]
     loss_domain = [min(targets) / 1.15, max(targets) * 1.15]
     x_loss = alt.X(
@@ -110,13 +110,17 @@ def task_chart(
         scale=alt.Scale(type="log", reverse=True, domain=loss_domain, nice=False),
         title="loss target (falls →)",
     )
-    what = alt.Color("what:N", title=None, legend=alt.Legend(orient="bottom", direction="vertical"))
+    what = alt.Color(
+        "what:N",
+        title=None,
+        legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0),
+    )
     if crit_df.empty:
         versus: alt.LayerChart | alt.Chart = alt.Chart(pd.DataFrame({"x": []})).mark_point()
     else:
-        versus = alt.Chart(crit_df).mark_rule().encode(
+        versus = alt.Chart(crit_df).mark_rule(clip=True).encode(
             x=x_loss, y=alt.Y("lo:Q", scale=y_scale), y2="hi:Q", color=what
-        ) + alt.Chart(crit_df).mark_line(point=True).encode(
+        ) + alt.Chart(crit_df).mark_line(point=True, clip=True).encode(
             x=x_loss,
             y=alt.Y("value:Q", scale=y_scale, title=f"batch size ({units})"),
             color=what,
@@ -126,7 +130,7 @@ def task_chart(
     curves = []
     curve_domain = [min(targets) / 1.15, max(targets) * 2.0]
     for run in best_runs:
-        for _step, loss, b in noise_scale_curve(run, window=CURVE_WINDOW):
+        for _step, loss, b in b_simple_curve(run):
             inside = curve_domain[0] <= loss <= curve_domain[1]
             if b is not None and b > 0 and math.isfinite(loss) and inside:
                 curves.append({"loss": loss, "b_simple": b, "run": f"B={run.batch_size:g}"})
@@ -143,12 +147,12 @@ def task_chart(
                     scale=alt.Scale(type="log", reverse=True, domain=curve_domain, nice=False),
                     title="loss (falls →)",
                 ),
-                y=alt.Y("b_simple:Q", scale=y_scale, title=f"B_simple ({units})"),
+                y=alt.Y("b_simple:Q", scale=alt.Scale(type="log"), title=f"B_simple ({units})"),
                 color=alt.Color("run:N", sort=None, title="run"),
             )
         )
     along = along.properties(
-        width=WIDTH, height=HEIGHT, title="B_simple during training (best run per B)"
+        width=WIDTH, height=HEIGHT, title="B_simple during training (frontier run per B)"
     )
     chart: alt.HConcatChart = (
         alt.hconcat(tradeoff, versus, along)
@@ -158,11 +162,19 @@ def task_chart(
     return chart
 
 
-def summary_chart(points: Sequence[dict[str, Any]]) -> alt.LayerChart:
-    """B_simple against fitted B_crit (±1 s.e. bars) for every task and target; y = x, 3×."""
-    df = pd.DataFrame(points)
+def summary_chart(points: Sequence[dict[str, Any]], level: float = 0.9) -> alt.LayerChart:
+    """B_simple against fitted B_crit, both with their intervals, for every task and every
+    target where B_crit is determined; guides at y = x and 3x either way."""
+    columns = ["task", "target", "b_crit", "b_crit_lo", "b_crit_hi"]
+    columns += ["b_simple", "b_simple_lo", "b_simple_hi"]
+    df = pd.DataFrame(points, columns=columns)  # no point determined: empty axes, no error
     values = list(df["b_crit"]) + list(df["b_simple"]) if not df.empty else [1.0, 10.0]
     lo, hi = min(values) / 4, max(values) * 4
+    if not df.empty:
+        for col in ("b_crit_lo", "b_simple_lo"):
+            df[col] = df[col].clip(lower=lo)
+        for col in ("b_crit_hi", "b_simple_hi"):
+            df[col] = df[col].clip(upper=hi)
     guide = pd.DataFrame(
         [
             {"x": lo, "y": lo * f, "line": name}
@@ -187,10 +199,10 @@ def summary_chart(points: Sequence[dict[str, Any]]) -> alt.LayerChart:
             y=alt.Y("b_simple:Q", scale=scale, title="B_simple measured at that loss"),
             color=alt.Color("task:N"),
             shape=alt.Shape("task:N"),
-            tooltip=["task", "target", "b_crit", "b_simple"],
+            tooltip=["task:N", "target:Q", "b_crit:Q", "b_simple:Q"],
         )
     )
-    bars = (
+    x_bars = (
         alt.Chart(df)
         .mark_rule(clip=True)
         .encode(
@@ -200,10 +212,20 @@ def summary_chart(points: Sequence[dict[str, Any]]) -> alt.LayerChart:
             color=alt.Color("task:N"),
         )
     )
-    chart: alt.LayerChart = (lines + bars + dots).properties(
+    y_bars = (
+        alt.Chart(df)
+        .mark_rule(clip=True, opacity=0.6)
+        .encode(
+            x=alt.X("b_crit:Q", scale=scale),
+            y=alt.Y("b_simple_lo:Q", scale=scale),
+            y2="b_simple_hi:Q",
+            color=alt.Color("task:N"),
+        )
+    )
+    chart: alt.LayerChart = (lines + x_bars + y_bars + dots).properties(
         width=380,
         height=340,
-        title="Noise scale vs critical batch size (±1 s.e.), all tasks and targets",
+        title=f"Noise scale vs critical batch size ({level:.0%} intervals), all tasks",
     )
     return chart
 

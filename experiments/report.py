@@ -9,17 +9,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.analysis import CriticalBatchRow, b_simple_at_loss, crossing_step
-from experiments.runner import run_name, to_sweep_runs
+from experiments.analysis import b_simple_per_batch, run_name
 from experiments.tasks import TaskSpec
+from noisescope import sweep
 
-__all__ = ["TaskResult", "render"]
+__all__ = ["TaskResult", "ratio", "render"]
 
 
 @dataclass
 class TaskResult:
     spec: TaskSpec
-    rows: list[CriticalBatchRow]
+    report: sweep.CriticalBatchReport
+    runs: list[sweep.SweepRun]
     records: list[dict[str, Any]]
     figure: str
     resent: int | None = None
@@ -31,21 +32,52 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
-def _truth_at(records: Sequence[dict[str, Any]], row: CriticalBatchRow, key: str) -> float | None:
-    """Median over the best runs of a closed-form quantity at the crossing (lsq only)."""
+def ratio(t: sweep.TargetResult) -> float | None:
+    """B_simple / B_crit where B_crit is determined (1: the noise scale predicts it exactly)."""
+    if not t.determined or t.b_crit is None or t.b_simple is None:
+        return None
+    return t.b_simple / t.b_crit
+
+
+def _crit_cell(t: sweep.TargetResult) -> str:
+    if t.determined and t.b_crit_lo is not None and t.b_crit_hi is not None:
+        return f"{_fmt(t.b_crit)} [{_fmt(t.b_crit_lo)}–{_fmt(t.b_crit_hi)}]"
+    if t.b_crit is not None:
+        return f"not determined (fit: {_fmt(t.b_crit)})"
+    return "not determined"
+
+
+def _truth_at(records: Sequence[dict[str, Any]], t: sweep.TargetResult, key: str) -> float | None:
+    """Median over the frontier runs of a closed-form quantity at the crossing (lsq only)."""
+    by_uid = {run_name(r["batch_size"], r["lr"], r.get("seed", 0)): r for r in records}
     values = []
-    by_id = {run_name(r["batch_size"], r["lr"], r.get("seed", 0)): r for r in records}
-    for p in row.points:
-        for run_id in p.run_ids:
-            ev = by_id[run_id]["evals"]
-            if key not in ev:
-                return None
-            s = crossing_step(ev["step"], ev["loss"], row.target)
-            if s is None:
-                continue
-            i = min(range(len(ev["step"])), key=lambda j: abs(ev["step"][j] - s))
-            values.append(ev[key][i])
+    for run in t.runs:
+        if not run.frontier or run.steps is None:
+            continue
+        ev = by_uid[run.uid]["evals"]
+        if key not in ev:
+            return None
+        s = run.steps
+        i = min(range(len(ev["step"])), key=lambda j: abs(ev["step"][j] - s))
+        values.append(ev[key][i])
     return statistics.median(values) if values else None
+
+
+def _determined(res: TaskResult) -> list[sweep.TargetResult]:
+    return [t for t in res.report.targets if t.determined and t.b_crit is not None]
+
+
+def _grid_edges(res: TaskResult) -> list[str]:
+    """Per target, the frontier batch sizes whose fastest lr is the grid's largest or smallest."""
+    lo, hi = min(res.spec.lrs), max(res.spec.lrs)
+    out = []
+    for t in res.report.targets:
+        for lr, which in ((hi, "largest"), (lo, "smallest")):
+            at = [p.batch_size for p in t.points if p.lr is not None and math.isclose(p.lr, lr)]
+            if at and len(res.spec.lrs) > 1:
+                sizes = ", ".join(f"{b:g}" for b in at)
+                out.append(f"loss {t.target:g}: B = {sizes} at lr {lr:g} ({which})")
+    return out
 
 
 def task_section(res: TaskResult) -> tuple[str, list[str]]:
@@ -58,12 +90,14 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
     for r in res.records:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     wall = sum(r["wall_s"] for r in res.records)
+    level = f"{res.report.level:.0%}"
     lines = [
         f"### {spec.title} (`{spec.name}`)",
         "",
         f"{spec.description}. Batch sizes ({u}): {', '.join(f'{b:g}' for b in bs)}; "
         f"learning rates ({spec.optimizer}): {', '.join(f'{lr:g}' for lr in spec.lrs)}; "
-        f"{spec.micro_batches} micro-batches per step give the two-batch samples. "
+        f"{spec.micro_batches} micro-batches per step give the two-batch samples; seeds per "
+        f"(B, lr): {spec.seeds}. "
         f"{n_runs} runs ({', '.join(f'{v} {k}' for k, v in sorted(statuses.items()))}), "
         f"{wall / 60:.1f} min of training (wall clock, shared 2-core machine)."
         + (
@@ -76,8 +110,8 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
     ]
     truth = any("b_simple_true" in r["evals"] for r in res.records)
     head = (
-        "| loss target | B reaching | S_min | E_min | B_crit ± s.e. | B_simple (median; range) "
-        "| B_simple / B_crit |"
+        f"| loss target | B reaching | S_min | E_min | B_crit [{level}] "
+        f"| B_simple [{level}] (range over B) | B_simple / B_crit |"
     )
     sep = "|---|---|---|---|---|---|---|"
     if truth:
@@ -85,65 +119,87 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
         sep += "---|---|"
     lines += [head, sep]
     misses = []
-    for row in res.rows:
-        fit = row.fit
-        crit = (
-            f"{_fmt(fit.b_crit)} ± {_fmt(fit.b_crit_stderr, 2)}"
-            if fit is not None
-            else f"no fit ({row.fit_error})"
-        )
-        rng = (
-            f"{_fmt(row.b_simple)} ({_fmt(min(row.b_simple_per_run.values()))}–"
-            f"{_fmt(max(row.b_simple_per_run.values()))})"
-            if row.b_simple is not None
+    notes = []
+    for t in res.report.targets:
+        per_b = [v[0] for v in b_simple_per_batch(res.runs, t).values() if v[0] is not None]
+        simple = (
+            f"{_fmt(t.b_simple)} [{_fmt(t.b_simple_lo)}–{_fmt(t.b_simple_hi)}]"
+            if t.b_simple is not None
             else "–"
         )
+        if per_b:
+            simple += f" ({_fmt(min(per_b))}–{_fmt(max(per_b))})"
+        rt = ratio(t)
         line = (
-            f"| {row.target:g} | {len(row.points)} | {_fmt(fit.s_min if fit else None)} | "
-            f"{_fmt(fit.e_min if fit else None)} | {crit} | {rng} | {_fmt(row.ratio, 2)} |"
+            f"| {t.target:g} | {len(t.points)} | {_fmt(t.s_min)} | {_fmt(t.e_min)} | "
+            f"{_crit_cell(t)} | {simple} | {_fmt(rt, 2)} |"
         )
         if truth:
             line += (
-                f" {_fmt(_truth_at(res.records, row, 'b_simple_true'))} |"
-                f" {_fmt(_truth_at(res.records, row, 'b_noise_true'))} |"
+                f" {_fmt(_truth_at(res.records, t, 'b_simple_true'))} |"
+                f" {_fmt(_truth_at(res.records, t, 'b_noise_true'))} |"
             )
         lines.append(line)
-        if row.ratio is None:
-            misses.append(
-                f"{spec.name} @ {row.target:g}: no ratio ({row.fit_error or 'no B_simple'})"
-            )
-        elif not 1 / 3 <= row.ratio <= 3:
-            misses.append(f"{spec.name} @ {row.target:g}: B_simple/B_crit = {row.ratio:.2f}")
-    b_simples = [r.b_simple for r in res.rows if r.b_simple is not None]
+        said = list(t.warnings)
+        if t.b_simple_reason is not None:
+            said.append(f"B_simple: {t.b_simple_reason}")
+        if said:
+            notes.append(f"- loss {t.target:g}: " + "; ".join(said) + ".")
+        if not t.determined:
+            misses.append(f"{spec.name} @ {t.target:g}: B_crit not determined")
+        elif rt is None:
+            misses.append(f"{spec.name} @ {t.target:g}: no B_simple ({t.b_simple_reason})")
+        elif not 1 / 3 <= rt <= 3:
+            misses.append(f"{spec.name} @ {t.target:g}: B_simple/B_crit = {rt:.2f}")
+    if notes:
+        lines += ["", "Notes from the analysis (`noisescope.sweep`):", "", *notes]
+    edges = _grid_edges(res)
+    if edges:
+        lines += [
+            "",
+            "Frontier learning rates at an edge of the grid (the best one may lie beyond it, and "
+            "the steps there be overestimated): " + "; ".join(edges) + ".",
+        ]
+    targets = res.report.targets
+    b_simples = [t.b_simple for t in targets if t.b_simple is not None]
     rising = len(b_simples) >= 2 and all(b2 > b1 for b1, b2 in itertools.pairwise(b_simples))
-    crits = [r.fit.b_crit for r in res.rows if r.fit is not None]
+    determined = _determined(res)
+    crits = [t.b_crit for t in determined if t.b_crit is not None]
     crit_rising = len(crits) >= 2 and all(c2 > c1 for c1, c2 in itertools.pairwise(crits))
-    # Within runs: the best run(s) of each batch size at the lowest target, B_simple at the
-    # first and at the last target of that same run.
-    by_id = {r.run_id: r for r in to_sweep_runs(list(res.records))}
+    over = (
+        ""
+        if len(determined) == len(targets)
+        else f" (over the {len(determined)} of {len(targets)} targets where it is determined)"
+    )
+    # Within runs: the frontier runs of each batch size at the lowest target, B_simple at the
+    # first and at the last target in those same runs.
+    by_uid = {r.uid: r for r in res.runs}
+    first = {r.uid: r.steps for r in targets[0].runs}
+    last = {r.uid: r.steps for r in targets[-1].runs}
     growth = []
-    for p in res.rows[-1].points:
-        group = [by_id[i] for i in p.run_ids]
-        early = b_simple_at_loss(group, res.rows[0].target)
-        late = b_simple_at_loss(group, res.rows[-1].target)
-        if early and late and early.b_simple and late.b_simple:
-            growth.append(late.b_simple / early.b_simple)
-    common = growth
+    for p in targets[-1].points:
+        group = [by_uid[i] for i in p.run_uids]
+        early = sweep.b_simple_at_loss(group, first)[0]
+        late = sweep.b_simple_at_loss(group, last)[0]
+        if early and late:
+            growth.append(late / early)
     per_run_up = sum(1 for g in growth if g > 1)
     lines += [
         "",
-        f"Median B_simple rises monotonically as the loss falls: **{'yes' if rising else 'no'}**; "
-        f"fitted B_crit rises monotonically: **{'yes' if crit_rising else 'no'}**. "
-        f"Within runs: B_simple at loss {res.rows[-1].target:g} exceeds B_simple at loss "
-        f"{res.rows[0].target:g} for **{per_run_up} of {len(common)}** batch sizes "
-        f"(same runs: the fastest lr of each batch size to the lowest target; median growth "
+        "B_simple (pooled over the frontier) rises monotonically as the loss falls: "
+        f"**{'yes' if rising else 'no'}**; fitted B_crit rises monotonically{over}: "
+        f"**{'yes' if crit_rising else 'no'}**. "
+        f"Within runs: B_simple at loss {targets[-1].target:g} exceeds B_simple at loss "
+        f"{targets[0].target:g} for **{per_run_up} of {len(growth)}** batch sizes where it is "
+        f"measured at both (of {len(targets[-1].points)} on the frontier; same runs: the "
+        "frontier runs of each batch size at the lowest target; median growth "
         f"{_fmt(statistics.median(growth), 2) if growth else '–'}×).",
         "",
         f"![{spec.title}]({res.figure})",
         "",
     ]
     if not rising:
-        misses.append(f"{spec.name}: median B_simple does not rise monotonically as loss falls")
+        misses.append(f"{spec.name}: B_simple does not rise monotonically as loss falls")
     return "\n".join(lines), misses
 
 
@@ -155,26 +211,33 @@ def render(
 ) -> str:
     sections = []
     misses: list[str] = []
-    summary_rows = []
+    span_lines = [
+        "| task | units | B_crit range over targets (targets determined) |",
+        "|---|---|---|",
+    ]
+    medians = {}
     for res in results:
         text, m = task_section(res)
         sections.append(text)
         misses += m
-        crits = [r.fit.b_crit for r in res.rows if r.fit is not None]
-        summary_rows.append((res.spec, crits))
-    span_lines = ["| task | units | B_crit range over targets |", "|---|---|---|"]
-    medians = {}
-    for spec, crits in summary_rows:
+        crits = [t.b_crit for t in _determined(res) if t.b_crit is not None]
+        n_targets = len(res.report.targets)
         if crits:
-            medians[spec.name] = statistics.median(crits)
+            medians[res.spec.name] = statistics.median(crits)
             span_lines.append(
-                f"| {spec.name} | {spec.units} | {_fmt(min(crits))} – {_fmt(max(crits))} |"
+                f"| {res.spec.name} | {res.spec.units} | {_fmt(min(crits))} – {_fmt(max(crits))} "
+                f"({len(crits)} of {n_targets}) |"
+            )
+        else:
+            span_lines.append(
+                f"| {res.spec.name} | {res.spec.units} | none determined (0 of {n_targets}) |"
             )
     spread = max(medians.values()) / min(medians.values()) if len(medians) >= 2 else None
-    within = sum(
-        1 for res in results for r in res.rows if r.ratio is not None and 1 / 3 <= r.ratio <= 3
-    )
-    total = sum(len(res.rows) for res in results)
+    ratios = [ratio(t) for res in results for t in res.report.targets]
+    within = sum(1 for r in ratios if r is not None and 1 / 3 <= r <= 3)
+    compared = sum(1 for r in ratios if r is not None)
+    total = len(ratios)
+    level = f"{results[0].report.level:.0%}" if results else "90%"
     out = [
         "# Reproduction: does the noise scale predict the critical batch size?",
         "",
@@ -191,31 +254,50 @@ def render(
         "- Per task, a sweep over batch sizes B (≥ 6, spanning ≥ 32×) and a small learning-rate "
         "grid. Batches are drawn i.i.d. with replacement. Every run is logged through "
         "`noisescope.init(...)`/`Run.log_sample(...)` to a `noisescope server` started by the "
-        "command (SQLite), live or offline-spooled and delivered by `noisescope.sync`. Finished "
-        "runs are cached on disk; a cached run the server does not have is re-sent from the "
-        "cache through the same client API (counted per task below).",
+        "command (SQLite), live or offline-spooled and delivered by `noisescope.sync`; every "
+        "evaluation is logged too (`Run.log(step, eval_loss=...)`). Finished runs are cached on "
+        "disk; a cached run the server does not have is re-sent from the cache through the same "
+        "client API, samples and evaluations (counted per task below).",
         "- The loss that defines the targets is smooth by construction: exact for least squares, "
         "the full training-set loss for digits, a fixed held-out set for the language model, "
-        "evaluated every 4 % of the steps so far; the step at which a target is reached is "
+        "evaluated every 4 % of the steps so far; the step at which a run reaches a target is "
         "interpolated between evaluations.",
-        "- Per target and batch size the fastest learning rate is kept (steps to target); "
-        "`noisescope.estimators.fit_critical_batch` fits S = S_min(1 + B_crit/B) to those "
-        "points (least squares in 1/B; ± is its delta-method standard error); "
-        "E_min = S_min·B_crit.",
+        "- Frontier: per target and batch size, the learning rate that reached the target in the "
+        "fewest steps, the median over its seeds (a seed that never reached it counts as "
+        "infinitely slow).",
+        "- Fit: `noisescope.estimators.fit_critical_batch` fits S = S_min + E_min·(1/B), i.e. "
+        "S = S_min(1 + B_crit/B), to the frontier by weighted least squares in 1/B with weights "
+        "1/S² (relative errors: a batch size that needs 10× the steps scatters 10× as much, and "
+        "every batch size counts alike); B_crit = E_min/S_min, with its "
+        f"{level} Fieller interval for that ratio (Student t on n − 2 degrees of freedom, n the "
+        "number of batch sizes on the frontier). B_crit is *determined* when at least 3 batch "
+        "sizes reach the target, S_min and E_min are positive, the interval is bounded (S_min "
+        "significantly above zero) and B_crit lies within the batch sizes that reached the "
+        'target; otherwise the table says "not determined" and the notes under it give the '
+        "reason.",
         "- B_simple at a target: each step splits its batch into micro-batches (gradient "
         "accumulation); micro-batch gradients are G_small, their mean is G_big. Over the step "
-        "window [s*/1.25, 1.25·s*] around the crossing step s* of a run, B_simple is the ratio "
-        "of the window sums of the unbiased |𝒢|² and 𝒮 (science.md, App. A.1). The table gives "
-        "the median over the best run of each batch size, and their range.",
-        "- The same analysis (`experiments/analysis.py`) and the same settings are applied to "
-        "every task; loss targets were fixed before each task's full run (changes made after pilot "
-        "runs are listed at the end).",
+        "window [s*/1.25, 1.25·s*] around each frontier run's crossing step s*, the unbiased "
+        "|𝒢|² and 𝒮 (science.md, App. A.1) are summed over all frontier runs of the target "
+        "(every batch size and seed) and B_simple is the ratio of the sums, with the "
+        f"{level} interval of `noisescope.estimators.interval_from_blocks` (jackknife over "
+        "blocks of consecutive steps, Fieller). In parentheses: the range of the same quantity "
+        "per frontier batch size. B_simple / B_crit compares the point values where B_crit is "
+        "determined.",
+        "- The same analysis (`noisescope.sweep.analyse`, called by `experiments/analysis.py`, "
+        "which only turns cached run records into its inputs) and the same settings are applied "
+        "to every task; the server's `GET /api/v1/tasks/{project}/{task}/critical-batch` runs "
+        "the same code on the logged evaluation losses and gives the same B_crit. Loss targets "
+        "were fixed before each task's full run (changes made after pilot runs are listed at "
+        "the end).",
         "",
         "## Summary",
         "",
-        f"- B_simple within 3× of the fitted B_crit: **{within} of {total}** (task, target) pairs.",
-        "- Spread of B_crit across tasks (ratio of the per-task medians): "
-        f"**{_fmt(spread, 3)}×** (target ≥ 10×; units differ: tokens for the language model).",
+        f"- B_simple within 3× of the fitted B_crit: **{within} of {compared}** (task, target) "
+        f"pairs where B_crit is determined (of {total}).",
+        "- Spread of B_crit across tasks (ratio of the per-task medians over determined "
+        f"targets): **{_fmt(spread, 3)}×** (target ≥ 10×; units differ: tokens for the language "
+        "model).",
         "",
         *span_lines,
         "",

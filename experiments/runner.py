@@ -2,20 +2,22 @@
 
 Resumable: each finished run is written atomically to ``<out>/<task>-<settings hash>/``; a rerun
 loads it instead of training again. Every run is logged through the noisescope client
-(``noisescope.init`` → ``Run.log_sample``), as a user's training loop would.
+(``noisescope.init`` → ``Run.log_sample`` per step, ``Run.log(step, eval_loss=...)`` per
+evaluation), as a user's training loop would.
 
 Batch sizes are swept from the largest down; at each, the lr grid is searched locally from the
 best lr of the previous (larger) batch size (``run_sweep``). A run stops when:
 
 (i) it reached the lowest loss target and ran ``WINDOW``× as many steps again (so B_simple has a
 window on both sides of the crossing); (ii) it diverged; (iii) it hit the task's step/example
-cap; (iv) it is *pruned*: it passed the step at which an already finished lr of the same batch
-size reached the lowest target (× the number of repeats). A pruned run cannot be the fastest for
-any target (every higher target was reached no later by that faster run), so pruning never
-changes the per-target best; (v) it ran out of *budget*: in the paper's model the examples to
-reach a loss never grow as the batch shrinks (E = E_min(1 + B/B_crit)), so at batch B a run gets
-CAP_FACTOR × E(B')/B steps, E(B') the fewest examples any larger batch needed; a run slower than
-that is far off the model and is stopped.
+cap; (iv) it is *pruned*: it passed P, the steps an already finished lr of the same batch size
+took to the lowest target (median over its seeds, as ``noisescope.sweep.frontier`` ranks them),
+without reaching it. Pruning only turns crossings later than P into "never"; that can move its
+lr's median only when the median was above P already, while the lr that set P reaches every
+(higher) target within P. So pruning never changes the frontier; (v) it ran out of *budget*:
+in the paper's model the examples to reach a loss never grow as the batch shrinks
+(E = E_min(1 + B/B_crit)), so at batch B a run gets CAP_FACTOR × E(B')/B steps, E(B') the fewest
+examples any larger batch needed; a run slower than that is far off the model and is stopped.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from experiments.analysis import LossCurve, NoiseSamples, SweepRun, crossing_step
+from experiments.analysis import run_name, to_sweep_runs
 from experiments.tasks import TaskSpec, make_trainer
+from noisescope.sweep import B_SIMPLE_WINDOW, crossing_step, frontier
 
 __all__ = [
     "OFFLINE",
@@ -42,15 +45,14 @@ __all__ = [
     "RunRecord",
     "ensure_logged",
     "load_runs",
-    "run_name",
     "run_sweep",
-    "to_sweep_runs",
 ]
 
 INIT_SEED = 1234
 EVAL_SPACING = 0.04  # evaluate every 4% of the steps so far (relative resolution)
 DIVERGE_FACTOR = 3.0
-WINDOW = 1.25
+#: Steps run past the crossing of the lowest target: B_simple's window there is complete.
+WINDOW = B_SIMPLE_WINDOW
 #: Budget for a batch size B, from the previously swept larger batch B' (see run_sweep).
 CAP_FACTOR = 3.0
 PROJECT = "noisescope-reproduction"
@@ -63,9 +65,9 @@ RunRecord = dict[str, Any]
 class Progress:
     """One line per finished run, and a live status line on a terminal."""
 
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
-        self.stream = stream
-        self.live = stream.isatty()
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr  # the stderr of now, not of import time
+        self.live = self.stream.isatty()
         self._last = 0.0
         self.t0 = time.monotonic()
 
@@ -129,6 +131,11 @@ class _Logger:
                 lr=lr,
             )
 
+    def eval(self, step: int, loss: float, examples: float) -> None:
+        """An evaluation, sent live: the server crosses loss targets on the same losses."""
+        if self.run is not None and math.isfinite(loss):
+            self.run.log(step, eval_loss=loss, examples=examples)
+
     def finish(self, status: str) -> dict[str, Any]:
         if self.run is None:
             return {}
@@ -151,10 +158,6 @@ def task_dir(out: Path, spec: TaskSpec) -> Path:
         DIVERGE_FACTOR,
     )
     return out / f"{spec.name}-{zlib.crc32(repr(fields).encode()):08x}"
-
-
-def run_name(batch_size: int, lr: float, seed: int) -> str:
-    return f"B{batch_size}-lr{lr:.6g}-s{seed}"
 
 
 def _run_path(out: Path, spec: TaskSpec, batch_size: int, lr: float, seed: int) -> Path:
@@ -191,6 +194,7 @@ def train_one(
     }
     logger = _Logger.open(url, out / "spool", spec, run_name(batch_size, lr, seed), config)
     first = trainer.eval_loss()
+    logger.eval(0, first, 0.0)
     evals: dict[str, list[float]] = {"step": [0.0], "loss": [first]}
     for key, value in trainer.truth().items():
         evals[key] = [value]
@@ -211,6 +215,7 @@ def train_one(
             logger.sample(step, res, float(step * units_per_step), lr)
             if step >= next_eval or step == max_steps:
                 loss = trainer.eval_loss()
+                logger.eval(step, loss, float(step * units_per_step))
                 evals["step"].append(float(step))
                 evals["loss"].append(loss)
                 for key, value in trainer.truth().items():
@@ -265,8 +270,8 @@ def ensure_logged(
 
     A run is normally on the server already (logged live, or spooled offline and delivered by
     ``noisescope.sync``). A cached run whose data never arrived (its spool was lost, the
-    database was replaced) is sent again through the same client API, with the same run id
-    and the recorded samples. Returns how many runs were re-sent.
+    database was replaced) is sent again through the same client API, with the same run id,
+    the recorded samples and evaluations. Returns how many runs were re-sent.
     """
     import requests
 
@@ -306,6 +311,9 @@ def ensure_logged(
                 loss=sm["loss"][i],
                 lr=record["lr"],
             )
+        for step, loss in zip(record["evals"]["step"], record["evals"]["loss"], strict=True):
+            if math.isfinite(loss):
+                run.log(int(step), eval_loss=loss, examples=step * per_step)
         run.finish()
         resent += 1
         progress.update(f"{spec.name}: re-sent {name} from the cache")
@@ -356,14 +364,14 @@ class _Sweep:
     def evaluate(self, lr: float) -> bool:
         """Train (or load) every repeat of (batch size, lr); True if it is the best lr so far.
 
-        The mean over repeats of the steps to the lowest target decides; every repeat must
-        reach it. With n repeats a run slower than n × the best mean cannot give a better
-        mean, hence the prune bound.
+        The steps to the lowest target decide, as ``noisescope.sweep.frontier`` ranks learning
+        rates: the median over repeats, a repeat that never got there counting as infinitely
+        slow. The best median so far is the prune bound (see the module docstring).
         """
         spec, b = self.spec, self.batch_size
         lowest = min(spec.loss_targets)
-        prune_at = None if self.best_steps is None else self.best_steps * spec.seeds
-        reached_all: list[float] = []
+        prune_at = self.best_steps
+        mine: list[RunRecord] = []
         for seed in range(spec.seeds):
             self.done += 1
             label = f"{spec.name} [{self.done}] B={b} lr={lr:.3g} seed={seed}"
@@ -383,9 +391,8 @@ class _Sweep:
                 _save(path, record)
                 how = f"{record['wall_s']:.1f}s"
             self.records.append(record)
+            mine.append(record)
             reached = record["reached_lowest_at"]
-            if reached is not None:
-                reached_all.append(reached)
             self.progress.line(
                 f"{label}: {record['status']} after {record['steps']} steps"
                 + (f", loss {lowest:g} at step {reached:.0f}" if reached else "")
@@ -393,11 +400,11 @@ class _Sweep:
             )
             if self.on_run is not None:
                 self.on_run(record)
-        if len(reached_all) < spec.seeds:
+        points, _ = frontier(to_sweep_runs(mine), lowest)
+        if not points:
             return False
-        mean = sum(reached_all) / len(reached_all)
-        if self.best_steps is None or mean < self.best_steps:
-            self.best_steps, self.best_lr = mean, lr
+        if self.best_steps is None or points[0].steps < self.best_steps:
+            self.best_steps, self.best_lr = points[0].steps, lr
             return True
         return False
 
@@ -412,8 +419,8 @@ def run_sweep(
     """The sweep of ``spec``: batch sizes largest first, a local lr search at each.
 
     At each batch size the grid is searched from the previous batch size's best lr: upward
-    (larger lr) while the lowest target is reached in fewer mean steps, then, if the first step
-    up did not improve, downward likewise (and downward also while no lr has reached the
+    (larger lr) while the lowest target is reached in fewer (median) steps, then, if the first
+    step up did not improve, downward likewise (and downward also while no lr has reached the
     target yet: too large an lr stalls above it). Cached runs are loaded, not retrained.
     """
     sweep = _Sweep(spec, out, url, progress, on_run, [])
@@ -442,26 +449,6 @@ def run_sweep(
             needed = sweep.best_steps * batch_size
             examples_needed = needed if examples_needed is None else min(examples_needed, needed)
     return sweep.records
-
-
-def to_sweep_runs(records: list[RunRecord]) -> list[SweepRun]:
-    """Records → the analysis module's generic runs (batch sizes in the task's units)."""
-    runs = []
-    for r in records:
-        s = r["samples"]
-        runs.append(
-            SweepRun(
-                run_id=run_name(r["batch_size"], r["lr"], r.get("seed", 0)),
-                batch_size=float(r["batch_size_units"]),
-                lr=float(r["lr"]),
-                curve=LossCurve(r["evals"]["step"], r["evals"]["loss"]),
-                samples=NoiseSamples(
-                    s["step"], s["b_small"], s["b_big"], s["g_small_sq"], s["g_big_sq"]
-                ),
-                seed=int(r.get("seed", 0)),
-            )
-        )
-    return runs
 
 
 def load_runs(out: Path, spec: TaskSpec) -> list[RunRecord]:

@@ -284,11 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         small = min(per_b, key=lambda b: (med_ex[b], b))
         large = min(per_b, key=lambda b: (med_steps[b], -b))
         bs = sorted(per_b)
-        try:
-            fit = fit_critical_batch(bs, [med_steps[b] for b in bs])
-            s_min, e_min, b_crit = fit.s_min, fit.e_min, fit.b_crit
-        except ValueError:
-            s_min = e_min = b_crit = float("nan")
+        # The frontier product needs the hyperbola: no B_crit (S_min or E_min <= 0), no product.
+        fit = fit_critical_batch(bs, [med_steps[b] for b in bs])
+        nan = float("nan")
+        b_crit = nan if fit.b_crit is None else fit.b_crit
+        s_min, e_min = (nan, nan) if fit.b_crit is None else (fit.s_min, fit.e_min)
         row: dict[str, Any] = {
             "target": target,
             "fixed": {
@@ -304,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             "s_min": s_min,
             "e_min": e_min,
             "b_crit": b_crit,
+            "b_crit_lo": fit.b_crit_lo,
+            "b_crit_hi": fit.b_crit_hi,
+            "b_crit_level": fit.level,
+            "b_crit_reason": fit.reason,
             "schedules": {},
         }
         for variant, sched in scheds.items():
@@ -414,14 +418,27 @@ def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
         lines.append("")
     lines.append(
         "Fixed-batch frontier per target (best lr per B; fit S = S_min(1 + B_crit/B)): "
-        + "; ".join(
-            f"L={r['target']:g}: S_min={r['s_min']:.4g}, E_min={r['e_min']:.4g}, "
-            f"B_crit={r['b_crit']:.3g}"
-            for r in result["rows"]
-            if not r.get("missing")
-        )
+        + "; ".join(_frontier_fit(r) for r in result["rows"] if not r.get("missing"))
     )
     return "\n".join(lines) + "\n"
+
+
+def _frontier_fit(row: dict[str, Any]) -> str:
+    """S_min, E_min and B_crit with its Fieller interval, or why there is no B_crit."""
+    head = f"L={row['target']:g}: "
+    if not math.isfinite(row["b_crit"]):
+        return head + f"no B_crit ({row.get('b_crit_reason')})"
+    lo, hi = row.get("b_crit_lo"), row.get("b_crit_hi")
+    level = row.get("b_crit_level", 0.9)
+    interval = (
+        f" [{lo:.3g}–{hi:.3g}, {level:.0%}]"
+        if lo is not None and hi is not None
+        else f" (interval unbounded at {level:.0%})"
+    )
+    return (
+        head + f"S_min={row['s_min']:.4g}, E_min={row['e_min']:.4g}, "
+        f"B_crit={row['b_crit']:.3g}{interval}"
+    )
 
 
 def _point(target: float, who: str, label: str, stats: dict[str, Any]) -> dict[str, Any]:

@@ -5,10 +5,51 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import noisescope
+from experiments import analysis
 from experiments.__main__ import main
+from experiments.runner import PROJECT
+from experiments.tasks import TASKS
+from noisescope_server.sweeps import MAX_POINTS_PER_RUN
+from tests.support.servers import ServerProcess
+
+
+def _assert_server_agrees(database: Path, records: list[dict[str, Any]]) -> None:
+    """The server's critical-batch endpoint, on the database the study logged to, gives the
+    study's own B_crit for every target: both run noisescope.sweep on the same eval losses."""
+    spec = TASKS["lsq"].sized(True)
+    study = analysis.analyse(
+        analysis.to_sweep_runs(records), spec.loss_targets, task="lsq", units=spec.units
+    )
+    with ServerProcess(database_url=f"sqlite:///{database}") as server:
+        api = noisescope.Api(server.url)
+        try:
+            served = api.critical_batch(PROJECT, "lsq", targets=spec.loss_targets)
+        finally:
+            api.close()
+    assert served.loss_source == "eval"
+    assert served.n_runs == len(records) and not served.excluded
+    assert [t.target for t in served.targets] == [t.target for t in study.targets]
+    for mine, theirs in zip(study.targets, served.targets, strict=True):
+        pairs = [(mine.b_crit, theirs.b_crit), (mine.b_crit_lo, theirs.b_crit_lo)]
+        pairs.append((mine.b_crit_hi, theirs.b_crit_hi))
+        for a, b in pairs:
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert b == pytest.approx(a, rel=1e-12, abs=0)
+        assert theirs.determined == mine.determined
+        assert theirs.warnings == mine.warnings
+        assert [p.steps for p in theirs.points] == pytest.approx([p.steps for p in mine.points])
+        # Runs this short keep one noise bucket per step on the server, so B_simple is the same
+        # ratio of sums too (its interval is not compared: blocks follow another run order).
+        assert max(r["steps"] for r in records) <= MAX_POINTS_PER_RUN
+        assert (theirs.b_simple is None) == (mine.b_simple is None)
+        if mine.b_simple is not None:
+            assert theirs.b_simple == pytest.approx(mine.b_simple, rel=1e-9)
 
 
 @pytest.mark.slow
@@ -41,6 +82,7 @@ def test_quick_sweep_logs_every_run_to_the_server_and_resumes(
     assert "| 1 | 3 |" in report  # target 1.0 reached by all 3 batch sizes, with a fit
     for png in ("figures/reproduction_lsq_quick.png", "figures/reproduction_summary_quick.png"):
         assert (docs / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _assert_server_agrees(out / "quick" / "noisescope.db", records)
 
     # A second invocation trains nothing (every run comes from the cache) and, since the
     # database was lost in between, sends every cached run to the new server again.
@@ -56,3 +98,5 @@ def test_quick_sweep_logs_every_run_to_the_server_and_resumes(
         assert db.execute("SELECT count(*) FROM sample").fetchone()[0] == n_samples
     finally:
         db.close()
+    # The re-sent runs carry their evaluations too.
+    _assert_server_agrees(out / "quick" / "noisescope.db", records)
