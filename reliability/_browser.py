@@ -3,7 +3,6 @@ by the dashboard, checked in headless Chromium (Playwright driving the system br
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -78,11 +77,12 @@ def _wait_http(url: str, timeout: float) -> bool:
 
 
 def check_dashboard(
-    database_url: str, uids: list[str], workdir: Path, *, overview_pages: bool = True
+    server_url: str, uids: list[str], workdir: Path, *, overview_pages: bool = True
 ) -> BrowserResult:
+    """Open the dashboard (a client of the server at ``server_url``) on the hostile runs."""
     from playwright.sync_api import sync_playwright
 
-    from noisescope_server.cli import dashboard_command
+    from noisescope_server.cli import dashboard_command, dashboard_env
 
     result = BrowserResult()
     chromium = shutil.which("chromium")
@@ -90,11 +90,10 @@ def check_dashboard(
         result.problems.append("no chromium on PATH")
         return result
     dash_port = port()
-    env = {**os.environ, "NOISESCOPE_DATABASE_URL": database_url}
     log = open(workdir / "dashboard.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [*dashboard_command(database_url, dash_port), "--server.fileWatcherType", "none"],
-        env=env,
+        dashboard_command(dash_port),
+        env=dashboard_env(server_url),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

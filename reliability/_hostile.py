@@ -182,7 +182,27 @@ CORPUS: list[Case] = [
     Case("bad x axis", "GET", "/runs/{run}/series?x=bogus", None, 422, "x"),
     Case("bad time filter", "GET", "/runs?started_after=yesterday", None, 422, "started_after"),
     Case("limit not a number", "GET", "/runs?limit=many", None, 422, "limit"),
-    Case("NaN target", "GET", "/tasks/t/crossings?targets=nan", None, 422, "finite"),
+    Case("NaN target", "GET", "/tasks/p/t/critical-batch?targets=nan", None, 422, "finite"),
+    Case("bad loss source", "GET", "/tasks/p/t/critical-batch?loss=both", None, 422, "loss"),
+    Case("unknown task", "GET", "/tasks/p/nope/critical-batch", None, 404, "does not exist"),
+    Case(
+        "too many runs",
+        "GET",
+        "/series?" + "&".join(f"runs=r{i}" for i in range(201)),
+        None,
+        422,
+        "runs",
+    ),
+    Case("negative window", "GET", "/runs/{run}/series?window=-1", None, 422, "window"),
+    Case("zero B_crit", "GET", "/parallelism?b_crit=0&per_device_batch=8", None, 422, "b_crit"),
+    Case(
+        "speed-up out of range",
+        "GET",
+        "/parallelism?b_crit=100&per_device_batch=8&min_speedup=2",
+        None,
+        422,
+        "min_speedup",
+    ),
     Case("unknown run", "GET", "/runs/nope/series", None, 404, "nope"),
 ]
 

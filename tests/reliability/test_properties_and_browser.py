@@ -25,6 +25,6 @@ def test_dashboard_shows_html_names_as_text(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'xss.db'}"
     with Server(url) as server:
         uids = seed_runs(server)
-    result = check_dashboard(url, uids[:1], tmp_path, overview_pages=False)
+        result = check_dashboard(server.url, uids[:1], tmp_path, overview_pages=False)
     assert result.problems == [], result.pages
     assert result.shown_as_text > 0, result.pages
