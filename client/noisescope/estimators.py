@@ -277,9 +277,17 @@ def fit_critical_batch(
     lo, hi = _fieller(e_min, s_min, var_slope, var_icept, cov, level, n - 2)
     reason = None
     if lo is None:
+        dof = n - 2
         reason = (
             f"B_crit is not determined at {level:.0%} confidence: the fitted S_min is not "
-            "significantly above zero (steps may still be falling at the largest batch tried)"
+            "significantly above zero (steps may still be falling at the largest batch tried"
+            + (
+                f"; {n} batch sizes leave the fit {dof} degree{'s' if dof > 1 else ''} of "
+                "freedom: run more batch sizes"
+                if dof < 3
+                else ""
+            )
+            + ")"
         )
     return CriticalBatchFit(s_min, e_min, b_crit, lo, hi, level, n, reason)
 
