@@ -79,6 +79,7 @@ __all__ = [
     "XAxis",
     "bucket_sums",
     "compare_series",
+    "finite_number",
     "get_run",
     "list_projects",
     "list_runs",
@@ -284,10 +285,16 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
     return _RunFacts(n_samples, last, events)
 
 
-def _positive(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """A finite number from a JSON payload or config (booleans, text and NaN are not)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) and value > 0 else None
+    return float(value) if math.isfinite(value) else None
+
+
+def _positive(value: Any) -> float | None:
+    number = finite_number(value)
+    return number if number is not None and number > 0 else None
 
 
 def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = True) -> RunSummary:
@@ -334,7 +341,7 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         last_step=None if last is None else last[0],
         last_examples=None if last is None else last[1],
         last_loss=None if last_loss is None else float(last_loss),
-        last_eval_loss=_positive_or_any(evaluation.get("loss")) if evaluation else None,
+        last_eval_loss=finite_number(evaluation.get("loss")) if evaluation else None,
         batch_in_use=in_use,
         batch_in_use_source=source,
         level=LEVEL,
@@ -352,13 +359,6 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         if notice and isinstance(notice.get("message"), str)
         else None,
     )
-
-
-def _positive_or_any(value: Any) -> float | None:
-    """A finite number from a JSON payload (a loss may be any finite value)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def list_runs(

@@ -22,13 +22,13 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from noisescope import _wire, sweep
 from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
 from noisescope_server.crud import Forbidden, NotFound
 from noisescope_server.models import Event, Project, Run, Task
-from noisescope_server.queries import LEVEL, BucketSums, bucket_sums
+from noisescope_server.queries import LEVEL, BucketSums, bucket_sums, finite_number
 
 __all__ = ["LOSS_CHOICES", "MAX_POINTS_PER_RUN", "critical_batch"]
 
@@ -40,15 +40,9 @@ MAX_POINTS_PER_RUN = 1000
 MIN_EVALS = 2
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _learning_rate(config: dict[str, Any], buckets: Sequence[BucketSums]) -> float | None:
     for key in ("lr", "learning_rate"):
-        value = _number(config.get(key))
+        value = finite_number(config.get(key))
         if value is not None and value > 0:
             return value
     logged = [b.lr for b in buckets if b.lr is not None and math.isfinite(b.lr)]
@@ -56,11 +50,10 @@ def _learning_rate(config: dict[str, Any], buckets: Sequence[BucketSums]) -> flo
 
 
 def _train_curve(buckets: Sequence[BucketSums]) -> tuple[list[float], list[float]]:
-    points = [((b.step_lo + b.step) / 2.0, b.loss, b.n) for b in buckets if b.loss is not None]
-    points = [p for p in points if p[1] is not None and math.isfinite(p[1])]
-    steps = [p[0] for p in points]
-    losses = [float(p[1]) for p in points if p[1] is not None]
-    return steps, sweep.smooth_training_loss(steps, losses, [p[2] for p in points])
+    kept = [b for b in buckets if b.loss is not None and math.isfinite(b.loss)]
+    steps = [(b.step_lo + b.step) / 2.0 for b in kept]
+    losses = [float(b.loss) for b in kept if b.loss is not None]
+    return steps, sweep.smooth_training_loss(steps, losses, [b.n for b in kept])
 
 
 def critical_batch(
@@ -103,17 +96,14 @@ def critical_batch(
             )
             .order_by(Event.run_id, Event.step, Event.id)
         ).all()
-        n_changes = dict(
-            conn.execute(
-                select(Event.run_id, func.count())
-                .where(Event.run_id.in_(run_ids), Event.kind == BATCH_SIZE_EVENT)
-                .group_by(Event.run_id)
-            ).all()
-        )
     evals: dict[int, list[tuple[float, float]]] = {}
+    changed: set[int] = set()  # runs whose batch size changed (a scheduler's events)
     for run_id, kind, step, payload in events:
-        value = _number(payload.get("loss")) if isinstance(payload, dict) else None
-        if kind == _wire.EVAL_EVENT_KIND and value is not None:
+        if kind == BATCH_SIZE_EVENT:
+            changed.add(int(run_id))
+            continue
+        value = finite_number(payload.get("loss")) if isinstance(payload, dict) else None
+        if value is not None:
             evals.setdefault(int(run_id), []).append((float(step), value))
     buckets: dict[str, list[BucketSums]] = {}
     for b in bucket_sums(engine, [str(r.uid) for r in runs], max_points=MAX_POINTS_PER_RUN):
@@ -124,7 +114,7 @@ def critical_batch(
     candidates = []
     for r in runs:
         mine = buckets.get(str(r.uid), [])
-        batch = _number(r.batch_size)
+        batch = finite_number(r.batch_size)
         if batch is None or batch <= 0:
             logged = [b.batch_size for b in mine if b.batch_size is not None]
             batch = max(logged) if logged else None
@@ -133,7 +123,7 @@ def critical_batch(
             reason = f"counts {r.units}, the task's other runs count {units}"
         elif batch is None:
             reason = "no batch size: pass batch_size= to noisescope.init"
-        elif n_changes.get(r.id, 0):
+        elif int(r.id) in changed:
             reason = "its batch size changed during the run; a sweep needs one batch size per run"
         if reason is not None:
             excluded.append(sweep.ExcludedRun(str(r.uid), str(r.name), reason))
