@@ -189,20 +189,33 @@ def test_dashboard_help_says_what_it_is_and_describes_every_option(
     assert "bind address (127.0.0.1)" in out
 
 
-def _child_environ(parent: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, str]:
-    """The environment of ``parent``'s first child process (Linux /proc)."""
+def _child_environ(
+    parent: subprocess.Popen[bytes], program: bytes, timeout: float = 60
+) -> dict[str, str]:
+    """The environment of ``parent``'s first child once it runs ``program`` (Linux /proc).
+
+    Between fork and exec the child still carries the parent's environment, so its
+    environment counts only once its command line names ``program``.
+    """
     deadline = time.monotonic() + timeout
     children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
     while time.monotonic() < deadline:
         pids = children.read_text().split() if children.exists() else []
-        if pids:
-            raw = Path(f"/proc/{pids[0]}/environ").read_bytes()
+        if pids and program in _read_or_empty(Path(f"/proc/{pids[0]}/cmdline")).split(b"\0"):
+            raw = _read_or_empty(Path(f"/proc/{pids[0]}/environ"))
             if raw:
                 pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
                 return {k.decode(): v.decode() for k, _, v in pairs}
         assert parent.poll() is None, "noisescope dashboard exited"
         time.sleep(0.05)
-    raise AssertionError("noisescope dashboard started no process")
+    raise AssertionError(f"noisescope dashboard started no {program.decode()} process")
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process is gone
+        return b""
 
 
 def test_dashboard_starts_streamlit_reading_the_given_server(tmp_path: Path) -> None:
@@ -220,7 +233,7 @@ def test_dashboard_starts_streamlit_reading_the_given_server(tmp_path: Path) -> 
         start_new_session=True,
     )
     try:
-        child = _child_environ(proc)
+        child = _child_environ(proc, b"streamlit")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
