@@ -7,6 +7,7 @@ insert rate.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 from urllib.parse import quote
 
@@ -43,6 +44,23 @@ RUN_STATUSES: Final = ("running", "finished", "failed", "crashed")
 MAX_SAMPLES_PER_REQUEST: Final = 50_000
 MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 MAX_NAME_LENGTH: Final = 200
+
+
+#: A run id: 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter, digit or ``_``.
+#: Ids name spool folders and URL path segments, so ``.``, ``..`` and hidden names are refused.
+RUN_ID_PATTERN: Final = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+_RUN_ID_RE: Final = re.compile(RUN_ID_PATTERN)
+
+
+def run_id_problem(run_id: object) -> str | None:
+    """Why ``run_id`` is not a valid run id, or None when it is (client and server both ask)."""
+    if isinstance(run_id, str) and _RUN_ID_RE.fullmatch(run_id):
+        return None
+    shown = repr(run_id[:80]) if isinstance(run_id, str) else type(run_id).__name__
+    return (
+        f"run id {shown} is not valid: use 1-64 characters from A-Z a-z 0-9 _ . -, starting "
+        "with a letter, digit or _ (the client generates a uuid4 hex)"
+    )
 
 
 def runs_path(run_id: str) -> str:

@@ -79,7 +79,6 @@ __all__ = [
 #: Rows per ``unnest`` INSERT on PostgreSQL: bounds statement size and lock hold time.
 CHUNK_ROWS = 5_000
 _INT64_MAX = 2**63 - 1
-RUN_UID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class BadInput(ValueError):
@@ -115,11 +114,9 @@ def as_utc(value: datetime) -> datetime:
 
 
 def check_run_uid(run_uid: str) -> str:
-    if not RUN_UID_RE.match(run_uid):
-        raise BadInput(
-            f"run id {run_uid[:80]!r} is not valid: use 1-64 characters from A-Z a-z 0-9 _ . - "
-            "(the client generates a uuid4 hex)"
-        )
+    problem = _wire.run_id_problem(run_uid)
+    if problem is not None:
+        raise BadInput(problem)
     return run_uid
 
 
