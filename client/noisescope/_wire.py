@@ -75,6 +75,18 @@ def events_path(run_id: str) -> str:
     return f"{API_PREFIX}/runs/{run_id}/events"
 
 
+def heartbeat_path(run_id: str) -> str:
+    """``POST`` here (empty body, 204) says the run's process is alive while it sends nothing
+    else; a running run silent for longer than the server's ``crash_after`` reads as crashed."""
+    return f"{API_PREFIX}/runs/{run_id}/heartbeat"
+
+
+#: How often the client's sender proves the run alive when it has nothing else to send (seconds).
+HEARTBEAT_INTERVAL: Final = 30.0
+#: The server's default for ``crash_after``: a running run silent this long reads as crashed.
+CRASH_AFTER: Final = 120.0
+
+
 def run_page_url(dashboard_url: str, run_id: str) -> str:
     """The link to a run's page on the dashboard at ``dashboard_url`` (the dashboard's Run page
     reads ``?run=``; client, server and dashboard agree on it here)."""
