@@ -120,12 +120,12 @@ def _sqlite_server_statements(
     conn: sqlite3.Connection, chunk: list[tuple[Any, ...]]
 ) -> list[tuple[str, list[Any]]]:
     """The server's multi-row insert-or-ignore statements for these rows, parameters flat."""
-    from noisescope_server import crud
+    from noisescope_server.crud import _sql
 
-    per_insert = crud._sqlite_rows_per_insert(conn)
+    per_insert = _sql.sqlite_rows_per_insert(conn)
     return [
         (
-            crud._sqlite_sample_insert(len(chunk[i : i + per_insert])),
+            _sql.sqlite_sample_insert(len(chunk[i : i + per_insert])),
             [v for row in chunk[i : i + per_insert] for v in row],
         )
         for i in range(0, len(chunk), per_insert)
@@ -177,7 +177,7 @@ def driver_rate(url: str, n: int, batch: int, round_: int = 0, *, statement: str
     else:
         import psycopg
 
-        from noisescope_server import crud
+        from noisescope_server.crud import _sql
 
         conn_pg = psycopg.connect(url.replace("postgresql+psycopg", "postgresql"))
         sql = _INSERT.format(", ".join(["%s"] * 14))
@@ -186,7 +186,7 @@ def driver_rate(url: str, n: int, batch: int, round_: int = 0, *, statement: str
         for chunk, columns in zip(chunks, arrays, strict=True):
             with conn_pg.cursor() as cur:
                 if statement == "server":
-                    cur.execute(crud._PG_SAMPLE_INSERT, columns)
+                    cur.execute(_sql.PG_SAMPLE_INSERT, columns)
                 else:
                     cur.executemany(sql, chunk)
             conn_pg.commit()

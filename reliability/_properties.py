@@ -1,5 +1,5 @@
 """Property-based checks (hypothesis) of the payload validation the server runs on every
-request: ``crud.validate_samples`` (columnar samples) and the pydantic body models.
+request: ``validate.validate_samples`` (columnar samples) and the pydantic body models.
 
 - any JSON-like payload is either accepted with every invariant holding, or rejected with
   ``BadInput`` (a 4xx): never another exception (which would be a 5xx);
@@ -102,7 +102,8 @@ def _run(name: str, test: Any, examples: int) -> PropertyResult:
 
 
 def run_properties(examples: int) -> list[PropertyResult]:
-    from noisescope_server.crud import BadInput, validate_samples
+    from noisescope_server.errors import BadInput
+    from noisescope_server.validate import validate_samples
 
     @given(payload=st.one_of(_json, st.builds(lambda c: {"columns": c}, st.dictionaries(
         st.sampled_from([*_wire.SAMPLE_COLUMNS, "junk"]), st.lists(_json, max_size=5),

@@ -1,6 +1,6 @@
 """The gradient-noise-scale estimators: the one place where noisescope's maths lives.
 
-Equation numbers refer to ``shared/science.md`` (McCandlish et al. 2018, "An Empirical Model
+Equation numbers refer to ``docs/science.md`` (McCandlish et al. 2018, "An Empirical Model
 of Large-Batch Training", Appendix A.1 and Sections 2.2-3). Pure Python on purpose: the client
 must import it in any training job without numpy, and the server and dashboard call the same
 functions on sums computed in SQL.
@@ -40,6 +40,7 @@ __all__ = [
     "student_t_quantile",
     "two_batch_estimate_columns",
     "two_batch_estimates",
+    "two_batch_sizes_ok",
 ]
 
 
@@ -61,9 +62,15 @@ def two_batch_estimates(
     return g_sq, trace_sigma
 
 
+def two_batch_sizes_ok(b_small: float, b_big: float) -> bool:
+    """Whether the two-batch estimator applies: 0 < B_small < B_big (App. A.1 solves eq. 1 at
+    two different batch sizes)."""
+    return b_big > b_small > 0
+
+
 def _two_batch_denominators(b_small: float, b_big: float) -> tuple[float, float]:
     """B_big - B_small and 1/B_small - 1/B_big, after checking 0 < B_small < B_big."""
-    if not b_big > b_small > 0:
+    if not two_batch_sizes_ok(b_small, b_big):
         raise ValueError(
             f"need 0 < b_small < b_big, got b_small={b_small}, b_big={b_big}: "
             "the two batch sizes must differ (one process and no accumulation has only one)"
@@ -138,7 +145,7 @@ class NoiseScale:
 
     @classmethod
     def from_sums(cls, sum_g_sq: float, sum_trace_sigma: float, n: float) -> NoiseScale:
-        """Ratio of window sums: avg(𝒮)/avg(|𝒢|^2), the estimator science.md prescribes."""
+        """Ratio of window sums: avg(𝒮)/avg(|𝒢|^2), as docs/science.md prescribes."""
         if n <= 0:
             return cls.from_means(0.0, 0.0, 0)
         return cls.from_means(sum_g_sq / n, sum_trace_sigma / n, n)
@@ -186,7 +193,7 @@ class EMA:
         )
 
 
-# --- Critical batch size (science.md, "Critical batch size from batch-size sweeps") ---------
+# --- Critical batch size (docs/science.md, "Critical batch size from batch-size sweeps") ----
 
 
 def steps_ratio(batch_size: float, b_crit: float) -> float:
@@ -224,12 +231,13 @@ def fit_critical_batch(
 ) -> CriticalBatchFit:
     """Fit S = S_min (1 + B_crit / B) to the steps each batch size took to reach one target.
 
-    The model is linear in 1/B: S = S_min + E_min (1/B) with E_min = S_min B_crit (science.md,
-    Sec. 2.2-3). Steps to a target scatter in proportion to their size (a run at a small batch
-    takes 10x the steps and is 10x as uncertain), so this is weighted least squares with
-    weights 1/S^2: relative errors, every batch size counting alike. B_crit is the ratio of the
-    slope to the intercept; its interval is Fieller's for that ratio, with Student-t quantiles
-    on n - 2 degrees of freedom (the same construction as B_simple's interval).
+    The model is linear in 1/B: S = S_min + E_min (1/B) with E_min = S_min B_crit
+    (docs/science.md, Sec. 2.2-3). Steps to a target scatter in proportion to their size (a
+    run at a small batch takes 10x the steps and is 10x as uncertain), so this is weighted
+    least squares with weights 1/S^2: relative errors, every batch size counting alike.
+    B_crit is the ratio of the slope to the intercept; its interval is Fieller's for that
+    ratio, with Student-t quantiles on n - 2 degrees of freedom (the same construction as
+    B_simple's interval).
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
@@ -656,7 +664,7 @@ def current_window(
 
 # --- Acting on the noise scale: statistical efficiency, goodput, batch-size targets ----------
 #
-# (issue 8; used by noisescope.schedule and noisescope.recommend.) In science.md's model
+# (issue 8; used by noisescope.schedule and noisescope.recommend.) In docs/science.md's model
 # (McCandlish et al. 2018, Sec. 2.2-3) reaching a loss target costs E = E_min (1 + B/B_crit)
 # examples and S = S_min (1 + B_crit/B) steps. With B_crit ≈ φ (the measured noise scale,
 # B_simple), the per-example progress of batch B relative to a reference batch B0 is
@@ -680,8 +688,8 @@ def statistical_efficiency(
     """(φ + B0) / (φ + B): per-example progress at ``batch_size`` relative to ``reference_batch``.
 
     φ = ``noise_scale`` (B_simple as the estimate of B_crit). Pollux eq. 1; equals
-    examples_ratio(B0, φ) / examples_ratio(B, φ) of science.md's S-E model, and with B0 = 0 it
-    is E_min / E = 1 / examples_ratio(B, φ).
+    examples_ratio(B0, φ) / examples_ratio(B, φ) of docs/science.md's S-E model, and with
+    B0 = 0 it is E_min / E = 1 / examples_ratio(B, φ).
     """
     if not batch_size > 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -764,7 +772,7 @@ def scaled_lr(base_lr: float, batch_size: float, base_batch_size: float, rule: s
     """Learning rate at ``batch_size`` when ``base_lr`` was tuned at ``base_batch_size``.
 
     "linear": lr ∝ B (Goyal et al. 2017; plain SGD well below B_crit, where a step of batch B
-    does the work of B/B0 small steps: S ≈ S_min B_crit/B in science.md's model); "sqrt":
+    does the work of B/B0 small steps: S ≈ S_min B_crit/B in docs/science.md's model); "sqrt":
     lr ∝ √B (Adam-family optimizers; Malladi et al. 2022); "none": unchanged.
     """
     powers = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
@@ -775,7 +783,7 @@ def scaled_lr(base_lr: float, batch_size: float, base_batch_size: float, rule: s
     return float(base_lr * (batch_size / base_batch_size) ** powers[rule])
 
 
-# --- How far a task parallelises (science.md's S-E model, B_crit known) ---------------------
+# --- How far a task parallelises (docs/science.md's S-E model, B_crit known) ---------------
 #
 # With N devices of ``per_device_batch`` each, B = N b and the run takes S = S_min (1 + B_crit/B)
 # steps. Taking the step time as independent of N (ideal data parallelism: what the model

@@ -20,9 +20,10 @@ from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from noisescope import _wire
-from noisescope_server import __version__, crud, db
+from noisescope_server import __version__, db
 from noisescope_server.api import health, ingest, query, recommend, runs, tokens
 from noisescope_server.api._body import format_validation_error
+from noisescope_server.errors import BadInput, Conflict, Forbidden, NotFound
 from noisescope_server.settings import Settings
 
 __all__ = ["app_from_env", "create_app"]
@@ -91,20 +92,20 @@ def _detail(status: int, message: str) -> JSONResponse:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(crud.BadInput)
-    async def _bad_input(_r: Request, exc: crud.BadInput) -> JSONResponse:
+    @app.exception_handler(BadInput)
+    async def _bad_input(_r: Request, exc: BadInput) -> JSONResponse:
         return _detail(exc.status_code, str(exc))
 
-    @app.exception_handler(crud.NotFound)
-    async def _not_found(_r: Request, exc: crud.NotFound) -> JSONResponse:
+    @app.exception_handler(NotFound)
+    async def _not_found(_r: Request, exc: NotFound) -> JSONResponse:
         return _detail(404, str(exc))
 
-    @app.exception_handler(crud.Forbidden)
-    async def _forbidden(_r: Request, exc: crud.Forbidden) -> JSONResponse:
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_r: Request, exc: Forbidden) -> JSONResponse:
         return _detail(403, str(exc))
 
-    @app.exception_handler(crud.Conflict)
-    async def _conflict(_r: Request, exc: crud.Conflict) -> JSONResponse:
+    @app.exception_handler(Conflict)
+    async def _conflict(_r: Request, exc: Conflict) -> JSONResponse:
         return _detail(409, str(exc))
 
     @app.exception_handler(ValueError)

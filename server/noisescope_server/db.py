@@ -75,7 +75,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
         # Foreign keys stay off (SQLite's default): a per-row parent lookup costs 20-40% of the
-        # insert rate, and crud.py, the one write path, only ever inserts rows for a run it
+        # insert rate, and crud, the one write path, only ever inserts rows for a run it
         # has just found under the write lock, so no orphan can arise. PostgreSQL enforces them.
         cursor.execute("PRAGMA foreign_keys = OFF")
         cursor.close()

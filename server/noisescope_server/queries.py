@@ -4,13 +4,13 @@ Every function takes an ``Engine`` and returns plain frozen dataclasses (``noise
 the same classes ``noisescope.Api`` decodes), so the server, the dashboard and a notebook hold
 the very same fields. Aggregation happens in SQL: a series is bucketed to at most
 ``max_points`` buckets of *exact* sums of the per-sample unbiased estimates |𝒢|^2 and 𝒮
-(science.md, two-batch estimator); B_simple = sum 𝒮 / sum |𝒢|^2 and its interval (block
+(docs/science.md, two-batch estimator); B_simple = sum 𝒮 / sum |𝒢|^2 and its interval (block
 jackknife + Fieller) are computed afterwards by ``noisescope.estimators``. Long runs are read
 from ``sample_block`` (pre-summed blocks of 64 consecutive samples maintained at ingest), short
 ones from ``sample`` directly.
 
 ``project_scope`` (a project id) restricts every function to one project; the HTTP layer sets
-it from the caller's token. A run outside the scope raises ``crud.Forbidden``.
+it from the caller's token. A run outside the scope raises ``errors.Forbidden``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from noisescope.estimators import (
     interval_from_blocks,
 )
 from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
-from noisescope_server.crud import Forbidden, NotFound
+from noisescope_server.errors import BadInput, Forbidden, NotFound
 from noisescope_server.models import (
     BLOCK_SIZE,
     SAMPLE_COLUMNS,
@@ -423,7 +423,7 @@ def _scoped_run(conn: Connection, run_uid: str, project_scope: int | None) -> An
 
 
 def get_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunSummary:
-    """One run's summary; raises ``crud.NotFound`` for an unknown uid."""
+    """One run's summary; raises ``errors.NotFound`` for an unknown uid."""
     with engine.connect() as conn:
         row = _scoped_run(conn, run_uid, project_scope)
         return _summarise(conn, row, _run_facts(conn, [int(row.id)]))
@@ -740,10 +740,10 @@ def run_series(
     ``x`` (e.g. no ``examples`` logged) are left out. ``window`` > 0 smooths the series by
     trailing windows of that many steps (``smooth_series``). ``intervals=False`` skips the
     per-bucket interval (``b_simple_lo/hi`` None), which is most of the Python time on 2000
-    buckets. Raises ``crud.NotFound``.
+    buckets. Raises ``errors.NotFound``.
     """
     if x not in X_AXES:
-        raise ValueError(f"x must be one of {', '.join(X_AXES)}, got {x!r}")
+        raise BadInput(f"x must be one of {', '.join(X_AXES)}, got {x!r}")
     max_points = max(1, int(max_points))
     with engine.connect() as conn:
         run = _scoped_run(conn, run_uid, project_scope)
@@ -876,7 +876,7 @@ def smooth_series(
     points: Sequence[SeriesPoint], window: float, *, intervals: bool = True
 ) -> list[SeriesPoint]:
     """Trailing-window smoothing: each point sums the buckets whose steps end within the last
-    ``window`` steps before its own last step (ratio of sums, science.md) and takes its
+    ``window`` steps before its own last step (ratio of sums, docs/science.md) and takes its
     interval from those buckets as blocks. A window narrower than a bucket is that bucket.
 
     The dashboard's smoothing control goes through here, so a smoothed curve and its band come

@@ -26,7 +26,7 @@ from sqlalchemy import Engine, select
 
 from noisescope import _wire, sweep
 from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
-from noisescope_server.crud import Forbidden, NotFound
+from noisescope_server.errors import BadInput, Forbidden, NotFound
 from noisescope_server.models import Event, Project, Run, Task
 from noisescope_server.queries import LEVEL, BucketSums, bucket_sums, finite_number
 
@@ -70,7 +70,7 @@ def critical_batch(
     Raises ``NotFound`` for an unknown task and ``Forbidden`` outside ``project_scope``.
     """
     if loss not in LOSS_CHOICES:
-        raise ValueError(f"loss must be one of {', '.join(LOSS_CHOICES)}, got {loss!r}")
+        raise BadInput(f"loss must be one of {', '.join(LOSS_CHOICES)}, got {loss!r}")
     with engine.connect() as conn:
         found = conn.execute(
             select(Task.id, Project.id)

@@ -16,6 +16,7 @@ from noisescope.estimators import (
     interval_from_steps,
     two_batch_estimate_columns,
     two_batch_estimates,
+    two_batch_sizes_ok,
 )
 from tests.estimators.lsq_truth import LeastSquares
 
@@ -122,3 +123,20 @@ def test_column_form_rejects_what_the_scalar_one_rejects() -> None:
     with pytest.raises(ValueError, match="values"):
         two_batch_estimate_columns(1.0, 8.0, [1.0, 2.0], [1.0])
     assert two_batch_estimate_columns(1.0, 8.0, [], []) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("b_small", "b_big", "ok"),
+    [(1, 2, True), (0.5, 0.75, True), (0, 8, False), (-4, 8, False), (8, 8, False), (9, 8, False)],
+)
+def test_the_batch_size_rule_is_the_one_the_estimators_apply(
+    b_small: float, b_big: float, ok: bool
+) -> None:
+    """``two_batch_sizes_ok`` (which the server's validation calls) accepts exactly the pairs
+    that ``two_batch_estimates`` accepts."""
+    assert two_batch_sizes_ok(b_small, b_big) is ok
+    if ok:
+        two_batch_estimates(b_small, b_big, 2.0, 1.0)
+    else:
+        with pytest.raises(ValueError, match="0 < b_small < b_big"):
+            two_batch_estimates(b_small, b_big, 2.0, 1.0)

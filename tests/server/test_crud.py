@@ -12,6 +12,8 @@ from sqlalchemy import Engine, func, select
 
 from noisescope.estimators import two_batch_estimates
 from noisescope_server import crud, db, queries
+from noisescope_server.crud import _runs, _samples, _sql
+from noisescope_server.errors import Forbidden
 from noisescope_server.models import SAMPLE_COLUMNS, Sample, SampleBlock
 from tests.server._data import columns, expected_sums
 
@@ -149,7 +151,7 @@ def test_concurrent_run_creation_is_race_safe(engine: Engine) -> None:
 
 def test_failed_request_rolls_back_completely(engine: Engine) -> None:
     batch = crud.validate_samples({"columns": columns(100)})
-    with pytest.raises(crud.Forbidden):
+    with pytest.raises(Forbidden):
         crud.ingest_samples(engine, "run1", batch, project_scope=999)
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Sample)).scalar_one() == 0
@@ -163,7 +165,7 @@ def test_incremental_block_sums_across_batch_boundaries(engine: Engine) -> None:
     for start in range(0, 1000, 90):  # 90 is not a multiple of the 64-sample block
         part = {k: v[start : start + 90] for k, v in cols.items()}
         batch = crud.validate_samples({"columns": part})
-        assert crud._block_deltas(batch) is not None
+        assert _samples.block_deltas(batch) is not None
         crud.ingest_samples(engine, "run1", batch)
     _blocks_match_samples(engine)
     with engine.connect() as conn:
@@ -180,7 +182,7 @@ def test_incremental_block_sums_across_batch_boundaries(engine: Engine) -> None:
 
 def _block_rows(engine: Engine) -> dict[tuple[str, int], tuple[object, ...]]:
     with engine.connect() as conn:
-        rows = conn.execute(select(*(getattr(SampleBlock, c) for c in crud._BLOCK_COLUMNS)))
+        rows = conn.execute(select(*(getattr(SampleBlock, c) for c in _sql.BLOCK_COLUMNS)))
         return {(str(r[0]), int(r[1])): tuple(r[2:]) for r in rows}
 
 
@@ -194,17 +196,17 @@ def test_additive_block_sums_equal_a_recompute_from_the_samples(engine: Engine) 
     for start in range(0, 700, 100):
         part = {k: v[start : start + 100] for k, v in cols.items()}
         batch = crud.validate_samples({"columns": part})
-        assert crud._block_deltas(batch) is not None
+        assert _samples.block_deltas(batch) is not None
         assert crud.ingest_samples(engine, "run1", batch) == 100
     additive = _block_rows(engine)
     with db.write_transaction(engine) as conn:
-        run_id = crud._require_run(conn, "run1", None).id
-        crud._refresh_blocks(conn, run_id, cols["seq"])
+        run_id = _runs.require_run(conn, "run1", None).id
+        _samples.refresh_blocks(conn, run_id, cols["seq"])
     recomputed = _block_rows(engine)
     assert additive.keys() == recomputed.keys()
     for key, got in additive.items():
         want = recomputed[key]
-        for name, g, w in zip(crud._BLOCK_COLUMNS[2:], got, want, strict=True):
+        for name, g, w in zip(_sql.BLOCK_COLUMNS[2:], got, want, strict=True):
             if isinstance(w, float) and isinstance(g, float):
                 assert math.isclose(g, w, rel_tol=1e-12, abs_tol=1e-12), (key, name, g, w)
             else:
@@ -215,7 +217,7 @@ def test_multi_row_inserts_store_every_value_and_ignore_resent_rows(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SQLite inserts several rows per statement; 7 per statement exercises the remainders."""
-    monkeypatch.setattr(crud, "SQLITE_ROWS_PER_INSERT", 7)
+    monkeypatch.setattr(_sql, "SQLITE_ROWS_PER_INSERT", 7)
     cols = columns(150, seed=7, series="layer.0")
     first = {k: v[:100] for k, v in cols.items()}
     again = {k: v[50:] for k, v in cols.items()}

@@ -18,7 +18,7 @@ def test_every_wire_column_is_stored() -> None:
 
 
 def test_block_sums_fill_every_sample_block_column() -> None:
-    from noisescope_server import crud
+    from noisescope_server.crud import _sql
     from noisescope_server.models import SampleBlock
 
-    assert {c.name for c in SampleBlock.__table__.columns} == {"run_id", *crud._BLOCK_COLUMNS}
+    assert {c.name for c in SampleBlock.__table__.columns} == {"run_id", *_sql.BLOCK_COLUMNS}

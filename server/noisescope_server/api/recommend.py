@@ -3,7 +3,7 @@
 Built from the run's summary (``queries.get_run``): its *current* B_simple with its interval
 (``estimators.current_window``, the same number the Runs table and the Run page show) and the
 batch in use (latest batch-size event, else the run's batch size); then
-``noisescope.recommend.recommend`` (science.md's S-E model and Pollux's efficiency/goodput).
+``noisescope.recommend.recommend`` (docs/science.md's S-E model and Pollux's efficiency/goodput).
 The client's ``NoiseTracker`` builds the same ``Recommendation`` locally.
 """
 

@@ -1,7 +1,7 @@
 """Pydantic models of the JSON bodies (validation + the published OpenAPI schema).
 
 Samples are deliberately NOT modelled per sample: the columnar body is validated as arrays in
-``crud.validate_samples``; ``SAMPLES_BODY_SCHEMA`` only documents it.
+``validate.validate_samples``; ``SAMPLES_BODY_SCHEMA`` only documents it.
 """
 
 from __future__ import annotations

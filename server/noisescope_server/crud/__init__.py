@@ -1,0 +1,38 @@
+"""The one write path: every row noisescope stores goes through this package.
+
+Each public function runs in ONE transaction (``db.write_transaction``): a request either lands
+completely or not at all, so a bad or interrupted request never leaves partial data. Requests
+are checked first by ``noisescope_server.validate`` (re-exported here, as the write path's
+input); failures raise the errors of ``noisescope_server.errors``.
+
+- ``_runs``: projects, tasks and runs, and the run-row lock every write takes;
+- ``_samples``: sample rows and their ``sample_block`` sums;
+- ``_events``: run events;
+- ``_tokens``: API tokens;
+- ``_sql``: the dialect-specific statements, built once.
+"""
+
+from __future__ import annotations
+
+from noisescope_server.crud._events import EventIn, ingest_events
+from noisescope_server.crud._runs import RunIn, RunRef, patch_run, upsert_run
+from noisescope_server.crud._samples import ingest_samples
+from noisescope_server.crud._tokens import TokenCreated, create_token, hash_token, revoke_token
+from noisescope_server.validate import SampleBatch, check_run_uid, validate_samples
+
+__all__ = [
+    "EventIn",
+    "RunIn",
+    "RunRef",
+    "SampleBatch",
+    "TokenCreated",
+    "check_run_uid",
+    "create_token",
+    "hash_token",
+    "ingest_events",
+    "ingest_samples",
+    "patch_run",
+    "revoke_token",
+    "upsert_run",
+    "validate_samples",
+]

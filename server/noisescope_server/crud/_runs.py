@@ -1,0 +1,150 @@
+"""Projects, tasks and runs: get-or-create, the run upsert and patch, and the run-row lock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select, update
+
+from noisescope import _wire
+from noisescope_server.crud._sql import LOCK_RUN, as_utc, insert_ignore, utcnow
+from noisescope_server.db import write_transaction
+from noisescope_server.errors import Conflict, Forbidden, NotFound
+from noisescope_server.models import Project, Run, Task
+from noisescope_server.validate import check_run_uid
+
+
+def get_or_create_project(conn: Connection, name: str) -> int:
+    insert_ignore(conn, Project, {"name": name, "created_at": utcnow()}, ["name"])
+    return int(conn.execute(select(Project.id).where(Project.name == name)).scalar_one())
+
+
+def get_or_create_task(conn: Connection, project_id: int, name: str) -> int:
+    insert_ignore(conn, Task, {"project_id": project_id, "name": name}, ["project_id", "name"])
+    return int(
+        conn.execute(
+            select(Task.id).where(Task.project_id == project_id, Task.name == name)
+        ).scalar_one()
+    )
+
+
+@dataclass(frozen=True)
+class RunIn:
+    """A validated PUT /runs/{uid} body (see ``api.schemas.RunPut``)."""
+
+    project: str
+    task: str
+    name: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    batch_size: float | None = None
+    units: str = "examples"
+    status: str = "running"
+    started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RunRef:
+    id: int
+    uid: str
+    project_id: int
+    project: str
+
+
+def lock_run(conn: Connection, run_uid: str) -> RunRef | None:
+    """Find a run and, on PostgreSQL, lock its row for this transaction.
+
+    Concurrent ingests into the same run then serialise (needed for exact ``sample_block``
+    sums); different runs never wait for each other. Every write transaction locks at most one
+    run row, so there is no lock-order cycle and no deadlock. SQLite already serialises writers
+    through ``BEGIN IMMEDIATE``.
+    """
+    row = conn.execute(LOCK_RUN[conn.dialect.name], {"run_uid": run_uid}).first()
+    return None if row is None else RunRef(int(row[0]), str(row[1]), int(row[2]), str(row[3]))
+
+
+def require_run(conn: Connection, run_uid: str, project_scope: int | None) -> RunRef:
+    """``lock_run``, or NotFound (unknown run) / Forbidden (run outside ``project_scope``)."""
+    run = lock_run(conn, check_run_uid(run_uid))
+    if run is None:
+        raise NotFound(
+            f"run {run_uid!r} does not exist: create it first with PUT {_wire.runs_path(run_uid)}"
+        )
+    if project_scope is not None and run.project_id != project_scope:
+        raise Forbidden(f"this token does not grant access to the project of run {run_uid!r}")
+    return run
+
+
+def upsert_run(
+    engine: Engine, run_uid: str, run: RunIn, *, project_scope: int | None = None
+) -> tuple[RunRef, bool]:
+    """Create or update a run by its client-generated uid; returns (run, created).
+
+    Idempotent: a retried PUT updates the same row. A run never moves to another project.
+    ``started_at`` keeps its first value (a resumed client may re-send a later one).
+    """
+    check_run_uid(run_uid)
+    with write_transaction(engine) as conn:
+        project_id = get_or_create_project(conn, run.project)
+        if project_scope is not None and project_id != project_scope:
+            raise Forbidden(f"this token does not grant access to project {run.project!r}")
+        task_id = get_or_create_task(conn, project_id, run.task)
+        existing = lock_run(conn, run_uid)
+        values: dict[str, Any] = {
+            "task_id": task_id,
+            "name": run.name,
+            "config": run.config,
+            "tags": run.tags,
+            "batch_size": run.batch_size,
+            "units": run.units,
+            "status": run.status,
+            "last_seen_at": utcnow(),
+        }
+        if existing is None:
+            values |= {
+                "uid": run_uid,
+                "project_id": project_id,
+                "started_at": as_utc(run.started_at) if run.started_at else utcnow(),
+            }
+            created = insert_ignore(conn, Run, values, ["uid"]) == 1
+            ref = lock_run(conn, run_uid)
+            assert ref is not None
+            if ref.project_id != project_id:  # lost a creation race to another project's PUT
+                raise Conflict(f"run {run_uid!r} already belongs to project {ref.project!r}")
+            if not created:  # lost a creation race to a concurrent PUT of the same run
+                conn.execute(update(Run).where(Run.id == ref.id).values(**values))
+            return ref, created
+        if existing.project_id != project_id:
+            raise Conflict(
+                f"run {run_uid!r} already belongs to project {existing.project!r}; "
+                "a run cannot move to another project (use a new run id)"
+            )
+        conn.execute(update(Run).where(Run.id == existing.id).values(**values))
+        return existing, False
+
+
+def patch_run(
+    engine: Engine,
+    run_uid: str,
+    *,
+    status: str | None = None,
+    ended_at: datetime | None = None,
+    batch_size: float | None = None,
+    project_scope: int | None = None,
+) -> RunRef:
+    """Update a run's status (finished runs get ``ended_at`` = now unless given)."""
+    with write_transaction(engine) as conn:
+        run = require_run(conn, run_uid, project_scope)
+        values: dict[str, Any] = {"last_seen_at": utcnow()}
+        if status is not None:
+            values["status"] = status
+            if status != "running" and ended_at is None:
+                ended_at = utcnow()
+        if ended_at is not None:
+            values["ended_at"] = as_utc(ended_at)
+        if batch_size is not None:
+            values["batch_size"] = batch_size
+        conn.execute(update(Run).where(Run.id == run.id).values(**values))
+        return run
