@@ -92,6 +92,7 @@ def _detail(status: int, message: str) -> JSONResponse:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    # Bad values are BadInput only: any other ValueError is a server bug and stays a 500.
     @app.exception_handler(BadInput)
     async def _bad_input(_r: Request, exc: BadInput) -> JSONResponse:
         return _detail(exc.status_code, str(exc))
@@ -107,10 +108,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Conflict)
     async def _conflict(_r: Request, exc: Conflict) -> JSONResponse:
         return _detail(409, str(exc))
-
-    @app.exception_handler(ValueError)
-    async def _value_error(_r: Request, exc: ValueError) -> JSONResponse:
-        return _detail(422, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_r: Request, exc: RequestValidationError) -> JSONResponse:

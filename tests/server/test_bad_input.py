@@ -197,6 +197,17 @@ def test_bad_query_parameters(client: httpx.Client, target: str) -> None:
     assert r.status_code == 422
 
 
+def test_a_parallelism_plan_past_the_device_limit_is_a_422_that_says_so(
+    client: httpx.Client,
+) -> None:
+    """A tiny per-device batch against a huge B_crit needs more than 2^24 devices: the plan's
+    own argument check, a request's fault (not a 500)."""
+    params = {"b_crit": 1e18, "per_device_batch": 1e-10}
+    r = client.get(f"{API}/parallelism", params=params)
+    assert r.status_code == 422, r.text
+    assert "max_devices must be between 1 and" in r.json()["detail"]
+
+
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
     lambda inner: (

@@ -27,6 +27,7 @@ from noisescope.recommend import parallelism_plan
 from noisescope.sweep import CriticalBatchReport
 from noisescope_server import queries, sweeps
 from noisescope_server.api.deps import EngineDep, ReadScope
+from noisescope_server.errors import value_errors_as_bad_input
 
 router = APIRouter(tags=["query"])
 
@@ -243,8 +244,8 @@ def get_parallelism(
         float | None, Query(gt=0, le=1e18, description="a batch to give a verdict on")
     ] = None,
 ) -> Response:
-    return _json(
-        parallelism_plan(
+    with value_errors_as_bad_input():  # e.g. more devices than max_devices allows
+        plan = parallelism_plan(
             b_crit,
             per_device_batch,
             s_min=s_min,
@@ -254,4 +255,4 @@ def get_parallelism(
             units=units,
             batch_size=batch_size,
         )
-    )
+    return _json(plan)

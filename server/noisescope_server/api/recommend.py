@@ -20,6 +20,7 @@ from noisescope.estimators import Interval, NoiseScale, NoiseScaleInterval
 from noisescope.recommend import recommend
 from noisescope_server import queries
 from noisescope_server.api.deps import EngineDep, ReadScope
+from noisescope_server.errors import value_errors_as_bad_input
 
 __all__ = ["router"]
 
@@ -101,14 +102,15 @@ def get_recommendation(
         )
     else:
         noise = NoiseScale(0.0, 0.0, run.window_samples, None, run.b_simple_reason)
-    rec = recommend(
-        noise,
-        batch,
-        candidates=cands,
-        throughput=rates,
-        reference_batch=reference_batch,
-        units=run.units,
-    )
+    with value_errors_as_bad_input():
+        rec = recommend(
+            noise,
+            batch,
+            candidates=cands,
+            throughput=rates,
+            reference_batch=reference_batch,
+            units=run.units,
+        )
     return RecommendationResult(
         run_id=run.uid,
         units=run.units,
