@@ -7,7 +7,7 @@ Start the server and dashboard first (``noisescope up``), then::
 
 The data ships inside scikit-learn (1,797 8x8 images), so nothing is downloaded. The
 gradient-accumulation micro-batches give the two batch sizes the noise-scale estimator needs
-at no extra compute (science.md, "Where the two batch sizes come from").
+at no extra compute (docs/science.md, "Where the two batch sizes come from").
 """
 
 from __future__ import annotations

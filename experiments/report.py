@@ -278,7 +278,7 @@ def render(
         "- B_simple at a target: each step splits its batch into micro-batches (gradient "
         "accumulation); micro-batch gradients are G_small, their mean is G_big. Over the step "
         "window [s*/1.25, 1.25·s*] around each frontier run's crossing step s*, the unbiased "
-        "|𝒢|² and 𝒮 (science.md, App. A.1) are summed over all frontier runs of the target "
+        "|𝒢|² and 𝒮 (docs/science.md, App. A.1) are summed over all frontier runs of the target "
         "(every batch size and seed) and B_simple is the ratio of the sums, with the "
         f"{level} interval of `noisescope.estimators.interval_from_blocks` (jackknife over "
         "blocks of consecutive steps, Fieller). In parentheses: the range of the same quantity "

@@ -1,10 +1,10 @@
 """The three reproduction tasks: data, model and one measured training step each.
 
 Every task trains with batches drawn i.i.d. *with replacement*, so a mean-reduced batch gradient
-has covariance Σ/B exactly (science.md eq. 1; sampling without replacement would add the
+has covariance Σ/B exactly (docs/science.md eq. 1; sampling without replacement would add the
 (N−B)/(N−1) factor). Each step splits its batch into ``k`` equal micro-batches (gradient
 accumulation): the micro-batch gradients are the ``G_small`` and their mean is ``G_big``
-(science.md, "Where the two batch sizes come from"), so the noise-scale samples cost no extra
+(docs/science.md, "Where the two batch sizes come from"), so the noise-scale samples cost no extra
 backward passes.
 
 Tasks, easiest (smallest critical batch) to hardest:
@@ -12,7 +12,7 @@ Tasks, easiest (smallest critical batch) to hardest:
 - ``digits``: a one-hidden-layer MLP on scikit-learn's bundled 8x8 digits, plain SGD; the loss is
   the full training-set loss (the objective being optimised), evaluated exactly.
 - ``lsq``: noisy linear least squares with Gaussian inputs, plain SGD, fresh data every step; the
-  loss ½(δᵀSδ + σ²) and B_simple, B_noise are known in closed form (science.md, "Ground truth").
+  loss ½(δᵀSδ + σ²) and B_simple, B_noise are known in closed form (docs/science.md eq. 8).
 - ``charlm``: a byte-level transformer language model on a fixed list of Python's own stdlib
   sources, Adam; units are tokens; the loss is the loss on a held-out slice of the same files.
 """
@@ -36,7 +36,7 @@ __all__ = ["TASKS", "StepResult", "TaskSpec", "Trainer", "make_trainer"]
 
 @dataclass(frozen=True)
 class StepResult:
-    """One optimizer step's noise-scale sample (science.md eq. 1) and its training loss."""
+    """One optimizer step's noise-scale sample (docs/science.md eq. 1) and its training loss."""
 
     b_small: float
     b_big: float
@@ -175,7 +175,7 @@ class LeastSquares:
         return float(0.5 * (delta @ (self.eigs * delta) + self.sigma**2))
 
     def truth(self) -> dict[str, float]:
-        """Isserlis closed forms (science.md, "Ground truth for tests") for diagonal S."""
+        """Isserlis closed forms (docs/science.md, "Ground truth for tests") for diagonal S."""
         s = self.eigs
         delta = self.w - self.w_star
         quad = float(delta @ (s * delta))

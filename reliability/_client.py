@@ -24,7 +24,7 @@ B_BIG = 32.0
 
 def sample_values(seed: int, i: int) -> tuple[float, float, float]:
     """Deterministic (g_small_sq, g_big_sq, loss) of sample ``i``: the harness recomputes them
-    to check that what is stored is what was sent (science.md eq. 1: E|G_B|^2 = |G|^2 +
+    to check that what is stored is what was sent (docs/science.md eq. 1: E|G_B|^2 = |G|^2 +
     tr(Sigma)/B with |G|^2 = 1, tr(Sigma) = 40, plus bounded noise)."""
     g_small_sq = 1.0 + 40.0 / B_SMALL + ((i * 7919 + seed * 31) % 1000) / 1000.0
     g_big_sq = 1.0 + 40.0 / B_BIG + ((i * 104_729 + seed * 17) % 1000) / 4000.0

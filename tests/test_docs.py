@@ -75,3 +75,98 @@ def test_every_read_endpoint_and_api_method_is_documented() -> None:
     for name, _ in inspect.getmembers(Api, inspect.isfunction):
         if not name.startswith("_") and name != "close":
             assert f"`{name}(" in api_doc, f"Api.{name} is not in docs/api.md"
+
+
+# --- The maths' reference: docs/science.md, and every citation of it ---------------------------
+
+_SCIENCE_NAME = "science" + ".md"  # spelt apart so this file is no citation itself
+SCIENCE = ROOT / "docs" / _SCIENCE_NAME
+
+
+def _repo_text_files() -> dict[str, str]:
+    """Every file git tracks or would add (untracked, not ignored) that reads as UTF-8 text."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    texts = {}
+    for name in listed:
+        path = ROOT / name
+        if not path.is_file() or path.is_symlink():
+            continue
+        try:
+            texts[name] = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # figures and other binaries
+    return texts
+
+
+@pytest.fixture(scope="module")
+def repo_texts() -> dict[str, str]:
+    return _repo_text_files()
+
+
+def _science_headings() -> list[str]:
+    return [
+        line.lstrip("#").strip()
+        for line in SCIENCE.read_text().splitlines()
+        if line.startswith("#")
+    ]
+
+
+def test_science_md_is_in_the_repo_with_the_cited_sections() -> None:
+    headings = _science_headings()
+    for name in (
+        "Quantities",
+        "Two-batch-size unbiased estimator",
+        "Where the two batch sizes come from",
+        "Pitfalls",
+        "Critical batch size from batch-size sweeps",
+        "Ground truth for tests",
+        "Measuring the critical batch size directly (branching)",
+        "The critical batch size as a function of loss",
+    ):
+        assert any(h.startswith(name) for h in headings), f"docs/science.md lacks {name!r}"
+
+
+def test_the_maths_is_cited_as_docs_science_md(repo_texts: dict[str, str]) -> None:
+    """Citations name the file in the repo, never a copy outside it or a bare file name."""
+    bad = [
+        f"{name}:{text.count(chr(10), 0, m.start()) + 1}"
+        for name, text in repo_texts.items()
+        for m in re.finditer(re.escape(_SCIENCE_NAME), text)
+        if text[max(0, m.start() - 5) : m.start()] != "docs/"
+        or text[max(0, m.start() - 6) : m.start() - 5] in ("/", ".")
+    ]
+    assert not bad, f"cite the maths as docs/{_SCIENCE_NAME}: {bad}"
+
+
+def test_cited_science_sections_and_equations_exist(repo_texts: dict[str, str]) -> None:
+    """A quoted section after a citation names a heading of the page; an "eq. N" an equation."""
+    science = SCIENCE.read_text()
+    headings = [" ".join(h.split()) for h in _science_headings()]
+    equations = set(re.findall(r"\((\d+)\)\s*$", science, flags=re.M))
+    cite = r"docs/" + re.escape(_SCIENCE_NAME)
+    for name, text in repo_texts.items():
+        for quoted in re.findall(cite + r',?\s+"([^"]+)"', text):
+            section = " ".join(quoted.split())
+            assert any(h.startswith(section) for h in headings), f"{name}: no section {quoted!r}"
+        for first, last in re.findall(cite + r",?\s+eqs?\.\s*(\d+)(?:-(\d+))?", text):
+            for number in filter(None, (first, last)):
+                assert number in equations, f"{name}: docs/{_SCIENCE_NAME} has no eq. {number}"
+
+
+def test_cited_docs_pages_exist(repo_texts: dict[str, str]) -> None:
+    """Every `docs/<page>.md` named in code or docs is a file of the repo."""
+    missing = sorted(
+        {
+            f"{name}: {page}"
+            for name, text in repo_texts.items()
+            for page in re.findall(r"(?<![\w/.])docs/[\w/.-]+?\.md\b", text)
+            if not (ROOT / page).is_file()
+        }
+    )
+    assert not missing, missing

@@ -162,7 +162,7 @@ class TaskSummary:
 
 @dataclass(frozen=True)
 class ParallelismRow:
-    """Training with ``devices`` x ``per_device_batch`` (science.md's S-E model)."""
+    """Training with ``devices`` x ``per_device_batch`` (docs/science.md's S-E model)."""
 
     devices: int
     batch_size: float

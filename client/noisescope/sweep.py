@@ -1,6 +1,6 @@
 """The critical batch size of a task from its batch-size sweep: the one analysis of it.
 
-McCandlish et al. (2018, Sec. 2.2-3; science.md) define B_crit through the steps S and
+McCandlish et al. (2018, Sec. 2.2-3; docs/science.md) define B_crit through the steps S and
 examples E a run needs to reach a loss target *with its learning rate tuned*: across batch
 sizes, S = S_min (1 + B_crit/B). A sweep usually holds several learning rates (and seeds) per
 batch size, and only the fastest learning rate at each batch size belongs on that curve. So,
@@ -307,7 +307,7 @@ def b_simple_at_loss(
     [s*/B_SIMPLE_WINDOW, s* B_SIMPLE_WINDOW] around each run's own crossing s*.
 
     A bucket counts when its middle step lies in the window; where none does (coarse buckets),
-    the bucket holding s* counts. Sums are pooled before the ratio (science.md). For the
+    the bucket holding s* counts. Sums are pooled before the ratio (docs/science.md). For the
     interval each run's window is merged into at most ``BLOCKS_PER_RUN`` contiguous blocks of
     its own, so blocks never straddle two runs and the answer does not depend on their order.
     """

@@ -134,7 +134,7 @@ class SampleBlock(Base):
     Maintained in the ingest transaction (recomputed from ``sample`` for the touched blocks,
     so re-sends and out-of-order batches stay exact). Series queries on long runs sum blocks
     instead of samples: a 1M-sample run is ~16k block rows. All columns are sums, counts,
-    minima or maxima, so any union of blocks is again exact (science.md: ratio taken last).
+    minima or maxima, so any union of blocks is again exact (docs/science.md: ratio taken last).
     """
 
     __tablename__ = "sample_block"

@@ -1,8 +1,8 @@
 """Synthetic runs whose noise scale and critical batch size are known in closed form.
 
-Each sample's squared norms are built from eq. (1) of science.md, E|G_B|² = |G|² + tr(Σ)/B,
+Each sample's squared norms are built from eq. (1) of docs/science.md, E|G_B|² = |G|² + tr(Σ)/B,
 with a noise term that cancels over every pair of steps, so a window of an even number of
-steps gives B_simple = tr(Σ)/|G|² exactly. Losses follow science.md's S-E model: a run at batch
+steps gives B_simple = tr(Σ)/|G|² exactly. Losses follow docs/science.md's S-E model: a run at batch
 B with its best learning rate reaches loss L after S = S_min(L)(1 + B_crit/B) steps, so a sweep
 fits B_crit; the other learning rates of a sweep are slower, so the frontier must skip them.
 Sweep runs log evaluation losses (``eval`` events) on the same curve, so crossings are exact.

@@ -1,7 +1,7 @@
 """The whole path: a torch training loop -> client -> real HTTP server -> SQL -> dashboard reads.
 
 The loop is least squares at a fixed parameter (learning rate 0), so the truth is the closed
-form of science.md ("Ground truth for tests"): with x ~ N(0, I_d), y = x.w* + eps,
+form of docs/science.md ("Ground truth for tests"): with x ~ N(0, I_d), y = x.w* + eps,
 eps ~ N(0, sigma^2) and delta = w - w*,
 
     |G|^2 = |delta|^2,   tr(Sigma) = (|delta|^2 + sigma^2) d + |delta|^2,

@@ -1,4 +1,4 @@
-"""Closed-form ground truth for least squares with Gaussian inputs (science.md, "Ground truth").
+"""Closed-form truth for least squares with Gaussian inputs (docs/science.md eq. 8).
 
 Per-example loss l = 1/2 (x^T w - y)^2, x ~ N(0, S), y = x^T w* + eps, eps ~ N(0, sigma^2),
 delta = w - w*. Isserlis' theorem gives G, tr(Sigma), tr(H Sigma) and G^T H G exactly.

@@ -1,9 +1,9 @@
-"""The two-batch estimator against the closed-form least-squares truth (science.md).
+"""The two-batch estimator against the closed-form least-squares truth (docs/science.md).
 
 Non-isotropic S (random rotation, eigenvalues 0.3..2.5), sigma = 0.5, d = 6. Each step draws
 32 examples; G_small is the mean gradient of the first 4, G_big of all 32. Over 20,000 steps
 (fixed seed) |G|^2, tr(Sigma) and B_simple must be within 5% of the closed form, and inside
-their 90% intervals. The wrong formulas science.md warns about must miss by far more.
+their 90% intervals. The wrong formulas docs/science.md warns about must miss by far more.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_intervals_cover_closed_form(measured: dict[str, object]) -> None:
 
 
 def test_mean_of_per_step_ratios_fails_the_check(measured: dict[str, object]) -> None:
-    """science.md: averaging per-step ratios is biased and unstable; the check must catch it."""
+    """Per-step ratios averaged are biased and unstable (docs/science.md eq. 5): caught."""
     truth: dict[str, float] = measured["truth"]  # type: ignore[assignment]
     g_sq, trace_sigma = _per_step(measured)
     wrong = float(np.mean(np.array(trace_sigma) / np.array(g_sq)))

@@ -23,7 +23,7 @@ from noisescope.estimators import two_batch_estimates
 
 
 def _samples(n_steps: int, g_sq: float, trace_sigma: float, b: float) -> dict[str, list[float]]:
-    """Noise-free two-batch samples: |G_B|^2 = |G|^2 + tr(Sigma)/B exactly (science.md eq. 1)."""
+    """Noise-free two-batch samples, |G_B|^2 = |G|^2 + tr(Sigma)/B (docs/science.md eq. 1)."""
     b_small = b / 4
     return {
         "step": [float(s) for s in range(1, n_steps + 1)],

@@ -1,4 +1,4 @@
-"""Hessian-aware B_noise = tr(H Sigma)/(G^T H G) against the closed form (science.md).
+"""Hessian-aware B_noise = tr(H Sigma)/(G^T H G) against the closed form (docs/science.md).
 
 Least squares, d = 6, S with eigenvalues 0.5..3.0 (non-isotropic), sigma = 0.5, and w - w* along
 S's smallest eigenvector, where B_noise (137.5) is four times B_simple (32.5): an estimator that

@@ -1,4 +1,4 @@
-"""Each probe source against the closed-form least-squares truth (science.md, "Ground truth").
+"""Each probe source against the closed-form least-squares truth (docs/science.md, "Ground truth").
 
 The model is fixed at w (no optimizer step), so the truth at w is exact; every step draws fresh
 batches. Each source's |G|^2, tr(Sigma) and B_simple, from the sums of its logged samples, must

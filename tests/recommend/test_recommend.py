@@ -1,4 +1,4 @@
-"""Recommendations against hand-computed values of science.md's formulas and Pollux's goodput."""
+"""Recommendations against hand-computed values of docs/science.md eq. 7 and Pollux's goodput."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def _sched(**kw: Any) -> BatchSizeScheduler:
 def _norms(
     rng: random.Random, g_sq: float, trace_sigma: float, b_small: float, b_big: float
 ) -> tuple[float, float]:
-    """Noisy squared norms with E|G_B|^2 = |G|^2 + tr(Sigma)/B (science.md eq. 1)."""
+    """Noisy squared norms with E|G_B|^2 = |G|^2 + tr(Sigma)/B (docs/science.md eq. 1)."""
     small = (g_sq + trace_sigma / b_small) * rng.gammavariate(20.0, 1.0 / 20.0)
     big = (g_sq + trace_sigma / b_big) * rng.gammavariate(20.0, 1.0 / 20.0)
     return small, big

@@ -20,7 +20,7 @@ def columns(
 ) -> dict[str, list[Any]]:
     """``n`` samples with seq/step ``start..start+n-1`` and a B_simple near 40.
 
-    Squared norms follow E|G_B|^2 = |G|^2 + tr(Sigma)/B (science.md eq. 1) with |G|^2 = 1,
+    Squared norms follow E|G_B|^2 = |G|^2 + tr(Sigma)/B (docs/science.md eq. 1) with |G|^2 = 1,
     tr(Sigma) = 40, plus noise.
     """
     rng = random.Random(seed * 1_000_003 + start)

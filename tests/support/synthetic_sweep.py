@@ -6,7 +6,7 @@ at every batch size) has the loss
     L(s) = L_inf + (L0 - L_inf) exp(-q s / (tau (1 + B_crit / B)))
 
 so it reaches a target L after S = (tau / q) ln((L0 - L_inf)/(L - L_inf)) (1 + B_crit/B) steps:
-the best learning rates trace science.md's S = S_min (1 + B_crit/B) exactly, the others are
+the best learning rates trace docs/science.md's S = S_min (1 + B_crit/B) exactly, the others are
 slower by 1/q. Seeds scale tau by a log-normal factor, so the median seed is the model.
 Noise samples follow eq. (1) exactly with |G|^2 = 1 and tr(Sigma) = ``b_simple``, so B_simple at
 any loss is ``b_simple``. ``post`` writes a sweep through the real HTTP API.

@@ -160,7 +160,7 @@ def main(src: _data.Source) -> None:
         st.stop()
     _results(report)
     st.caption(
-        "Model (science.md, McCandlish et al. 2018): S = S_min (1 + B_crit/B), "
+        "Model (docs/science.md, McCandlish et al. 2018): S = S_min (1 + B_crit/B), "
         "E = E_min (1 + B/B_crit). At B = B_crit a run takes 2× the minimum steps and 2× the "
         "minimum examples."
     )

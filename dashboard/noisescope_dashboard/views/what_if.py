@@ -185,7 +185,7 @@ def main(src: _data.Source) -> None:
         title="Time against compute as devices double",
         name="tradeoff",
         key="tradeoff",
-        caption="S/S_min = 1 + B_crit/B against E/E_min = 1 + B/B_crit (science.md) at "
+        caption="S/S_min = 1 + B_crit/B against E/E_min = 1 + B/B_crit (docs/science.md) at "
         "B = devices × batch per device; grey points are past the device limit.",
     )
     _ui.chart_with_downloads(
