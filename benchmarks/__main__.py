@@ -18,12 +18,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 MODULES = [
-    ("log_overhead", "Client: log() cost on the training thread (issue 4)"),
-    ("probe_overhead", "Probes: training-step overhead (issue 3)"),
-    ("ingest", "Server: ingest throughput (issue 9)"),
-    ("series", "Server: series query latency (issue 9)"),
-    ("dashboard", "Dashboard: page render time (issue 10)"),
-    ("integrations", "Integrations: callback overhead (issue 6)"),
+    ("log_overhead", "Client: log() cost on the training thread"),
+    ("probe_overhead", "Probes: training-step overhead"),
+    ("ingest", "Server: ingest throughput"),
+    ("series", "Server: series query latency"),
+    ("dashboard", "Dashboard: page render time"),
+    ("integrations", "Integrations: callback overhead"),
 ]
 OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 

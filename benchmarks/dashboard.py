@@ -517,7 +517,7 @@ def run(quick: bool = False, baseline: str = BASELINE, profile: bool = False) ->
     harness_s = max(r["harness"] for r in renders)
     harness_share = max(r["harness"] / (r["cpu"] + r["server"]) for r in renders)
     lines = [
-        "## Dashboard: page render time (issue 10)",
+        "## Dashboard: page render time",
         "",
         "`python -m benchmarks.dashboard" + (" --quick" if quick else "") + "`: "
         "each page rendered cold (the page script in Streamlit's AppTest, after one warm-up "

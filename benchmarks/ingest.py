@@ -1,4 +1,4 @@
-"""End-to-end ingest throughput over HTTP vs the database driver's own executemany (issue 9).
+"""End-to-end ingest throughput over HTTP vs the database driver's own executemany.
 
 For SQLite (temp file) and PostgreSQL (a fresh database on 127.0.0.1:5432, skipped if absent):
 
@@ -568,7 +568,7 @@ def run(quick: bool) -> str:
     clients = 4
     rounds = 2 if quick else 3
     lines = [
-        "## Server: ingest throughput (issue 9)",
+        "## Server: ingest throughput",
         "",
         f"{n:,} samples per round in batches of {batch:,}; HTTP from {clients} concurrent "
         "client processes (one run each, keep-alive, pre-encoded JSON) into one server; driver "

@@ -393,7 +393,7 @@ def render(results: dict[str, Any], quick: bool) -> str:
         for size, c in configs.items()
     )
     lines = [
-        "## Integrations: callback overhead (issue 6)",
+        "## Integrations: callback overhead",
         "",
         f"`python -m benchmarks.integrations{' --quick' if quick else ''}`: GPT-2 "
         f"({cfg['n_layer']} layers, {SEQ_LEN}-token sequences, 52 parameter tensors; {sizes}) "

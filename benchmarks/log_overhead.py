@@ -1,6 +1,6 @@
 """Client: cost of ``run.log_sample()`` on the training thread, side by side with a bare
 ``deque.append`` floor, MLflow's ``log_metric`` (synchronous and ``synchronous=False``) and
-wandb's offline ``run.log`` (issue 4).
+wandb's offline ``run.log``.
 
 noisescope runs in-process (online: the background sender really posts to a local noisescope
 server, or, if the server distribution cannot start, to an in-process transport that decodes
@@ -220,7 +220,7 @@ def render(rows: list[dict[str, Any]], quick: bool) -> str:
         r for r in rows if "error" not in r and not r["name"].startswith(("noisescope", "bare"))
     ]
     lines = [
-        "## Client: log() cost on the training thread (issue 4)",
+        "## Client: log() cost on the training thread",
         "",
         f"`python -m benchmarks.log_overhead{' --quick' if quick else ''}`: per-call wall time "
         "on the calling thread (`perf_counter_ns` around each call, timer overhead included "

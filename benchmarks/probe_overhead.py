@@ -1,4 +1,4 @@
-"""Training-step time with each gradient-noise probe vs the same loop untracked (issue 3).
+"""Training-step time with each gradient-noise probe vs the same loop untracked.
 
 Two CPU models: an MLP (784-512-512-10, batch 512) and a small decoder-only transformer
 (nanoGPT-style: 2 blocks, d=128, 4 heads, 64 tokens, batch 16, Linear/LayerNorm/Embedding only).
@@ -398,7 +398,7 @@ def run(quick: bool = False) -> str:
     rounds, steps = (QUICK_ROUNDS, QUICK_STEPS) if quick else (ROUNDS, STEPS)
     chunks = "" if quick else f"the median of {METERED[1]} runs of {METERED[0]} steps; "
     lines = [
-        "## Probes: training-step overhead (issue 3)",
+        "## Probes: training-step overhead",
         "",
         "CPU time per training step (forward, backward, clipping, SGD step) with the probe vs "
         "the same loop untracked, interleaved round by round in one run "

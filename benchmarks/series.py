@@ -1,4 +1,4 @@
-"""Series query latency at 10k, 100k and 1M samples on SQLite (issue 9; target 1M < 200 ms).
+"""Series query latency at 10k, 100k and 1M samples on SQLite (target: 1M samples in < 200 ms).
 
 One SQLite file holds three runs of 10k, 100k and 1M samples (ingested through the real write
 path, ``crud.ingest_samples``, so ``sample_block`` is maintained as in production). For each run
@@ -130,7 +130,7 @@ def run(quick: bool) -> str:
         engine.dispose()
     ingest_rate = sum(sizes) / sum(build_s.values())
     return (
-        "## Server: series query latency (issue 9)\n\n"
+        "## Server: series query latency\n\n"
         f"SQLite, one run per size, `max_points={MAX_POINTS}`; median milliseconds of {repeats} "
         "calls after a warm-up, wall (CPU of the querying process in brackets: the cost on an "
         "idle core; the difference is time spent waiting for a core on this shared machine). "

@@ -1,4 +1,4 @@
-"""The reproduction study (issue 5): does B_simple predict the critical batch size?
+"""The reproduction study: does B_simple predict the critical batch size?
 
 Run with ``python -m experiments``; see docs/reproduction.md.
 """

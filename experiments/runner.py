@@ -140,7 +140,7 @@ class _Logger:
         if self.run is None:
             return {}
         result = self.run.finish(status="finished" if status != "failed" else "failed")
-        return {k: getattr(result, k) for k in ("sent", "spooled", "dropped") if hasattr(result, k)}
+        return {"sent": result.sent, "spooled": result.spooled, "dropped": result.dropped}
 
 
 def task_dir(out: Path, spec: TaskSpec) -> Path:

@@ -1,4 +1,4 @@
-"""Noise-scale-guided batch-size schedule vs fixed batch sizes (issue 8).
+"""Noise-scale-guided batch-size schedule vs fixed batch sizes.
 
 ``nice -n 10 python -m experiments.schedule_experiment [--task lsq|digits] [--repeats 5]
 [--quick]`` trains, on one reproduction task (``experiments.tasks``), with fixed seeds:
@@ -81,7 +81,7 @@ def _train(
     targets: Sequence[float],
     lr_of: Any,
     batch_of: Any,
-    observe: Any = None,
+    observe: _Observer | None = None,
     record_every: int = 0,
 ) -> Trace:
     trainer = make_trainer(spec, seed=seed, sampler_seed=10_000 + seed)
@@ -100,7 +100,8 @@ def _train(
             observe(step, res)
         if record_every and step % record_every == 0:
             truth = trainer.truth().get("b_simple_true")
-            trace.batch.append((step, batch, getattr(observe, "noise_scale", None), truth or 0.0))
+            noise_scale = observe.noise_scale if observe is not None else None
+            trace.batch.append((step, batch, noise_scale, truth or 0.0))
         if step >= next_eval:
             next_eval = step + max(1, int(EVAL_SPACING * step))
             loss = trainer.eval_loss()

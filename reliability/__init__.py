@@ -1,4 +1,4 @@
-"""noisescope's reliability and security harness (issue 7): ``python -m reliability``.
+"""noisescope's reliability and security harness: ``python -m reliability``.
 
 Load (N client processes through the real client), faults (server SIGKILL, PostgreSQL restart,
 read-only spool, client SIGKILL + ``noisescope sync``), bad input (hostile corpus, schemathesis,

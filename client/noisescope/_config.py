@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -31,7 +31,7 @@ class Settings:
     token: str | None = None
     mode: Mode = "online"
     #: Spool root; each run spools under ``dir / run_id``.
-    dir: Path = Path(".noisescope-spool")
+    dir: Path = field(default_factory=default_dir)
     #: Longest ``finish()`` (or interpreter exit) waits for the server before spooling the rest.
     flush_timeout: float = 30.0
     #: Samples per POST (the server accepts up to ``_wire.MAX_SAMPLES_PER_REQUEST``).

@@ -179,11 +179,6 @@ class EMA:
         self._weight = b * self._weight + (1.0 - b)
         self.count += 1
 
-    def update_norms(
-        self, b_small: float, b_big: float, g_small_sq: float, g_big_sq: float
-    ) -> None:
-        self.update(*two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq))
-
     @property
     def value(self) -> NoiseScale:
         if self._weight == 0.0:
@@ -664,7 +659,7 @@ def current_window(
 
 # --- Acting on the noise scale: statistical efficiency, goodput, batch-size targets ----------
 #
-# (issue 8; used by noisescope.schedule and noisescope.recommend.) In docs/science.md's model
+# (Used by noisescope.schedule and noisescope.recommend.) In docs/science.md's model
 # (McCandlish et al. 2018, Sec. 2.2-3) reaching a loss target costs E = E_min (1 + B/B_crit)
 # examples and S = S_min (1 + B_crit/B) steps. With B_crit ≈ φ (the measured noise scale,
 # B_simple), the per-example progress of batch B relative to a reference batch B0 is

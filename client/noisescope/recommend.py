@@ -1,6 +1,6 @@
-"""What to do with the measured noise scale: a batch-size recommendation (issue 8).
+"""What to do with the measured noise scale: a batch-size recommendation.
 
-Everything here reads numbers through ``noisescope.estimators`` (the maths: science.md's S-E
+Everything here reads numbers through ``noisescope.estimators`` (the maths: docs/science.md's S-E
 model, Pollux's efficiency and goodput); this module only assembles them:
 
 - ``recommend(noise, batch_size, ...)`` -> ``Recommendation``: B_simple with its interval, the
@@ -55,7 +55,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BatchOption:
-    """Predicted cost of training at ``batch_size`` (science.md, B_crit ≈ B_simple)."""
+    """Predicted cost of training at ``batch_size`` (docs/science.md, B_crit ≈ B_simple)."""
 
     batch_size: float
     #: S/S_min = 1 + B_crit/B: optimizer steps relative to the minimum.
@@ -124,7 +124,7 @@ def verdict(
     units: str = "examples",
     reference: str = "B_simple",
 ) -> str:
-    """The batch in use read against B_crit ≈ ``reference_value`` (science.md's S-E model).
+    """The batch in use read against B_crit ≈ ``reference_value`` (docs/science.md's S-E model).
 
     Compares the batch with doubling or halving it through ``steps_ratio`` and
     ``examples_ratio``: "batch 256 is ~0.3× B_simple (90% interval 0.2× to 0.5×): doubling it
@@ -382,7 +382,7 @@ def parallelism_plan(
     units: str = "examples",
     batch_size: float | None = None,
 ) -> ParallelismPlan:
-    """How far data parallelism pays at ``b_crit`` (science.md's S-E model, ideal scaling).
+    """How far data parallelism pays at ``b_crit`` (docs/science.md's S-E model, ideal scaling).
 
     One row per power-of-two device count up to ``max_devices`` (default: 4x the limit,
     at least 8): batch, S/S_min, E/E_min, the speed-up over one device and from the last

@@ -1,11 +1,11 @@
-"""A batch-size schedule driven by the measured gradient noise scale (issue 8).
+"""A batch-size schedule driven by the measured gradient noise scale.
 
-The noise scale B_simple grows as the loss falls (science.md, "Ground truth" and "Findings"),
+The noise scale B_simple grows as the loss falls (docs/science.md, "Ground truth" and "Findings"),
 so the batch that wastes neither steps nor examples grows during a run. ``BatchSizeScheduler``
 keeps the micro-batch fixed (memory stays fixed) and raises the number of gradient-accumulation
 micro-batches so that the effective batch follows ``target_ratio · B_simple``, the
 critical-batch point at which a step costs 2x the minimum steps and 2x the minimum examples
-(science.md, S = S_min(1 + B_crit/B), E = E_min(1 + B/B_crit)); Gray et al. (2024) and
+(docs/science.md, S = S_min(1 + B_crit/B), E = E_min(1 + B/B_crit)); Gray et al. (2024) and
 AdaptDL/Pollux act on the same signal.
 
 Why it does not oscillate (a Schmitt trigger):
@@ -251,9 +251,9 @@ class BatchSizeScheduler:
     def observe_norms(
         self, step: int, b_small: float, b_big: float, g_small_sq: float, g_big_sq: float
     ) -> BatchDecision | None:
-        """Feed |G_small|² at b_small and |G_big|² at b_big of one step (science.md App. A.1)."""
+        """Feed one step's |G_small|² at b_small and |G_big|² at b_big (docs/science.md eq. 3-4)."""
         if not (math.isfinite(g_small_sq) and math.isfinite(g_big_sq)):
-            return None  # science.md, Pitfalls: skip non-finite gradients
+            return None  # docs/science.md, Pitfalls: skip non-finite gradients
         try:
             g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)
         except ValueError as exc:  # one batch size only: nothing to learn from this step

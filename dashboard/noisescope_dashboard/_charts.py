@@ -24,7 +24,6 @@ __all__ = [
     "compare_chart",
     "log_ticks",
     "metric_chart",
-    "spec_layers",
     "speedup_chart",
     "sweep_chart",
     "tradeoff_chart",
@@ -627,9 +626,3 @@ def speedup_chart(rows: pd.DataFrame) -> alt.LayerChart:
         )
     )
     return _finish(chart, "Speed-up against devices", _TALL)
-
-
-def spec_layers(spec: dict[str, Any]) -> Sequence[dict[str, Any]]:
-    """The layers of a Vega-Lite spec (a single view counts as one layer); for tests and docs."""
-    layers = spec.get("layer")
-    return list(layers) if layers is not None else [spec]

@@ -27,7 +27,6 @@ __all__ = [
     "current_revision",
     "head_revision",
     "make_engine",
-    "read_connection",
     "sqlite_path",
     "upgrade",
     "write_transaction",
@@ -97,13 +96,6 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
         conn.execution_options(noisescope_write=True)
         with conn.begin():
             yield conn
-
-
-@contextlib.contextmanager
-def read_connection(engine: Engine) -> Iterator[Connection]:
-    """A connection for a group of reads that should see one snapshot."""
-    with engine.connect() as conn, conn.begin():
-        yield conn
 
 
 # --- migrations ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import math
 import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import (
@@ -67,6 +67,7 @@ from noisescope_server.models import (
     SampleBlock,
     Task,
 )
+from noisescope_server.utc import as_utc
 
 __all__ = [
     "BucketSums",
@@ -105,16 +106,6 @@ NOT_COMPUTED = "not computed: the run was listed without its current B_simple (c
 MIN_INTERVAL_SAMPLES = 32
 #: Sub-buckets per bucket: the blocks a bucket's own jackknife interval is computed from.
 _SUB = 4
-
-
-def _utc(value: datetime | None) -> datetime | None:
-    if value is None:
-        return None
-    return (
-        value.replace(tzinfo=timezone.utc)
-        if value.tzinfo is None
-        else value.astimezone(timezone.utc)
-    )
 
 
 # --- runs ------------------------------------------------------------------------------------
@@ -334,9 +325,9 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         batch_size=row.batch_size,
         units=str(row.units),
         status=str(row.status),
-        started_at=_utc(row.started_at),
-        ended_at=_utc(row.ended_at),
-        last_seen_at=_utc(row.last_seen_at),
+        started_at=as_utc(row.started_at),
+        ended_at=as_utc(row.ended_at),
+        last_seen_at=as_utc(row.last_seen_at),
         n_samples=n_samples,
         last_step=None if last is None else last[0],
         last_examples=None if last is None else last[1],

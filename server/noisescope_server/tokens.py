@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
 from sqlalchemy import Engine, select
 
 from noisescope_server.models import Project, Token
+from noisescope_server.utc import as_utc
 
 __all__ = ["TokenRow", "list_tokens"]
 
@@ -21,10 +22,6 @@ class TokenRow:
     revoked_at: datetime | None
 
 
-def _utc(v: datetime | None) -> datetime | None:
-    return None if v is None else (v.replace(tzinfo=timezone.utc) if v.tzinfo is None else v)
-
-
 def list_tokens(engine: Engine, project: str | None = None) -> list[TokenRow]:
     stmt = (
         select(Token.id, Project.name, Token.name, Token.created_at, Token.revoked_at)
@@ -35,6 +32,6 @@ def list_tokens(engine: Engine, project: str | None = None) -> list[TokenRow]:
         stmt = stmt.where(Project.name == project)
     with engine.connect() as conn:
         return [
-            TokenRow(int(r[0]), str(r[1]), str(r[2]), _utc(r[3]) or r[3], _utc(r[4]))
+            TokenRow(int(r[0]), str(r[1]), str(r[2]), as_utc(r[3]), as_utc(r[4]))
             for r in conn.execute(stmt)
         ]

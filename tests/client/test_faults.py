@@ -2,13 +2,10 @@
 slow answers, 5xx, 429 and lost answers. Afterwards the database must hold every sample
 exactly once.
 
-Stated bound for the training loop: no ``log_sample``/``log`` call blocks for more than
-``HOT_CALL_BOUND_S`` (0.5 s), and at most 1% of calls take more than 50 ms, while the server
-is killed, restarted, slow or failing. Calls are counted, not timed against small numbers:
-typical calls take a few microseconds (``benchmarks/log_overhead.py``), but on a loaded
-2-core machine the OS alone can delay any Python statement by tens of milliseconds. Any I/O on
-the caller's thread would show up as seconds here (server restarts, 1 s slow answers,
-request timeouts, backoff sleeps).
+Stated bound for the training loop: no ``log_sample``/``log`` call sends a request itself,
+while the server is killed, restarted, slow or failing; the network is the sender thread's.
+The transport notes the thread of every request, so this is checked exactly rather than timed
+(the calls' cost is measured in ``benchmarks/log_overhead.py``).
 """
 
 from __future__ import annotations
@@ -26,15 +23,13 @@ import pytest
 import sqlalchemy as sa
 
 import noisescope
+from noisescope import HTTPTransport, Request, Response
 from noisescope.cli import main as cli_main
 from tests.client._fakes import wait_for
 from tests.client._proxy import FaultProxy
 from tests.support.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
-
-HOT_CALL_BOUND_S = 0.5
-SLOW_CALL_S = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -85,42 +80,52 @@ def assert_exactly_once(db_url: str, run_id: str, n: int) -> None:
     assert all(r[3] == pytest.approx(1.0 / (r[1] + 1)) for r in rows)
 
 
-class Loop:
-    """A training loop stand-in that records how long each client call blocked it."""
+class WatchedTransport(HTTPTransport):
+    """The real HTTP transport, counting requests sent from inside a training-loop call."""
 
-    def __init__(self, run: noisescope.Run) -> None:
+    def __init__(self, url: str, timeout: float) -> None:
+        super().__init__(url, None, timeout)
+        self.loop_thread: int | None = None
+        self.requests_in_loop_calls = 0
+
+    def handle_request(self, request: Request) -> Response:
+        if threading.get_ident() == self.loop_thread:
+            self.requests_in_loop_calls += 1
+        return super().handle_request(request)
+
+
+class Loop:
+    """A training loop stand-in; ``check_bound`` says whether a client call did network I/O."""
+
+    def __init__(self, run: noisescope.Run, transport: WatchedTransport) -> None:
         self.run = run
+        self.transport = transport
         self.step = 0
         self.calls = 0
-        self.slow_calls = 0
-        self.blocked_calls = 0
-        self.longest = 0.0
 
     def steps(self, n: int, pause: float = 0.0) -> None:
         for _ in range(n):
             step = self.step
-            self._timed(self.run.log_sample, step, 8, 64, 2.0 + step, 1.0)
-            self._timed(self.run.log, step, loss=1.0 / (step + 1))
+            self._watched(self.run.log_sample, step, 8, 64, 2.0 + step, 1.0)
+            self._watched(self.run.log, step, loss=1.0 / (step + 1))
             self.step += 1
             if pause:
                 time.sleep(pause)
 
     def check_bound(self) -> None:
-        longest = f"longest call {self.longest * 1e3:.1f} ms"
-        assert self.blocked_calls == 0, longest
-        assert self.slow_calls <= self.calls // 100, f"{self.slow_calls} calls over 50 ms"
+        assert self.calls > 0
+        assert self.transport.requests_in_loop_calls == 0, "a log call sent a request itself"
 
-    def _timed(self, call: Callable[..., None], *args: Any, **kwargs: Any) -> None:
-        started = time.perf_counter()
-        call(*args, **kwargs)
-        took = time.perf_counter() - started
+    def _watched(self, call: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        self.transport.loop_thread = threading.get_ident()
+        try:
+            call(*args, **kwargs)
+        finally:
+            self.transport.loop_thread = None
         self.calls += 1
-        self.longest = max(self.longest, took)
-        self.blocked_calls += took > HOT_CALL_BOUND_S
-        self.slow_calls += took > SLOW_CALL_S
 
 
-def fast_retry_run(url: str, tmp_path: Path, **kwargs: object) -> noisescope.Run:
+def fast_retry_run(url: str, tmp_path: Path, **kwargs: object) -> tuple[noisescope.Run, Loop]:
     options: dict[str, object] = {
         "url": url,
         "project": "faults",
@@ -134,14 +139,15 @@ def fast_retry_run(url: str, tmp_path: Path, **kwargs: object) -> noisescope.Run
         "flush_timeout": 60.0,
     }
     options.update(kwargs)
-    return noisescope.init(**options)  # type: ignore[arg-type]
+    transport = WatchedTransport(url, float(options["request_timeout"]))  # type: ignore[arg-type]
+    run = noisescope.init(transport=transport, **options)  # type: ignore[arg-type]
+    return run, Loop(run, transport)
 
 
 def test_server_down_at_start(db_url: str, tmp_path: Path) -> None:
     port = free_port()
     proc = ServerProcess(db_url, port=port)
-    run = fast_retry_run(f"http://127.0.0.1:{port}", tmp_path)
-    loop = Loop(run)
+    run, loop = fast_retry_run(f"http://127.0.0.1:{port}", tmp_path)
     loop.steps(500)
     assert wait_for(lambda: run.status().spooled == 499)  # step 499 is still open
     proc.start()
@@ -165,8 +171,7 @@ def test_sigkill_and_restart_mid_run(sqlite_url: str, tmp_path: Path) -> None:
 
 
 def _kill_and_restart_mid_run(db_url: str, server: ServerProcess, tmp_path: Path) -> None:
-    run = fast_retry_run(server.url, tmp_path)
-    loop = Loop(run)
+    run, loop = fast_retry_run(server.url, tmp_path)
     cycles = 3
     done = threading.Event()
     kills: list[int] = []
@@ -231,8 +236,7 @@ def _through_faulty_proxy(
 ) -> None:
     proxy = FaultProxy(server.url, retry_after=0.1, slow_seconds=1.0).start()
     try:
-        run = fast_retry_run(proxy.url, tmp_path, request_timeout=0.3)
-        loop = Loop(run)
+        run, loop = fast_retry_run(proxy.url, tmp_path, request_timeout=0.3)
         loop.steps(200)
         run.flush(30)
         proxy.faults.extend(faults)  # hit the samples path, not only run creation
@@ -250,8 +254,8 @@ def test_run_ended_while_server_down_then_sync_cli(sqlite_url: str, tmp_path: Pa
     db_url = sqlite_url
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    run = fast_retry_run(url, tmp_path, flush_timeout=0.5)
-    Loop(run).steps(300)
+    run, loop = fast_retry_run(url, tmp_path, flush_timeout=0.5)
+    loop.steps(300)
     status = run.finish()
     assert (status.spooled, status.sent) == (300, 0)
     proc = ServerProcess(db_url, port=port)
@@ -314,7 +318,8 @@ def test_interpreter_exit_with_server_down_spools_and_says_how_to_sync(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     spool = tmp_path / "spool"
-    started = time.monotonic()
+    # An exit that waited on the retry schedule (the server never comes back) instead of
+    # ~flush_timeout (1 s) would run into the subprocess timeout.
     done = subprocess.run(
         [sys.executable, "-c", EXIT_SCRIPT, url, str(spool), "1.0"],
         capture_output=True,
@@ -323,13 +328,11 @@ def test_interpreter_exit_with_server_down_spools_and_says_how_to_sync(
         check=True,
         env=LOUD_ENV,
     )
-    took = time.monotonic() - started
     run_id = done.stdout.split()[0]
     lines = [line for line in done.stderr.splitlines() if line.startswith("noisescope:")]
     assert len(lines) == 1, done.stderr
     assert "spooled 300" in lines[0]
     assert f"noisescope sync {spool} --url {url}" in lines[0]
-    assert took < 60  # the exit waited ~flush_timeout (1 s), not the retry schedule
     with ServerProcess(sqlite_url, port=port):
         assert cli_main(["sync", str(spool), "--url", url]) == 0
         assert_exactly_once(sqlite_url, run_id, 300)

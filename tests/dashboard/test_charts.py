@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 
 from noisescope_dashboard import _charts
-from noisescope_dashboard._charts import log_ticks, spec_layers
+from noisescope_dashboard._charts import log_ticks
+
+from ._vega import spec_layers
 
 MAX_POINTS = 2000
 

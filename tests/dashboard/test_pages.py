@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from noisescope import Api
-from noisescope_dashboard._charts import spec_layers
 from tests.support.servers import free_port
 
 from ._app import chart_data, charts, plain, texts
 from ._synth import DIGITS64, HOSTILE_TASK, LM, NOTICE, NOTICE_MESSAGE, SHORT, default_runs
+from ._vega import spec_layers
 from .conftest import MakeApp
 
 PAGES = ["runs", "run", "compare_runs", "compare_tasks", "critical_batch", "what_if"]
