@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from experiments import analysis, figures, report
     from experiments.runner import OFFLINE, PROJECT, Progress, ensure_logged, run_sweep
-    from experiments.server import LocalServer
     from experiments.tasks import TASKS
+    from tests.support.servers import ServerProcess
 
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in names if t not in TASKS]
@@ -74,12 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     docs: Path = args.docs or (out / "report" if args.quick else Path("docs"))
     progress = Progress()
 
-    server: LocalServer | None = None
+    server: ServerProcess | None = None
     url: str | None = args.url
     if args.offline:
         url = OFFLINE
     elif url is None and not args.no_server:
-        server = LocalServer(out / "noisescope.db", out / "server.log").start()
+        database = (out / "noisescope.db").resolve()
+        database.parent.mkdir(parents=True, exist_ok=True)
+        server = ServerProcess(f"sqlite:///{database}", log_path=out / "server.log").start()
         url = server.url
         progress.line(f"noisescope server on {url} (database {out / 'noisescope.db'})")
     try:
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         progress.line(f"wrote {docs / 'reproduction.md'}")
     finally:
         if server is not None:
-            server.stop()
+            server.close()
     return 0
 
 

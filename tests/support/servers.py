@@ -52,7 +52,8 @@ class ServerProcess:
     """A noisescope server subprocess bound to 127.0.0.1:``port``.
 
     ``database_url`` defaults to a SQLite file in a fresh temporary directory. Server output
-    goes to ``log_path`` (read it with ``.log()`` when a test fails). Extra environment
+    goes to ``log_path`` (default: in that directory; read it with ``.log()`` when a test
+    fails). Extra environment
     variables (e.g. ``NOISESCOPE_ADMIN_TOKEN``) can be passed in ``env``.
     """
 
@@ -64,6 +65,7 @@ class ServerProcess:
         auth: str = "off",
         env: dict[str, str] | None = None,
         startup_timeout: float = 120.0,
+        log_path: Path | None = None,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="noisescope-server-")
         tmp = Path(self._tmp.name)
@@ -74,7 +76,7 @@ class ServerProcess:
         self.auth = auth
         self.env = dict(env or {})
         self.startup_timeout = startup_timeout
-        self.log_path = tmp / "server.log"
+        self.log_path = log_path or tmp / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
