@@ -17,6 +17,8 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks._venv import competitor_python
+
 MODULES = [
     ("log_overhead", "Client: log() cost on the training thread"),
     ("probe_overhead", "Probes: training-step overhead"),
@@ -43,7 +45,11 @@ def _merge(previous: str, fresh: list[str]) -> list[str]:
     return merged + list(by_title.values())
 
 
-def main(argv: list[str] | None = None) -> int:
+#: The modules that compare against MLflow and wandb, from the competitors' venv.
+NEED_COMPETITORS = {"log_overhead", "ingest"}
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument(
@@ -51,10 +57,25 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         help="module names to run (default: all); their sections replace those already in --out",
     )
-    parser.add_argument("--out", type=Path, default=OUT, help=f"output file (default {OUT})")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=OUT, help="output file (docs/benchmarks.md)")
+    parser.add_argument(
+        "--venv-only",
+        action="store_true",
+        help="create (or reuse) the competitors' venv with its pinned MLflow and wandb, then stop",
+    )
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     names = [m for m, _ in MODULES if not args.only or m in args.only]
+    if args.venv_only or NEED_COMPETITORS & set(names):
+        # Made before any measurement, so that pip never runs beside a timed benchmark.
+        python, why_not = competitor_python()
+        print(f"[benchmarks] competitors' venv: {python or why_not}", file=sys.stderr)
+        if args.venv_only:
+            return 0 if python else 1
+
     sections: list[str] = []
     failed = 0
     for name in names:

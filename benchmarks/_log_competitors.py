@@ -1,6 +1,6 @@
 """Per-call cost of MLflow's ``log_metric`` and wandb's ``run.log``, for log_overhead.py.
 
-Runs inside the separate benchmark venv (``/work/bench-venv``: ``pip install mlflow wandb``),
+Runs inside the competitors' venv that ``benchmarks/_venv.py`` makes (``PINS``),
 never in the project venv, and prints one JSON object on the last line of stdout:
 ``{"name", "version", "n", "p50_us", "p99_us", "mean_us", "note"}``.
 

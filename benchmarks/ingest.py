@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 import requests
 
+from benchmarks._venv import competitor_python
 from noisescope import _wire
 from noisescope_server.models import SAMPLE_COLUMNS
 from tests.support.servers import ServerProcess, free_port, wait_for_health
@@ -421,9 +422,6 @@ def latency_table(tmp: Path, requests_n: int) -> str:
     return "\n".join(rows)
 
 
-BENCH_PYTHON = Path(os.environ.get("NOISESCOPE_BENCH_PYTHON", "/work/bench-venv/bin/python"))
-
-
 def _mlflow_client(args: tuple[str, str, list[bytes], Any]) -> None:
     base, _run_id, bodies, barrier = args
     session = requests.Session()
@@ -439,11 +437,9 @@ def _mlflow_client(args: tuple[str, str, list[bytes], Any]) -> None:
 
 def mlflow_rate(tmp: Path, n: int, clients: int) -> float | None:
     """Metric points/s into ``mlflow server`` (SQLite backend) via log-batch, 1000 per request
-    (MLflow's limit), from ``clients`` processes; None if MLflow is not installed there."""
-    if not BENCH_PYTHON.exists():
-        return None
-    check = subprocess.run([str(BENCH_PYTHON), "-c", "import mlflow"], capture_output=True)
-    if check.returncode != 0:
+    (MLflow's limit), from ``clients`` processes; None without the competitors' venv."""
+    python, _why_not = competitor_python()
+    if python is None:
         return None
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -452,7 +448,7 @@ def mlflow_rate(tmp: Path, n: int, clients: int) -> float | None:
     log = open(workdir / "server.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [
-            str(BENCH_PYTHON),
+            str(python),
             "-m",
             "mlflow",
             "server",
@@ -639,7 +635,8 @@ def run(quick: bool) -> str:
         if mlflow is None:
             lines += [
                 "",
-                "MLflow: not installed in /work/bench-venv (or its server failed): skipped.",
+                "MLflow: its venv could not be made (see `benchmarks/_venv.py`) or its server "
+                "failed: skipped.",
             ]
         else:
             lines += [

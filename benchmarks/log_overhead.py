@@ -4,10 +4,10 @@ wandb's offline ``run.log``.
 
 noisescope runs in-process (online: the background sender really posts to a local noisescope
 server, or, if the server distribution cannot start, to an in-process transport that decodes
-every batch). MLflow and wandb run as subprocesses of a SEPARATE venv (``/work/bench-venv``,
-override with ``NOISESCOPE_BENCH_VENV``; create it with ``python -m venv /work/bench-venv &&
-/work/bench-venv/bin/pip install mlflow wandb``) so that they never enter the project's venv;
-each prints its figures as JSON (``benchmarks/_log_competitors.py``).
+every batch). MLflow and wandb run as subprocesses of a SEPARATE venv at pinned versions, which
+``benchmarks/_venv.py`` creates on first use and reuses (``.bench-venv/``, git-ignored), so that
+they never enter the project's venv; each prints its figures as JSON
+(``benchmarks/_log_competitors.py``).
 
     python -m benchmarks.log_overhead [--quick]
 """
@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import noisescope
+from benchmarks._venv import PINS, competitor_python
 from noisescope import Request, Response
 from tests.support.servers import ServerProcess, free_port
 
 HERE = Path(__file__).resolve().parent
-BENCH_VENV = Path(os.environ.get("NOISESCOPE_BENCH_VENV", "/work/bench-venv"))
-BENCH_PYTHON = BENCH_VENV / "bin" / "python"
 TARGET_P50_US = 5.0
 TARGET_P99_US = 50.0
 TARGET_RATIO = 10.0
@@ -145,11 +144,11 @@ def measure_noisescope(n: int, url: str | None, workdir: Path) -> list[dict[str,
 
 
 @contextlib.contextmanager
-def _mlflow_server(workdir: Path) -> Iterator[str | None]:
+def _mlflow_server(python: Path, workdir: Path) -> Iterator[str | None]:
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     command = [
-        str(BENCH_PYTHON), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+        str(python), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
         "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
         "--default-artifact-root", str(workdir / "mlartifacts"), "--workers", "1",
     ]  # fmt: skip
@@ -167,8 +166,10 @@ def _mlflow_server(workdir: Path) -> Iterator[str | None]:
         log.close()
 
 
-def measure_competitor(which: str, n: int, workdir: Path, uri: str = "") -> dict[str, Any]:
-    command = [str(BENCH_PYTHON), str(HERE / "_log_competitors.py"), which, str(n)]
+def measure_competitor(
+    python: Path, which: str, n: int, workdir: Path, uri: str = ""
+) -> dict[str, Any]:
+    command = [str(python), str(HERE / "_log_competitors.py"), which, str(n)]
     if uri:
         command += ["--tracking-uri", uri]
     env = dict(os.environ, WANDB_DIR=str(workdir), MLFLOW_TRACKING_URI=uri or "")
@@ -197,18 +198,18 @@ def collect(quick: bool) -> list[dict[str, Any]]:
         with _noisescope_server(workdir) as url:
             rows.append(measure_floor(n_ours))
             rows.extend(measure_noisescope(n_ours, url, workdir))
-        if not BENCH_PYTHON.exists():
-            note = f"not run: no benchmark venv at {BENCH_VENV} (see module docstring)"
+        python, why_not = competitor_python()
+        if python is None:
             for name in ("wandb offline run.log", "mlflow log_metric"):
-                rows.append({"name": name, "error": note})
+                rows.append({"name": name, "error": why_not})
             return rows
-        rows.append(measure_competitor("wandb-offline", n_wandb, workdir))
-        with _mlflow_server(workdir) as uri:
+        rows.append(measure_competitor(python, "wandb-offline", n_wandb, workdir))
+        with _mlflow_server(python, workdir) as uri:
             if uri is None:
                 rows.append({"name": "mlflow log_metric", "error": "mlflow server did not start"})
             else:
-                rows.append(measure_competitor("mlflow-async", n_async, workdir, uri))
-                rows.append(measure_competitor("mlflow-sync", n_sync, workdir, uri))
+                rows.append(measure_competitor(python, "mlflow-async", n_async, workdir, uri))
+                rows.append(measure_competitor(python, "mlflow-sync", n_sync, workdir, uri))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return rows
@@ -262,8 +263,8 @@ def render(rows: list[dict[str, Any]], quick: bool) -> str:
     lines.append(
         "MLflow's async mode is run with `MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS=1` so its "
         "queue drains in reasonable time; synchronous MLflow gets fewer calls because each "
-        "is an HTTP round trip. wandb and MLflow come from a separate venv "
-        f"(`{BENCH_VENV}`), run as subprocesses."
+        "is an HTTP round trip. wandb and MLflow run as subprocesses from their own venv "
+        f"({', '.join(f'`{pin}`' for pin in PINS)}; made by `benchmarks/_venv.py`)."
     )
     return "\n".join(lines) + "\n"
 

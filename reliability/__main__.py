@@ -402,19 +402,25 @@ def browser_section(s: Sizes) -> tuple[bool, str]:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reliability", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (minutes)")
-    parser.add_argument("--backends", default="sqlite,postgresql")
-    parser.add_argument("--only", default="load,paced,faults,bad,properties,auth,browser")
+    parser.add_argument("--backends", default="sqlite,postgresql", help="%(default)s")
+    parser.add_argument(
+        "--only", default="load,paced,faults,bad,properties,auth,browser", help="%(default)s"
+    )
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")
     parser.add_argument("--rate", type=float, help="load: samples/s per run (0: unpaced)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=OUT, help="docs/reliability.md")
     parser.add_argument(
         "--update", action="store_true", help="re-run sections into an existing report"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     sizes = Sizes.quick() if args.quick else Sizes.full()
     if args.runs:
         sizes.runs = args.runs

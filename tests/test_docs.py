@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import inspect
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -170,3 +174,135 @@ def test_cited_docs_pages_exist(repo_texts: dict[str, str]) -> None:
         }
     )
     assert not missing, missing
+
+
+# --- Every setting, variable, CLI option and route is documented ------------------------------
+
+
+def _doc_pages() -> list[str]:
+    """What a user reads: README, DEVELOPERS.md and docs/*.md."""
+    pages = [ROOT / "README.md", ROOT / "DEVELOPERS.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [page.read_text() for page in pages]
+
+
+def _docs_text() -> str:
+    return "\n".join(_doc_pages())
+
+
+def _environment_variables(repo_texts: dict[str, str]) -> set[str]:
+    """The ``NOISESCOPE_*`` variables the product reads (client, server, dashboard)."""
+    product = ("client/", "server/", "dashboard/", "migrations/")
+    return {
+        var
+        for name, text in repo_texts.items()
+        if name.startswith(product) and name.endswith(".py")
+        for var in re.findall(r"\bNOISESCOPE_[A-Z][A-Z0-9_]*[A-Z0-9]\b", text)
+    }
+
+
+def test_every_settings_field_is_documented() -> None:
+    from noisescope import Settings as ClientSettings
+    from noisescope_server.settings import Settings as ServerSettings
+
+    client_doc = (ROOT / "docs" / "client.md").read_text()
+    deployment = (ROOT / "docs" / "deployment.md").read_text()
+    undocumented = [
+        f"noisescope.Settings.{f.name} (docs/client.md)"
+        for f in dataclasses.fields(ClientSettings)
+        if f"`{f.name}`" not in client_doc
+    ] + [
+        f"noisescope_server Settings.{f.name} (docs/deployment.md)"
+        for f in dataclasses.fields(ServerSettings)
+        if f"`{f.name}`" not in deployment
+    ]
+    assert not undocumented, undocumented
+
+
+def test_every_environment_variable_is_documented(repo_texts: dict[str, str]) -> None:
+    docs = _docs_text()
+    variables = _environment_variables(repo_texts)
+    assert "NOISESCOPE_URL" in variables  # the scan finds what it is meant to
+    assert not sorted(v for v in variables if f"`{v}`" not in docs)
+
+
+def _cli_options(parser: argparse.ArgumentParser, command: str) -> Iterator[tuple[str, str]]:
+    """(command, its long option or "") for every command of ``parser`` and its subcommands."""
+    yield command, ""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _cli_options(sub, f"{command} {name}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield from ((command, flag) for flag in action.option_strings if flag[:2] == "--")
+
+
+def test_every_cli_option_is_documented() -> None:
+    from benchmarks.__main__ import build_parser as benchmarks_parser
+    from experiments.__main__ import build_parser as experiments_parser
+    from noisescope.cli import build_parser
+    from reliability.__main__ import build_parser as reliability_parser
+
+    pages = _doc_pages()
+    options = [
+        *_cli_options(build_parser(), "noisescope"),
+        *_cli_options(benchmarks_parser(), "python -m benchmarks"),
+        *_cli_options(reliability_parser(), "python -m reliability"),
+        *_cli_options(experiments_parser(), "python -m experiments"),
+    ]
+    commands = {command for command, _ in options}
+    assert {"noisescope up", "noisescope sync", "noisescope token create"} <= commands
+    missing = [  # on a page that names the command
+        f"{command} {option}".strip()
+        for command, option in options
+        if not any(command in page and option in page for page in pages)
+    ]
+    assert not missing, f"not in README/DEVELOPERS/docs: {missing}"
+
+
+def test_every_api_route_is_documented() -> None:
+    """Each route of the app (its OpenAPI paths), as `METHOD /path` in docs/api.md or
+    DEVELOPERS.md."""
+    from noisescope_server.app import create_app
+    from noisescope_server.settings import Settings
+
+    docs = (ROOT / "docs" / "api.md").read_text() + (ROOT / "DEVELOPERS.md").read_text()
+    spec = create_app(Settings(database_url="sqlite://")).openapi()
+    routes = [
+        (method.upper(), path.removeprefix("/api/v1"))
+        for path, operations in spec["paths"].items()
+        for method in operations
+    ]
+    assert ("PUT", "/runs/{run_id}") in routes
+    missing = [
+        f"{method} {path}"
+        for method, path in routes
+        if not re.search(rf"`{method} (/api/v1)?{re.escape(path)}[`?]", docs)
+    ]
+    assert not missing, f"not in docs/api.md or DEVELOPERS.md: {missing}"
+
+
+def test_developers_md_signatures_match_the_code() -> None:
+    """Each `name(params)` DEVELOPERS.md shows for a public function has the code's parameters
+    (in order; `name=` stands for a keyword the function takes)."""
+    import noisescope
+    from noisescope import estimators
+
+    text = (ROOT / "DEVELOPERS.md").read_text()
+    homes = (estimators, noisescope, noisescope.Run, noisescope.Api)
+    checked = 0
+    for name, params in re.findall(r"`(?:[\w.]+\.)?(\w+)\(([^()`]*)\)", text):
+        target = next((getattr(h, name) for h in homes if hasattr(h, name)), None)
+        if not inspect.isfunction(target) or "..." in params:
+            continue  # classes, and calls shown with their arguments elided
+        shown = [p.strip() for p in params.split(",") if p.strip() not in ("", "*", "/")]
+        written = [p.split("=")[0].strip() for p in shown if not p.endswith("=")]
+        keywords = [p.removesuffix("=").strip() for p in shown if p.endswith("=")]
+        actual = [
+            p.name
+            for p in inspect.signature(target).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"
+        ]
+        assert written == actual[: len(written)], f"DEVELOPERS.md shows {name}({params})"
+        assert set(keywords) <= set(actual), f"DEVELOPERS.md shows {name}({params})"
+        checked += 1
+    assert checked >= 5, checked

@@ -1,0 +1,221 @@
+"""The import rules DEVELOPERS.md states for each package, checked on the source (AST), and no
+import cycle among the modules of a package.
+
+Every import counts, also those inside functions (a lazy import is still a dependency), except
+those under ``if TYPE_CHECKING:``.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Import name -> source folder of every package DEVELOPERS.md describes.
+PACKAGES = {
+    "noisescope": ROOT / "client" / "noisescope",
+    "noisescope_server": ROOT / "server" / "noisescope_server",
+    "noisescope_dashboard": ROOT / "dashboard" / "noisescope_dashboard",
+    "experiments": ROOT / "experiments",
+    "benchmarks": ROOT / "benchmarks",
+    "reliability": ROOT / "reliability",
+}
+#: The two client sub-packages with their own rules (they need torch).
+TORCH_PARTS = ("noisescope.torch", "noisescope.integrations")
+#: Only the research and tooling packages may import these.
+TOOLING = ("experiments", "benchmarks", "reliability", "tests")
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module
+    target: str  # the full name imported ("noisescope._wire", "torch.nn", ...)
+    line: int
+
+
+def _module_name(package: str, path: Path) -> str:
+    parts = [package, *path.relative_to(PACKAGES[package]).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            for branch in node.orelse:
+                yield from _import_nodes(ast.Module(body=[branch], type_ignores=[]))
+        else:
+            yield from _import_nodes(node)
+
+
+def _imports(package: str) -> list[Import]:
+    found = []
+    for path in sorted(PACKAGES[package].rglob("*.py")):
+        module = _module_name(package, path)
+        # The package a relative import starts from: a package's own __init__ is that package.
+        here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        for node in _import_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*here[: len(here) - node.level + 1], *filter(None, [base])])
+                names = [f"{base}.{alias.name}" for alias in node.names]
+            found += [Import(module, name, node.lineno) for name in names]
+    return found
+
+
+ALL_IMPORTS = {package: _imports(package) for package in PACKAGES}
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _part(module: str) -> str:
+    """``noisescope.torch`` / ``noisescope.integrations`` for their modules, else the package."""
+    return next((p for p in TORCH_PARTS if module == p or module.startswith(p + ".")), _top(module))
+
+
+def _third_party(imports: list[Import]) -> set[str]:
+    return {
+        _top(i.target)
+        for i in imports
+        if _top(i.target) not in sys.stdlib_module_names
+        and _top(i.target) not in PACKAGES
+        and _top(i.target) not in ("tests", "__future__")
+    }
+
+
+def _violations(
+    package: str, part: str, forbidden: set[str], allowed_in: tuple[str, ...] = ()
+) -> list[str]:
+    return [
+        f"{i.module}:{i.line} imports {i.target}"
+        for i in ALL_IMPORTS[package]
+        if _part(i.module) == part
+        and (_top(i.target) in forbidden or _part(i.target) in forbidden)
+        and i.module not in allowed_in
+    ]
+
+
+def test_the_client_core_needs_only_requests() -> None:
+    """``noisescope`` (outside torch/ and integrations/) runs in any training job: no torch, no
+    framework, pandas only inside ``to_frame``; the server only through ``noisescope.cli``."""
+    core = [i for i in ALL_IMPORTS["noisescope"] if _part(i.module) == "noisescope"]
+    assert _third_party(core) <= {"requests", "pandas"}, _third_party(core)
+    pandas_users = {i.module for i in core if _top(i.target) == "pandas"}
+    assert pandas_users <= {"noisescope._results"}, pandas_users
+    assert not _violations("noisescope", "noisescope", {*TORCH_PARTS, "noisescope_dashboard"})
+    server_users = {i.module for i in core if _top(i.target) == "noisescope_server"}
+    assert server_users <= {"noisescope.cli"}, server_users
+
+
+def test_the_probes_do_not_import_the_integrations() -> None:
+    assert not _violations("noisescope", "noisescope.torch", {"noisescope.integrations"})
+    assert _third_party(
+        [i for i in ALL_IMPORTS["noisescope"] if _part(i.module) == "noisescope.torch"]
+    ) <= {"torch"}
+
+
+def test_the_server_never_imports_torch_probes_or_the_dashboard() -> None:
+    """The dashboard only as a file to run (``noisescope dashboard``), from the CLI."""
+    forbidden = {"torch", *TORCH_PARTS, "noisescope_dashboard"}
+    allowed = ("noisescope_server.cli",)
+    assert not _violations("noisescope_server", "noisescope_server", forbidden, allowed)
+
+
+def test_the_dashboard_reads_only_the_http_api() -> None:
+    forbidden = {"noisescope_server", "sqlalchemy", "torch", *TORCH_PARTS}
+    assert not _violations("noisescope_dashboard", "noisescope_dashboard", forbidden)
+
+
+@pytest.mark.parametrize("package", ["noisescope", "noisescope_server", "noisescope_dashboard"])
+def test_products_never_import_the_tooling(package: str) -> None:
+    bad = [
+        f"{i.module}:{i.line} imports {i.target}"
+        for i in ALL_IMPORTS[package]
+        if _top(i.target) in TOOLING
+    ]
+    assert not bad
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycle_within_a_package(package: str) -> None:
+    modules = {_module_name(package, p) for p in PACKAGES[package].rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for i in ALL_IMPORTS[package]:
+        target = resolve(i.target)
+        # A module importing its own package's __init__ is how submodules reach siblings
+        # (``from noisescope import _wire``): that edge goes to the sibling, resolved above.
+        if target is not None and target != i.module:
+            graph[i.module].add(target)
+
+    cycles = _cycles(graph)
+    assert not cycles, f"import cycles in {package}: {cycles}"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_scan_sees_the_imports_it_checks() -> None:
+    """Guards the checks above against a scanner that finds nothing."""
+    targets = {(i.module, i.target) for i in ALL_IMPORTS["noisescope"]}
+    assert ("noisescope.cli", "noisescope_server.cli.register") in targets
+    assert any(m.startswith("noisescope.torch.") and t == "torch" for m, t in targets)
+    assert any(_top(i.target) == "noisescope" for i in ALL_IMPORTS["noisescope_dashboard"])
+    graph_probe = {"a": {"b"}, "b": {"a"}, "c": set()}
+    assert _cycles(graph_probe) == [["a", "b"]]
