@@ -306,3 +306,32 @@ def test_developers_md_signatures_match_the_code() -> None:
         assert set(keywords) <= set(actual), f"DEVELOPERS.md shows {name}({params})"
         checked += 1
     assert checked >= 5, checked
+
+
+# --- Install lines that work ------------------------------------------------------------------
+
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_install_lines_name_what_exists() -> None:
+    """From a checkout the extras are `./client[...]`, and each extra shown is the client's."""
+    import tomllib
+
+    client = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
+    extras = set(client["optional-dependencies"])
+    for extra in re.findall(r"pip install '\./client\[(\w+)\]'", README):
+        assert extra in extras, extra
+    assert "pip install './client[transformers]'" in README
+    assert CPU_TORCH in README
+    for page in ("README.md", "docs/integrations.md", "docs/client.md"):
+        text = (ROOT / page).read_text()
+        bare = re.findall(r"pip install '?noisescope\[", text)
+        assert not bare or "once published" in text, f"{page}: a PyPI line as if it worked"
+
+
+def test_the_torch_import_error_says_how_to_get_the_cpu_build() -> None:
+    code = "import sys; sys.modules['torch'] = None; import noisescope.torch"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "ImportError: noisescope.torch needs PyTorch" in done.stderr
+    assert CPU_TORCH in done.stderr

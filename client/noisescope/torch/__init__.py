@@ -10,7 +10,9 @@ try:
     import torch as _torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError(
-        "noisescope.torch needs PyTorch: pip install torch (noisescope itself does not)"
+        "noisescope.torch needs PyTorch (noisescope itself does not). Without an NVIDIA GPU "
+        "install the CPU build, a plain `pip install torch` pulls the multi-GB CUDA one: "
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu"
     ) from exc
 
 from noisescope._sink import Sink
