@@ -293,18 +293,25 @@ for step in range(300):
 LOUD_ENV = {**os.environ, "NOISESCOPE_QUIET": "0"}
 
 
-def test_interpreter_exit_flushes_without_finish(
-    shared_server: tuple[ServerProcess, str], tmp_path: Path
-) -> None:
-    server, sqlite_url = shared_server
-    done = subprocess.run(
-        [sys.executable, "-c", EXIT_SCRIPT, server.url, str(tmp_path / "spool"), "30"],
+def run_exit_script(
+    url: str, spool: Path, flush_timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """EXIT_SCRIPT in a child with ``flush_timeout``; its stdout is the run id."""
+    return subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, url, str(spool), str(flush_timeout)],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
         env=LOUD_ENV,
     )
+
+
+def test_interpreter_exit_flushes_without_finish(
+    shared_server: tuple[ServerProcess, str], tmp_path: Path
+) -> None:
+    server, sqlite_url = shared_server
+    done = run_exit_script(server.url, tmp_path / "spool", 30)
     run_id = done.stdout.split()[0]
     assert_exactly_once(sqlite_url, run_id, 300)
     assert run_status(sqlite_url, run_id) == "finished"
@@ -320,14 +327,7 @@ def test_interpreter_exit_with_server_down_spools_and_says_how_to_sync(
     spool = tmp_path / "spool"
     # An exit that waited on the retry schedule (the server never comes back) instead of
     # ~flush_timeout (1 s) would run into the subprocess timeout.
-    done = subprocess.run(
-        [sys.executable, "-c", EXIT_SCRIPT, url, str(spool), "1.0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env=LOUD_ENV,
-    )
+    done = run_exit_script(url, spool, 1.0)
     run_id = done.stdout.split()[0]
     lines = [line for line in done.stderr.splitlines() if line.startswith("noisescope:")]
     assert len(lines) == 1, done.stderr
