@@ -9,10 +9,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select, update
 
 from noisescope import _wire
-from noisescope_server.crud._sql import LOCK_RUN, as_utc, insert_ignore, utcnow
+from noisescope_server.crud._sql import LOCK_RUN, insert_ignore
 from noisescope_server.db import write_transaction
 from noisescope_server.errors import Conflict, Forbidden, NotFound
 from noisescope_server.models import Project, Run, Task
+from noisescope_server.utc import as_utc, utcnow
 from noisescope_server.validate import check_run_uid
 
 

@@ -18,6 +18,7 @@ from noisescope_server.crud import _sql
 from noisescope_server.crud._runs import require_run
 from noisescope_server.db import write_transaction
 from noisescope_server.models import BLOCK_SIZE, SAMPLE_COLUMNS
+from noisescope_server.utc import utcnow
 from noisescope_server.validate import FLOAT_COLUMNS, SampleBatch
 
 
@@ -36,7 +37,7 @@ def ingest_samples(
                 add_block_deltas(conn, run.id, deltas)
             else:  # some rows were already stored: recompute the touched blocks
                 refresh_blocks(conn, run.id, batch.columns["seq"])
-            conn.execute(_sql.TOUCH_RUN, {"run_id": run.id, "now": _sql.utcnow()})
+            conn.execute(_sql.TOUCH_RUN, {"run_id": run.id, "now": utcnow()})
         return inserted
 
 

@@ -10,7 +10,6 @@ import functools
 import re
 import sqlite3
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
@@ -31,18 +30,6 @@ from sqlalchemy.sql.expression import Executable
 from noisescope_server.models import BLOCK_SIZE, SAMPLE_COLUMNS, Project, Run, Sample, SampleBlock
 
 DIALECTS = ("sqlite", "postgresql")
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def as_utc(value: datetime) -> datetime:
-    return (
-        value.replace(tzinfo=timezone.utc)
-        if value.tzinfo is None
-        else value.astimezone(timezone.utc)
-    )
 
 
 def dialect_insert(dialect_name: str) -> Any:

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, insert, select, update
 
 from noisescope_server.crud._runs import get_or_create_project
-from noisescope_server.crud._sql import utcnow
 from noisescope_server.db import write_transaction
 from noisescope_server.models import Project, Token
+from noisescope_server.utc import utcnow
 
 TOKEN_PREFIX = "nsk_"
 
