@@ -8,6 +8,7 @@ those under ``if TYPE_CHECKING:``.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -219,3 +220,21 @@ def test_the_scan_sees_the_imports_it_checks() -> None:
     assert any(_top(i.target) == "noisescope" for i in ALL_IMPORTS["noisescope_dashboard"])
     graph_probe = {"a": {"b"}, "b": {"a"}, "c": set()}
     assert _cycles(graph_probe) == [["a", "b"]]
+
+
+def test_developers_md_layout_names_every_module() -> None:
+    """Each top-level module and sub-package of the three products is in DEVELOPERS.md's layout."""
+    text = (ROOT / "DEVELOPERS.md").read_text()
+    layout = text[text.index("## Layout") : text.index("## Packages")]
+    missing = []
+    for package in ("noisescope", "noisescope_server", "noisescope_dashboard"):
+        for path in sorted(PACKAGES[package].iterdir()):
+            if path.suffix == ".py" and path.name != "__init__.py":
+                named = re.search(rf"(?<![\w.]){re.escape(path.stem)}(\.py)?\b", layout)
+            elif (path / "__init__.py").is_file():
+                named = re.search(rf"(?<![\w/]){re.escape(path.name)}/", layout)
+            else:
+                continue
+            if not named:
+                missing.append(f"{package}/{path.name}")
+    assert not missing, f"not in DEVELOPERS.md's layout: {missing}"
