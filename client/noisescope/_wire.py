@@ -8,6 +8,7 @@ insert rate.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Final
 from urllib.parse import quote
 
@@ -44,6 +45,10 @@ RUN_STATUSES: Final = ("running", "finished", "failed", "crashed")
 MAX_SAMPLES_PER_REQUEST: Final = 50_000
 MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 MAX_NAME_LENGTH: Final = 200
+#: The deepest a run config or an event payload may nest (``{}`` is 1, ``{"a": {}}`` is 2).
+#: The server refuses deeper values at write and clips stored ones at read: its JSON encoder
+#: stops at 254 levels, and an answer wraps each value in a few more.
+MAX_JSON_DEPTH: Final = 64
 
 
 #: A run id: 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter, digit or ``_``.
@@ -61,6 +66,28 @@ def run_id_problem(run_id: object) -> str | None:
         f"run id {shown} is not valid: use 1-64 characters from A-Z a-z 0-9 _ . -, starting "
         "with a letter, digit or _ (the client generates a uuid4 hex)"
     )
+
+
+def json_depth(value: object, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep ``value`` nests (a scalar is 0), counted up to ``limit + 1`` at most; iterative,
+    so a value nested thousands deep costs no recursion."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children: Iterable[object]
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth) for child in children)
+    return deepest
 
 
 def runs_path(run_id: str) -> str:

@@ -15,20 +15,36 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from noisescope import _wire
 from noisescope_server import __version__, db
 from noisescope_server.api import health, ingest, query, recommend, runs, tokens
 from noisescope_server.api._body import format_validation_error
+from noisescope_server.api.run_ids import RunIdGuard
 from noisescope_server.errors import BadInput, Conflict, Forbidden, NotFound
 from noisescope_server.settings import Settings
 
 __all__ = ["app_from_env", "create_app"]
 
 log = logging.getLogger("noisescope_server")
+#: Where uvicorn logs connections (its "Invalid HTTP request received." too): a client's
+#: broken or abandoned request is logged there, at info level, beside uvicorn's own lines.
+connections_log = logging.getLogger("uvicorn.error")
+
+
+class _ClientFaultsAtInfo(logging.Filter):
+    """uvicorn logs a malformed request (e.g. a broken chunked body) as a warning: the
+    client's fault, not the server's, so it is an info line like a disconnect."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and record.msg == "Invalid HTTP request received.":
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return connections_log.isEnabledFor(logging.INFO)
+        return True
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -67,6 +83,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(
             module.router, prefix=_wire.API_PREFIX, dependencies=[Depends(_no_nul_in_url)]
         )
+    app.add_middleware(RunIdGuard)
+    if not any(isinstance(f, _ClientFaultsAtInfo) for f in connections_log.filters):
+        connections_log.addFilter(_ClientFaultsAtInfo())
     _install_error_handlers(app)
     return app
 
@@ -92,6 +111,15 @@ def _detail(status: int, message: str) -> JSONResponse:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, _exc: ClientDisconnect) -> Response:
+        # the client went away (or its body was malformed) before the body was read: nobody
+        # is left to answer, and nothing was stored, so this is news, not an error
+        peer = request.client.host if request.client else "?"
+        connections_log.info("client %s disconnected before sending its whole %s %s body",
+                 peer, request.method, request.url.path)  # fmt: skip
+        return Response(status_code=400)
+
     # Bad values are BadInput only: any other ValueError is a server bug and stays a 500.
     @app.exception_handler(BadInput)
     async def _bad_input(_r: Request, exc: BadInput) -> JSONResponse:

@@ -21,7 +21,7 @@ import math
 import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import (
@@ -57,6 +57,7 @@ from noisescope.estimators import (
 )
 from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
 from noisescope_server.errors import BadInput, Forbidden, NotFound
+from noisescope_server.jsonclip import clip_json
 from noisescope_server.models import (
     BLOCK_SIZE,
     SAMPLE_COLUMNS,
@@ -67,7 +68,7 @@ from noisescope_server.models import (
     SampleBlock,
     Task,
 )
-from noisescope_server.utc import as_utc
+from noisescope_server.utc import as_utc, utcnow
 
 __all__ = [
     "BucketSums",
@@ -87,6 +88,7 @@ __all__ = [
     "raw_samples_csv",
     "run_events",
     "run_series",
+    "run_status",
     "series_names",
     "smooth_series",
     "task_summaries",
@@ -111,7 +113,17 @@ _SUB = 4
 # --- runs ------------------------------------------------------------------------------------
 
 
-def _run_select() -> Any:
+def run_status(crash_after: float = _wire.CRASH_AFTER) -> Any:
+    """A run's status as readers see it: a stored "running" whose process has not been heard
+    from (any write or heartbeat sets ``last_seen_at``) for ``crash_after`` seconds reads
+    "crashed". Computed at read time, so a run that sends again reads "running" again and
+    workers hold no state."""
+    cutoff = utcnow() - timedelta(seconds=crash_after)
+    seen = func.coalesce(Run.last_seen_at, Run.started_at)
+    return case((and_(Run.status == "running", seen < cutoff), "crashed"), else_=Run.status)
+
+
+def _run_select(crash_after: float = _wire.CRASH_AFTER) -> Any:
     return (
         select(
             Run.id,
@@ -123,7 +135,7 @@ def _run_select() -> Any:
             Run.config,
             Run.batch_size,
             Run.units,
-            Run.status,
+            run_status(crash_after).label("status"),
             Run.started_at,
             Run.ended_at,
             Run.last_seen_at,
@@ -320,8 +332,8 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         project=str(row.project),
         task=str(row.task),
         name=str(row.name),
-        tags=list(row.tags or []),
-        config=dict(row.config or {}),
+        tags=clip_json(row.tags) if isinstance(row.tags, list) else [],
+        config=clip_json(row.config) if isinstance(row.config, dict) else {},
         batch_size=row.batch_size,
         units=str(row.units),
         status=str(row.status),
@@ -365,17 +377,19 @@ def list_runs(
     limit: int = 200,
     project_scope: int | None = None,
     current: bool = True,
+    crash_after: float = _wire.CRASH_AFTER,
 ) -> list[RunSummary]:
-    """Runs, newest first, filtered by project/task name, tag, status, a case-insensitive
-    substring of name/uid/task (``search``) and start time; each with its current B_simple
-    (``current=False`` skips that window, for callers that only need the runs)."""
-    stmt = _run_select().order_by(Run.started_at.desc(), Run.id.desc())
+    """Runs, newest first, filtered by project/task name, tag, status (as ``run_status``
+    reads it), a case-insensitive substring of name/uid/task (``search``) and start time; each
+    with its current B_simple (``current=False`` skips that window, for callers that only need
+    the runs)."""
+    stmt = _run_select(crash_after).order_by(Run.started_at.desc(), Run.id.desc())
     if project is not None:
         stmt = stmt.where(Project.name == project)
     if task is not None:
         stmt = stmt.where(Task.name == task)
     if status is not None:
-        stmt = stmt.where(Run.status == status)
+        stmt = stmt.where(run_status(crash_after) == status)
     if started_after is not None:
         stmt = stmt.where(Run.started_at >= started_after)
     if started_before is not None:
@@ -404,8 +418,13 @@ def list_runs(
         return [_summarise(conn, r, facts, current=current) for r in rows]
 
 
-def _scoped_run(conn: Connection, run_uid: str, project_scope: int | None) -> Any:
-    row = conn.execute(_run_select().where(Run.uid == run_uid)).first()
+def _scoped_run(
+    conn: Connection,
+    run_uid: str,
+    project_scope: int | None,
+    crash_after: float = _wire.CRASH_AFTER,
+) -> Any:
+    row = conn.execute(_run_select(crash_after).where(Run.uid == run_uid)).first()
     if row is None:
         raise NotFound(f"run {run_uid!r} does not exist")
     if project_scope is not None and int(row.project_id) != project_scope:
@@ -413,10 +432,16 @@ def _scoped_run(conn: Connection, run_uid: str, project_scope: int | None) -> An
     return row
 
 
-def get_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunSummary:
+def get_run(
+    engine: Engine,
+    run_uid: str,
+    *,
+    project_scope: int | None = None,
+    crash_after: float = _wire.CRASH_AFTER,
+) -> RunSummary:
     """One run's summary; raises ``errors.NotFound`` for an unknown uid."""
     with engine.connect() as conn:
-        row = _scoped_run(conn, run_uid, project_scope)
+        row = _scoped_run(conn, run_uid, project_scope, crash_after)
         return _summarise(conn, row, _run_facts(conn, [int(row.id)]))
 
 
@@ -1035,7 +1060,13 @@ def run_events(engine: Engine, run_uid: str, *, project_scope: int | None = None
             .order_by(Event.step, Event.id)
         ).all()
     return [
-        EventRow(int(r[0]), str(r[1]), dict(r[2] or {}), r[3], None if r[4] is None else int(r[4]))
+        EventRow(
+            int(r[0]),
+            str(r[1]),
+            clip_json(r[2]) if isinstance(r[2], dict) else {},
+            r[3],
+            None if r[4] is None else int(r[4]),
+        )
         for r in rows
     ]
 
@@ -1044,10 +1075,20 @@ def run_events(engine: Engine, run_uid: str, *, project_scope: int | None = None
 
 
 def task_summaries(
-    engine: Engine, project: str | None = None, *, project_scope: int | None = None
+    engine: Engine,
+    project: str | None = None,
+    *,
+    project_scope: int | None = None,
+    crash_after: float = _wire.CRASH_AFTER,
 ) -> list[TaskSummary]:
     """One row per (project, task), for cross-task comparison."""
-    runs = list_runs(engine, project=project, limit=1_000_000, project_scope=project_scope)
+    runs = list_runs(
+        engine,
+        project=project,
+        limit=1_000_000,
+        project_scope=project_scope,
+        crash_after=crash_after,
+    )
     groups: dict[tuple[str, str], list[RunSummary]] = {}
     for r in runs:
         groups.setdefault((r.project, r.task), []).append(r)

@@ -10,6 +10,10 @@ Environment variables (all optional, so ``noisescope up`` needs no setup):
 - ``NOISESCOPE_ADMIN_TOKEN``: enables token management over HTTP when auth is on.
 - ``NOISESCOPE_MAX_BODY_BYTES``, ``NOISESCOPE_MAX_SAMPLES``: request limits (defaults from the
   wire format, which the client respects when batching).
+- ``NOISESCOPE_CRASH_AFTER``: seconds (default 120) after which a run still "running" that
+  has sent nothing, not even a heartbeat, reads as "crashed" (computed at each read).
+- ``NOISESCOPE_READ_TIMEOUT``: seconds (default 60) a request body may take to arrive; a
+  slower one is answered 408 and its connection closed.
 - ``NOISESCOPE_DASHBOARD_URL``: the dashboard's base URL (``noisescope up`` sets it to the one it
   starts); when set, the answer to ``PUT /api/v1/runs/{id}`` carries the link to the run's page,
   which the client prints, as wandb does.
@@ -17,6 +21,7 @@ Environment variables (all optional, so ``noisescope up`` needs no setup):
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -41,6 +46,20 @@ def default_database_url(env: Mapping[str, str] | None = None) -> str:
     return f"sqlite:///{default_home(env) / 'noisescope.db'}"
 
 
+#: The default ``read_timeout`` (seconds): a 16 MiB body at under 300 kB/s still arrives.
+READ_TIMEOUT = 60.0
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+
+
 def parse_auth(value: str) -> AuthMode:
     mode = value.strip().lower()
     for known in AUTH_MODES:
@@ -62,6 +81,16 @@ class Settings:
     migrate: bool = True
     #: The dashboard's base URL, for the run links in PUT answers (None: no links).
     dashboard_url: str | None = None
+    #: A "running" run silent this long (seconds) reads as "crashed".
+    crash_after: float = _wire.CRASH_AFTER
+    #: The longest a request body may take to arrive (seconds).
+    read_timeout: float = READ_TIMEOUT
+
+    def __post_init__(self) -> None:
+        for name in ("crash_after", "read_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, /, **overrides: object) -> Settings:
@@ -73,6 +102,8 @@ class Settings:
             max_body_bytes=int(env.get("NOISESCOPE_MAX_BODY_BYTES", _wire.MAX_BODY_BYTES)),
             max_samples=int(env.get("NOISESCOPE_MAX_SAMPLES", _wire.MAX_SAMPLES_PER_REQUEST)),
             dashboard_url=env.get("NOISESCOPE_DASHBOARD_URL") or None,
+            crash_after=_seconds(env, "NOISESCOPE_CRASH_AFTER", _wire.CRASH_AFTER),
+            read_timeout=_seconds(env, "NOISESCOPE_READ_TIMEOUT", READ_TIMEOUT),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings  # type: ignore[arg-type]
@@ -84,6 +115,8 @@ class Settings:
             "NOISESCOPE_AUTH": self.auth,
             "NOISESCOPE_MAX_BODY_BYTES": str(self.max_body_bytes),
             "NOISESCOPE_MAX_SAMPLES": str(self.max_samples),
+            "NOISESCOPE_CRASH_AFTER": repr(self.crash_after),
+            "NOISESCOPE_READ_TIMEOUT": repr(self.read_timeout),
         }
         if self.admin_token:
             env["NOISESCOPE_ADMIN_TOKEN"] = self.admin_token

@@ -28,7 +28,7 @@ from noisescope import _wire, sweep
 from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
 from noisescope_server.errors import BadInput, Forbidden, NotFound
 from noisescope_server.models import Event, Project, Run, Task
-from noisescope_server.queries import LEVEL, BucketSums, bucket_sums, finite_number
+from noisescope_server.queries import LEVEL, BucketSums, bucket_sums, finite_number, run_status
 
 __all__ = ["LOSS_CHOICES", "MAX_POINTS_PER_RUN", "critical_batch"]
 
@@ -64,6 +64,7 @@ def critical_batch(
     targets: Sequence[float] | None = None,
     loss: LossChoice = "auto",
     project_scope: int | None = None,
+    crash_after: float = _wire.CRASH_AFTER,
 ) -> sweep.CriticalBatchReport:
     """The critical batch size of ``project/task`` per loss target (``noisescope.sweep``).
 
@@ -83,7 +84,15 @@ def critical_batch(
         if project_scope is not None and project_id != project_scope:
             raise Forbidden(f"this token does not grant access to project {project!r}")
         runs = conn.execute(
-            select(Run.id, Run.uid, Run.name, Run.batch_size, Run.units, Run.status, Run.config)
+            select(
+                Run.id,
+                Run.uid,
+                Run.name,
+                Run.batch_size,
+                Run.units,
+                run_status(crash_after).label("status"),
+                Run.config,
+            )
             .where(Run.task_id == task_id)
             .order_by(Run.started_at, Run.id)
         ).all()

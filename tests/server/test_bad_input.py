@@ -225,3 +225,15 @@ _column_maps = st.dictionaries(
 def test_fuzzed_bodies_never_cause_a_5xx(client: httpx.Client, target: str, payload: Any) -> None:
     r = client.post(f"{API}/runs/{target}/samples", content=json.dumps(payload).encode())
     assert r.status_code < 500, r.text
+
+
+@pytest.mark.parametrize("length", [201, 50_001, 60_000])
+def test_a_search_longer_than_any_name_is_refused_with_the_limit(
+    client: httpx.Client, length: int
+) -> None:
+    """SQLite refuses LIKE patterns over 50 000 bytes (it was a 503 "retry"): the limit is the
+    longest name, on both backends."""
+    r = client.get(f"{API}/runs", params={"search": "x" * length})
+    assert r.status_code == 422, r.text
+    assert "search" in r.json()["detail"] and "200 characters" in r.json()["detail"]
+    assert client.get(f"{API}/runs", params={"search": "x" * 200}).status_code == 200

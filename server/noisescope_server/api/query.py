@@ -15,6 +15,7 @@ import orjson
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from noisescope import _wire
 from noisescope._results import (
     EventRow,
     ParallelismPlan,
@@ -26,7 +27,8 @@ from noisescope._results import (
 from noisescope.recommend import parallelism_plan
 from noisescope.sweep import CriticalBatchReport
 from noisescope_server import queries, sweeps
-from noisescope_server.api.deps import EngineDep, ReadScope
+from noisescope_server.api.deps import EngineDep, ReadScope, SettingsDep
+from noisescope_server.api.run_ids import check_run_ids
 from noisescope_server.errors import value_errors_as_bad_input
 
 router = APIRouter(tags=["query"])
@@ -46,12 +48,22 @@ def get_projects(engine: EngineDep, scope: ReadScope) -> list[str]:
 @router.get("/runs", response_model=list[RunSummary], summary="List and filter runs")
 def get_runs(
     engine: EngineDep,
+    settings: SettingsDep,
     scope: ReadScope,
     project: str | None = None,
     task: str | None = None,
     tag: str | None = None,
-    status: str | None = None,
-    search: str | None = None,
+    status: Annotated[
+        str | None,
+        Query(description='as read: "crashed" includes running runs silent for crash_after'),
+    ] = None,
+    search: Annotated[
+        str | None,
+        Query(
+            max_length=_wire.MAX_NAME_LENGTH,
+            description="substring of the name, id or task (at most as long as a name)",
+        ),
+    ] = None,
     started_after: datetime | None = None,
     started_before: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
@@ -76,13 +88,16 @@ def get_runs(
             limit=limit,
             project_scope=scope,
             current=current,
+            crash_after=settings.crash_after,
         )
     )
 
 
 @router.get("/runs/{run_id}", response_model=RunSummary, summary="One run")
-def get_run(run_id: str, engine: EngineDep, scope: ReadScope) -> Response:
-    return _json(queries.get_run(engine, run_id, project_scope=scope))
+def get_run(run_id: str, engine: EngineDep, settings: SettingsDep, scope: ReadScope) -> Response:
+    return _json(
+        queries.get_run(engine, run_id, project_scope=scope, crash_after=settings.crash_after)
+    )
 
 
 @router.get(
@@ -132,6 +147,7 @@ def get_compare_series(
     max_points: Annotated[int, Query(ge=1, le=2000)] = 400,
     window_fraction: Annotated[float, Query(ge=0, le=1)] = 0.1,
 ) -> Response:
+    check_run_ids(runs)
     return _json(
         queries.compare_series(
             engine,
@@ -175,8 +191,14 @@ def get_samples_csv(
 
 
 @router.get("/tasks", response_model=list[TaskSummary], summary="Tasks across runs")
-def get_tasks(engine: EngineDep, scope: ReadScope, project: str | None = None) -> Response:
-    return _json(queries.task_summaries(engine, project, project_scope=scope))
+def get_tasks(
+    engine: EngineDep, settings: SettingsDep, scope: ReadScope, project: str | None = None
+) -> Response:
+    return _json(
+        queries.task_summaries(
+            engine, project, project_scope=scope, crash_after=settings.crash_after
+        )
+    )
 
 
 @router.get(
@@ -189,6 +211,7 @@ def get_critical_batch(
     task: str,
     request: Request,
     engine: EngineDep,
+    settings: SettingsDep,
     scope: ReadScope,
     targets: Annotated[
         list[float] | None,
@@ -204,7 +227,15 @@ def get_critical_batch(
         raise HTTPException(422, "targets must be finite numbers")
     project, task = _task_path(request, project, task)
     return _json(
-        sweeps.critical_batch(engine, project, task, targets=chosen, loss=loss, project_scope=scope)
+        sweeps.critical_batch(
+            engine,
+            project,
+            task,
+            targets=chosen,
+            loss=loss,
+            project_scope=scope,
+            crash_after=settings.crash_after,
+        )
     )
 
 

@@ -32,7 +32,20 @@ def _no_nul(value: str) -> str:
     return value
 
 
+def _readable_back(value: dict[str, Any]) -> dict[str, Any]:
+    """Refuse a value nested deeper than the API can return (``_wire.MAX_JSON_DEPTH``)."""
+    depth = _wire.json_depth(value)
+    if depth > _wire.MAX_JSON_DEPTH:
+        raise ValueError(
+            f"nests more than {_wire.MAX_JSON_DEPTH} levels deep (the limit, "
+            "noisescope._wire.MAX_JSON_DEPTH); flatten it, e.g. with dotted keys"
+        )
+    return value
+
+
 NoNul = AfterValidator(_no_nul)
+#: A run config or event payload: a JSON object no deeper than ``_wire.MAX_JSON_DEPTH``.
+JsonObject = Annotated[dict[str, Any], AfterValidator(_readable_back)]
 Name = Annotated[
     str,
     StringConstraints(min_length=1, max_length=_wire.MAX_NAME_LENGTH, strip_whitespace=True),
@@ -43,7 +56,10 @@ Status = Literal["running", "finished", "failed", "crashed"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """One policy with the samples endpoint: no coercion (``true`` is not 1, ``"64"`` is not
+    64; an integer is a number). Times alone are lax: ISO 8601 text or Unix seconds."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class RunPut(_Strict):
@@ -52,7 +68,7 @@ class RunPut(_Strict):
     project: Name
     task: Name
     name: Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH), NoNul] = ""
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: JsonObject = Field(default_factory=dict)
     tags: list[Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH), NoNul]] = Field(
         default_factory=list, max_length=100
     )
@@ -60,7 +76,7 @@ class RunPut(_Strict):
     units: Units = "examples"
     status: Status = "running"
     started_at: datetime | None = Field(
-        default=None, description="ISO 8601 or Unix seconds; default: now"
+        default=None, strict=False, description="ISO 8601 or Unix seconds; default: now"
     )
 
 
@@ -76,14 +92,14 @@ class RunPutResult(BaseModel):
 
 class RunPatch(_Strict):
     status: Status | None = None
-    ended_at: datetime | None = None
+    ended_at: datetime | None = Field(default=None, strict=False)
     batch_size: float | None = Field(default=None, gt=0)
 
 
 class EventItem(_Strict):
     step: int = Field(ge=0, le=2**63 - 1)
     kind: Annotated[str, StringConstraints(min_length=1, max_length=64), NoNul]
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict)
     time: float | None = None
     seq: int | None = Field(
         default=None, ge=0, le=2**63 - 1, description="client sequence number: re-sends ignored"

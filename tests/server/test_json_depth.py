@@ -1,0 +1,112 @@
+"""One nesting limit (``_wire.MAX_JSON_DEPTH``) for what is written and what is read back: a
+config or event payload deeper than it is refused at write, and rows already stored deeper
+(written around the API) are clipped on read instead of making every reader's answer a 500."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import Engine, create_engine, insert, select, update
+
+from noisescope import _wire
+from noisescope_server.jsonclip import CLIPPED, clip_json
+from noisescope_server.models import Event, Run
+from tests.server._data import run_body
+
+API = "/api/v1"
+LIMIT = _wire.MAX_JSON_DEPTH
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """An object nesting ``depth`` levels (``{}`` is 1)."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_json_depth_counts_levels() -> None:
+    assert _wire.json_depth(1) == 0
+    assert _wire.json_depth({}) == 1
+    assert _wire.json_depth({"a": [1, {"b": []}]}) == 4
+    assert _wire.json_depth(nested(100_000), limit=10) == 11  # stops early, no recursion
+
+
+def test_clip_json_cuts_at_the_limit_and_keeps_the_rest() -> None:
+    value = {"lr": 0.1, "deep": nested(LIMIT + 5), "list": [1, 2]}
+    clipped = clip_json(value)
+    assert _wire.json_depth(clipped, 10_000) == LIMIT
+    assert clipped["lr"] == 0.1 and clipped["list"] == [1, 2]
+    inner = clipped["deep"]
+    for _ in range(LIMIT - 2):
+        inner = inner["a"]
+    assert inner == {"a": CLIPPED}
+    shallow = {"a": nested(LIMIT - 1)}
+    assert clip_json(shallow) is shallow
+
+
+@pytest.mark.parametrize("depth", [LIMIT + 1, 300, 1000])
+def test_a_config_deeper_than_the_limit_is_refused(client: httpx.Client, depth: int) -> None:
+    rid = uuid.uuid4().hex
+    config = '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)  # beyond json.dumps' recursion
+    body = f'{{"project": "p", "task": "t", "config": {config}}}'
+    r = client.put(f"{API}/runs/{rid}", content=body.encode())
+    assert r.status_code == 422, r.text
+    assert f"more than {LIMIT} levels" in r.json()["detail"]
+    assert "config" in r.json()["detail"]
+    assert client.get(f"{API}/runs/{rid}").status_code == 404
+
+
+def test_an_event_payload_deeper_than_the_limit_is_refused(client: httpx.Client) -> None:
+    rid = uuid.uuid4().hex
+    client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
+    event = {"step": 1, "kind": "mark", "payload": nested(300)}
+    r = client.post(f"{API}/runs/{rid}/events", json={"events": [event]})
+    assert r.status_code == 422, r.text
+    assert "payload" in r.json()["detail"] and f"{LIMIT} levels" in r.json()["detail"]
+    assert client.get(f"{API}/runs/{rid}/events").json() == []
+
+
+def test_a_config_at_the_limit_reads_back_whole(client: httpx.Client) -> None:
+    rid = uuid.uuid4().hex
+    config = {"x": nested(LIMIT - 1)}
+    assert client.put(f"{API}/runs/{rid}", json=run_body(config=config)).status_code == 201
+    assert client.get(f"{API}/runs/{rid}").json()["config"] == config
+
+
+@pytest.fixture
+def engine(backend_url: str) -> Iterator[Engine]:
+    eng = create_engine(backend_url)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+def test_rows_stored_too_deep_are_clipped_on_read(client: httpx.Client, engine: Engine) -> None:
+    """Stored through SQLAlchemy, around the API: every reader still gets a 200."""
+    rid = uuid.uuid4().hex
+    project = f"deep-{rid[:8]}"
+    client.put(f"{API}/runs/{rid}", json=run_body(project=project)).raise_for_status()
+    with engine.begin() as conn:
+        run_pk = conn.execute(select(Run.id).where(Run.uid == rid)).scalar_one()
+        conn.execute(
+            update(Run)
+            .where(Run.id == run_pk)
+            .values(config={"lr": 0.1, "deep": nested(300)}, tags=[[[["x"]]]] * 2)
+        )
+        conn.execute(insert(Event).values(run_id=run_pk, step=3, kind="mark", payload=nested(300)))
+    for path in (f"/runs/{rid}", f"/runs?project={project}", "/runs", f"/runs/{rid}/events"):
+        r = client.get(API + path)
+        assert r.status_code == 200, (path, r.text[:300])
+        assert CLIPPED in r.text, path
+    run = client.get(f"{API}/runs/{rid}").json()
+    assert run["config"]["lr"] == 0.1
+    assert _wire.json_depth(run["config"], 10_000) == LIMIT
+    (event,) = client.get(f"{API}/runs/{rid}/events").json()
+    assert event["step"] == 3 and _wire.json_depth(event["payload"], 10_000) == LIMIT
+    assert client.get(f"{API}/tasks").status_code == 200
