@@ -7,6 +7,7 @@ distribution is installed; ``python -m noisescope_server`` runs ``noisescope ser
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
@@ -275,6 +276,20 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def port_problem(host: str, port: int, what: str, flag: str) -> str | None:
+    """Why ``what`` cannot listen on ``host:port`` (one line naming the option to change),
+    or None when the port is free: checked before anything is started or printed."""
+    try:
+        bind_socket(host, port).close()
+    except OSError as exc:
+        reason = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc})"
+        return (
+            f"port {port} on {host} {reason}, so the {what} cannot start there: stop whatever "
+            f"listens on it (another `noisescope up`?) or pass {flag} with a free port"
+        )
+    return None
+
+
 def serve(
     settings: Settings,
     *,
@@ -293,6 +308,10 @@ def serve(
 
     from noisescope_server import db
 
+    problem = port_problem(host, port, "server", "--port")
+    if problem is not None:
+        print(f"noisescope server: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     engine = _open_database(settings)
     before, after = db.upgrade(engine)
     engine.dispose()
@@ -447,6 +466,18 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from noisescope_server import db
 
     _interrupt_on_termination()
+
+    wanted = [(args.port, "ingest server", "--port")]
+    if not args.no_dashboard:
+        if args.dashboard_port == args.port:
+            print("noisescope up: --port and --dashboard-port must differ", file=sys.stderr)
+            return 2
+        wanted.append((args.dashboard_port, "dashboard", "--dashboard-port"))
+    for port, what, flag in wanted:
+        problem = port_problem("127.0.0.1", port, what, flag)
+        if problem is not None:
+            print(f"noisescope up: {problem}", file=sys.stderr)
+            return 2
 
     dash_url = f"http://127.0.0.1:{args.dashboard_port}"
     settings = _settings(args, auth="off", dashboard_url=None if args.no_dashboard else dash_url)

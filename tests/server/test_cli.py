@@ -392,3 +392,43 @@ def test_no_run_links_without_a_dashboard_url(monkeypatch: pytest.MonkeyPatch) -
         )
     assert put.status_code == 201, put.text
     assert put.json()["dashboard_url"] is None
+
+
+@pytest.mark.parametrize(
+    ("command", "taken", "flag"),
+    [
+        (["up", "--no-dashboard"], "server", "--port"),
+        (["up"], "server", "--port"),
+        (["up"], "dashboard", "--dashboard-port"),
+        (["server"], "server", "--port"),
+    ],
+    ids=["up-no-dashboard", "up-server-port", "up-dashboard-port", "server"],
+)
+def test_a_taken_port_is_one_line_and_status_2_before_any_url(
+    command: list[str], taken: str, flag: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "NOISESCOPE_HOME": str(tmp_path)}
+    env.pop("NOISESCOPE_DATABASE_URL", None)
+    with socket.socket() as holder:  # something else listens there
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        ports = {"server": busy, "dashboard": free_port()} if taken == "server" else {
+            "server": free_port(), "dashboard": busy}  # fmt: skip
+        argv = [*command, "--port", str(ports["server"])]
+        if command == ["up"]:
+            argv += ["--dashboard-port", str(ports["dashboard"])]
+        out = subprocess.run(
+            [sys.executable, "-m", "noisescope.cli", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert f"port {busy} on 127.0.0.1 is already in use" in out.stderr
+    assert flag in out.stderr
+    assert "http://" not in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    assert not (tmp_path / "noisescope.db").exists()  # refused before touching anything
