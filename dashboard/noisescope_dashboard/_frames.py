@@ -199,7 +199,7 @@ def runs_table(runs: Iterable[RunSummary]) -> pd.DataFrame:
                 "name": r.name,
                 "project": r.project,
                 "task": r.task,
-                "status": r.status,
+                "status": _text.status(r),
                 "tags": ", ".join(r.tags),
                 "batch": _text.count(r.batch_in_use),
                 "units": r.units,

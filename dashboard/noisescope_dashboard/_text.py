@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime, timezone
 from typing import Any
 
 from noisescope import _format
@@ -130,3 +131,22 @@ def run_label(run: RunSummary) -> str:
     """A run as people recognise it: project / task / name (short id). Plain text: use it in
     selectboxes and tables, pass it through ``md`` for Markdown."""
     return f"{run.project} / {run.task} / {run.name} ({run.uid[:8]})"
+
+
+def status(run: RunSummary, now: datetime | None = None) -> str:
+    """A run's status as the API reads it; a crashed run (the server stopped hearing from it
+    without a finish) says when it was last heard from, e.g. "crashed (last seen 14:03 UTC,
+    12 min ago)"."""
+    if run.status != "crashed" or run.last_seen_at is None:
+        return run.status
+    seen = run.last_seen_at.astimezone(timezone.utc)
+    ago = max(((now or datetime.now(timezone.utc)) - seen).total_seconds(), 0.0)
+    if ago < 90:
+        since = f"{ago:.0f} s ago"
+    elif ago < 90 * 60:
+        since = f"{ago / 60:.0f} min ago"
+    elif ago < 36 * 3600:
+        since = f"{ago / 3600:.0f} h ago"
+    else:
+        since = f"{ago / 86400:.0f} days ago"
+    return f"crashed (last seen {seen:%Y-%m-%d %H:%M} UTC, {since})"

@@ -123,3 +123,14 @@ def test_markdown_escaping_leaves_nothing_to_interpret(hostile: str) -> None:
             continue
         assert escaped[i] not in special, escaped
         i += 1
+
+
+def test_a_crashed_run_says_when_it_was_last_seen() -> None:
+    seen = datetime(2026, 1, 1, 14, 3, tzinfo=timezone.utc)
+    crashed = _run(status="crashed", last_seen_at=seen)
+    later = datetime(2026, 1, 1, 14, 15, tzinfo=timezone.utc)
+    assert (
+        _text.status(crashed, now=later) == "crashed (last seen 2026-01-01 14:03 UTC, 12 min ago)"
+    )
+    assert _text.status(_run(status="running", last_seen_at=seen), now=later) == "running"
+    assert _frames.runs_table([crashed])["status"][0].startswith("crashed (last seen 2026-01-01")

@@ -311,7 +311,7 @@ def main(src: _data.Source) -> None:
         st.subheader(md(run.name), anchor=False)
         tags = ", ".join(run.tags)
         st.caption(
-            md(f"{run.project} / {run.task} · status {run.status} · units {run.units}")
+            md(f"{run.project} / {run.task} · status {_text.status(run)} · units {run.units}")
             + (" · tags: " + md(tags) if tags else "")
             + f" · run id {md(run.uid)}"
         )

@@ -139,7 +139,7 @@ def main(src: _data.Source) -> None:
                 "name": st.column_config.TextColumn("Run", width=200),
                 "project": st.column_config.TextColumn("Project", width="small"),
                 "task": st.column_config.TextColumn("Task", width="small"),
-                "status": st.column_config.TextColumn("Status", width="small"),
+                "status": st.column_config.TextColumn("Status", width="medium"),
                 "batch": st.column_config.TextColumn(
                     "Batch in use",
                     help="The latest batch-size change, else the batch at init",
