@@ -52,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = db.make_engine(settings.database_url)
+        engine = db.make_engine(settings.database_url, connect_wait=db.CONNECT_WAIT)
         if settings.migrate:
             before, after = db.upgrade(engine)
             if before != after:
