@@ -79,7 +79,8 @@ def test_run_cannot_move_to_another_project(client: httpx.Client, run_id: str) -
     assert put_run(client, run_id, project="p-one").status_code == 201
     r = put_run(client, run_id, project="p-two")
     assert r.status_code == 409
-    assert "p-one" in r.json()["detail"]
+    assert "already taken by another project" in r.json()["detail"]
+    assert "p-one" not in r.json()["detail"]  # another project's name is not disclosed
 
 
 def test_samples_insert_and_resend_never_duplicates(client: httpx.Client, run_id: str) -> None:

@@ -99,6 +99,9 @@ def test_token_of_a_cannot_write_or_read_b(
         assert r.status_code == 403
         assert a.post(f"{API}/runs/{run_b}/events", json={"events": []}).status_code == 403
         assert a.patch(f"{API}/runs/{run_b}", json={"status": "failed"}).status_code == 403
+        assert a.post(f"{API}/runs/{run_b}/heartbeat").status_code == 403
+        assert a.post(f"{API}/runs/{run_a}/heartbeat").status_code == 204
+        assert httpx.post(f"{base}{API}/runs/{run_a}/heartbeat").status_code == 401
         # A reads B
         assert a.get(f"{API}/runs/{run_b}").status_code == 403
         assert a.get(f"{API}/runs/{run_b}/series").status_code == 403

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request, Response
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
@@ -71,3 +71,21 @@ async def post_events(
     crud.check_run_uid(run_id)
     raw = await read_body(request, settings.max_body_bytes)
     return await run_in_threadpool(_ingest_events, engine, run_id, raw, scope)
+
+
+@router.post(
+    "/runs/{run_id}/heartbeat",
+    status_code=204,
+    response_class=Response,
+    responses={k: v for k, v in _ERRORS.items() if k in (401, 403, 404)},
+    summary="Say the run's process is alive (empty body); a running run silent for the "
+    "server's crash_after reads as crashed",
+)
+async def post_heartbeat(
+    run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
+) -> Response:
+    crud.check_run_uid(run_id)
+    if await read_body(request, 1024):
+        raise HTTPException(422, "a heartbeat has no body: send an empty POST")
+    await run_in_threadpool(crud.touch_run, engine, run_id, project_scope=scope)
+    return Response(status_code=204)

@@ -15,7 +15,7 @@ input); failures raise the errors of ``noisescope_server.errors``.
 from __future__ import annotations
 
 from noisescope_server.crud._events import EventIn, ingest_events
-from noisescope_server.crud._runs import RunIn, RunRef, patch_run, upsert_run
+from noisescope_server.crud._runs import RunIn, RunRef, patch_run, touch_run, upsert_run
 from noisescope_server.crud._samples import ingest_samples
 from noisescope_server.crud._tokens import TokenCreated, create_token, hash_token, revoke_token
 from noisescope_server.validate import SampleBatch, check_run_uid, validate_samples
@@ -33,6 +33,7 @@ __all__ = [
     "ingest_samples",
     "patch_run",
     "revoke_token",
+    "touch_run",
     "upsert_run",
     "validate_samples",
 ]

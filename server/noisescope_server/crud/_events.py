@@ -9,9 +9,10 @@ from typing import Any
 from sqlalchemy import Engine
 
 from noisescope_server.crud._runs import require_run
-from noisescope_server.crud._sql import dialect_insert
+from noisescope_server.crud._sql import TOUCH_RUN, dialect_insert
 from noisescope_server.db import write_transaction
 from noisescope_server.models import Event
+from noisescope_server.utc import utcnow
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ def ingest_events(
     """Insert events (batch-size changes, marks); events with a ``seq`` are insert-or-ignore."""
     with write_transaction(engine) as conn:
         run = require_run(conn, run_uid, project_scope)
+        conn.execute(TOUCH_RUN, {"run_id": run.id, "now": utcnow()})
         if not events:
             return 0
         rows = [

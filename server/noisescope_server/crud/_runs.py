@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, select, update
 
 from noisescope import _wire
-from noisescope_server.crud._sql import LOCK_RUN, insert_ignore
+from noisescope_server.crud._sql import LOCK_RUN, TOUCH_RUN, insert_ignore
 from noisescope_server.db import write_transaction
 from noisescope_server.errors import Conflict, Forbidden, NotFound
 from noisescope_server.models import Project, Run, Task
@@ -78,6 +78,13 @@ def require_run(conn: Connection, run_uid: str, project_scope: int | None) -> Ru
     return run
 
 
+#: The 409 for a run id another project holds: it names neither that project nor its runs.
+_TAKEN = (
+    "run id {run_uid!r} is already taken by another project; a run cannot move between "
+    "projects: use a new run id (the client generates a fresh uuid4 hex when none is given)"
+)
+
+
 def upsert_run(
     engine: Engine, run_uid: str, run: RunIn, *, project_scope: int | None = None
 ) -> tuple[RunRef, bool]:
@@ -113,15 +120,12 @@ def upsert_run(
             ref = lock_run(conn, run_uid)
             assert ref is not None
             if ref.project_id != project_id:  # lost a creation race to another project's PUT
-                raise Conflict(f"run {run_uid!r} already belongs to project {ref.project!r}")
+                raise Conflict(_TAKEN.format(run_uid=run_uid))
             if not created:  # lost a creation race to a concurrent PUT of the same run
                 conn.execute(update(Run).where(Run.id == ref.id).values(**values))
             return ref, created
         if existing.project_id != project_id:
-            raise Conflict(
-                f"run {run_uid!r} already belongs to project {existing.project!r}; "
-                "a run cannot move to another project (use a new run id)"
-            )
+            raise Conflict(_TAKEN.format(run_uid=run_uid))
         conn.execute(update(Run).where(Run.id == existing.id).values(**values))
         return existing, False
 
@@ -148,4 +152,12 @@ def patch_run(
         if batch_size is not None:
             values["batch_size"] = batch_size
         conn.execute(update(Run).where(Run.id == run.id).values(**values))
+        return run
+
+
+def touch_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunRef:
+    """A heartbeat: the run's process is alive (sets ``last_seen_at``; nothing else changes)."""
+    with write_transaction(engine) as conn:
+        run = require_run(conn, run_uid, project_scope)
+        conn.execute(TOUCH_RUN, {"run_id": run.id, "now": utcnow()})
         return run

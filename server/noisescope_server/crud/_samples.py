@@ -28,6 +28,8 @@ def ingest_samples(
     """Insert-or-ignore a validated batch into a run; returns how many rows were new."""
     with write_transaction(engine) as conn:
         run = require_run(conn, run_uid, project_scope)
+        # any write proves the run's process alive, a re-sent or empty batch too
+        conn.execute(_sql.TOUCH_RUN, {"run_id": run.id, "now": utcnow()})
         if batch.n == 0:
             return 0
         inserted = insert_samples(conn, run.id, batch)
@@ -37,7 +39,6 @@ def ingest_samples(
                 add_block_deltas(conn, run.id, deltas)
             else:  # some rows were already stored: recompute the touched blocks
                 refresh_blocks(conn, run.id, batch.columns["seq"])
-            conn.execute(_sql.TOUCH_RUN, {"run_id": run.id, "now": utcnow()})
         return inserted
 
 
