@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import sys
 import time
 import traceback
@@ -32,6 +33,8 @@ from reliability._infra import (
 )
 
 OUT = REPO / "docs" / "reliability.md"
+#: The bad-input server's read timeout (s): short, so the slow-body cases take seconds.
+READ_TIMEOUT = 3.0
 APPENDIX = "Found by this harness and fixed in the product"
 #: Each with its regression test in tests/reliability/ (see `git log -- tests/reliability`).
 FIXES = [
@@ -301,13 +304,18 @@ def bad_input_section(backend: str, s: Sizes) -> tuple[bool, str]:
     import subprocess
 
     from reliability._hostile import build_corpus, run_corpus, run_roundtrips
+    from reliability._raw import run_raw
+    from reliability._stored import run_crashed, run_stored
 
     wd = Workdir.make(f"bad-{backend}")
+    env = {"NOISESCOPE_READ_TIMEOUT": str(READ_TIMEOUT)}
     try:
-        with database(backend, wd.path) as url, Server(url) as srv:
+        with database(backend, wd.path) as url, Server(url, log_level="info", env=env) as srv:
             engine = engine_for(url)
             try:
                 results, unchanged = run_corpus(srv.url, engine, build_corpus(s.hostile_bomb))
+                raw = run_raw(srv.url, READ_TIMEOUT)
+                stored = run_stored(srv.url, engine) + run_crashed(srv.url, engine)
             finally:
                 engine.dispose()
             trips = run_roundtrips(srv.url)
@@ -319,20 +327,36 @@ def bad_input_section(backend: str, s: Sizes) -> tuple[bool, str]:
                    "--report-json-path", str(report)]  # fmt: skip
             st_run = subprocess.run(cmd, capture_output=True, text=True, timeout=3000)
             st = json.loads(report.read_text()) if report.exists() else {}
-            five_xx = srv.log().count(" 500 ") + srv.log().count("Traceback")
+            log = srv.log()
+            five_xx = len(re.findall(r'" 5\d\d\b', log))  # access-log lines of 5xx answers
+            tracebacks = log.count("Traceback") + log.count("Exception in ASGI application")
+            disconnects = log.count("disconnected before sending its whole")
     finally:
         wd.close()
     rows = [{"input": r.case.name, "request": _short(f"{r.case.method} {r.case.path}"),
              "expected": str(r.case.status), "got": str(r.status),
              "detail": r.detail[:110], "ok": "yes" if r.ok else "NO"} for r in results]  # fmt: skip
     corpus_ok = all(r.ok for r in results) and unchanged
+    corpus_ok &= all(r.ok for r in raw) and all(c.ok for c in stored)
     trips_ok = all(t.ok for t in trips)
+    raw_rows = [{"raw request": r.name, "expected": f"{r.expected} {r.needle}".strip()[:60],
+                 "got": r.got.replace("\r\n", " ")[:110], "ok": "yes" if r.ok else "NO"}
+                for r in raw]  # fmt: skip
+    stored_rows = [{"check": c.what, "expected": c.expected, "got": c.got,
+                    "ok": "yes" if c.ok else "NO"} for c in stored]  # fmt: skip
     cases = st.get("test_cases", {})
     st_ok = st_run.returncode == 0 and not st.get("failures") and cases.get("generated", 0) > 0
     body = (
         f"{len(results)} hostile requests; stored tables (checksum over every sample, block, "
-        f"run, project and token row) {'unchanged' if unchanged else '**CHANGED**'}.\n\n"
+        f"run (with its config and tags), event, project and token row) "
+        f"{'unchanged' if unchanged else '**CHANGED**'}.\n\n"
         + _table(rows)
+        + f"\n\nOver raw sockets (what an HTTP library will not send; server read timeout "
+        f"{READ_TIMEOUT:g} s): {disconnects} clients that vanished were logged as an info line "
+        f"each.\n\n"
+        + _table(raw_rows)
+        + "\n\nRows written around the API (SQLAlchemy) and runs that go silent:\n\n"
+        + _table(stored_rows)
         + "\n\nValid but nasty names stored and returned verbatim (project, task, name, series; "
         "search finds exactly that run): "
         + ", ".join(f"{t.what} {'ok' if t.ok else 'NO: ' + t.got[:60]}" for t in trips)
@@ -340,11 +364,12 @@ def bad_input_section(backend: str, s: Sizes) -> tuple[bool, str]:
         f"`/api/v1/openapi.json` (`{' '.join(s.schemathesis)}`, check `not_a_server_error`): "
         f"{cases.get('generated', 0)} generated requests over "
         f"{st.get('operations', {}).get('tested', 0)} operations, "
-        f"{len(st.get('failures', []))} failures. Server log: {five_xx} 5xx/tracebacks."
+        f"{len(st.get('failures', []))} failures. Server log (info level, access log): "
+        f"{five_xx} 5xx answers, {tracebacks} tracebacks."
     )
     if not st_ok:
         body += f"\n\n```\n{st_run.stdout[-3000:]}\n```"
-    return corpus_ok and trips_ok and st_ok and five_xx == 0, body
+    return corpus_ok and trips_ok and st_ok and five_xx == 0 and tracebacks == 0, body
 
 
 def properties_section(s: Sizes) -> tuple[bool, str]:
@@ -407,7 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="small sizes (minutes)")
     parser.add_argument("--backends", default="sqlite,postgresql", help="%(default)s")
     parser.add_argument(
-        "--only", default="load,paced,faults,bad,properties,auth,browser", help="%(default)s"
+        "--only",
+        default="load,paced,faults,bad,properties,auth,browser",
+        help="comma-separated sections to run (%(default)s); 'bad' is the hostile corpus, raw "
+        "sockets, rows stored around the API and crashed runs",
     )
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")

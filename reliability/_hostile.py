@@ -67,6 +67,52 @@ def _nested_config(depth: int) -> bytes:
     return ('{"project": "hostile", "task": "t", "config": ' + inner + "}").encode()
 
 
+def _nested_payload(depth: int) -> bytes:
+    inner = "{}"
+    for _ in range(depth - 1):
+        inner = '{"a":' + inner + "}"
+    return ('{"events": [{"step": 1, "kind": "m", "payload": ' + inner + "}]}").encode()
+
+
+def _events(*items: str) -> bytes:
+    return ('{"events": [' + ",".join(items) + "]}").encode()
+
+
+def _stored_samples() -> bytes:
+    """The target run's first 10 samples, already stored before the corpus runs."""
+    return orjson.dumps({"columns": good_columns(10, 0)})
+
+
+def _members(body: bytes, n: int) -> bytes:
+    """``body`` split into ``n`` gzip members (RFC 1952: one body, read to the last)."""
+    size = -(-len(body) // n)
+    return b"".join(gzip.compress(body[i : i + size]) for i in range(0, len(body), size))
+
+
+#: The run-id rule's wording (``noisescope._wire.run_id_problem``).
+RUN_ID_RULE = "1-64 characters from A-Z a-z 0-9 _ . -"
+#: URL spellings of invalid run ids (a literal ``..`` is sent raw by ``run_raw_paths``).
+HOSTILE_IDS = {
+    "'.'": "%2e",
+    "'..'": "%2e%2e",
+    "'../x'": "..%2Fx",
+    "'../../etc'": "..%2F..%2Fetc",
+    "hidden '.x'": ".x",
+    "65 chars": "a" * 65,
+    "empty": "",
+}
+#: Every entry that takes a run id: (method, path after the id, body).
+ID_ENTRIES: list[tuple[str, str, bytes | None]] = [
+    ("PUT", "", b'{"project": "hostile", "task": "t"}'),
+    ("PATCH", "", b'{"status": "finished"}'),
+    ("GET", "/series", None),
+    ("GET", "/events", None),
+    ("POST", "/samples", b'{"columns": {}}'),
+    ("POST", "/events", b'{"events": []}'),
+    ("POST", "/heartbeat", b""),
+]
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -81,6 +127,7 @@ class Case:
 
 GZ = (("Content-Encoding", "gzip"),)
 S = "/runs/{run}/samples"
+EV = "/runs/{run}/events"
 R = "/runs/{new}"
 CORPUS: list[Case] = [
     # wrong types
@@ -123,7 +170,7 @@ CORPUS: list[Case] = [
     Case("missing column", "POST", S, b'{"columns": {"seq": [1]}}', 422, "missing required"),
     # absurdly long names
     Case("run id 65 chars", "PUT", "/runs/" + "a" * 65, _run(), 422, "run id"),
-    Case("run id with ../", "PUT", "/runs/..%2F..%2Fetc", _run(), 404, "Not Found"),
+    Case("run id with ../", "PUT", "/runs/..%2F..%2Fetc", _run(), 422, RUN_ID_RULE),
     Case("project 10k chars", "PUT", R, _run(project="p" * 10_000), 422, "project"),
     Case("name 201 chars", "PUT", R, _run(name="n" * 201), 422, "name"),
     Case("task 1M chars", "PUT", R, _run(task="t" * 1_000_000), 422, "task"),
@@ -204,6 +251,83 @@ CORPUS: list[Case] = [
         "min_speedup",
     ),
     Case("unknown run", "GET", "/runs/nope/series", None, 404, "nope"),
+    Case("search 60k chars", "GET", "/runs?search=" + "x" * 60_000, None, 422, "200 characters"),
+    Case("search 201 chars", "GET", "/runs?search=" + "x" * 201, None, 422, "200 characters"),
+    # strict types: nothing is coerced, as in samples
+    Case("batch_size true", "PUT", R, _run(batch_size=True), 422, "batch_size"),
+    Case('batch_size "64"', "PUT", R, _run(batch_size="64"), 422, "batch_size"),
+    Case('PATCH batch_size "64"', "PATCH", "/runs/{run}", b'{"batch_size": "64"}', 422, "batch"),
+    Case("PATCH status 1", "PATCH", "/runs/{run}", b'{"status": 1}', 422, "status"),
+    Case('event step "1"', "POST", EV, _events('{"step": "1", "kind": "m"}'), 422, "step"),
+    Case("event step true", "POST", EV, _events('{"step": true, "kind": "m"}'), 422, "step"),
+    Case("event step 1.0", "POST", EV, _events('{"step": 1.0, "kind": "m"}'), 422, "step"),
+    Case('event seq "3"', "POST", EV, _events('{"step": 1, "kind": "m", "seq": "3"}'), 422, "seq"),
+    Case(
+        'event time "1"', "POST", EV, _events('{"step": 1, "kind": "m", "time": "1"}'), 422, "time"
+    ),
+    # nesting the API could not read back (the encoder stops at 254 levels)
+    Case("config nested 65 deep", "PUT", R, _nested_config(65), 422, "64 levels"),
+    Case("config nested 300 deep", "PUT", R, _nested_config(300), 422, "64 levels"),
+    Case("payload nested 300 deep", "POST", EV, _nested_payload(300), 422, "64 levels"),
+    # gzip variants
+    Case(
+        "gzip + trailing garbage",
+        "POST",
+        S,
+        gzip.compress(_samples()) + b"junk",
+        400,
+        "trailing data",
+        GZ,
+    ),
+    Case(
+        "gzip + trailing zeros",
+        "POST",
+        S,
+        gzip.compress(_samples()) + b"\0" * 8,
+        400,
+        "trailing data",
+        GZ,
+    ),
+    Case(
+        "deflate + trailing data",
+        "POST",
+        S,
+        zlib.compress(_samples()) + b"xx",
+        400,
+        "trailing data",
+        (("Content-Encoding", "deflate"),),
+    ),
+    Case(
+        "multi-member gzip (re-sent seqs)", "POST", S, _members(_stored_samples(), 3), 200, "", GZ
+    ),
+    Case(
+        "multi-member gzip, one bad",
+        "POST",
+        S,
+        _members(_samples(step=[0, 1.5, 2, 3]), 2),
+        422,
+        "'step'[1]",
+        GZ,
+    ),
+    # heartbeat
+    Case("heartbeat unknown run", "POST", "/runs/nope/heartbeat", b"", 404, "does not exist"),
+    Case("heartbeat with a body", "POST", "/runs/{run}/heartbeat", b"{}", 422, "no body"),
+    # hostile run ids, every spelling, at every entry
+    *[
+        Case(
+            f"run id {label}: {method} {entry or '/'}",
+            method,
+            f"/runs/{spelling}{entry}",
+            body,
+            422,
+            RUN_ID_RULE,
+        )
+        for label, spelling in HOSTILE_IDS.items()
+        for method, entry, body in ID_ENTRIES
+    ],
+    Case("run id '..' in ?runs=", "GET", "/series?runs=ok&runs=%2e%2e", None, 422, RUN_ID_RULE),
+    Case("run id '../x' in ?runs=", "GET", "/series?runs=..%2Fx", None, 422, RUN_ID_RULE),
+    Case("empty run id in ?runs=", "GET", "/series?runs=", None, 422, RUN_ID_RULE),
 ]
 
 

@@ -1,0 +1,102 @@
+"""Rows the API would refuse, written straight into the database, and runs that die: reads must
+still answer 200 for everyone (a stored config nested 300 deep once made ``GET /runs`` a 500),
+and a running run that went silent must read "crashed", then "running" after a heartbeat."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import httpx
+from sqlalchemy import insert, select, update
+
+from noisescope import _wire
+from noisescope_server.jsonclip import CLIPPED
+from noisescope_server.models import Event, Run
+from reliability._hostile import API
+
+__all__ = ["StoredCheck", "run_crashed", "run_stored"]
+
+
+@dataclass
+class StoredCheck:
+    what: str
+    expected: str
+    got: str
+
+    @property
+    def ok(self) -> bool:
+        return self.expected == self.got
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def run_stored(base_url: str, engine: Any, depth: int = 300) -> list[StoredCheck]:
+    """A run whose config, tags and an event payload nest ``depth`` deep, stored through
+    SQLAlchemy: every read that returns them answers 200 with the deep part clipped."""
+    rid = uuid.uuid4().hex
+    project = f"stored-{rid[:8]}"
+    out: list[StoredCheck] = []
+    with httpx.Client(base_url=base_url + API, timeout=60) as client:
+        client.put(f"/runs/{rid}", json={"project": project, "task": "t"}).raise_for_status()
+        with engine.begin() as conn:
+            run_pk = conn.execute(select(Run.id).where(Run.uid == rid)).scalar_one()
+            conn.execute(
+                update(Run)
+                .where(Run.id == run_pk)
+                .values(config={"lr": 0.1, "deep": _nested(depth)}, tags=[[[["x"]]]])
+            )
+            conn.execute(
+                insert(Event).values(run_id=run_pk, step=1, kind="m", payload=_nested(depth))
+            )
+        for path in (f"/runs/{rid}", f"/runs?project={project}", "/runs", f"/runs/{rid}/events",
+                     "/tasks", f"/tasks/{project}/t/critical-batch"):  # fmt: skip
+            r = client.get(path)
+            clipped = "clipped" if CLIPPED in r.text else "whole"
+            want = "whole" if "tasks" in path else "clipped"
+            out.append(StoredCheck(f"GET {path.replace(rid, '{id}')} (config {depth} deep)",
+                                   f"200 {want}", f"{r.status_code} {clipped}"))  # fmt: skip
+    return out
+
+
+def run_crashed(base_url: str, engine: Any) -> list[StoredCheck]:
+    """Heartbeats and the read-time crashed status (``crash_after`` at its default)."""
+    rid = uuid.uuid4().hex
+    out: list[StoredCheck] = []
+
+    def status() -> str:
+        return str(client.get(f"/runs/{rid}").json().get("status"))
+
+    with httpx.Client(base_url=base_url + API, timeout=60) as client:
+        client.put(f"/runs/{rid}", json={"project": "crashed", "task": "t"}).raise_for_status()
+        hb = client.post(f"/runs/{rid}/heartbeat")
+        out.append(
+            StoredCheck("heartbeat of a live run", "204 running", f"{hb.status_code} {status()}")
+        )
+        then = datetime.now(timezone.utc) - timedelta(seconds=_wire.CRASH_AFTER + 60)
+        with engine.begin() as conn:
+            conn.execute(update(Run).where(Run.uid == rid).values(last_seen_at=then))
+        listed = client.get("/runs", params={"project": "crashed", "status": "crashed"}).json()
+        found = "listed" if any(r["uid"] == rid for r in listed) else "not listed"
+        out.append(StoredCheck(f"silent for crash_after + 60 s ({_wire.CRASH_AFTER + 60:g} s)",
+                               "crashed, listed", f"{status()}, {found}"))  # fmt: skip
+        hb = client.post(f"/runs/{rid}/heartbeat")
+        out.append(
+            StoredCheck(
+                "heartbeat after the silence", "204 running", f"{hb.status_code} {status()}"
+            )
+        )
+        client.patch(f"/runs/{rid}", json={"status": "finished"}).raise_for_status()
+        with engine.begin() as conn:
+            conn.execute(update(Run).where(Run.uid == rid).values(last_seen_at=then))
+        out.append(StoredCheck("finished, then silent", "finished", status()))
+        nope = client.post(f"/runs/{uuid.uuid4().hex}/heartbeat")
+        out.append(StoredCheck("heartbeat of an unknown run", "404", str(nope.status_code)))
+    return out
