@@ -44,6 +44,13 @@ class LoadResult:
     sync_output: str = ""
     faults: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: What the clients' requests got: HTTP status -> count, and "no answer" (refused, reset).
+    answers: dict[str, int] = field(default_factory=dict)
+
+    def answers_line(self) -> str:
+        """e.g. "200: 3,120; 503: 4; no answer: 12" (every request the clients made)."""
+        keys = sorted(self.answers, key=lambda k: (not k.isdigit(), k))
+        return "; ".join(f"{k}: {self.answers[k]:,}" for k in keys) or "none"
 
     @property
     def throughput(self) -> float:
@@ -137,6 +144,12 @@ def run_load(
     finally:
         engine.dispose()
     latencies = [x for r in results if r for x in r["latencies"]]
+    answers: dict[str, int] = {}
+    for r in results:
+        for key, n in (r or {}).get("statuses", {}).items():
+            answers[key] = answers.get(key, 0) + int(n)
+        if r and r.get("transport_errors"):
+            answers["no answer"] = answers.get("no answer", 0) + int(r["transport_errors"])
     return LoadResult(
         backend=backend,
         runs=runs,
@@ -156,6 +169,7 @@ def run_load(
         faults=faults,
         problems=problems
         + [f"client result missing for {i}" for i, r in enumerate(results) if r is None],
+        answers=answers,
     )
 
 
@@ -203,6 +217,7 @@ def summary_row(r: LoadResult, label: str) -> dict[str, Any]:
         "p50 ms": f"{r.pct(0.5) * 1e3:.1f}",
         "p99 ms": f"{r.pct(0.99) * 1e3:.1f}",
         "server RSS peak MiB": f"{r.server_rss_peak / 2**20:.0f}",
+        "answers": r.answers_line(),
         "reconciliation": r.recon.line(),
         "held": "yes" if r.ok else "NO",
     }
