@@ -13,7 +13,7 @@ import httpx
 from sqlalchemy import insert, select, update
 
 from noisescope import _wire
-from noisescope_server.jsonclip import CLIPPED
+from noisescope_server.jsonclip import CLIPPED, TOO_LARGE, TOO_LARGE_KEY
 from noisescope_server.models import Event, Run
 from reliability._hostile import API
 
@@ -63,6 +63,12 @@ def run_stored(base_url: str, engine: Any, depth: int = 300) -> list[StoredCheck
             want = "whole" if "tasks" in path else "clipped"
             out.append(StoredCheck(f"GET {path.replace(rid, '{id}')} (config {depth} deep)",
                                    f"200 {want}", f"{r.status_code} {clipped}"))  # fmt: skip
+        with engine.begin() as conn:
+            conn.execute(update(Run).where(Run.id == run_pk).values(config={"x": "y" * (1 << 20)}))
+        got = client.get(f"/runs/{rid}")
+        shown = "marker" if got.json().get("config") == {TOO_LARGE_KEY: TOO_LARGE} else "whole"
+        out.append(StoredCheck("GET /runs/{id} (config 1 MiB)", "200 marker",
+                               f"{got.status_code} {shown}"))  # fmt: skip
     return out
 
 

@@ -49,6 +49,9 @@ MAX_NAME_LENGTH: Final = 200
 #: The server refuses deeper values at write and clips stored ones at read: its JSON encoder
 #: stops at 254 levels, and an answer wraps each value in a few more.
 MAX_JSON_DEPTH: Final = 64
+#: The largest a run config or an event payload may be, as compact JSON (bytes): every run
+#: list answer carries each run's config, so one huge config would weigh on every reader.
+MAX_JSON_BYTES: Final = 64 * 1024
 
 
 #: A run id: 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter, digit or ``_``.

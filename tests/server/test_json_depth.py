@@ -1,6 +1,7 @@
-"""One nesting limit (``_wire.MAX_JSON_DEPTH``) for what is written and what is read back: a
-config or event payload deeper than it is refused at write, and rows already stored deeper
-(written around the API) are clipped on read instead of making every reader's answer a 500."""
+"""One nesting limit (``_wire.MAX_JSON_DEPTH``) and one size limit (``_wire.MAX_JSON_BYTES``)
+for what is written and what is read back: a config or event payload beyond them is refused at
+write, and rows already stored beyond them (written around the API) are clipped on read instead
+of making every reader's answer a 500 (or every run list carry them)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, insert, select, update
 
 from noisescope import _wire
-from noisescope_server.jsonclip import CLIPPED, clip_json
+from noisescope_server.jsonclip import CLIPPED, TOO_LARGE, TOO_LARGE_KEY, clip_json
 from noisescope_server.models import Event, Run
 from tests.server._data import run_body
 
@@ -110,3 +111,28 @@ def test_rows_stored_too_deep_are_clipped_on_read(client: httpx.Client, engine: 
     (event,) = client.get(f"{API}/runs/{rid}/events").json()
     assert event["step"] == 3 and _wire.json_depth(event["payload"], 10_000) == LIMIT
     assert client.get(f"{API}/tasks").status_code == 200
+
+
+def test_a_config_or_payload_larger_than_the_size_limit_is_refused(client: httpx.Client) -> None:
+    rid = uuid.uuid4().hex
+    big = {"blob": "x" * _wire.MAX_JSON_BYTES}
+    r = client.put(f"{API}/runs/{rid}", json=run_body(config=big))
+    assert r.status_code == 422, r.text
+    assert f"the limit is {_wire.MAX_JSON_BYTES} bytes" in r.json()["detail"]
+    client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
+    r = client.post(f"{API}/runs/{rid}/events", json={"events": [{"step": 1, "kind": "m",
+                                                                  "payload": big}]})  # fmt: skip
+    assert r.status_code == 422 and "payload" in r.json()["detail"], r.text
+    fits = {"blob": "x" * (_wire.MAX_JSON_BYTES - 20)}
+    assert client.put(f"{API}/runs/{rid}", json=run_body(config=fits)).status_code == 200
+
+
+def test_a_stored_config_larger_than_the_limit_reads_as_a_marker(
+    client: httpx.Client, engine: Engine
+) -> None:
+    rid = uuid.uuid4().hex
+    client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
+    with engine.begin() as conn:
+        conn.execute(update(Run).where(Run.uid == rid).values(config={"blob": "x" * (1 << 20)}))
+    run = client.get(f"{API}/runs/{rid}").json()
+    assert run["config"] == {TOO_LARGE_KEY: TOO_LARGE}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from noisescope import _wire
@@ -33,12 +34,20 @@ def _no_nul(value: str) -> str:
 
 
 def _readable_back(value: dict[str, Any]) -> dict[str, Any]:
-    """Refuse a value nested deeper than the API can return (``_wire.MAX_JSON_DEPTH``)."""
+    """Refuse a value nested deeper (``_wire.MAX_JSON_DEPTH``) or larger
+    (``_wire.MAX_JSON_BYTES``) than the API returns whole."""
     depth = _wire.json_depth(value)
     if depth > _wire.MAX_JSON_DEPTH:
         raise ValueError(
             f"nests more than {_wire.MAX_JSON_DEPTH} levels deep (the limit, "
             "noisescope._wire.MAX_JSON_DEPTH); flatten it, e.g. with dotted keys"
+        )
+    size = len(orjson.dumps(value))
+    if size > _wire.MAX_JSON_BYTES:
+        raise ValueError(
+            f"is {size} bytes as JSON; the limit is {_wire.MAX_JSON_BYTES} bytes "
+            "(noisescope._wire.MAX_JSON_BYTES): keep hyperparameters here, store large "
+            "objects elsewhere"
         )
     return value
 
