@@ -167,7 +167,12 @@ def _http_url(value: str) -> str:
 
 
 def _settings(args: argparse.Namespace, **extra: object) -> Settings:
-    return Settings.from_env(database_url=getattr(args, "database_url", None), **extra)
+    """The settings, or one line saying which environment variable is wrong (status 2)."""
+    try:
+        return Settings.from_env(database_url=getattr(args, "database_url", None), **extra)
+    except ValueError as exc:
+        print(f"noisescope: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 # --- the database ------------------------------------------------------------------------------

@@ -432,3 +432,25 @@ def test_a_taken_port_is_one_line_and_status_2_before_any_url(
     assert "http://" not in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
     assert not (tmp_path / "noisescope.db").exists()  # refused before touching anything
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("NOISESCOPE_CRASH_AFTER", "soon"),
+        ("NOISESCOPE_READ_TIMEOUT", "-1"),
+        ("NOISESCOPE_AUTH", "bogus"),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_status_2(variable: str, value: str, tmp_path: Path) -> None:
+    env = {**os.environ, "NOISESCOPE_HOME": str(tmp_path), variable: value}
+    out = subprocess.run(
+        [sys.executable, "-m", "noisescope.cli", "server", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert variable.removeprefix("NOISESCOPE_").lower() in out.stderr.lower()
