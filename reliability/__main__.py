@@ -372,6 +372,31 @@ def bad_input_section(backend: str, s: Sizes) -> tuple[bool, str]:
     return corpus_ok and trips_ok and st_ok and five_xx == 0 and tracebacks == 0, body
 
 
+def outage_section() -> tuple[bool, str]:
+    """PostgreSQL stopped and started under load, on a private cluster (nobody else's)."""
+    from noisescope_server.db import CONNECT_WAIT
+    from reliability._pg_outage import run_outages
+
+    downs = [0.0, 3.0, 2 * CONNECT_WAIT]
+    outages = run_outages(downs)
+    rows = [{"down (s)": f"{o.down_s:g}", "unavailable (s)": f"{o.window_s:.1f}",
+             "answers": o.line(), "slowest request (s)": f"{o.slowest_s:.2f}",
+             "slowest failed (s)": f"{o.slowest_failed_s:.2f}"} for o in outages]  # fmt: skip
+    short = [o for o in outages if o.window_s < CONNECT_WAIT]
+    lost = sum(n for o in outages for k, n in o.answers.items() if not k.isdigit())
+    # a short outage may fail only the queries running at the moment of shutdown
+    ok = lost == 0 and all(o.answers.get("503", 0) <= 4 for o in short)
+    return ok, (
+        f"A private PostgreSQL cluster (`initdb` in a temporary directory, its own port) behind "
+        f"`noisescope server --workers 2`; 4 senders post 50-sample batches; the cluster is "
+        f"stopped (`pg_ctl stop -m fast`), left down, and started. The server retries a refused "
+        f"connection for {CONNECT_WAIT:g} s (`db.CONNECT_WAIT`): a shorter outage makes "
+        f"requests wait; a query running at the moment of shutdown, and every request of a "
+        f"longer outage after its {CONNECT_WAIT:g} s, gets 503 (the client retries it). Answers "
+        "counted from the stop to 2 s after the start.\n\n" + _table(rows)
+    )
+
+
 def properties_section(s: Sizes) -> tuple[bool, str]:
     from reliability._properties import run_properties
 
@@ -433,9 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backends", default="sqlite,postgresql", help="%(default)s")
     parser.add_argument(
         "--only",
-        default="load,paced,faults,bad,properties,auth,browser",
+        default="load,paced,faults,bad,properties,auth,outage,browser",
         help="comma-separated sections to run (%(default)s); 'bad' is the hostile corpus, raw "
-        "sockets, rows stored around the API and crashed runs",
+        "sockets, rows stored around the API and crashed runs; 'outage' stops a private "
+        "PostgreSQL cluster under load",
     )
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")
@@ -475,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("bad", "Bad input", partial(bad_input_section, backend, sizes)),
                 ("auth", "Isolation and auth", partial(auth_section, backend)),
             ]
+            if backend == "postgresql":
+                steps.append(("outage", "PostgreSQL outages", outage_section))
             for key, title, step in steps:
                 if key in only:
                     _guard(report, f"{title}, {backend}", step)
