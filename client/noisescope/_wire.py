@@ -51,7 +51,7 @@ MAX_NAME_LENGTH: Final = 200
 MAX_JSON_DEPTH: Final = 64
 #: The largest a run config or an event payload may be, as compact JSON (bytes): every run
 #: list answer carries each run's config, so one huge config would weigh on every reader.
-MAX_JSON_BYTES: Final = 64 * 1024
+MAX_JSON_BYTES: Final = 256 * 1024
 
 
 #: A run id: 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter, digit or ``_``.
