@@ -312,7 +312,7 @@ CORPUS: list[Case] = [
     ),
     # heartbeat
     Case("heartbeat unknown run", "POST", "/runs/nope/heartbeat", b"", 404, "does not exist"),
-    Case("heartbeat with a body", "POST", "/runs/{run}/heartbeat", b"{}", 422, "no body"),
+    Case("heartbeat with a body", "POST", "/runs/{run}/heartbeat", b"[1]", 422, "no body"),
     # hostile run ids, every spelling, at every entry
     *[
         Case(

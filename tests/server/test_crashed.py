@@ -97,6 +97,7 @@ def test_heartbeat_errors(client: httpx.Client, run_id: str) -> None:
     client.put(f"{API}/runs/{run_id}", json=run_body()).raise_for_status()
     r = client.post(f"{API}/runs/{run_id}/heartbeat", content=b'{"alive": true}')
     assert r.status_code == 422 and "no body" in r.json()["detail"]
+    assert client.post(f"{API}/runs/{run_id}/heartbeat", json={}).status_code == 204
     assert client.get(f"{API}/runs/{run_id}/heartbeat").status_code == 405
 
 
