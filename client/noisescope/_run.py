@@ -66,6 +66,10 @@ class Run:
     ) -> None:
         if units not in _wire.UNITS:
             raise ValueError(f"units must be one of {_wire.UNITS}, got {units!r}")
+        if run_id is not None:
+            problem = _wire.run_id_problem(run_id)
+            if problem is not None:  # it names a spool folder and a URL path segment
+                raise ValueError(problem)
         self.settings = settings
         self.id = run_id or uuid.uuid4().hex
         self.project = project
@@ -474,7 +478,7 @@ def init(
         tags=tags,
         batch_size=batch_size,
         units=units,
-        run_id=run_id or os.environ.get("NOISESCOPE_RUN_ID") or None,
+        run_id=(os.environ.get("NOISESCOPE_RUN_ID") or None) if run_id is None else run_id,
         transport=transport,
     )
 

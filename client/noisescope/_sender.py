@@ -485,7 +485,7 @@ class Sender:
         for run_id in spooled_run_ids(self.spool.root):
             if run_id == self.spool.dir.name or self._stopping:
                 continue
-            orphan = RunSpool(self.spool.root, run_id)
+            orphan = RunSpool.at(self.spool.root, run_id)  # a valid name: spooled_run_ids
             meta = orphan.read_meta() or {}
             if meta.get("mode") != "online" or meta.get("url") != self.settings.url:
                 continue

@@ -5,6 +5,11 @@ Layout under the spool root (``NOISESCOPE_DIR``)::
     <root>/<run_id>/run.json          the run's PUT body, server URL, final status (atomic replace)
     <root>/<run_id>/seg-000001.jsonl  batches, one per line: <json>\\t<crc32 hex>\\n
     <root>/<run_id>/lock              flock held by the live process that owns the run
+    <root>/<run_id>/.noisescope-spool marker: this folder was created by a spool
+
+Run folders are direct children of the root, named by a valid run id (``_wire.run_id_problem``);
+every path is resolved and refused if it leads outside the root (a symlinked run folder). The
+spool removes only a folder it created (the marker), and only the files it writes there.
 
 Each batch is written with one ``write`` on an ``O_APPEND`` descriptor and ``fsync``-ed, so a
 crash can only leave a torn *last* line, which the CRC check skips on replay. Segments are
@@ -17,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
+import re
 import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from noisescope import _wire
 
 try:  # POSIX only; on other systems concurrent sync of a live run is not guarded.
     import fcntl
@@ -32,6 +39,14 @@ except ImportError:  # pragma: no cover
 SEGMENT_MAX_BYTES = 8 * 1024 * 1024
 META_NAME = "run.json"
 LOCK_NAME = "lock"
+MARKER_NAME = ".noisescope-spool"
+#: A run folder: the run id, or ``<run id>.rank<r>`` when several ranks spool on one host.
+_RANK_SUFFIX = re.compile(r"\.rank[0-9]{1,6}")
+
+
+class SpoolPathError(OSError):
+    """A run folder that resolves outside the spool root (refused; nothing is written)."""
+
 
 Columns = dict[str, list[Any]]
 
@@ -69,11 +84,19 @@ class RunSpool:
     def __init__(
         self, root: Path, run_id: str, max_bytes: int = 1 << 30, name: str | None = None
     ) -> None:
+        problem = _wire.run_id_problem(run_id)
+        if problem is not None:
+            raise ValueError(problem)
+        folder = name or run_id
+        if folder != run_id and not (
+            folder.startswith(run_id) and _RANK_SUFFIX.fullmatch(folder[len(run_id) :])
+        ):
+            raise ValueError(f"spool folder {folder!r} is not {run_id!r} or {run_id!r}.rank<r>")
         self.root = Path(root)
         self.run_id = run_id
         #: Directory name: the run id, or e.g. ``<run id>.rank3`` when several ranks of one run
         #: spool on the same host (run.json then holds the real run id).
-        self.dir = self.root / (name or run_id)
+        self.dir = self.root / folder
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._fd: int | None = None
@@ -85,11 +108,48 @@ class RunSpool:
         # a segment being replayed: (records the server took, samples among them)
         self._replayed: dict[Path, tuple[int, int]] = {}
 
+    @classmethod
+    def at(cls, root: Path, folder: str, max_bytes: int = 1 << 30) -> RunSpool:
+        """The spool of an existing run folder (``<id>`` or ``<id>.rank<r>``); ValueError if
+        the name is not one a spool creates."""
+        match = re.fullmatch(r"(.+?)(\.rank[0-9]{1,6})?", folder)
+        run_id = match.group(1) if match is not None and match.group(2) else folder
+        return cls(root, run_id, max_bytes, name=folder)
+
+    # -- paths ---------------------------------------------------------------------------------
+    def _contained(self) -> Path:
+        """The run folder, after checking that it resolves to a direct child of the root (a
+        symlink out of the root, or a root that moved under us, is refused)."""
+        root = self.root.resolve()
+        target = self.dir.resolve()
+        if target.parent != root or target.name != self.dir.name:
+            raise SpoolPathError(f"spool folder {self.dir} resolves to {target}, outside {root}")
+        return target
+
+    def _make_dir(self) -> None:
+        """Create the run folder (and mark it as the spool's) unless it exists."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._contained()
+        try:
+            self.dir.mkdir()
+        except FileExistsError:
+            self._contained()  # a symlink created meanwhile: check again
+            return
+        (self.dir / MARKER_NAME).write_bytes(self.run_id.encode())
+
+    def owned(self) -> bool:
+        """Whether the run folder is one a spool created, inside the root."""
+        try:
+            self._contained()
+        except OSError:
+            return False
+        return (self.dir / MARKER_NAME).is_file() and not (self.dir / MARKER_NAME).is_symlink()
+
     # -- ownership -------------------------------------------------------------------------
     def acquire(self, blocking: bool = False) -> bool:
         """Create the directory and take its lock; False if another live process holds it."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        self._make_dir()
+        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -124,7 +184,7 @@ class RunSpool:
     # -- metadata ----------------------------------------------------------------------------
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Atomically replace run.json (write temp, fsync, rename)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_dir()
         tmp = self.dir / f".{META_NAME}.{os.getpid()}.tmp"
         with open(tmp, "wb") as handle:
             handle.write(json.dumps(meta, indent=1, default=str).encode())
@@ -133,6 +193,8 @@ class RunSpool:
         os.replace(tmp, self.dir / META_NAME)
 
     def read_meta(self) -> dict[str, Any] | None:
+        if not self._is_inside():
+            return None
         try:
             meta = json.loads((self.dir / META_NAME).read_bytes())
         except (OSError, ValueError):
@@ -202,22 +264,34 @@ class RunSpool:
     def remove_if_empty(self) -> bool:
         """Delete the run directory if nothing is left to send; always release the lock."""
         segments = self.seal()
-        if not segments:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        if not segments and self.owned():
+            # only the files a spool writes, then the folder if that left it empty: a
+            # folder holding anything else is kept
+            for path in self.dir.iterdir():
+                ours = path.name in (META_NAME, LOCK_NAME) or (
+                    path.name.startswith(f".{META_NAME}.") and path.name.endswith(".tmp")
+                )
+                if ours and not path.is_dir():
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+            with contextlib.suppress(OSError):
+                (self.dir / MARKER_NAME).unlink()
+                self.dir.rmdir()
         self.release()
         return not segments
 
     def _segment_paths(self) -> list[Path]:
-        if not self.dir.is_dir():
+        if not self.dir.is_dir() or not self._is_inside():
             return []
         return sorted(self.dir.glob("seg-*.jsonl"))
 
     def _open_segment(self) -> None:
         self._close_segment()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_dir()
         self._segment_index += 1
         path = self.dir / f"seg-{self._segment_index:06d}.jsonl"
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        self._fd = os.open(path, flags, 0o644)
         self._segment_bytes = 0
 
     def _close_segment(self) -> None:
@@ -227,9 +301,26 @@ class RunSpool:
             self._fd = None
             self._segment_bytes = 0
 
+    def _is_inside(self) -> bool:
+        try:
+            self._contained()
+        except OSError:
+            return False
+        return True
+
 
 def spooled_run_ids(root: Path) -> list[str]:
-    """Run directories under a spool root that hold a run.json."""
+    """Run folders under a spool root that hold a run.json (symlinks and names that are not
+    run folders are left alone)."""
     if not Path(root).is_dir():
         return []
-    return sorted(p.name for p in Path(root).iterdir() if (p / META_NAME).is_file())
+    found = []
+    for path in Path(root).iterdir():
+        if path.is_symlink() or not (path / META_NAME).is_file():
+            continue
+        try:
+            RunSpool.at(Path(root), path.name)
+        except ValueError:
+            continue
+        found.append(path.name)
+    return sorted(found)

@@ -53,12 +53,21 @@ def _check(response: Response, what: str) -> None:
         raise RuntimeError(f"{what}: HTTP {response.status}: {response.detail()}")
 
 
+def _recorded_run_id(spool: RunSpool, meta: dict[str, Any]) -> str:
+    """The run id run.json names (a planted or corrupt one is refused before any request)."""
+    run_id = meta.get("run_id") or spool.run_id
+    problem = _wire.run_id_problem(run_id)
+    if problem is not None:
+        raise RuntimeError(f"{spool.dir / 'run.json'}: {problem}")
+    return str(run_id)
+
+
 def sync_run(spool: RunSpool, transport: Transport) -> int:
     """Deliver one locked run directory; returns the number of samples posted."""
     meta = spool.read_meta()
     if meta is None or not isinstance(meta.get("run"), dict):
         raise RuntimeError(f"{spool.dir} has no readable run.json")
-    run_id = str(meta.get("run_id") or spool.run_id)
+    run_id = _recorded_run_id(spool, meta)
     _check(_send(transport, "PUT", _wire.runs_path(run_id), meta["run"]), "creating the run")
     posted = 0
     for path in spool.seal():
@@ -94,12 +103,22 @@ def sync(
     result = SyncResult()
     explicit_url = url or None
     for run_id in run_ids or spooled_run_ids(root):
-        spool = RunSpool(root, run_id)
-        if not (spool.dir / "run.json").is_file():
+        try:
+            spool = RunSpool.at(root, run_id)
+        except ValueError as exc:
+            result.failed[run_id] = str(exc)
+            continue
+        recorded = spool.read_meta()  # None also for a folder that resolves outside the root
+        if recorded is None:
             result.failed[run_id] = f"no spooled run at {spool.dir}"
             continue
-        if not spool.acquire():
-            result.skipped[run_id] = "in use by a live process"
+        try:
+            _recorded_run_id(spool, recorded)
+            if not spool.acquire():
+                result.skipped[run_id] = "in use by a live process"
+                continue
+        except (RuntimeError, OSError) as exc:
+            result.failed[run_id] = str(exc)
             continue
         own = None
         try:

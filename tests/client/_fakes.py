@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from noisescope import Request, Response, TransportError
+from noisescope import Request, Response, TransportError, _wire
 
 #: A scripted answer: an HTTP status (with optional headers), or an exception to raise.
 Fault = int | tuple[int, dict[str, str]] | Exception
@@ -67,7 +67,9 @@ class FakeServer:
         if request.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         payload = json.loads(body) if body else {}
-        match = re.fullmatch(r"/api/v1/runs/([0-9a-f]+)(/samples|/events)?", request.path)
+        match = re.fullmatch(
+            rf"/api/v1/runs/({_wire.RUN_ID_PATTERN})(/samples|/events)?", request.path
+        )
         if match is None:
             return Response(404, b'{"detail": "no such route"}')
         run_id, samples = match.group(1), match.group(2)
