@@ -287,8 +287,8 @@ class Run:
                 record[6] = self._step_loss
             if record[7] is None:
                 record[7] = self._step_lr
-            if len(buffer) >= self._memory_max:
-                self._overflow += 1  # the sender is stuck; counted and reported
+            if len(buffer) >= self._memory_max and not self._make_room():
+                self._overflow += 1  # neither memory nor the spool can take it: counted, said
                 continue
             buffer.append((seq, *record))
             seq += stride
@@ -296,6 +296,25 @@ class Run:
         self._open.clear()
         if before < self._batch_max <= len(buffer) and self._sender is not None:
             self._sender.wake()
+
+    def _make_room(self) -> bool:
+        """A burst faster than the sender filled the buffer: its older half goes to the spool
+        (the training thread waits for the disk); False if the spool cannot take it either."""
+        sender = self._sender
+        if sender is not None and sender.make_room():
+            return True
+        if self._overflow == 0:
+            logger.warning(
+                "noisescope: the memory buffer is full (memory_max=%d) and %s: dropping "
+                "samples (counted in status().dropped)",
+                self._memory_max,
+                self._spool_problem(),
+            )
+        return False
+
+    def _spool_problem(self) -> str:
+        sender = self._sender
+        return sender.spool_problem() if sender is not None else "there is no sender"
 
     def _commit_open(self) -> None:
         with self._lock:
@@ -338,7 +357,12 @@ class Run:
             sent=sender.sent,
             spooled=spooled,
             dropped=sender.dropped + self._overflow,
-            last_error=sender.last_error,
+            last_error=(
+                f"{self._overflow} samples dropped: the memory buffer was full "
+                f"(memory_max={self._memory_max}) and {self._spool_problem()}"
+                if self._overflow
+                else sender.last_error
+            ),
             spool_dir=str(self._spool.dir) if self._spool is not None else None,
         )
 

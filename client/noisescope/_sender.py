@@ -319,8 +319,21 @@ class Sender:
         self._wake = threading.Event()
         self._cond = threading.Condition()
         self._drain_lock = threading.Lock()
+        #: The batch in the request being sent, and whether the guard already spooled a copy.
         self._inflight: list[Row] | None = None
+        self._inflight_spooled = False
+        #: Events in the request being sent (a copy may be spooled by the guard likewise).
+        self._inflight_events: list[Any] | None = None
+        self._inflight_events_spooled = False
+        #: Rows taken from the buffer on their way to the spool (counted as queued meanwhile).
+        self._spilling = 0
+        #: Rows taken from the buffer so far (guard: how far behind the sender is).
+        self._taken = 0
+        #: When the request now on the wire began (None between requests).
+        self._request_started: float | None = None
         self._thread: threading.Thread | None = None
+        self._guard_thread: threading.Thread | None = None
+        self._guard_stop = threading.Event()
         self._run_created = False
         #: Why the server will not take this run (fatal answer to PUT); then we only spool.
         self._halted: str | None = None
@@ -337,6 +350,8 @@ class Sender:
         #: When a spool write failed (read-only or missing directory), batches are held in
         #: memory (bounded by ``memory_max``) until this time, then the disk is tried again.
         self._spool_retry_at = 0.0
+        #: Why the spool last refused samples (for the message about dropped ones).
+        self._spool_trouble: str | None = None
         # counters
         self.sent = 0
         self.inserted = 0
@@ -351,6 +366,11 @@ class Sender:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._main, name="noisescope-sender", daemon=True)
         self._thread.start()
+        if self.spool is not None and self.transport is not None:
+            self._guard_thread = threading.Thread(
+                target=self._guard_main, name="noisescope-spool-guard", daemon=True
+            )
+            self._guard_thread.start()
 
     @property
     def alive(self) -> bool:
@@ -360,12 +380,13 @@ class Sender:
         self._wake.set()
 
     def queued(self) -> int:
-        inflight = self._inflight
-        return len(self.buffer) + (len(inflight) if inflight else 0)
+        with self._drain_lock:
+            inflight = self._inflight if not self._inflight_spooled else None
+            return len(self.buffer) + (len(inflight) if inflight else 0) + self._spilling
 
     def idle(self) -> bool:
         """Nothing in memory and nothing spooled that could still be sent in this process."""
-        if self.buffer or self._inflight:
+        if self.buffer or self._inflight or self._spilling or self._inflight_events:
             return False
         if self.settings.mode == "offline" or self._halted:
             return True
@@ -412,6 +433,7 @@ class Sender:
         elif self.buffer or self.events:  # thread died or never started
             self._spill_everything()
             self._spill_events()
+        self._guard_stop.set()
         if self.transport is not None and not self.alive:
             with contextlib.suppress(Exception):
                 self.transport.close()
@@ -431,6 +453,7 @@ class Sender:
             with self._cond:
                 self._cond.notify_all()
             if done or self._abandoned:
+                self._guard_stop.set()
                 return
 
     def _wait_time(self) -> float:
@@ -451,12 +474,13 @@ class Sender:
             self._commit_open()
         if self.settings.mode == "offline" or self._halted or self.transport is None:
             self._spill(force=True)
-            if stopping:
-                self._spill_events()
+            self._spill_events()
             return stopping
         if time.monotonic() < self._outage_until:
-            # Keep retrying until close() gives up (its bounded wait); meanwhile stay on disk.
+            # Keep retrying until close() gives up (its bounded wait); meanwhile stay on disk,
+            # events too (replayed with the samples when the server is back).
             self._spill(force=stopping or self._flush_requested)
+            self._spill_events()
             return False
         if not self._ensure_run():
             return False
@@ -518,6 +542,7 @@ class Sender:
             body = gzip.compress(body, compresslevel=5)
             headers["Content-Encoding"] = "gzip"
         self.requests += 1
+        self._request_started = time.monotonic()
         try:
             return self.transport.handle_request(Request(method, path, body, headers))
         except TransportError as exc:
@@ -526,6 +551,8 @@ class Sender:
         except Exception as exc:  # a broken transport is treated like an unreachable server
             self._enter_outage(f"transport error: {type(exc).__name__}: {exc}", None)
             return None
+        finally:
+            self._request_started = None
 
     def _enter_outage(self, reason: str, retry_after: float | None) -> None:
         delay = self.backoff.next_delay(retry_after)
@@ -580,7 +607,9 @@ class Sender:
             return None
         outcome = self._answered(response)
         count = len(columns["seq"])
-        if outcome == "ok":
+        if outcome == "ok" and self._claim_inflight():
+            self._last_send = time.monotonic()
+        elif outcome == "ok":
             self.sent += count
             try:
                 answer = response.json()
@@ -634,14 +663,16 @@ class Sender:
             )
             if not due:
                 return True
-            rows = self._take(self.settings.batch_max)
+            rows = self._take(self.settings.batch_max, sending=True)
             columns, invalid = rows_to_columns(rows, self.series_prefix)
             self._count_invalid(invalid)
             if columns["seq"]:
                 outcome = self._post(columns)
                 if outcome is None or outcome in ("retry", "missing"):
                     keep = invalid == 0 and not self._abandoned  # close() gave up: count it
-                    if not self._to_spool(columns, hold=keep):
+                    if self._claim_inflight():
+                        pass  # the guard spooled it while the request hung
+                    elif not self._to_spool(columns, hold=keep):
                         self.buffer.extendleft(reversed(rows))  # no disk: keep it in memory
                     self._done_inflight()
                     self._spill(force=False)
@@ -656,10 +687,19 @@ class Sender:
     def _send_events(self) -> bool:
         """POST queued events (``{"events": [...]}``); keep them on no or a retryable answer."""
         while self.events:
-            batch = [self.events.popleft() for _ in range(min(len(self.events), 1000))]
-            outcome = self._post_events([_json_safe(e) for e in batch])
-            if outcome is None or outcome in ("retry", "missing"):
+            batch = [_json_safe(self.events.popleft()) for _ in range(min(len(self.events), 1000))]
+            with self._drain_lock:
+                self._inflight_events, self._inflight_events_spooled = batch, False
+            try:
+                outcome = self._post_events(batch)
+            finally:
+                with self._drain_lock:
+                    spooled = self._inflight_events_spooled
+                    self._inflight_events, self._inflight_events_spooled = None, False
+            if (outcome is None or outcome in ("retry", "missing")) and not spooled:
                 self.events.extendleft(reversed(batch))
+                return False
+            if outcome is None or outcome in ("retry", "missing"):
                 return False
         return True
 
@@ -704,7 +744,9 @@ class Sender:
                 self._save_meta()
 
     # -- spooling -----------------------------------------------------------------------------
-    def _take(self, limit: int) -> list[Row]:
+    def _take(self, limit: int, sending: bool) -> list[Row]:
+        """Up to ``limit`` rows, oldest first: the batch of the next request (``sending``) or
+        rows on their way to the spool (release them with ``_done_spilling``)."""
         with self._drain_lock:
             rows: list[Row] = []
             popleft = self.buffer.popleft
@@ -713,12 +755,110 @@ class Sender:
                     rows.append(popleft())
             except IndexError:
                 pass
-            self._inflight = rows
+            self._taken += len(rows)
+            if sending:
+                self._inflight, self._inflight_spooled = rows, False
+            else:
+                self._spilling += len(rows)
             return rows
 
     def _done_inflight(self) -> None:
         with self._drain_lock:
-            self._inflight = None
+            self._inflight, self._inflight_spooled = None, False
+
+    def _done_spilling(self, count: int) -> None:
+        with self._drain_lock:
+            self._spilling -= count
+
+    def _claim_inflight(self) -> bool:
+        """Whether the guard spooled the batch in the request (then the spool's replay, not
+        this request, counts it as sent; a failed request need not spool it again)."""
+        with self._drain_lock:
+            return self._inflight_spooled
+
+    # -- the guard: the crash-loss bound whatever the server does ------------------------------
+    def _guard_main(self) -> None:
+        """While a request hangs (a server that accepts but does not answer) the sender thread
+        cannot spill; this thread does, so a process killed at any moment has every sample
+        committed more than about ``batch_interval`` ago on the server or on disk."""
+        period = self.settings.batch_interval / 4.0
+        history: deque[tuple[float, int]] = deque()
+        while not self._guard_stop.wait(period):
+            try:
+                self._guard_tick(history)
+            except Exception as exc:  # the guard must never die either
+                self._error(f"internal error: {type(exc).__name__}: {exc}", key="internal")
+                logger.debug("noisescope spool guard error", exc_info=True)
+
+    def _guard_tick(self, history: deque[tuple[float, int]]) -> None:
+        if self._halted or not self._spool_usable():
+            return
+        now = time.monotonic()
+        interval = self.settings.batch_interval
+        with self._drain_lock:
+            taken, committed = self._taken, self._taken + len(self.buffer)
+        history.append((now, committed))
+        behind = False  # rows committed over batch_interval ago still in memory
+        while history and now - history[0][0] >= interval:
+            behind = taken < history[0][1]
+            history.popleft()
+        started = self._request_started
+        hung = started is not None and now - started >= interval / 2.0
+        if not hung and not behind:
+            return
+        if hung:
+            self._spool_inflight()
+        self._spill(force=True)
+        self._spill_events()
+
+    def _spool_inflight(self) -> None:
+        """A copy of the batch (and the events) in a hung request to the spool, once: a
+        duplicate is harmless (the server ignores a (run, seq) it has)."""
+        with self._drain_lock:
+            rows = self._inflight if not self._inflight_spooled else None
+            self._inflight_spooled = self._inflight_spooled or rows is not None
+            events = self._inflight_events if not self._inflight_events_spooled else None
+            self._inflight_events_spooled = self._inflight_events_spooled or events is not None
+        if rows:
+            columns, _ = rows_to_columns(rows, self.series_prefix)
+            if columns["seq"] and not self._to_spool(columns, hold=True):
+                with self._drain_lock:
+                    self._inflight_spooled = False  # not on disk after all
+        if events:
+            try:
+                ok = self.spool is not None and self.spool.append_record({"events": events})
+            except OSError:
+                ok = False
+            if not ok:
+                with self._drain_lock:
+                    self._inflight_events_spooled = False
+
+    # -- overflow: a burst faster than the sender --------------------------------------------
+    def make_room(self) -> bool:
+        """On the training thread, when the memory buffer is full: move its older half to the
+        spool (back-pressure: the caller waits for the disk). False if the spool cannot take
+        it (then the caller counts the overflow as dropped)."""
+        if not self._spool_usable():
+            return False
+        target = self.settings.memory_max // 2
+        while len(self.buffer) > target:
+            rows = self._take(min(self.settings.batch_max, len(self.buffer) - target), False)
+            if not rows:
+                break
+            columns, invalid = rows_to_columns(rows, self.series_prefix)
+            self._count_invalid(invalid)
+            if columns["seq"] and not self._to_spool(columns, hold=True):
+                self.buffer.extendleft(reversed(rows))
+                self._done_spilling(len(rows))
+                return False
+            self._done_spilling(len(rows))
+        return True
+
+    def spool_problem(self) -> str:
+        """Why the spool cannot take samples now (for a message about dropped ones)."""
+        if self.spool is None:
+            return "there is no spool (see the warning at init)"
+        return self._spool_trouble or "the spool could not take them"
 
     def _spill(self, force: bool) -> None:
         """Move buffered rows to the spool: all of them if ``force`` or ``batch_interval`` has
@@ -733,14 +873,14 @@ class Sender:
         if self.buffer and force:
             self._last_spill = now
         while self.buffer and (force or len(self.buffer) >= self.settings.batch_max):
-            rows = self._take(self.settings.batch_max)
+            rows = self._take(self.settings.batch_max, sending=False)
             columns, invalid = rows_to_columns(rows, self.series_prefix)
             self._count_invalid(invalid)
             if columns["seq"] and not self._to_spool(columns, hold=invalid == 0):
                 self.buffer.extendleft(reversed(rows))  # no disk: keep them in memory
-                self._done_inflight()
+                self._done_spilling(len(rows))
                 return
-            self._done_inflight()
+            self._done_spilling(len(rows))
 
     def _spool_usable(self) -> bool:
         return self.spool is not None and time.monotonic() >= self._spool_retry_at
@@ -749,7 +889,7 @@ class Sender:
         """Called on the caller's thread at close when the wait ran out."""
         self._spool_retry_at = 0.0  # last chance: try the disk
         with self._drain_lock:
-            inflight = self._inflight
+            inflight = self._inflight if not self._inflight_spooled else None
         if inflight:
             # Possibly being sent right now: a duplicate in the spool is harmless (seq).
             columns, _ = rows_to_columns(inflight, self.series_prefix)
@@ -778,6 +918,7 @@ class Sender:
             ok = self.spool.append(columns)
         except OSError as exc:
             self._spool_retry_at = time.monotonic() + 5.0
+            self._spool_trouble = f"the spool {self.spool.dir} cannot be written ({exc})"
             self._error(
                 f"cannot write spool {self.spool.dir}: {exc}; keeping samples in memory "
                 f"(up to {self.settings.memory_max}) while the server is unreachable",
@@ -791,9 +932,12 @@ class Sender:
             return True
         if not ok and count_dropped:
             self.dropped += count
+            self._spool_trouble = (
+                f"the spool limit of {self.spool.max_bytes} bytes is reached at {self.spool.dir}"
+            )
             self._error(
-                f"spool limit of {self.spool.max_bytes} bytes reached at {self.spool.dir}; "
-                "newer samples are dropped (raise spool_max_bytes or run `noisescope sync`)",
+                f"{self._spool_trouble}; newer samples are dropped, {self.dropped} so far "
+                "(raise spool_max_bytes or run `noisescope sync`)",
                 key="spool-full",
                 level=logging.WARNING,
             )
