@@ -11,6 +11,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
+
+from noisescope import _wire
 
 Mode = Literal["online", "offline", "disabled"]
 MODES: tuple[Mode, ...] = ("online", "offline", "disabled")
@@ -47,6 +50,9 @@ class Settings:
     #: Exponential backoff: first delay and cap (seconds); jitter is applied on top.
     backoff_base: float = 0.5
     backoff_max: float = 30.0
+    #: With nothing else to send for this long, the sender tells the server the run is alive
+    #: (a running run silent for the server's ``crash_after`` reads as crashed).
+    heartbeat_interval: float = _wire.HEARTBEAT_INTERVAL
     #: Bodies larger than this are gzip-compressed.
     gzip_min_bytes: int = 1024
     #: Distributed rank of this process and world size.
@@ -111,6 +117,20 @@ def detect_rank() -> tuple[int, int]:
     return rank, max(world, 1)
 
 
+def check_url(url: str) -> str:
+    """``url`` without a trailing slash; ValueError with the fix when it is not an http(s) URL
+    (``127.0.0.1:8765`` would otherwise fail only when the first request is made)."""
+    text = url.strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        fixed = text if "://" in text else f"http://{text}"
+        raise ValueError(
+            f"noisescope url {url!r} is not an http(s) URL: use e.g. {fixed!r} "
+            "(set url= or NOISESCOPE_URL)"
+        )
+    return text
+
+
 def resolve(
     *,
     url: str | None = None,
@@ -137,7 +157,7 @@ def resolve(
     env_all = _env_bool("NOISESCOPE_ALL_RANKS")
     env_quiet = _env_bool("NOISESCOPE_QUIET")
     fields: dict[str, object] = {
-        "url": (url or _env("NOISESCOPE_URL") or DEFAULT_URL).rstrip("/"),
+        "url": check_url(url or _env("NOISESCOPE_URL") or DEFAULT_URL),
         "token": token if token is not None else _env("NOISESCOPE_TOKEN"),
         "mode": mode_value,
         "dir": Path(root).expanduser() if root is not None else default_dir(),

@@ -416,7 +416,13 @@ class Run:
                 if self.mode == "offline"
                 else f"Not all data reached {self.settings.url}"
             )
-            line += f". {where}; send it with: noisescope sync {root} --url {self.settings.url}"
+            command = f"noisescope sync {root} --url {self.settings.url}"
+            refused = sender is not None and sender.refused_status in (401, 403)
+            if refused or self.settings.token:
+                command += " --token <TOKEN>"
+            if refused:
+                where = f"{self.settings.url} refused the token"
+            line += f". {where}; send it with: {command}"
         if self.page_url is not None:
             line += f". View it at {self.page_url}"
         logger.info("noisescope: %s", line)

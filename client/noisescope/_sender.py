@@ -126,6 +126,16 @@ def classify(response: Response) -> Outcome:
     return "fatal"
 
 
+def _is_html(response: Response) -> bool:
+    return (response.header("Content-Type") or "").lower().startswith("text/html")
+
+
+def _not_noisescope(response: Response) -> bool:
+    """An answer no noisescope server gives to a run's creation (a 405, or a web page: e.g. the
+    Streamlit dashboard's port)."""
+    return response.status == 405 or _is_html(response)
+
+
 def _finite_or_none(value: Any) -> float | None:
     if value is None:
         return None
@@ -339,6 +349,11 @@ class Sender:
         self._halted: str | None = None
         self._outage_until = 0.0
         self._last_send = time.monotonic()
+        #: Last HTTP answer of any kind (the heartbeat is due after heartbeat_interval without).
+        self._last_contact = time.monotonic()
+        self._heartbeats = True
+        #: The HTTP status of a refused run creation (401/403: a token problem), if any.
+        self.refused_status: int | None = None
         self._last_spill = time.monotonic()
         self._flush_requested = False
         self._stopping = False
@@ -492,6 +507,13 @@ class Sender:
             return False
         if stopping and self._final is not None and not self._final_sent and self.idle():
             self._send_final()
+        if (
+            not stopping
+            and self._heartbeats
+            and time.monotonic() - self._last_contact >= self.settings.heartbeat_interval
+            and self.idle()
+        ):
+            self._heartbeat()
         if not self._orphans_checked and not stopping and self.idle():
             self._orphans_checked = True
             self._resume_orphans()
@@ -529,15 +551,18 @@ class Sender:
                 orphan.release()
 
     # -- sending ------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, payload: dict[str, Any]) -> Response | None:
-        """One request; None (and the outage begins) if there was no HTTP answer."""
+    def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> Response | None:
+        """One request (``payload`` None: an empty body); None (and the outage begins) if there
+        was no HTTP answer."""
         assert self.transport is not None
-        columns = payload.get("columns") if len(payload) == 1 else None
-        if isinstance(columns, dict):
+        columns = payload.get("columns") if payload is not None and len(payload) == 1 else None
+        headers = {"Content-Type": "application/json"}
+        if payload is None:
+            body, headers = b"", {}
+        elif isinstance(columns, dict):
             body = encode_columns(columns)
         else:
             body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-        headers = {"Content-Type": "application/json"}
         if len(body) >= self.settings.gzip_min_bytes:
             body = gzip.compress(body, compresslevel=5)
             headers["Content-Encoding"] = "gzip"
@@ -554,13 +579,28 @@ class Sender:
         finally:
             self._request_started = None
 
-    def _enter_outage(self, reason: str, retry_after: float | None) -> None:
+    def _enter_outage(self, reason: str, retry_after: float | None, warn: bool = True) -> None:
         delay = self.backoff.next_delay(retry_after)
         self._outage_until = time.monotonic() + delay
         self._error(reason, key=None)
         logger.debug("noisescope: %s; retrying in %.2fs", reason, delay)
+        if warn and "outage" not in self._warned:  # once, at the first failure, in the log
+            self._warned.add("outage")
+            where = (
+                f"samples wait in the spool at {self.spool.dir}"
+                if self.spool is not None
+                else "samples wait in memory (there is no spool)"
+            )
+            logger.warning(
+                "noisescope: cannot deliver to %s (%s); retrying in the background, %s and "
+                "are sent when it answers (or with `noisescope sync`)",
+                self.settings.url,
+                reason,
+                where,
+            )
 
     def _answered(self, response: Response) -> Outcome:
+        self._last_contact = time.monotonic()
         outcome = classify(response)
         if outcome == "retry":
             retry_after = parse_retry_after(response.header("Retry-After"))
@@ -576,17 +616,48 @@ class Sender:
         response = self._request("PUT", _wire.runs_path(self.run_id), self.run_body)
         if response is None:
             return False
-        outcome = self._answered(response)
+        outcome = "fatal" if _not_noisescope(response) else self._answered(response)
         if outcome == "ok":
             self._tell_page(response)
             self._run_created = True
             return True
         if outcome == "retry":
             return False
-        message = f"server refused run {self.run_id} (HTTP {response.status}): {response.detail()}"
+        self.refused_status = response.status
+        if _not_noisescope(response):
+            message = (
+                f"{self.settings.url} is not a noisescope server: it answered PUT "
+                f"{_wire.runs_path(self.run_id)} with HTTP {response.status}"
+                f"{' and a web page' if _is_html(response) else ''} (the dashboard?); the "
+                "server's default port is 8765 (set url= or NOISESCOPE_URL). The run is kept "
+                "in the spool"
+            )
+        else:
+            message = (
+                f"server refused run {self.run_id} (HTTP {response.status}): "
+                f"{response.detail()}; the run is kept in the spool"
+            )
+            if response.status in (401, 403) and self.spool is not None:
+                message += (
+                    f": send it with a valid token: noisescope sync {self.spool.root} "
+                    f"--url {self.settings.url} --token <TOKEN>"
+                )
         self._halted = message
         self._error(message, key="run-refused", level=logging.WARNING)
         return False
+
+    def _heartbeat(self) -> None:
+        """Tell the server the run is alive (empty POST, 204); a server without the endpoint
+        (404, 405) or one that refuses it is not asked again."""
+        response = self._request("POST", _wire.heartbeat_path(self.run_id), None)
+        if response is None:
+            return
+        if classify(response) == "fatal" or response.status == 404:
+            self._heartbeats = False
+            self._last_contact = time.monotonic()
+            logger.debug("noisescope: no heartbeat endpoint (HTTP %d)", response.status)
+            return
+        self._answered(response)
 
     def _tell_page(self, response: Response) -> None:
         """The run's link from the server's answer, if it has one; never fails the send."""
@@ -620,7 +691,7 @@ class Sender:
         elif outcome == "missing":
             # The server lost the run (database reset?): create it again, then resend.
             self._run_created = False
-            self._enter_outage(f"HTTP 404: {response.detail()}", 0.0)
+            self._enter_outage(f"HTTP 404: {response.detail()}", 0.0, warn=False)
         elif outcome == "fatal":
             self.dropped += count
             self._error(
@@ -708,7 +779,7 @@ class Sender:
         outcome = None if response is None else self._answered(response)
         if outcome == "missing":
             self._run_created = False
-            self._enter_outage("HTTP 404: unknown run", 0.0)
+            self._enter_outage("HTTP 404: unknown run", 0.0, warn=False)
         if outcome == "fatal" and response is not None:
             self.dropped_events += len(events)
             self._error(

@@ -330,9 +330,11 @@ def test_interpreter_exit_with_server_down_spools_and_says_how_to_sync(
     done = run_exit_script(url, spool, 1.0)
     run_id = done.stdout.split()[0]
     lines = [line for line in done.stderr.splitlines() if line.startswith("noisescope:")]
-    assert len(lines) == 1, done.stderr
-    assert "spooled 300" in lines[0]
-    assert f"noisescope sync {spool} --url {url}" in lines[0]
+    # the first failure is said at once in the training log, then the summary at exit
+    assert len(lines) == 2, done.stderr
+    assert lines[0].startswith(f"noisescope: cannot deliver to {url}")
+    assert "spooled 300" in lines[1]
+    assert f"noisescope sync {spool} --url {url}" in lines[1]
     with ServerProcess(sqlite_url, port=port):
         assert cli_main(["sync", str(spool), "--url", url]) == 0
         assert_exactly_once(sqlite_url, run_id, 300)

@@ -1,0 +1,178 @@
+"""The heartbeat, and errors that come early and say what to fix: a URL without a scheme, the
+dashboard's port, a wrong token, a server that is down."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+import noisescope
+from tests.client._fakes import FakeServer, wait_for
+from tests.support.servers import free_port
+
+
+class RawServer:
+    """A minimal HTTP server: creates runs, takes samples, answers heartbeats with
+    ``heartbeat_status``, PUT with ``put_status`` (and an HTML page when ``html``)."""
+
+    def __init__(self, heartbeat_status: int = 204, put_status: int = 201, html: bool = False):
+        self.heartbeats: list[str] = []
+        self.paths: list[str] = []
+        raw = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self, status: int, body: bytes, kind: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _read(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def do_PUT(self) -> None:
+                self._read()
+                raw.paths.append(f"PUT {self.path}")
+                if html:
+                    self._answer(put_status, b"<!doctype html><html></html>", "text/html")
+                else:
+                    self._answer(put_status, json.dumps({"detail": "no"}).encode())
+
+            def do_PATCH(self) -> None:
+                self._read()
+                raw.paths.append(f"PATCH {self.path}")
+                self._answer(200, b"{}")
+
+            def do_POST(self) -> None:
+                self._read()
+                raw.paths.append(f"POST {self.path}")
+                if self.path.endswith("/heartbeat"):
+                    raw.heartbeats.append(self.headers.get("Content-Length") or "0")
+                    self._answer(heartbeat_status, b"")
+                else:
+                    self._answer(200, b'{"inserted": 0}')
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def raw() -> Iterator[RawServer]:
+    server = RawServer()
+    yield server
+    server.close()
+
+
+def test_a_quiet_run_sends_heartbeats_with_an_empty_body(raw: RawServer) -> None:
+    run = noisescope.init(url=raw.url, heartbeat_interval=0.1, batch_interval=0.05)
+    assert wait_for(lambda: len(raw.heartbeats) >= 3)
+    assert set(raw.heartbeats) == {"0"}
+    run.finish()
+    assert all(p == f"POST /api/v1/runs/{run.id}/heartbeat" for p in raw.paths[1:-1])
+
+
+def test_no_heartbeat_while_samples_flow() -> None:
+    fake = FakeServer()
+    run = noisescope.init(transport=fake, heartbeat_interval=0.3, batch_interval=0.02)
+    for step in range(40):
+        run.log_sample(step, 8, 64, 2.0, 1.0)
+        run.flush()
+    run.finish()
+    assert not [r for _, r in fake.requests if r.path.endswith("/heartbeat")]
+
+
+@pytest.mark.parametrize("status", [404, 405])
+def test_an_older_server_without_the_endpoint_is_not_asked_again(status: int) -> None:
+    raw = RawServer(heartbeat_status=status)
+    try:
+        run = noisescope.init(url=raw.url, heartbeat_interval=0.05, batch_interval=0.02)
+        assert wait_for(lambda: len(raw.heartbeats) >= 1)
+        run.log_sample(0, 8, 64, 2.0, 1.0)
+        run.log_sample(1, 8, 64, 2.0, 1.0)
+        assert run.flush()  # a few more ticks, each past heartbeat_interval
+        status_after = run.finish()
+        assert len(raw.heartbeats) == 1
+        assert status_after.last_error is None
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8765", "localhost:8765", "ftp://host:1", "http://"])
+def test_a_url_that_is_not_http_is_refused_at_init_with_the_fix(url: str) -> None:
+    with pytest.raises(ValueError, match=r"is not an http\(s\) URL: use e\.g\."):
+        noisescope.init(url=url)
+
+
+def test_the_fix_for_a_url_without_a_scheme_names_it() -> None:
+    with pytest.raises(ValueError, match=re.escape("'http://127.0.0.1:8765'")):
+        noisescope.init(url="127.0.0.1:8765")
+
+
+@pytest.mark.parametrize(("status", "html"), [(405, False), (405, True), (200, True)])
+def test_the_dashboard_port_is_named_as_not_a_noisescope_server(
+    status: int, html: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="noisescope")
+    dashboard = RawServer(put_status=status, html=html)
+    try:
+        run = noisescope.init(url=dashboard.url, flush_timeout=0.5)
+        run.log_sample(0, 8, 64, 2.0, 1.0)
+        result = run.finish()
+    finally:
+        dashboard.close()
+    assert result.last_error is not None
+    assert "is not a noisescope server" in result.last_error
+    assert "default port is 8765" in result.last_error
+    assert any("is not a noisescope server" in r.getMessage() for r in caplog.records)
+
+
+def test_a_wrong_tokens_sync_hint_includes_the_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NOISESCOPE_QUIET")
+    fake = FakeServer()
+    fake.faults = [401]
+    run = noisescope.init(
+        url="http://srv.test:1", transport=fake, token="s3cr3t-value", dir=tmp_path
+    )
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    result = run.finish()
+    printed = capsys.readouterr().err
+    assert f"noisescope sync {tmp_path} --url http://srv.test:1 --token <TOKEN>" in printed
+    assert "s3cr3t-value" not in printed  # the token itself is never shown
+    assert result.last_error is not None and "--token <TOKEN>" in result.last_error
+
+
+def test_a_server_that_is_down_is_said_once_at_the_first_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="noisescope")
+    fake = FakeServer()
+    fake.down = True
+    run = noisescope.init(url="http://down.test:1", transport=fake, backoff_base=0.01)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    assert wait_for(lambda: any("cannot deliver" in r.getMessage() for r in caplog.records))
+    assert not run.finished  # said during training, before finish
+    assert wait_for(lambda: len(fake.requests) >= 5)  # several more failures
+    run.finish(timeout=0.2)
+    said = [r.getMessage() for r in caplog.records if "cannot deliver" in r.getMessage()]
+    assert len(said) == 1
+    assert "http://down.test:1" in said[0] and "noisescope sync" in said[0]
