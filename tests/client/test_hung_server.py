@@ -16,6 +16,7 @@ import pytest
 
 import noisescope
 from noisescope._spool import RunSpool
+from tests.client._fakes import FakeServer, wait_for
 from tests.client._hung import HungServer
 
 BATCH_INTERVAL = 0.5
@@ -156,3 +157,24 @@ def test_a_burst_without_a_spool_says_why_and_how_many(
     assert "there is no spool" in status.last_error
     warnings = [r.getMessage() for r in caplog.records if "memory buffer is full" in r.getMessage()]
     assert len(warnings) == 1
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_evaluations_reach_the_spool_while_the_run_goes_on(tmp_path: Path, mode: str) -> None:
+    """With the server down (or offline) an evaluation is on disk within the crash-loss bound,
+    not only when finish() gives up."""
+    root = tmp_path / "spool"
+    fake = FakeServer()
+    fake.down = True
+    run = noisescope.init(
+        transport=fake,
+        dir=root,
+        mode=mode,
+        batch_interval=0.05,
+        backoff_base=0.01,
+        flush_timeout=0.2,
+    )
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    run.log(0, eval_loss=0.5)
+    assert wait_for(lambda: _spooled(root, run.id)[1] == {0})
+    run.finish()
