@@ -299,6 +299,34 @@ def fault_section(backend: str, s: Sizes, pg_restart: bool) -> tuple[bool, str]:
     return ok, body
 
 
+def client_section(backend: str, s: Sizes) -> tuple[bool, str]:
+    """The client's own classes of defect against a real server: hostile run ids (no file
+    outside the spool root touched), a hung server and a SIGKILLed client (loss within the
+    documented bound), a burst past memory_max (none dropped)."""
+    from reliability._faults import FaultResult, burst_overflow, hostile_run_ids, hung_server_kill
+
+    rows: list[dict[str, str]] = []
+    ok = True
+    wd = Workdir.make(f"client-{backend}")
+    try:
+        with database(backend, wd.path) as url, Server(url, workers=_workers(backend)) as srv:
+            faults: list[Callable[[], FaultResult]] = [
+                partial(hostile_run_ids, srv, wd.path),
+                partial(hung_server_kill, srv, wd.path, rate=s.fault_rate),
+                partial(burst_overflow, srv, wd.path),
+            ]
+            for fault in faults:
+                fr = fault()
+                ok &= fr.ok
+                facts = "; ".join(f"{k}: {v}" for k, v in fr.facts.items())
+                if fr.problems:
+                    facts += "; problems: " + "; ".join(fr.problems)
+                rows.append({"fault": fr.name, "held": "yes" if fr.ok else "NO", "facts": facts})
+    finally:
+        wd.close()
+    return ok, _table(rows)
+
+
 def bad_input_section(backend: str, s: Sizes) -> tuple[bool, str]:
     import json
     import subprocess
@@ -458,10 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backends", default="sqlite,postgresql", help="%(default)s")
     parser.add_argument(
         "--only",
-        default="load,paced,faults,bad,properties,auth,outage,browser",
+        default="load,paced,faults,client,bad,properties,auth,outage,browser",
         help="comma-separated sections to run (%(default)s); 'bad' is the hostile corpus, raw "
-        "sockets, rows stored around the API and crashed runs; 'outage' stops a private "
-        "PostgreSQL cluster under load",
+        "sockets, rows stored around the API and crashed runs; 'client' the client's faults "
+        "(hostile run ids, a hung server and a killed client, a burst); 'outage' stops a "
+        "private PostgreSQL cluster under load",
     )
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")
@@ -498,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("load", "Load", partial(load_section, backend, sizes)),
                 ("paced", "Load below saturation", partial(paced_section, backend, sizes)),
                 ("faults", "Faults", partial(fault_section, backend, sizes, pg)),
+                ("client", "Client faults", partial(client_section, backend, sizes)),
                 ("bad", "Bad input", partial(bad_input_section, backend, sizes)),
                 ("auth", "Isolation and auth", partial(auth_section, backend)),
             ]

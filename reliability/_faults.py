@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -187,3 +190,224 @@ def readonly_spool(server: Server, workdir: Path, *, samples: int, rate: float) 
         if "cannot write spool" not in log:
             problems.append("the client did not report the unwritable spool")
     return FaultResult(name, code == 0 and not problems, facts, problems)
+
+
+# -- the client's own classes of defect --------------------------------------------------------
+
+#: Run ids that name no folder of their own: the current and parent folders, paths, empty,
+#: hidden, too long, control characters, encoded dots.
+HOSTILE_RUN_IDS = [
+    ".", "..", "../x", "../../x", "/abs", "a/b", "a\\b", "..\\x", "", " ", ".hidden", "~",
+    "x" * 65, "a\x00b", "run\n", "%2e%2e", "a/../..",
+]  # fmt: skip
+
+
+def _tree(base: Path) -> dict[str, bytes | str]:
+    """Every path under ``base`` with its content, link target or "dir"."""
+    snapshot: dict[str, bytes | str] = {}
+    for top, dirs, files in os.walk(base):
+        for name in dirs + files:
+            path = Path(top) / name
+            key = str(path.relative_to(base))
+            if path.is_symlink():
+                snapshot[key] = "link:" + os.readlink(path)
+            elif path.is_dir():
+                snapshot[key] = "dir"
+            else:
+                snapshot[key] = path.read_bytes()
+    return snapshot
+
+
+def hostile_run_ids(server: Server, workdir: Path) -> FaultResult:
+    """Hostile run ids at every client entry (``init`` online and offline, a symlinked run
+    folder, a planted run.json and ``noisescope sync --run``): each is refused, no request
+    names it, and no file outside the spool root's own run folders changes."""
+    import noisescope
+
+    name = "hostile run ids in the client (init, spool, sync)"
+    base = workdir / "hostile-ids"
+    root = base / "home" / "spool"
+    other = root / "other-run"
+    other.mkdir(parents=True)
+    (other / "run.json").write_text(json.dumps({"run_id": "other-run", "run": {}}))
+    (other / "seg-000001.jsonl").write_bytes(b"another run's unsent samples\n")
+    (base / "home" / "noisescope.db").write_bytes(b"the local database")
+    (base / "outside").mkdir()
+    (base / "outside" / "precious").write_bytes(b"outside the spool")
+    problems: list[str] = []
+    before = _tree(base)
+    refused = 0
+    for run_id in HOSTILE_RUN_IDS:
+        for mode in ("offline", "online"):
+            try:
+                run = noisescope.init(url=server.url, mode=mode, dir=root, run_id=run_id)
+            except ValueError:
+                refused += 1
+                continue
+            run.log_sample(0, 8, 64, 2.0, 1.0)
+            run.finish(timeout=5.0)
+            problems.append(f"{run_id!r} ({mode}) was accepted")
+    changed_by_init = sum(1 for k, v in _tree(base).items() if before.get(k) != v)
+    # a run folder that is a symlink out of the root: not used, nothing written through it
+    (root / "linked").symlink_to(base / "outside", target_is_directory=True)
+    before = _tree(base)
+    run = noisescope.init(mode="offline", dir=root, run_id="linked", quiet=True)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    run.finish()
+    # planted run.json files naming hostile ids, then sync of the whole root and of --run ids
+    planted = 0
+    for i, run_id in enumerate(HOSTILE_RUN_IDS[:8]):
+        folder = root / f"planted{i}"
+        folder.mkdir()
+        (folder / "run.json").write_text(json.dumps({"run_id": run_id, "run": {}}))
+        planted += 1
+    before_sync = _tree(base)
+    code, output = sync_spool(root, server.url)
+    sync_ids = [f"--run={r}" for r in HOSTILE_RUN_IDS if r and "\x00" not in r]
+    cmd = [sys.executable, "-m", "noisescope.cli", "sync", str(root), "--url", server.url]
+    by_id = subprocess.run([*cmd, *sync_ids], capture_output=True, text=True, timeout=600)
+    code_run = by_id.returncode
+    after = _tree(base)
+    changed = [k for k in set(before_sync) | set(after) if before_sync.get(k) != after.get(k)]
+    # sync takes the lock of each run folder it delivers (other-run: a valid one, refused by
+    # the server): a lock file inside a run folder under the root is the spool's own
+    changed = [k for k in changed if not re.fullmatch(r"home/spool/[^/]+/lock", k)]
+    changed_link = [k for k in set(before) | set(before_sync) if k.startswith("outside")]
+    changed_link = [k for k in changed_link if before.get(k) != before_sync.get(k)]
+    planted_refused = output.count("is not valid")
+    facts: dict[str, object] = {
+        "ids tried": len(HOSTILE_RUN_IDS),
+        "init calls refused (offline and online)": f"{refused} of {2 * len(HOSTILE_RUN_IDS)}",
+        "paths changed by refused inits": changed_by_init,
+        "files written through a symlinked run folder": len(changed_link),
+        "planted run.json files refused by sync": f"{planted_refused} of {planted}",
+        "paths changed by sync (root, then --run ids)": len(changed),
+        "sync exit codes": f"{code}, {code_run}",
+    }
+    if changed_by_init or changed_link or changed:
+        problems.append("files outside the spool's own run folders changed")
+    if planted_refused != planted:
+        problems.append(f"sync did not refuse every planted id: {output[-300:]}")
+    if code == 0 or code_run == 0:
+        problems.append("sync of hostile ids exited 0")
+    return FaultResult(name, not problems, facts, problems)
+
+
+def _stop_server(server: Server, sig: signal.Signals) -> None:
+    assert server.proc is not None
+    os.killpg(server.proc.pid, sig)  # the workers too
+
+
+def hung_server_kill(
+    server: Server, workdir: Path, *, rate: float, hang_s: float = 4.0
+) -> FaultResult:
+    """The server stops answering (SIGSTOP: connections are accepted by the kernel, nothing is
+    read back), the client is SIGKILLed ``hang_s`` later, the server resumes and
+    ``noisescope sync`` delivers the spool. Lost: committed samples that are neither stored
+    nor a hole-free prefix; the bound is docs/client.md's 1.75 x batch_interval."""
+    name = f"server hung (SIGSTOP {hang_s:g} s), then client SIGKILLed"
+    batch_interval = 1.0  # the default, whose bound docs/client.md states
+    spool = workdir / "spool-hung"
+    spool.mkdir()
+    rid = uuid.uuid4().hex
+    ack_log = workdir / f"acks-{rid}.jsonl"
+    progress = workdir / f"progress-{rid}"
+    spec = ClientSpec(
+        url=server.url, run_id=rid, project="faults", task="hung", samples=int(rate * 600),
+        spool_dir=str(spool), out=str(workdir / f"hung-{rid}.json"), rate=rate, seed=5,
+        ack_log=str(ack_log), progress=str(progress),
+        extra={"batch_interval": batch_interval, "request_timeout": 60.0},
+    )  # fmt: skip
+    worker = start_worker(spec, workdir)
+    problems: list[str] = []
+    if not _wait(lambda: len(_acked(ack_log)) >= int(rate), 120):
+        problems.append("client never got an acknowledgement")
+    _stop_server(server, signal.SIGSTOP)
+    try:
+        time.sleep(hang_s)
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait(10)
+    finally:
+        _stop_server(server, signal.SIGCONT)
+    committed = int(progress.read_bytes() or b"0")  # samples 0..committed-1 were committed
+    spooled = spooled_seqs(spool, rid)
+    code, output = sync_spool(spool, server.url)
+    if code != 0:
+        problems.append(f"sync failed: {output[-300:]}")
+    engine = engine_for(server.database_url)
+    try:
+        stored = set(stored_seqs(engine, rid))
+        check = check_run(engine, rid, 5, committed + 1)
+    finally:
+        engine.dispose()
+    missing = set(range(committed)) - stored
+    holes = [s for s in missing if s < max(stored, default=-1)]
+    lost_s = len(missing) / rate
+    bound_s = 1.75 * batch_interval
+    facts: dict[str, object] = {
+        "committed before the kill": committed,
+        "in the spool after the kill": len(spooled),
+        "stored after sync": len(stored),
+        "lost (the last committed, unstored)": len(missing),
+        "lost, seconds of logging": round(lost_s, 2),
+        "bound (1.75 x batch_interval), s": bound_s,
+        "holes": len(holes),
+        "duplicates": check.duplicates,
+    }
+    if holes:
+        problems.append("samples missing before the last stored one")
+    if lost_s > bound_s:
+        problems.append(f"lost {lost_s:.2f} s of samples, over the {bound_s} s bound")
+    ok = not problems and check.duplicates == 0
+    return FaultResult(name, ok, facts, problems)
+
+
+def burst_overflow(server: Server, workdir: Path, *, samples: int = 200_000) -> FaultResult:
+    """``samples`` log_sample calls as fast as the client takes them, default ``memory_max``,
+    against a hung server (SIGSTOP): none dropped; after the server resumes and ``noisescope
+    sync`` runs, every one is stored exactly once with its values."""
+    name = f"burst of {samples:,} samples into a hung server (default memory_max)"
+    spool = workdir / "spool-burst"
+    spool.mkdir()
+    rid = uuid.uuid4().hex
+    out = workdir / f"burst-{rid}.json"
+    spec = ClientSpec(
+        url=server.url, run_id=rid, project="faults", task="burst", samples=samples,
+        spool_dir=str(spool), out=str(out), rate=0.0, seed=11, flush_timeout=2.0,
+        extra={"request_timeout": 60.0},
+    )  # fmt: skip
+    problems: list[str] = []
+    _stop_server(server, signal.SIGSTOP)
+    try:
+        worker = start_worker(spec, workdir)
+        try:
+            code = worker.proc.wait(300)
+        except Exception:
+            worker.proc.kill()
+            code = -9
+    finally:
+        _stop_server(server, signal.SIGCONT)
+    result = worker.result()
+    if result is None:
+        return FaultResult(name, False, {"client exit code": code}, [worker.log()[-500:]])
+    sync_code, output = sync_spool(spool, server.url)
+    if sync_code != 0:
+        problems.append(f"sync failed: {output[-300:]}")
+    engine = engine_for(server.database_url)
+    try:
+        check = check_run(engine, rid, 11, samples)
+    finally:
+        engine.dispose()
+    facts: dict[str, object] = {
+        "logged": result["logged"],
+        "dropped (counted)": result["dropped"],
+        "spooled at finish": result["spooled"],
+        "longest log_sample call ms": round(1e3 * float(result["max_log_call_s"]), 1),
+        "stored after sync": check.stored,
+        "duplicates": check.duplicates,
+        "stored values match what was logged": check.values_ok,
+    }
+    if result["dropped"]:
+        problems.append(f"{result['dropped']} samples dropped")
+    ok = not problems and check.stored == check.distinct == samples and check.values_ok
+    return FaultResult(name, ok, facts, problems)

@@ -191,7 +191,9 @@ def start_worker(spec: ClientSpec, workdir: Path, respect_permissions: bool = Fa
     drops its permission-override capabilities in the child (read-only spool scenario)."""
     prefix = NO_DAC if respect_permissions and os.geteuid() == 0 else []
     log_path = workdir / f"client-{spec.run_id}.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # this checkout's client, not whichever one is installed
+    paths = [str(REPO / "client"), str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     for name in ("NOISESCOPE_URL", "NOISESCOPE_TOKEN", "NOISESCOPE_DIR", "NOISESCOPE_MODE"):
         env.pop(name, None)
     with open(log_path, "wb") as log:
