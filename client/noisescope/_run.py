@@ -27,7 +27,18 @@ from typing import Any
 
 from noisescope import _wire
 from noisescope._config import Settings, resolve
-from noisescope._sender import Row, Sender, Status
+from noisescope._records import (
+    OPEN_B_BIG,
+    OPEN_B_SMALL,
+    OPEN_EXAMPLES,
+    OPEN_G_BIG_SQ,
+    OPEN_G_SMALL_SQ,
+    OPEN_LOSS,
+    OPEN_LR,
+    Sample,
+    new_sample,
+)
+from noisescope._sender import Sender, Status
 from noisescope._spool import RunSpool
 from noisescope._transport import HTTPTransport, Transport
 from noisescope._wire import run_page_url
@@ -89,7 +100,7 @@ class Run:
         self.page_url: str | None = None
 
         self._lock = threading.Lock()
-        self._buffer: deque[Row] = deque()
+        self._buffer: deque[Sample] = deque()
         self._memory_max = settings.memory_max
         self._batch_max = settings.batch_max
         self._open: dict[str, list[Any]] = {}
@@ -152,7 +163,7 @@ class Run:
             on_page=self._found_page,
         )
         if self._spool is not None:
-            self._sender._save_meta()
+            self._sender.save_meta()
         self._sender.start()
 
     # -- the hot path -------------------------------------------------------------------------
@@ -187,16 +198,16 @@ class Run:
                         loss, lr, time.time(), series,
                     ]  # fmt: skip
                 else:
-                    record[2] = b_small
-                    record[3] = b_big
-                    record[4] = g_small_sq
-                    record[5] = g_big_sq
+                    record[OPEN_B_SMALL] = b_small
+                    record[OPEN_B_BIG] = b_big
+                    record[OPEN_G_SMALL_SQ] = g_small_sq
+                    record[OPEN_G_BIG_SQ] = g_big_sq
                     if examples is not None:
-                        record[1] = examples
+                        record[OPEN_EXAMPLES] = examples
                     if loss is not None:
-                        record[6] = loss
+                        record[OPEN_LOSS] = loss
                     if lr is not None:
-                        record[7] = lr
+                        record[OPEN_LR] = lr
         except Exception as exc:
             self._hot_error(exc)
 
@@ -263,8 +274,7 @@ class Run:
                 self._event_seq += 1
             event = {"seq": seq, "step": int(step), "kind": str(kind), "time": time.time()}
             event["payload"] = dict(payload or {})
-            self._sender.events.append(event)
-            self._sender.wake()
+            self._sender.add_event(event)
         except Exception as exc:
             self._hot_error(exc)
 
@@ -281,16 +291,16 @@ class Run:
         seq = self._seq
         stride = self._seq_stride
         for record in self._open.values():
-            if record[1] is None:
-                record[1] = self._step_examples
-            if record[6] is None:
-                record[6] = self._step_loss
-            if record[7] is None:
-                record[7] = self._step_lr
+            if record[OPEN_EXAMPLES] is None:
+                record[OPEN_EXAMPLES] = self._step_examples
+            if record[OPEN_LOSS] is None:
+                record[OPEN_LOSS] = self._step_loss
+            if record[OPEN_LR] is None:
+                record[OPEN_LR] = self._step_lr
             if len(buffer) >= self._memory_max and not self._make_room():
                 self._overflow += 1  # neither memory nor the spool can take it: counted, said
                 continue
-            buffer.append((seq, *record))
+            buffer.append(new_sample((seq, *record)))
             seq += stride
         self._seq = seq
         self._open.clear()
@@ -394,7 +404,7 @@ class Run:
             self.active = False
             result = self.status()
             self._report(result)
-            if self._spool is not None and (self.mode == "offline" or self._sender._final_sent):
+            if self._spool is not None and (self.mode == "offline" or self._sender.final_sent):
                 self._spool.remove_if_empty()
             elif self._spool is not None:
                 self._spool.release()
@@ -407,7 +417,7 @@ class Run:
         line = f"run {self.id} ({self.name}): {result.line()}"
         sender = self._sender
         needs_sync = result.spooled > 0 or (
-            sender is not None and not sender._final_sent and self.mode == "online"
+            sender is not None and not sender.final_sent and self.mode == "online"
         )
         if needs_sync and result.spool_dir:
             root = os.path.dirname(result.spool_dir)

@@ -19,32 +19,48 @@ Failure policy (why it is safe):
 from __future__ import annotations
 
 import contextlib
-import email.utils
-import gzip
-import json
+import enum
 import logging
-import math
-import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from noisescope import _wire
 from noisescope._config import Settings
-from noisescope._spool import Columns, RunSpool, batch_size
-from noisescope._transport import Request, Response, Transport, TransportError
+from noisescope._records import Sample, json_safe, rows_to_columns
+from noisescope._request import build_request, is_loopback
+from noisescope._retry import Backoff, Outcome, classify, parse_retry_after
+from noisescope._spool import Columns, RunSpool, replay_requests, spooled_run_ids
+from noisescope._sync import sync_run
+from noisescope._transport import Response, Transport, TransportError
 
 logger = logging.getLogger("noisescope")
 
-#: One committed sample as the hot path stores it: the ``_wire.SAMPLE_COLUMNS`` in order.
-Row = tuple[Any, ...]
-Outcome = Literal["ok", "retry", "fatal", "missing"]
 
-_FLOAT_REQUIRED = (3, 4, 5, 6)  # b_small, b_big, g_small_sq, g_big_sq
-_FLOAT_OPTIONAL = (2, 7, 8, 9)  # examples, loss, lr, time
+class Phase(enum.Enum):
+    """The sender thread's life."""
+
+    #: Sending samples as they come.
+    RUNNING = "running"
+    #: ``close()`` was called: send everything now, then the final status, then exit.
+    STOPPING = "stopping"
+    #: ``close()`` stopped waiting: what is left goes to the spool.
+    ABANDONED = "abandoned"
+
+
+class Link(enum.Enum):
+    """The run as the server knows it."""
+
+    #: Not created yet (or the server lost it: a 404).
+    NEW = "new"
+    CREATED = "created"
+    #: The server refused the run (a token, not a noisescope server): the spool keeps it.
+    REFUSED = "refused"
+    #: The final status was taken: nothing more to send.
+    FINISHED = "finished"
 
 
 @dataclass(frozen=True)
@@ -73,59 +89,6 @@ class Status:
         return text
 
 
-class Backoff:
-    """Exponential backoff with "equal jitter": ``d = min(cap, base·2^k)``, wait U(d/2, d).
-
-    Jitter keeps many clients that lost the same server from retrying in lock step. A server's
-    ``Retry-After`` is honoured as a lower bound.
-    """
-
-    def __init__(self, base: float, cap: float, rng: random.Random | None = None) -> None:
-        self.base = base
-        self.cap = cap
-        self.failures = 0
-        self._rng = rng or random.Random()
-
-    def next_delay(self, retry_after: float | None = None) -> float:
-        # the exponent is capped: 2.0**1024 overflows, i.e. after ~1000 failed retries (hours
-        # of outage) the sender would otherwise fail on every tick and stop backing off
-        ceiling = min(self.cap, self.base * (2.0 ** min(self.failures, 64)))
-        self.failures += 1
-        delay = self._rng.uniform(ceiling / 2.0, ceiling)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, 3600.0))
-        return delay
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """``Retry-After`` as seconds: either delta-seconds or an HTTP date."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def classify(response: Response) -> Outcome:
-    status = response.status
-    if 200 <= status < 300:
-        return "ok"
-    if status in (408, 425, 429) or status >= 500:
-        return "retry"
-    if status == 404:
-        return "missing"
-    return "fatal"
-
-
 def _is_html(response: Response) -> bool:
     return (response.header("Content-Type") or "").lower().startswith("text/html")
 
@@ -136,168 +99,6 @@ def _not_noisescope(response: Response) -> bool:
     return response.status == 405 or _is_html(response)
 
 
-def _finite_or_none(value: Any) -> float | None:
-    if value is None:
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
-def _json_safe(value: Any) -> Any:
-    """Event payloads as JSON: non-finite floats become null, unknown objects their str."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    return str(value)
-
-
-def _fast_columns(rows: list[Row], series_prefix: str) -> Columns | None:
-    """Column-wise conversion with C-level loops (map/all), for the common all-valid batch.
-
-    Keeps the sender's hold on the GIL short, so the training thread rarely waits for it.
-    Returns None if any value needs the careful per-row path.
-    """
-    try:
-        cols = list(zip(*rows, strict=True))
-        if len(cols) != len(_wire.SAMPLE_COLUMNS):
-            return None
-        out: Columns = {}
-        isfinite = math.isfinite
-        for index, name in enumerate(_wire.SAMPLE_COLUMNS):
-            col = cols[index]
-            if index in (0, 1):
-                values: list[Any] = list(map(int, col))
-            elif index in _FLOAT_REQUIRED:
-                values = list(map(float, col))
-                if not all(map(isfinite, values)):
-                    return None
-            elif index in _FLOAT_OPTIONAL:
-                if None in col:
-                    return None
-                values = list(map(float, col))
-                if not all(map(isfinite, values)):
-                    return None
-            else:
-                values = list(map(str, col))
-                if series_prefix:
-                    values = [f"{series_prefix}/{v}" if v else series_prefix for v in values]
-            out[name] = values
-        return out
-    except (TypeError, ValueError):
-        return None
-
-
-def rows_to_columns(rows: list[Row], series_prefix: str = "") -> tuple[Columns, int]:
-    """Column-wise wire payload from rows; rows with non-finite/non-numeric norms are counted.
-
-    Done here, off the training thread, so the hot path never converts or validates. A
-    non-finite loss or lr becomes null (JSON has no NaN); a non-finite squared norm makes the
-    sample unusable (science.md, Pitfalls: skip non-finite gradients) and it is counted.
-    """
-    if rows:
-        fast = _fast_columns(rows, series_prefix)
-        if fast is not None:
-            return fast, 0
-    good: list[Row] = []
-    invalid = 0
-    for row in rows:
-        try:
-            values = list(row)
-            for i in _FLOAT_REQUIRED:
-                number = float(values[i])
-                if not math.isfinite(number):
-                    raise ValueError("non-finite")
-                values[i] = number
-            for i in _FLOAT_OPTIONAL:
-                values[i] = _finite_or_none(values[i])
-            values[0] = int(values[0])
-            values[1] = int(values[1])
-            series = str(values[10])
-            if series_prefix:
-                series = f"{series_prefix}/{series}" if series else series_prefix
-            values[10] = series
-        except (TypeError, ValueError, IndexError):
-            invalid += 1
-            continue
-        good.append(tuple(values))
-    if not good:
-        return {name: [] for name in _wire.SAMPLE_COLUMNS}, invalid
-    columns = {
-        name: list(col)
-        for name, col in zip(_wire.SAMPLE_COLUMNS, zip(*good, strict=True), strict=True)
-    }
-    return columns, invalid
-
-
-def encode_columns(columns: Columns) -> bytes:
-    """``{"columns": {...}}`` encoded one column at a time.
-
-    ``json.dumps`` runs in C without releasing the GIL; encoding one column (<= batch_max
-    values) per call bounds how long the training thread can wait for the GIL to a fraction of
-    a millisecond, instead of the whole batch's encoding time.
-    """
-    dumps = json.dumps
-    parts = [
-        f"{dumps(name)}:{dumps(values, separators=(',', ':'), allow_nan=False)}"
-        for name, values in columns.items()
-    ]
-    return ('{"columns":{' + ",".join(parts) + "}}").encode()
-
-
-def replay_requests(
-    records: list[dict[str, Any]], start: int, limit: int
-) -> Iterator[tuple[int, str, dict[str, Any]]]:
-    """(index of the last record used, "samples" | "events", request payload) for
-    records[start:], in order; consecutive sample batches are merged (``merge_records``)."""
-    index = start
-    while index < len(records):
-        events = records[index].get("events")
-        if isinstance(events, list):
-            if events:
-                yield index, "events", {"events": events}
-            index += 1
-            continue
-        end = index
-        while end < len(records) and not isinstance(records[end].get("events"), list):
-            end += 1
-        for last, columns in merge_records(records[:end], index, limit):
-            yield last, "samples", {"columns": columns}
-        index = end
-
-
-def merge_records(
-    records: list[dict[str, Any]], start: int, limit: int
-) -> Iterator[tuple[int, Columns]]:
-    """(index of the last record used, merged columns) for records[start:], <= limit samples
-    per merge (a single larger record is passed through whole)."""
-    merged: Columns | None = None
-    count = 0
-    last = start - 1
-    for index in range(start, len(records)):
-        columns = records[index].get("columns")
-        size = batch_size(records[index])
-        if not isinstance(columns, dict) or size == 0:
-            last = index
-            continue
-        if merged is not None and count + size > limit:
-            yield last, merged
-            merged, count = None, 0
-        if merged is None:
-            merged = {name: list(values) for name, values in columns.items()}
-        else:
-            for name in merged:
-                merged[name].extend(columns.get(name) or [None] * size)
-        count += size
-        last = index
-    if merged is not None:
-        yield last, merged
-
-
 class Sender:
     """Moves committed rows from ``buffer`` to the server (or the spool) on its own thread."""
 
@@ -306,7 +107,7 @@ class Sender:
         settings: Settings,
         run_id: str,
         run_body: dict[str, Any],
-        buffer: deque[Row],
+        buffer: deque[Sample],
         transport: Transport | None,
         spool: RunSpool | None,
         commit_open: Callable[[], None] | None = None,
@@ -330,23 +131,26 @@ class Sender:
         self._cond = threading.Condition()
         self._drain_lock = threading.Lock()
         #: The batch in the request being sent, and whether the guard already spooled a copy.
-        self._inflight: list[Row] | None = None
+        self._inflight: list[Sample] | None = None
         self._inflight_spooled = False
         #: Events in the request being sent (a copy may be spooled by the guard likewise).
         self._inflight_events: list[Any] | None = None
         self._inflight_events_spooled = False
-        #: Rows taken from the buffer on their way to the spool (counted as queued meanwhile).
+        #: Samples taken from the buffer on their way to the spool (counted as queued meanwhile).
         self._spilling = 0
-        #: Rows taken from the buffer so far (guard: how far behind the sender is).
+        #: Samples taken from the buffer so far (guard: how far behind the sender is).
         self._taken = 0
         #: When the request now on the wire began (None between requests).
         self._request_started: float | None = None
         self._thread: threading.Thread | None = None
         self._guard_thread: threading.Thread | None = None
         self._guard_stop = threading.Event()
-        self._run_created = False
-        #: Why the server will not take this run (fatal answer to PUT); then we only spool.
-        self._halted: str | None = None
+        self.phase = Phase.RUNNING
+        self.link = Link.NEW
+        #: Why the server will not take this run (its answer to PUT), when ``Link.REFUSED``.
+        self.refusal: str | None = None
+        #: gzip large bodies, except to a server on this machine (CPU for nothing there).
+        self._compress = not is_loopback(settings.url)
         self._outage_until = 0.0
         self._last_send = time.monotonic()
         #: Last HTTP answer of any kind (the heartbeat is due after heartbeat_interval without).
@@ -356,10 +160,7 @@ class Sender:
         self.refused_status: int | None = None
         self._last_spill = time.monotonic()
         self._flush_requested = False
-        self._stopping = False
-        self._abandoned = False
         self._final: dict[str, Any] | None = None
-        self._final_sent = False
         self._orphans_checked = False
         self._warned: set[str] = set()
         #: When a spool write failed (read-only or missing directory), batches are held in
@@ -403,7 +204,7 @@ class Sender:
         """Nothing in memory and nothing spooled that could still be sent in this process."""
         if self.buffer or self._inflight or self._spilling or self._inflight_events:
             return False
-        if self.settings.mode == "offline" or self._halted:
+        if self.settings.mode == "offline" or self.link is Link.REFUSED:
             return True
         if self.events:
             return False
@@ -428,15 +229,15 @@ class Sender:
         """Flush for at most ``timeout``; spool what is left; stop the thread."""
         self._final = final
         if self.spool is not None:
-            self._save_meta()
+            self.save_meta()
         self._flush_requested = True
-        self._stopping = True
+        self.phase = Phase.STOPPING
         self._wake.set()
         if self._thread is not None:
             self._thread.join(max(0.0, timeout))
         if self._thread is not None and self._thread.is_alive():
             # The server did not take everything in time: leave the rest on disk.
-            self._abandoned = True
+            self.phase = Phase.ABANDONED
             self._wake.set()
             self._spill_everything()
             self._thread.join(0.2)
@@ -463,17 +264,17 @@ class Sender:
             except Exception as exc:  # the sender must never die
                 self._error(f"internal error: {type(exc).__name__}: {exc}", key="internal")
                 logger.debug("noisescope sender error", exc_info=True)
-                done = self._stopping
+                done = self.phase is not Phase.RUNNING
                 time.sleep(0.05)
             with self._cond:
                 self._cond.notify_all()
-            if done or self._abandoned:
+            if done or self.phase is Phase.ABANDONED:
                 self._guard_stop.set()
                 return
 
     def _wait_time(self) -> float:
         interval = self.settings.batch_interval
-        if self._stopping or self._flush_requested:
+        if self.phase is not Phase.RUNNING or self._flush_requested:
             interval = 0.02
         now = time.monotonic()
         if self._outage_until > now:
@@ -482,12 +283,12 @@ class Sender:
 
     def _tick(self) -> bool:
         """One pass; returns True when the thread may exit."""
-        # One snapshot: close() may set _stopping mid-pass, and exiting on a later read
+        # One snapshot: close() may end the RUNNING phase mid-pass, and exiting on a later read
         # without having sent the final status would lose it.
-        stopping = self._stopping
+        stopping = self.phase is not Phase.RUNNING
         if self._commit_open is not None and (stopping or self._flush_requested):
             self._commit_open()
-        if self.settings.mode == "offline" or self._halted or self.transport is None:
+        if self.settings.mode == "offline" or self.link is Link.REFUSED or self.transport is None:
             self._spill(force=True)
             self._spill_events()
             return stopping
@@ -505,7 +306,7 @@ class Sender:
             return False
         if self.events and not self._send_events():
             return False
-        if stopping and self._final is not None and not self._final_sent and self.idle():
+        if stopping and self._final is not None and not self.final_sent and self.idle():
             self._send_final()
         if (
             not stopping
@@ -525,11 +326,8 @@ class Sender:
         wait for an explicit ``noisescope sync``; runs locked by a live process are skipped."""
         if self.spool is None or self.transport is None or not self.settings.resume_orphans:
             return
-        from noisescope._spool import spooled_run_ids
-        from noisescope._sync import sync_run
-
         for run_id in spooled_run_ids(self.spool.root):
-            if run_id == self.spool.dir.name or self._stopping:
+            if run_id == self.spool.dir.name or self.phase is not Phase.RUNNING:
                 continue
             orphan = RunSpool.at(self.spool.root, run_id)  # a valid name: spooled_run_ids
             meta = orphan.read_meta() or {}
@@ -541,7 +339,7 @@ class Sender:
             except OSError:
                 continue
             try:
-                count = sync_run(orphan, self.transport)
+                count = sync_run(orphan, self.transport, compress=self._compress)
                 orphan.remove_if_empty()
                 logger.info("noisescope: delivered %d spooled samples of run %s", count, run_id)
             except Exception as exc:  # leave it for the next run or `noisescope sync`
@@ -555,21 +353,17 @@ class Sender:
         """One request (``payload`` None: an empty body); None (and the outage begins) if there
         was no HTTP answer."""
         assert self.transport is not None
-        columns = payload.get("columns") if payload is not None and len(payload) == 1 else None
-        headers = {"Content-Type": "application/json"}
-        if payload is None:
-            body, headers = b"", {}
-        elif isinstance(columns, dict):
-            body = encode_columns(columns)
-        else:
-            body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-        if len(body) >= self.settings.gzip_min_bytes:
-            body = gzip.compress(body, compresslevel=5)
-            headers["Content-Encoding"] = "gzip"
+        request = build_request(
+            method,
+            path,
+            payload,
+            compress=self._compress,
+            gzip_min_bytes=self.settings.gzip_min_bytes,
+        )
         self.requests += 1
         self._request_started = time.monotonic()
         try:
-            return self.transport.handle_request(Request(method, path, body, headers))
+            return self.transport.handle_request(request)
         except TransportError as exc:
             self._enter_outage(str(exc), None)
             return None
@@ -611,7 +405,7 @@ class Sender:
         return outcome
 
     def _ensure_run(self) -> bool:
-        if self._run_created:
+        if self.link is Link.CREATED:
             return True
         response = self._request("PUT", _wire.runs_path(self.run_id), self.run_body)
         if response is None:
@@ -619,7 +413,7 @@ class Sender:
         outcome = "fatal" if _not_noisescope(response) else self._answered(response)
         if outcome == "ok":
             self._tell_page(response)
-            self._run_created = True
+            self.link = Link.CREATED
             return True
         if outcome == "retry":
             return False
@@ -642,7 +436,7 @@ class Sender:
                     f": send it with a valid token: noisescope sync {self.spool.root} "
                     f"--url {self.settings.url} --token <TOKEN>"
                 )
-        self._halted = message
+        self.link, self.refusal = Link.REFUSED, message
         self._error(message, key="run-refused", level=logging.WARNING)
         return False
 
@@ -690,7 +484,7 @@ class Sender:
             self._last_send = time.monotonic()
         elif outcome == "missing":
             # The server lost the run (database reset?): create it again, then resend.
-            self._run_created = False
+            self.link = Link.NEW
             self._enter_outage(f"HTTP 404: {response.detail()}", 0.0, warn=False)
         elif outcome == "fatal":
             self.dropped += count
@@ -729,7 +523,7 @@ class Sender:
             due = (
                 len(self.buffer) >= self.settings.batch_max
                 or self._flush_requested
-                or self._stopping
+                or self.phase is not Phase.RUNNING
                 or time.monotonic() - self._last_send >= self.settings.batch_interval
             )
             if not due:
@@ -740,7 +534,7 @@ class Sender:
             if columns["seq"]:
                 outcome = self._post(columns)
                 if outcome is None or outcome in ("retry", "missing"):
-                    keep = invalid == 0 and not self._abandoned  # close() gave up: count it
+                    keep = invalid == 0 and self.phase is not Phase.ABANDONED  # else counted
                     if self._claim_inflight():
                         pass  # the guard spooled it while the request hung
                     elif not self._to_spool(columns, hold=keep):
@@ -758,7 +552,7 @@ class Sender:
     def _send_events(self) -> bool:
         """POST queued events (``{"events": [...]}``); keep them on no or a retryable answer."""
         while self.events:
-            batch = [_json_safe(self.events.popleft()) for _ in range(min(len(self.events), 1000))]
+            batch = [json_safe(self.events.popleft()) for _ in range(min(len(self.events), 1000))]
             with self._drain_lock:
                 self._inflight_events, self._inflight_events_spooled = batch, False
             try:
@@ -778,7 +572,7 @@ class Sender:
         response = self._request("POST", _wire.events_path(self.run_id), {"events": events})
         outcome = None if response is None else self._answered(response)
         if outcome == "missing":
-            self._run_created = False
+            self.link = Link.NEW
             self._enter_outage("HTTP 404: unknown run", 0.0, warn=False)
         if outcome == "fatal" and response is not None:
             self.dropped_events += len(events)
@@ -797,7 +591,7 @@ class Sender:
         batch: list[Any] = []
         with contextlib.suppress(IndexError):
             while True:
-                batch.append(_json_safe(self.events.popleft()))
+                batch.append(json_safe(self.events.popleft()))
         if batch:
             try:
                 ok = self.spool.append_record({"events": batch})
@@ -810,16 +604,16 @@ class Sender:
         assert self._final is not None
         response = self._request("PATCH", _wire.runs_path(self.run_id), self._final)
         if response is not None and self._answered(response) != "retry":
-            self._final_sent = True
+            self.link = Link.FINISHED
             if self.spool is not None:
-                self._save_meta()
+                self.save_meta()
 
     # -- spooling -----------------------------------------------------------------------------
-    def _take(self, limit: int, sending: bool) -> list[Row]:
+    def _take(self, limit: int, sending: bool) -> list[Sample]:
         """Up to ``limit`` rows, oldest first: the batch of the next request (``sending``) or
         rows on their way to the spool (release them with ``_done_spilling``)."""
         with self._drain_lock:
-            rows: list[Row] = []
+            rows: list[Sample] = []
             popleft = self.buffer.popleft
             try:
                 for _ in range(limit):
@@ -862,7 +656,7 @@ class Sender:
                 logger.debug("noisescope spool guard error", exc_info=True)
 
     def _guard_tick(self, history: deque[tuple[float, int]]) -> None:
-        if self._halted or not self._spool_usable():
+        if self.link is Link.REFUSED or not self._spool_usable():
             return
         now = time.monotonic()
         interval = self.settings.batch_interval
@@ -1023,7 +817,18 @@ class Sender:
                 level=logging.WARNING,
             )
 
-    def _save_meta(self) -> None:
+    @property
+    def final_sent(self) -> bool:
+        """Whether the server took the run's final status (then the spool may go)."""
+        return self.link is Link.FINISHED
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Queue an event (``Run.log_event``) and wake the thread."""
+        self.events.append(event)
+        self._wake.set()
+
+    def save_meta(self) -> None:
+        """Write run.json: what ``noisescope sync`` needs to deliver this run."""
         assert self.spool is not None
         with contextlib.suppress(OSError):
             self.spool.write_meta(
@@ -1031,7 +836,7 @@ class Sender:
                     "run_id": self.run_id,
                     "url": self.settings.url,
                     "run": self.run_body,
-                    "final": None if self._final_sent else self._final,
+                    "final": None if self.final_sent else self._final,
                     "mode": self.settings.mode,
                 }
             )

@@ -324,3 +324,55 @@ def spooled_run_ids(root: Path) -> list[str]:
             continue
         found.append(path.name)
     return sorted(found)
+
+
+# -- replay: spooled records back into requests ---------------------------------------------
+
+
+def replay_requests(
+    records: list[dict[str, Any]], start: int, limit: int
+) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(index of the last record used, "samples" | "events", request payload) for
+    records[start:], in order; consecutive sample batches are merged (``merge_records``)."""
+    index = start
+    while index < len(records):
+        events = records[index].get("events")
+        if isinstance(events, list):
+            if events:
+                yield index, "events", {"events": events}
+            index += 1
+            continue
+        end = index
+        while end < len(records) and not isinstance(records[end].get("events"), list):
+            end += 1
+        for last, columns in merge_records(records[:end], index, limit):
+            yield last, "samples", {"columns": columns}
+        index = end
+
+
+def merge_records(
+    records: list[dict[str, Any]], start: int, limit: int
+) -> Iterator[tuple[int, Columns]]:
+    """(index of the last record used, merged columns) for records[start:], <= limit samples
+    per merge (a single larger record is passed through whole)."""
+    merged: Columns | None = None
+    count = 0
+    last = start - 1
+    for index in range(start, len(records)):
+        columns = records[index].get("columns")
+        size = batch_size(records[index])
+        if not isinstance(columns, dict) or size == 0:
+            last = index
+            continue
+        if merged is not None and count + size > limit:
+            yield last, merged
+            merged, count = None, 0
+        if merged is None:
+            merged = {name: list(values) for name, values in columns.items()}
+        else:
+            for name in merged:
+                merged[name].extend(columns.get(name) or [None] * size)
+        count += size
+        last = index
+    if merged is not None:
+        yield last, merged

@@ -10,18 +10,18 @@ is still running is safe.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from noisescope import _wire
 from noisescope._config import resolve
-from noisescope._sender import classify, encode_columns, replay_requests
-from noisescope._spool import RunSpool, spooled_run_ids
-from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
+from noisescope._request import build_request, is_loopback
+from noisescope._retry import classify
+from noisescope._spool import RunSpool, replay_requests, spooled_run_ids
+from noisescope._transport import HTTPTransport, Response, Transport, TransportError
 
 #: Samples per request when syncing (well under the server's per-request limit).
 SYNC_BATCH = 10_000
@@ -35,17 +35,12 @@ class SyncResult:
     samples: int = 0
 
 
-def _send(transport: Transport, method: str, path: str, payload: dict[str, Any]) -> Response:
-    columns = payload.get("columns")
-    if isinstance(columns, dict):
-        body = encode_columns(columns)
-    else:
-        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-    headers = {"Content-Type": "application/json"}
-    if len(body) >= 1024:
-        body = gzip.compress(body, compresslevel=5)
-        headers["Content-Encoding"] = "gzip"
-    return transport.handle_request(Request(method, path, body, headers))
+def _sender(transport: Transport, compress: bool) -> Callable[[str, str, dict[str, Any]], Response]:
+    def send(method: str, path: str, payload: dict[str, Any]) -> Response:
+        request = build_request(method, path, payload, compress=compress)
+        return transport.handle_request(request)
+
+    return send
 
 
 def _check(response: Response, what: str) -> None:
@@ -62,27 +57,29 @@ def _recorded_run_id(spool: RunSpool, meta: dict[str, Any]) -> str:
     return str(run_id)
 
 
-def sync_run(spool: RunSpool, transport: Transport) -> int:
-    """Deliver one locked run directory; returns the number of samples posted."""
+def sync_run(spool: RunSpool, transport: Transport, *, compress: bool = True) -> int:
+    """Deliver one locked run directory; returns the number of samples posted. ``compress``:
+    gzip large bodies (pointless for a server on this machine)."""
+    send = _sender(transport, compress)
     meta = spool.read_meta()
     if meta is None or not isinstance(meta.get("run"), dict):
         raise RuntimeError(f"{spool.dir} has no readable run.json")
     run_id = _recorded_run_id(spool, meta)
-    _check(_send(transport, "PUT", _wire.runs_path(run_id), meta["run"]), "creating the run")
+    _check(send("PUT", _wire.runs_path(run_id), meta["run"]), "creating the run")
     posted = 0
     for path in spool.seal():
         for _, kind, payload in replay_requests(spool.read(path), 0, SYNC_BATCH):
             if kind == "events":
-                response = _send(transport, "POST", _wire.events_path(run_id), payload)
+                response = send("POST", _wire.events_path(run_id), payload)
                 _check(response, "posting events")
                 continue
-            response = _send(transport, "POST", _wire.samples_path(run_id), payload)
+            response = send("POST", _wire.samples_path(run_id), payload)
             _check(response, "posting samples")
             posted += len(payload["columns"]["seq"])
         spool.discard(path)
     final = meta.get("final")
     if isinstance(final, dict):
-        _check(_send(transport, "PATCH", _wire.runs_path(run_id), final), "finishing the run")
+        _check(send("PATCH", _wire.runs_path(run_id), final), "finishing the run")
     return posted
 
 
@@ -127,7 +124,9 @@ def sync(
                 meta = spool.read_meta() or {}
                 target = explicit_url or _env_url() or str(meta.get("url") or settings.url)
                 own = use = HTTPTransport(target, settings.token, settings.request_timeout)
-            result.samples += sync_run(spool, use)
+            else:
+                target = explicit_url or settings.url
+            result.samples += sync_run(spool, use, compress=not is_loopback(target))
             result.synced.append(run_id)
             spool.remove_if_empty()
         except (RuntimeError, TransportError, OSError) as exc:

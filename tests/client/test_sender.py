@@ -13,7 +13,7 @@ import pytest
 
 import noisescope
 from noisescope import TransportError
-from noisescope._sender import Backoff, classify, parse_retry_after
+from noisescope._retry import Backoff, classify, parse_retry_after
 from noisescope._transport import Response
 from tests.client._fakes import FakeServer, wait_for
 
@@ -62,7 +62,7 @@ def test_batches_by_time(fake: FakeServer) -> None:
 
 
 def test_large_bodies_are_gzipped(fake: FakeServer) -> None:
-    run = make_run(fake, gzip_min_bytes=1024)
+    run = make_run(fake, url="http://ingest.example:8765", gzip_min_bytes=1024)
     log_steps(run, 500)
     run.finish()
     posts = fake.sample_posts()
@@ -71,6 +71,17 @@ def test_large_bodies_are_gzipped(fake: FakeServer) -> None:
     assert big
     body = json.loads(gzip.decompress(big[0].body or b""))
     assert set(body["columns"]) >= {"seq", "step", "b_small", "g_big_sq", "series"}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "127.0.0.2"])
+def test_bodies_to_this_machine_are_not_compressed(fake: FakeServer, host: str) -> None:
+    """On loopback gzip costs the client (and the server) CPU and saves nothing."""
+    run = make_run(fake, url=f"http://{host}:8765", gzip_min_bytes=1024)
+    log_steps(run, 500)
+    run.finish()
+    posts = fake.sample_posts()
+    assert posts and all("Content-Encoding" not in p.headers for p in posts)
+    assert sum(len(json.loads(p.body or b"")["columns"]["seq"]) for p in posts) == 500
 
 
 def test_backoff_grows_exponentially_with_jitter_and_honours_retry_after() -> None:

@@ -85,7 +85,7 @@ def test_interrupted_spool_replay_does_not_count_samples_twice(
 def test_backoff_survives_a_very_long_outage() -> None:
     """Regression: 2.0**failures overflowed after ~1000 failed retries (hours of outage at the
     default 30 s cap); the sender then raised on every tick instead of backing off."""
-    from noisescope._sender import Backoff
+    from noisescope._retry import Backoff
 
     backoff = Backoff(0.5, 30.0)
     delays = [backoff.next_delay() for _ in range(5000)]

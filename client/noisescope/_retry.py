@@ -1,0 +1,70 @@
+"""The retry policy: which answers are retried, how long to wait, what ``Retry-After`` says.
+
+Connection errors, timeouts, 408, 425, 429 and 5xx are retried with exponential backoff and
+jitter, never sooner than the server's ``Retry-After``; 404 means the server lost the run
+(create it again); any other answer is final.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from typing import Literal
+
+from noisescope._transport import Response
+
+Outcome = Literal["ok", "retry", "fatal", "missing"]
+
+
+class Backoff:
+    """Exponential backoff with "equal jitter": ``d = min(cap, base·2^k)``, wait U(d/2, d).
+
+    Jitter keeps many clients that lost the same server from retrying in lock step. A server's
+    ``Retry-After`` is honoured as a lower bound.
+    """
+
+    def __init__(self, base: float, cap: float, rng: random.Random | None = None) -> None:
+        self.base = base
+        self.cap = cap
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self, retry_after: float | None = None) -> float:
+        # the exponent is capped: 2.0**1024 overflows, i.e. after ~1000 failed retries (hours
+        # of outage) the sender would otherwise fail on every tick and stop backing off
+        ceiling = min(self.cap, self.base * (2.0 ** min(self.failures, 64)))
+        self.failures += 1
+        delay = self._rng.uniform(ceiling / 2.0, ceiling)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, 3600.0))
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds: either delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def classify(response: Response) -> Outcome:
+    status = response.status
+    if 200 <= status < 300:
+        return "ok"
+    if status in (408, 425, 429) or status >= 500:
+        return "retry"
+    if status == 404:
+        return "missing"
+    return "fatal"
