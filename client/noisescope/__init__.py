@@ -31,7 +31,7 @@ from noisescope._results import (
     to_frame,
 )
 from noisescope._run import Run, init
-from noisescope._sender import Status
+from noisescope._status import Status
 from noisescope._sync import sync
 from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
 from noisescope.recommend import NoiseTracker, Recommendation

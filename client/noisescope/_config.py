@@ -14,6 +14,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from noisescope import _wire
+from noisescope._request import GZIP_MIN_BYTES
 
 Mode = Literal["online", "offline", "disabled"]
 MODES: tuple[Mode, ...] = ("online", "offline", "disabled")
@@ -54,7 +55,7 @@ class Settings:
     #: (a running run silent for the server's ``crash_after`` reads as crashed).
     heartbeat_interval: float = _wire.HEARTBEAT_INTERVAL
     #: Bodies larger than this are gzip-compressed.
-    gzip_min_bytes: int = 1024
+    gzip_min_bytes: int = GZIP_MIN_BYTES
     #: Distributed rank of this process and world size.
     rank: int = 0
     world_size: int = 1

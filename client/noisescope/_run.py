@@ -38,8 +38,9 @@ from noisescope._records import (
     Sample,
     new_sample,
 )
-from noisescope._sender import Sender, Status
+from noisescope._sender import Sender
 from noisescope._spool import RunSpool
+from noisescope._status import Status
 from noisescope._transport import HTTPTransport, Transport
 from noisescope._wire import run_page_url
 

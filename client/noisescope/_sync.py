@@ -10,6 +10,7 @@ is still running is safe.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from noisescope._request import build_request, is_loopback
 from noisescope._retry import classify
 from noisescope._spool import RunSpool, replay_requests, spooled_run_ids
 from noisescope._transport import HTTPTransport, Response, Transport, TransportError
+
+logger = logging.getLogger("noisescope")
 
 #: Samples per request when syncing (well under the server's per-request limit).
 SYNC_BATCH = 10_000
@@ -81,6 +84,41 @@ def sync_run(spool: RunSpool, transport: Transport, *, compress: bool = True) ->
     if isinstance(final, dict):
         _check(send("PATCH", _wire.runs_path(run_id), final), "finishing the run")
     return posted
+
+
+def deliver_orphans(
+    own: RunSpool,
+    url: str,
+    transport: Transport,
+    *,
+    compress: bool,
+    stop: Callable[[], bool],
+) -> str | None:
+    """Deliver the spools that earlier *online* runs to ``url`` left under ``own``'s root (a
+    job killed during an outage), as a live run does once its own data is sent. Offline runs
+    wait for an explicit ``noisescope sync``; runs locked by a live process are skipped.
+    Returns why delivery stopped, if it failed (the rest waits for the next run or sync)."""
+    for folder in spooled_run_ids(own.root):
+        if folder == own.dir.name or stop():
+            continue
+        orphan = RunSpool.at(own.root, folder)  # a valid name: spooled_run_ids
+        meta = orphan.read_meta() or {}
+        if meta.get("mode") != "online" or meta.get("url") != url:
+            continue
+        try:
+            if not orphan.acquire():
+                continue
+        except OSError:
+            continue
+        try:
+            count = sync_run(orphan, transport, compress=compress)
+            orphan.remove_if_empty()
+            logger.info("noisescope: delivered %d spooled samples of run %s", count, folder)
+        except Exception as exc:
+            return f"could not deliver spooled run {folder}: {exc}"
+        finally:
+            orphan.release()
+    return None
 
 
 def sync(

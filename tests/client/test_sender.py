@@ -263,3 +263,26 @@ def test_spool_replay_merges_batches_into_few_requests(fake: FakeServer, tmp_pat
     assert status.sent == 3000
     # 300 spooled batches of 10 replay in requests of up to 5000 samples
     assert len(fake.sample_posts()) - posts_before <= 3
+
+
+@pytest.mark.parametrize("with_orjson", [True, False])
+def test_both_encoders_write_the_same_values(
+    monkeypatch: pytest.MonkeyPatch, with_orjson: bool
+) -> None:
+    """orjson (when installed) and the standard library encode the same numbers; integers
+    orjson refuses (beyond 64 bits) take the standard path."""
+    from noisescope import _request
+
+    if not with_orjson:
+        monkeypatch.setattr(_request, "orjson", None)
+    columns = {
+        "seq": [0, 1, 2**70],
+        "g_small_sq": [0.1, 1e-300, 1.7646e9 + 0.123456],
+        "loss": [None, 2.5, 1e22],
+        "series": ["", "é/x", '"q"'],
+    }
+    decoded = json.loads(_request.encode_columns(columns))
+    assert decoded == {"columns": columns}
+    request = _request.build_request("POST", "/p", {"columns": columns}, gzip_min_bytes=1)
+    assert request.headers["Content-Encoding"] == "gzip"
+    assert json.loads(gzip.decompress(request.body or b"")) == {"columns": columns}

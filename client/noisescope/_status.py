@@ -1,0 +1,31 @@
+"""``Status``: where every sample of a run is (``Run.status()``, the line at finish)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where every sample of a run is. ``queued + sent + spooled + dropped`` = committed."""
+
+    mode: str
+    #: In memory (open step, buffer, or in a request right now).
+    queued: int
+    #: Acknowledged by the server.
+    sent: int
+    #: Waiting in the on-disk spool.
+    spooled: int
+    #: Lost, with a reason logged once: buffer overflow, disk limit, rejected or invalid data.
+    dropped: int
+    last_error: str | None
+    spool_dir: str | None = None
+
+    def line(self) -> str:
+        text = (
+            f"queued {self.queued}, sent {self.sent}, spooled {self.spooled}, "
+            f"dropped {self.dropped}"
+        )
+        if self.last_error:
+            text += f"; last error: {self.last_error}"
+        return text
