@@ -104,10 +104,13 @@ def _fast_columns(rows: list[Sample], series_prefix: str) -> Columns | None:
                     return None
             elif index in _FLOAT_OPTIONAL:
                 if None in col:
-                    return None
-                values = list(map(float, col))
-                if not all(map(isfinite, values)):
-                    return None
+                    if col.count(None) != len(col):
+                        return None  # some logged, some not: the per-row path
+                    values = list(col)  # not logged at all (e.g. no examples): nulls
+                else:
+                    values = list(map(float, col))
+                    if not all(map(isfinite, values)):
+                        return None
             else:
                 values = list(map(str, col))
                 if series_prefix:

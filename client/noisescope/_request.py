@@ -1,26 +1,19 @@
 """The one request builder of the client (sender and ``noisescope sync``): JSON encoding and
 compression of a body, under one size threshold and one gzip level.
 
-Samples are encoded one column at a time (``encode_columns``). ``orjson``, when installed (the
-server's install has it; ``pip install 'noisescope[fast]'``), encodes float columns about ten
-times faster than the standard library, which prints every float with ``repr``; both write
-the same numbers (shortest round-trip form), so what the server stores is the same.
+Samples are encoded one column at a time (``encode_columns``), with ``_json.dumps`` (orjson
+when installed).
 """
 
 from __future__ import annotations
 
 import gzip
 import ipaddress
-import json
 from typing import Any
 from urllib.parse import urlsplit
 
+from noisescope._json import dumps
 from noisescope._transport import Request
-
-try:  # optional: the client depends on requests only
-    import orjson
-except ImportError:  # pragma: no cover - exercised where orjson is not installed
-    orjson = None  # type: ignore[assignment]
 
 #: Bodies at least this large are gzip-compressed (unless the server is on this machine).
 GZIP_MIN_BYTES = 1024
@@ -29,21 +22,6 @@ GZIP_MIN_BYTES = 1024
 GZIP_LEVEL = 1
 
 Columns = dict[str, list[Any]]
-
-
-def _dumps_std(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
-
-
-def dumps(value: Any) -> bytes:
-    """Compact JSON. Callers pass finite floats only (columns are checked, events made
-    JSON-safe); integers beyond 64 bits, which orjson refuses, take the standard path."""
-    if orjson is not None:
-        try:
-            return bytes(orjson.dumps(value))
-        except TypeError:
-            pass
-    return _dumps_std(value)
 
 
 def encode_columns(columns: Columns) -> bytes:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from noisescope import _wire
+from noisescope import _json, _wire
 
 try:  # POSIX only; on other systems concurrent sync of a live run is not guarded.
     import fcntl
@@ -52,7 +52,7 @@ Columns = dict[str, list[Any]]
 
 
 def encode_record(payload: dict[str, Any]) -> bytes:
-    text = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    text = _json.dumps(payload)
     return text + b"\t" + format(zlib.crc32(text), "08x").encode() + b"\n"
 
 
@@ -65,7 +65,7 @@ def decode_records(data: bytes) -> Iterator[dict[str, Any]]:
         try:
             if int(crc, 16) != zlib.crc32(text):
                 continue
-            record = json.loads(text)
+            record = _json.loads(text)
         except ValueError:
             continue
         if isinstance(record, dict):

@@ -271,10 +271,10 @@ def test_both_encoders_write_the_same_values(
 ) -> None:
     """orjson (when installed) and the standard library encode the same numbers; integers
     orjson refuses (beyond 64 bits) take the standard path."""
-    from noisescope import _request
+    from noisescope import _json, _request
 
     if not with_orjson:
-        monkeypatch.setattr(_request, "orjson", None)
+        monkeypatch.setattr(_json, "orjson", None)
     columns = {
         "seq": [0, 1, 2**70],
         "g_small_sq": [0.1, 1e-300, 1.7646e9 + 0.123456],
@@ -286,3 +286,19 @@ def test_both_encoders_write_the_same_values(
     request = _request.build_request("POST", "/p", {"columns": columns}, gzip_min_bytes=1)
     assert request.headers["Content-Encoding"] == "gzip"
     assert json.loads(gzip.decompress(request.body or b"")) == {"columns": columns}
+
+
+def test_columns_with_fields_never_logged_are_nulls() -> None:
+    """examples/lr not logged at all (the common case) stay null on the fast path; a batch
+    that mixes logged and unlogged values, or a non-finite loss, gives the same columns."""
+    from noisescope._records import Sample, new_sample, rows_to_columns
+
+    def row(seq: int, examples: float | None, loss: float) -> Sample:
+        return new_sample((seq, seq, examples, 8.0, 64.0, 2.0, 1.0, loss, None, 0.5, "s"))
+
+    plain, invalid = rows_to_columns([row(0, None, 1.0), row(1, None, 2.0)], "rank1")
+    assert invalid == 0
+    assert plain["examples"] == [None, None] and plain["lr"] == [None, None]
+    assert plain["series"] == ["rank1/s", "rank1/s"]
+    mixed, _ = rows_to_columns([row(0, None, float("nan")), row(1, 64.0, 2.0)])
+    assert mixed["examples"] == [None, 64.0] and mixed["loss"] == [None, 2.0]
