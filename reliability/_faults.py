@@ -299,10 +299,11 @@ def _stop_server(server: Server, sig: signal.Signals) -> None:
 
 
 def hung_server_kill(
-    server: Server, workdir: Path, *, rate: float, hang_s: float = 4.0
+    server: Server, workdir: Path, *, rate: float, hang_s: float = 4.1
 ) -> FaultResult:
     """The server stops answering (SIGSTOP: connections are accepted by the kernel, nothing is
-    read back), the client is SIGKILLed ``hang_s`` later, the server resumes and
+    read back), the client is SIGKILLed ``hang_s`` later (not a multiple of the guard's
+    period, so the kill does not land just after a spill), the server resumes and
     ``noisescope sync`` delivers the spool. Lost: committed samples that are neither stored
     nor a hole-free prefix; the bound is docs/client.md's 1.75 x batch_interval."""
     name = f"server hung (SIGSTOP {hang_s:g} s), then client SIGKILLed"

@@ -126,7 +126,7 @@ def rows_to_columns(rows: list[Sample], series_prefix: str = "") -> tuple[Column
 
     Done here, off the training thread, so the hot path never converts or validates. A
     non-finite loss or lr becomes null (JSON has no NaN); a non-finite squared norm makes the
-    sample unusable (science.md, Pitfalls: skip non-finite gradients) and it is counted.
+    sample unusable (docs/science.md, Pitfalls: skip non-finite gradients) and it is counted.
     """
     if rows:
         fast = _fast_columns(rows, series_prefix)

@@ -183,7 +183,7 @@ class Run:
     ) -> None:
         """Record one two-batch measurement: |G_small|² at ``b_small``, |G_big|² at ``b_big``.
 
-        The estimator (science.md, two-batch estimator) needs both squared norms of the *same*
+        The estimator (docs/science.md, two-batch estimator) needs both squared norms of the *same*
         step. Values for one (step, series) are merged until a later step begins.
         """
         if not self.active:

@@ -12,10 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 
 import noisescope
 from tests.client._fakes import FakeServer, wait_for
-from tests.support.servers import free_port
+from tests.support.servers import ServerProcess, free_port
 
 
 class RawServer:
@@ -176,3 +177,30 @@ def test_a_server_that_is_down_is_said_once_at_the_first_failure(
     said = [r.getMessage() for r in caplog.records if "cannot deliver" in r.getMessage()]
     assert len(said) == 1
     assert "http://down.test:1" in said[0] and "noisescope sync" in said[0]
+
+
+@pytest.mark.slow
+def test_against_the_real_server_a_quiet_run_stays_running_a_silent_one_reads_crashed(
+    tmp_path: Path,
+) -> None:
+    """The server reads a running run silent for crash_after as crashed: the heartbeat keeps
+    a run that logs nothing for a while "running"; one whose heartbeat is off is "crashed"."""
+    crash_after = 1.5
+    env = {"NOISESCOPE_CRASH_AFTER": str(crash_after)}
+    with ServerProcess(f"sqlite:///{tmp_path / 'ns.db'}", env=env) as server:
+        quiet = noisescope.init(url=server.url, heartbeat_interval=0.2, batch_interval=0.05)
+        silent = noisescope.init(url=server.url, heartbeat_interval=1e9, batch_interval=0.05)
+        for run in (quiet, silent):
+            run.log_sample(0, 8, 64, 2.0, 1.0)
+            run.log_sample(1, 8, 64, 2.0, 1.0)
+            assert run.flush()
+
+        def status(run: noisescope.Run) -> str:
+            answer = requests.get(f"{server.url}/api/v1/runs/{run.id}", timeout=10)
+            return str(answer.json()["status"])
+
+        assert wait_for(lambda: status(silent) == "crashed", timeout=30)
+        assert status(quiet) == "running"
+        quiet.finish()
+        silent.finish()
+        assert status(quiet) == "finished"
