@@ -1,0 +1,73 @@
+"""The read side: the one place the HTTP query API reads stored runs from.
+
+Every function takes an ``Engine`` and returns plain frozen dataclasses (``noisescope._results``,
+the same classes ``noisescope.Api`` decodes), so the server, the dashboard and a notebook hold
+the very same fields. Aggregation happens in SQL: a series is bucketed to at most
+``max_points`` buckets of *exact* sums of the per-sample unbiased estimates |𝒢|^2 and 𝒮
+(docs/science.md, two-batch estimator); B_simple = sum 𝒮 / sum |𝒢|^2 and its interval (block
+jackknife + Fieller) are computed afterwards by ``noisescope.estimators``. Long runs are read
+from ``sample_block`` (pre-summed blocks of 64 consecutive samples maintained at ingest), short
+ones from ``sample`` directly.
+
+``project_scope`` (a project id) restricts every function to one project; the HTTP layer sets
+it from the caller's token. A run outside the scope raises ``errors.Forbidden``.
+
+- ``_runs``: the run list and one run's summary;
+- ``_current``: a run's current B_simple (its trailing window);
+- ``_series``: one run's bucketed series and its smoothing;
+- ``_buckets``: bucketed sums of several runs at once;
+- ``_compare``: several runs' series for the comparison charts;
+- ``_tasks``: projects and the per-task summary;
+- ``_raw``: a run's events and its raw samples as CSV;
+- ``_common``: what they share (interval level, run status and row, scope check, tuple fetch).
+"""
+
+from __future__ import annotations
+
+from noisescope._results import (
+    EventRow,
+    RunSeries,
+    RunSummary,
+    SeriesInfo,
+    SeriesPoint,
+    TaskSummary,
+)
+from noisescope_server.queries._buckets import BucketSums, bucket_sums
+from noisescope_server.queries._common import LEVEL, finite_number, run_status
+from noisescope_server.queries._compare import compare_series
+from noisescope_server.queries._raw import raw_samples_csv, run_events
+from noisescope_server.queries._runs import get_run, list_runs
+from noisescope_server.queries._series import (
+    MIN_INTERVAL_SAMPLES,
+    XAxis,
+    run_series,
+    series_names,
+    smooth_series,
+)
+from noisescope_server.queries._tasks import list_projects, task_summaries
+
+__all__ = [
+    "LEVEL",
+    "MIN_INTERVAL_SAMPLES",
+    "BucketSums",
+    "EventRow",
+    "RunSeries",
+    "RunSummary",
+    "SeriesInfo",
+    "SeriesPoint",
+    "TaskSummary",
+    "XAxis",
+    "bucket_sums",
+    "compare_series",
+    "finite_number",
+    "get_run",
+    "list_projects",
+    "list_runs",
+    "raw_samples_csv",
+    "run_events",
+    "run_series",
+    "run_status",
+    "series_names",
+    "smooth_series",
+    "task_summaries",
+]

@@ -1,0 +1,228 @@
+"""Bucketed raw sums of several runs and series in one query (the comparisons and the sweep
+analysis read these)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    and_,
+    case,
+    false,
+    func,
+    literal,
+    select,
+    union_all,
+)
+
+from noisescope_server.models import BLOCK_SIZE, Run, Sample, SampleBlock
+
+
+@dataclass(frozen=True)
+class BucketSums:
+    """One bucket of one (run, series): raw sums, so that smoothing stays the reader's choice.
+
+    Buckets split each (run, series) step range evenly. ``step_lo`` is the bucket's first
+    step, ``step`` and ``examples`` its last, ``time`` its last sample's seconds since the
+    series' first, ``loss`` and ``lr`` means over the samples that had one, ``batch_size`` the
+    largest B_big (the batch in use).
+    """
+
+    run_uid: str
+    series: str
+    bucket: int
+    n: int
+    sum_g_sq: float
+    sum_trace_sigma: float
+    step_lo: int
+    step: int
+    examples: float | None
+    time: float | None
+    loss: float | None
+    lr: float | None
+    batch_size: float | None
+
+
+#: A run is read from the server's ``sample_block`` sums (``BLOCK_SIZE`` samples each; a
+#: 1M-sample run is ~16k rows, not 1M) once it has at least this many blocks per requested
+#: point, otherwise from ``sample`` itself, so short runs keep per-step resolution.
+BLOCKS_PER_POINT = 1.0
+
+
+def _sample_rows() -> Any:
+    """Per-sample rows in the same shape as ``_block_rows`` (a sample is a block of one)."""
+    s = Sample
+    return select(
+        s.run_id,
+        s.series,
+        s.step.label("step_lo"),
+        s.step.label("step_hi"),
+        literal(1, BigInteger).label("n"),
+        s.g_sq_est.label("sum_g_sq"),
+        s.trace_sigma_est.label("sum_trace_sigma"),
+        case((s.loss.is_(None), 0), else_=1).label("n_loss"),
+        s.loss.label("sum_loss"),
+        case((s.lr.is_(None), 0), else_=1).label("n_lr"),
+        s.lr.label("sum_lr"),
+        s.examples.label("examples_max"),
+        s.time.label("time_min"),
+        s.time.label("time_max"),
+        s.b_big.label("b_big_max"),
+    )
+
+
+def _block_rows() -> Any:
+    b = SampleBlock
+    return select(
+        b.run_id,
+        b.series,
+        b.step_min.label("step_lo"),
+        b.step_max.label("step_hi"),
+        b.n,
+        b.sum_g_sq,
+        b.sum_trace_sigma,
+        b.n_loss,
+        b.sum_loss,
+        b.n_lr,
+        b.sum_lr,
+        b.examples_max,
+        b.time_min,
+        b.time_max,
+        b.b_big_max,
+    )
+
+
+def _sizes(conn: Connection, run_ids: Sequence[int]) -> dict[int, int]:
+    """Whole-model sample count per run, from the block table (cheap at any run length)."""
+    q = (
+        select(SampleBlock.run_id, func.sum(SampleBlock.n))
+        .where(SampleBlock.series == "", SampleBlock.run_id.in_(list(run_ids)))
+        .group_by(SampleBlock.run_id)
+    )
+    return {int(r): int(n or 0) for r, n in conn.execute(q)}
+
+
+def _bucket_source(
+    conn: Connection, run_ids: Sequence[int], series: Sequence[str], min_blocks: float
+) -> Any:
+    """Sample rows for short runs and block rows for long ones, as one subquery.
+
+    A run counts as long once it has ``min_blocks`` blocks: buckets of whole blocks are then
+    still at least as fine as the caller asked for.
+    """
+    sizes = _sizes(conn, run_ids)
+    threshold = BLOCK_SIZE * min_blocks
+    small = [r for r in run_ids if sizes.get(r, 0) < threshold]
+    big = [r for r in run_ids if sizes.get(r, 0) >= threshold]
+    parts: list[Any] = []
+    if small:
+        parts.append(_sample_rows().where(Sample.run_id.in_(small), Sample.series.in_(series)))
+    if big:
+        parts.append(
+            _block_rows().where(SampleBlock.run_id.in_(big), SampleBlock.series.in_(series))
+        )
+    if not parts:
+        parts.append(_sample_rows().where(false()))
+    combined: Any = parts[0] if len(parts) == 1 else union_all(parts[0], parts[1])
+    return combined.subquery("rows")
+
+
+def bucket_sums(
+    engine: Engine,
+    run_uids: Sequence[str],
+    *,
+    series: Sequence[str] = ("",),
+    max_points: int = 2000,
+    min_blocks: float | None = None,
+    project_scope: int | None = None,
+) -> list[BucketSums]:
+    """Bucketed sums for several runs and series in one query, at most ``max_points`` each.
+
+    Runs with at least ``min_blocks`` pre-summed blocks (default: one per requested point) are
+    read from ``sample_block``; comparisons of many runs accept coarser buckets for speed.
+    Unknown runs, and runs outside ``project_scope``, are left out.
+    """
+    if not run_uids:
+        return []
+    max_points = max(1, int(max_points))
+    with engine.connect() as conn:
+        known = select(Run.id).where(Run.uid.in_(list(run_uids)))
+        if project_scope is not None:
+            known = known.where(Run.project_id == project_scope)
+        run_ids = [int(i) for i in conn.execute(known).scalars()]
+        rows = _bucket_source(
+            conn,
+            run_ids,
+            list(series),
+            max_points * BLOCKS_PER_POINT if min_blocks is None else min_blocks,
+        )
+        stats = (
+            select(
+                rows.c.run_id,
+                rows.c.series,
+                func.min(rows.c.step_lo).label("mn"),
+                func.max(rows.c.step_hi).label("mx"),
+                func.min(rows.c.time_min).label("t0"),
+            )
+            .group_by(rows.c.run_id, rows.c.series)
+            .subquery("stats")
+        )
+        # integer floor division (SQLAlchemy's //): a CAST of true division rounds on
+        # PostgreSQL, which made max_points + 1 uneven buckets there
+        bucket = (
+            (rows.c.step_lo - stats.c.mn) * max_points // (stats.c.mx - stats.c.mn + 1)
+        ).label("bucket")
+        q = (
+            select(
+                Run.uid.label("run"),
+                rows.c.series,
+                bucket,
+                func.sum(rows.c.n).label("n"),
+                func.sum(rows.c.sum_g_sq).label("sum_g_sq"),
+                func.sum(rows.c.sum_trace_sigma).label("sum_trace_sigma"),
+                func.min(rows.c.step_lo).label("step_lo"),
+                func.max(rows.c.step_hi).label("step"),
+                func.max(rows.c.examples_max).label("examples"),
+                (func.max(rows.c.time_max) - func.min(stats.c.t0)).label("time"),
+                (func.sum(rows.c.sum_loss) / func.nullif(func.sum(rows.c.n_loss), 0)).label("loss"),
+                (func.sum(rows.c.sum_lr) / func.nullif(func.sum(rows.c.n_lr), 0)).label("lr"),
+                func.max(rows.c.b_big_max).label("batch_size"),
+            )
+            .join(
+                stats,
+                and_(stats.c.run_id == rows.c.run_id, stats.c.series == rows.c.series),
+            )
+            .join(Run, Run.id == rows.c.run_id)
+            .group_by(Run.uid, rows.c.series, bucket)
+            .order_by(Run.uid, rows.c.series, bucket)
+        )
+        return [_bucket_sums(row) for row in conn.execute(q)]
+
+
+def _opt(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _bucket_sums(row: Any) -> BucketSums:
+    """Plain Python numbers: PostgreSQL returns sums of integers as Decimal."""
+    uid, series, bucket, n, g_sq, trace_sigma, step_lo, step, examples, time, loss, lr, batch = row
+    return BucketSums(
+        str(uid),
+        str(series),
+        int(bucket),
+        int(n),
+        float(g_sq),
+        float(trace_sigma),
+        int(step_lo),
+        int(step),
+        _opt(examples),
+        _opt(time),
+        _opt(loss),
+        _opt(lr),
+        _opt(batch),
+    )

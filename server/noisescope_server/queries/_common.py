@@ -1,0 +1,81 @@
+"""What every read shares: the intervals' level, a run's row and status as readers see it,
+the project scope check, plain-tuple fetches and finite numbers from JSON."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, and_, case, func, select
+
+from noisescope import _wire
+from noisescope_server.errors import Forbidden, NotFound
+from noisescope_server.models import Project, Run, Task
+from noisescope_server.utc import utcnow
+
+#: Confidence level of every interval the query layer returns.
+LEVEL = 0.9
+
+
+def run_status(crash_after: float = _wire.CRASH_AFTER) -> Any:
+    """A run's status as readers see it: a stored "running" whose process has not been heard
+    from (any write or heartbeat sets ``last_seen_at``) for ``crash_after`` seconds reads
+    "crashed". Computed at read time, so a run that sends again reads "running" again and
+    workers hold no state."""
+    cutoff = utcnow() - timedelta(seconds=crash_after)
+    seen = func.coalesce(Run.last_seen_at, Run.started_at)
+    return case((and_(Run.status == "running", seen < cutoff), "crashed"), else_=Run.status)
+
+
+def run_select(crash_after: float = _wire.CRASH_AFTER) -> Any:
+    """The run columns a summary reads, with the status as ``run_status`` reads it."""
+    return (
+        select(
+            Run.id,
+            Run.uid,
+            Project.name.label("project"),
+            Task.name.label("task"),
+            Run.name,
+            Run.tags,
+            Run.config,
+            Run.batch_size,
+            Run.units,
+            run_status(crash_after).label("status"),
+            Run.started_at,
+            Run.ended_at,
+            Run.last_seen_at,
+            Run.project_id,
+        )
+        .join(Project, Project.id == Run.project_id)
+        .join(Task, Task.id == Run.task_id)
+    )
+
+
+def scoped_run(
+    conn: Connection,
+    run_uid: str,
+    project_scope: int | None,
+    crash_after: float = _wire.CRASH_AFTER,
+) -> Any:
+    """One run's row; ``NotFound`` for an unknown uid, ``Forbidden`` outside the scope."""
+    row = conn.execute(run_select(crash_after).where(Run.uid == run_uid)).first()
+    if row is None:
+        raise NotFound(f"run {run_uid!r} does not exist")
+    if project_scope is not None and int(row.project_id) != project_scope:
+        raise Forbidden(f"this token does not grant access to the project of run {run_uid!r}")
+    return row
+
+
+def fetch_tuples(conn: Connection, stmt: Any) -> list[Any]:
+    """A statement's rows as plain DBAPI tuples (no per-row result objects)."""
+    cursor = conn.execute(stmt).cursor
+    assert cursor is not None
+    return list(cursor.fetchall())
+
+
+def finite_number(value: Any) -> float | None:
+    """A finite number from a JSON payload or config (booleans, text and NaN are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None

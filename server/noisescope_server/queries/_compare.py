@@ -1,0 +1,91 @@
+"""Several runs' whole-model series along steps, for the comparison charts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import Engine, select
+
+from noisescope._results import RunSeries, SeriesPoint
+from noisescope_server.models import BLOCK_SIZE, Run
+from noisescope_server.queries._buckets import BucketSums, bucket_sums
+from noisescope_server.queries._series import series_point, smooth_series
+
+
+def _bucket_point(b: BucketSums) -> SeriesPoint:
+    """A several-runs bucket as a series point along steps (one block, no interval)."""
+    return series_point(
+        [b.n],
+        [b.sum_g_sq],
+        [b.sum_trace_sigma],
+        n=b.n,
+        sum_g=b.sum_g_sq,
+        sum_s=b.sum_trace_sigma,
+        x_lo=float(b.step_lo),
+        x_hi=float(b.step),
+        step_lo=b.step_lo,
+        step_hi=b.step,
+        examples_hi=b.examples,
+        loss=b.loss,
+        lr=b.lr,
+        batch_size=b.batch_size,
+        interval=False,
+    )
+
+
+#: A compared run with this many 64-sample blocks is read from the block table (coarser,
+#: much faster: 100 runs of 10,000 samples is 16k rows instead of 1M).
+COMPARE_MIN_BLOCKS = 100
+
+
+def compare_series(
+    engine: Engine,
+    run_uids: Sequence[str],
+    *,
+    max_points: int = 400,
+    window_fraction: float = 0.1,
+    project_scope: int | None = None,
+) -> list[RunSeries]:
+    """Whole-model series of several runs along steps, in one query, each smoothed over the
+    trailing ``window_fraction`` of its own step range (runs of different lengths alike).
+
+    Points carry no interval (the comparison charts draw none). Unknown runs, and runs outside
+    ``project_scope``, are left out.
+    """
+    buckets = bucket_sums(
+        engine,
+        run_uids,
+        max_points=max_points,
+        min_blocks=COMPARE_MIN_BLOCKS,
+        project_scope=project_scope,
+    )
+    by_run: dict[str, list[SeriesPoint]] = {}
+    for b in buckets:
+        by_run.setdefault(b.run_uid, []).append(_bucket_point(b))
+    with engine.connect() as conn:
+        units = dict(
+            conn.execute(select(Run.uid, Run.units).where(Run.uid.in_(list(by_run)))).all()
+        )
+    out = []
+    for uid in run_uids:
+        points = by_run.get(uid)
+        if points is None:
+            continue
+        span = points[-1].step_hi - points[0].step_lo + 1
+        window = max(1.0, window_fraction * span) if window_fraction > 0 else 0.0
+        smoothed = smooth_series(points, window, intervals=False) if window > 0 else points
+        n = sum(p.n for p in points)
+        source = "blocks" if n >= BLOCK_SIZE * COMPARE_MIN_BLOCKS else "samples"
+        out.append(
+            RunSeries(
+                uid,
+                "",
+                "step",
+                str(units.get(uid, "examples")),
+                n,
+                source,
+                window,
+                smoothed,
+            )
+        )
+    return out

@@ -1,0 +1,218 @@
+"""The run list and one run's summary: the facts read for many runs at once, and each run's
+current B_simple beside them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, or_, select
+
+from noisescope import _wire
+from noisescope._results import RunSummary
+from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
+from noisescope_server.jsonclip import clip_json
+from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
+from noisescope_server.queries._common import (
+    LEVEL,
+    fetch_tuples,
+    finite_number,
+    run_select,
+    run_status,
+    scoped_run,
+)
+from noisescope_server.queries._current import CurrentWindow, read_current
+from noisescope_server.utc import as_utc
+
+#: ``b_simple_reason`` of runs listed with ``current=False``.
+NOT_COMPUTED = "not computed: the run was listed without its current B_simple (current=false)"
+
+#: Run ids per ``IN (...)`` of the set-based run queries (SQLite bounds bound parameters).
+_ID_CHUNK = 900
+
+
+@dataclass(frozen=True)
+class _RunFacts:
+    """What the run list reads for all its runs at once (a handful of queries, not per run)."""
+
+    n_samples: dict[int, int]
+    last: dict[int, tuple[int, float | None]]
+    events: dict[tuple[int, str], dict[str, Any]]
+
+
+def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
+    """Sample counts, last step and examples (from the block table) and the latest event of
+    each kind that means something (eval, batch_size, notice), for many runs at once."""
+    n_samples: dict[int, int] = {}
+    last: dict[int, tuple[int, float | None]] = {}
+    events: dict[tuple[int, str], dict[str, Any]] = {}
+    kinds = [_wire.EVAL_EVENT_KIND, BATCH_SIZE_EVENT, _wire.NOTICE_EVENT_KIND]
+    for lo in range(0, len(run_ids), _ID_CHUNK):
+        ids = list(run_ids[lo : lo + _ID_CHUNK])
+        counts = select(SampleBlock.run_id, func.sum(SampleBlock.n)).where(
+            SampleBlock.run_id.in_(ids), SampleBlock.series == ""
+        )
+        for run_id, n in fetch_tuples(conn, counts.group_by(SampleBlock.run_id)):
+            n_samples[int(run_id)] = int(n or 0)
+        # steps and examples only grow with seq: the largest over all series is the last
+        ends = select(
+            SampleBlock.run_id, func.max(SampleBlock.step_max), func.max(SampleBlock.examples_max)
+        ).where(SampleBlock.run_id.in_(ids))
+        for run_id, step, examples in fetch_tuples(conn, ends.group_by(SampleBlock.run_id)):
+            last[int(run_id)] = (int(step), None if examples is None else float(examples))
+        rank = (
+            func.row_number()
+            .over(
+                partition_by=(Event.run_id, Event.kind),
+                order_by=(Event.step.desc(), Event.id.desc()),
+            )
+            .label("rank")
+        )
+        ranked = (
+            select(Event.run_id, Event.kind, Event.payload, rank)
+            .where(Event.run_id.in_(ids), Event.kind.in_(kinds))
+            .subquery()
+        )
+        latest = select(ranked.c.run_id, ranked.c.kind, ranked.c.payload).where(ranked.c.rank == 1)
+        for run_id, kind, payload in conn.execute(latest):
+            if isinstance(payload, dict):
+                events[(int(run_id), str(kind))] = dict(payload)
+    return _RunFacts(n_samples, last, events)
+
+
+def _positive(value: Any) -> float | None:
+    number = finite_number(value)
+    return number if number is not None and number > 0 else None
+
+
+def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = True) -> RunSummary:
+    run_id = int(row.id)
+    n_samples = facts.n_samples.get(run_id, 0)
+    last = facts.last.get(run_id)
+    last_loss = conn.execute(
+        select(Sample.loss)
+        .where(Sample.run_id == run_id, Sample.loss.is_not(None))
+        .order_by(Sample.seq.desc())
+        .limit(1)
+    ).scalar()
+    evaluation = facts.events.get((run_id, _wire.EVAL_EVENT_KIND))
+    change = facts.events.get((run_id, BATCH_SIZE_EVENT))
+    notice = facts.events.get((run_id, _wire.NOTICE_EVENT_KIND))
+    in_use = _positive(change.get("batch_size")) if change else None
+    source = "event" if in_use is not None else None
+    if in_use is None and _positive(row.batch_size) is not None:
+        in_use, source = float(row.batch_size), "run"
+    now = (
+        read_current(conn, run_id, n_samples)
+        if current
+        else CurrentWindow(None, None, None, NOT_COMPUTED, None, None, 0, None, None)
+    )
+    if n_samples == 0 and current:
+        reason = "no samples yet"
+        if notice and isinstance(notice.get("message"), str):
+            reason += f": {notice['message']}"
+        now = CurrentWindow(None, None, None, reason, None, None, 0, None, None)
+    return RunSummary(
+        uid=str(row.uid),
+        project=str(row.project),
+        task=str(row.task),
+        name=str(row.name),
+        tags=clip_json(row.tags) if isinstance(row.tags, list) else [],
+        config=clip_json(row.config) if isinstance(row.config, dict) else {},
+        batch_size=row.batch_size,
+        units=str(row.units),
+        status=str(row.status),
+        started_at=as_utc(row.started_at),
+        ended_at=as_utc(row.ended_at),
+        last_seen_at=as_utc(row.last_seen_at),
+        n_samples=n_samples,
+        last_step=None if last is None else last[0],
+        last_examples=None if last is None else last[1],
+        last_loss=None if last_loss is None else float(last_loss),
+        last_eval_loss=finite_number(evaluation.get("loss")) if evaluation else None,
+        batch_in_use=in_use,
+        batch_in_use_source=source,
+        level=LEVEL,
+        b_simple=now.b_simple,
+        b_simple_lo=now.lo,
+        b_simple_hi=now.hi,
+        b_simple_reason=now.reason,
+        g_sq=now.g_sq,
+        trace_sigma=now.trace_sigma,
+        window_samples=now.n,
+        window_first_step=now.first_step,
+        window_last_step=now.last_step,
+        batch_to_b_simple=(in_use / now.b_simple if in_use is not None and now.b_simple else None),
+        notice=str(notice["message"])
+        if notice and isinstance(notice.get("message"), str)
+        else None,
+    )
+
+
+def list_runs(
+    engine: Engine,
+    *,
+    project: str | None = None,
+    task: str | None = None,
+    tag: str | None = None,
+    status: str | None = None,
+    search: str | None = None,
+    started_after: datetime | None = None,
+    started_before: datetime | None = None,
+    limit: int = 200,
+    project_scope: int | None = None,
+    current: bool = True,
+    crash_after: float = _wire.CRASH_AFTER,
+) -> list[RunSummary]:
+    """Runs, newest first, filtered by project/task name, tag, status (as ``run_status``
+    reads it), a case-insensitive substring of name/uid/task (``search``) and start time; each
+    with its current B_simple (``current=False`` skips that window, for callers that only need
+    the runs)."""
+    stmt = run_select(crash_after).order_by(Run.started_at.desc(), Run.id.desc())
+    if project is not None:
+        stmt = stmt.where(Project.name == project)
+    if task is not None:
+        stmt = stmt.where(Task.name == task)
+    if status is not None:
+        stmt = stmt.where(run_status(crash_after) == status)
+    if started_after is not None:
+        stmt = stmt.where(Run.started_at >= started_after)
+    if started_before is not None:
+        stmt = stmt.where(Run.started_at < started_before)
+    if project_scope is not None:
+        stmt = stmt.where(Run.project_id == project_scope)
+    if search:
+        # a literal substring: LIKE wildcards and the escape character are escaped, and both
+        # sides are lowered by the database (SQLite's lower() leaves non-ASCII as is, so a
+        # Python-lowered pattern would never match a name like "Ωμέγα")
+        escaped = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        pattern = func.lower(f"%{escaped}%")
+        stmt = stmt.where(
+            or_(
+                func.lower(Run.name).like(pattern, escape="\\"),
+                func.lower(Run.uid).like(pattern, escape="\\"),
+                func.lower(Task.name).like(pattern, escape="\\"),
+            )
+        )
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+        if tag is not None:  # JSON containment is not portable; tags lists are short
+            rows = [r for r in rows if tag in (r.tags or [])]
+        rows = rows[: max(limit, 0)]
+        facts = _run_facts(conn, [int(r.id) for r in rows])
+        return [_summarise(conn, r, facts, current=current) for r in rows]
+
+
+def get_run(
+    engine: Engine,
+    run_uid: str,
+    *,
+    project_scope: int | None = None,
+    crash_after: float = _wire.CRASH_AFTER,
+) -> RunSummary:
+    """One run's summary; raises ``errors.NotFound`` for an unknown uid."""
+    with engine.connect() as conn:
+        row = scoped_run(conn, run_uid, project_scope, crash_after)
+        return _summarise(conn, row, _run_facts(conn, [int(row.id)]))
