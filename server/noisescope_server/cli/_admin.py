@@ -1,0 +1,81 @@
+"""``noisescope db`` and ``noisescope token``: migrations, and the projects' API tokens."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from noisescope_server.cli._database import describe_url, open_database, settings_from
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from noisescope_server import db
+
+    settings = settings_from(args)
+    engine = open_database(settings)
+    before, after = db.upgrade(engine)
+    engine.dispose()
+    print(f"{describe_url(settings.database_url)}: {before or 'empty'} -> {after}")
+    return 0
+
+
+def cmd_db_current(args: argparse.Namespace) -> int:
+    from noisescope_server import db
+
+    engine = open_database(settings_from(args))
+    current = db.current_revision(engine)
+    engine.dispose()
+    head = db.head_revision()
+    state = "up to date" if current == head else "needs `noisescope db upgrade`"
+    print(f"current: {current or 'empty'}  head: {head}  ({state})")
+    return 0
+
+
+def _engine(args: argparse.Namespace) -> Engine:
+    from noisescope_server import db
+
+    engine = open_database(settings_from(args))
+    db.upgrade(engine)
+    return engine
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    from noisescope_server import crud
+
+    engine = _engine(args)
+    created = crud.create_token(engine, args.project, args.name)
+    print(f"token {created.id} ({created.name}) for project {created.project!r}:")
+    print(created.secret)
+    print("Store it now: it is shown only once (the server keeps only its sha256).")
+    return 0
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    from noisescope_server.tokens import list_tokens
+
+    engine = _engine(args)
+    rows = list_tokens(engine, args.project)
+    print(f"{'id':>5}  {'project':<20} {'name':<24} {'created':<20} status")
+    for t in rows:
+        status = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
+        print(f"{t.id:>5}  {t.project:<20} {t.name:<24} {t.created_at:%Y-%m-%d %H:%M:%S}  {status}")
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    from noisescope_server import crud
+
+    engine = _engine(args)
+    if crud.revoke_token(engine, args.token_id, project=args.project):
+        print(f"token {args.token_id} revoked")
+        return 0
+    print(
+        f"no active token {args.token_id}"
+        + (f" in project {args.project!r}" if args.project else ""),
+        file=sys.stderr,
+    )
+    return 1

@@ -1,0 +1,162 @@
+"""The argparse wiring: each server subcommand, its options and the function it runs."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+
+from noisescope._config import DEFAULT_URL
+from noisescope_server.cli._admin import (
+    cmd_db_current,
+    cmd_db_upgrade,
+    cmd_token_create,
+    cmd_token_list,
+    cmd_token_revoke,
+)
+from noisescope_server.cli._processes import DEFAULT_DASHBOARD_PORT, cmd_dashboard, cmd_up
+from noisescope_server.cli._serve import DEFAULT_PORT, cmd_server
+from noisescope_server.settings import AUTH_MODES, parse_auth
+
+#: uvicorn's log levels, most to least severe.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add up/server/dashboard/db/token to the ``noisescope`` parser."""
+    up = subparsers.add_parser(
+        "up",
+        help="start the ingest server and the dashboard on a local SQLite database",
+        description=(
+            "Zero-setup local mode: applies migrations to a SQLite file (default "
+            "~/.noisescope/noisescope.db, or $NOISESCOPE_HOME), starts the ingest server and "
+            "the dashboard (a client of the server's HTTP API) on 127.0.0.1 with auth off, and "
+            "prints both URLs; training jobs print links to their runs' pages on that dashboard. "
+            "Ctrl-C stops both."
+        ),
+    )
+    up.add_argument("--port", type=int, default=DEFAULT_PORT, help="server port (%(default)s)")
+    up.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=DEFAULT_DASHBOARD_PORT,
+        help="dashboard port (%(default)s)",
+    )
+    up.add_argument("--database-url", help="SQLAlchemy URL (default: the local SQLite file)")
+    up.add_argument("--no-dashboard", action="store_true", help="start only the server")
+    up.set_defaults(func=cmd_up)
+
+    server = subparsers.add_parser(
+        "server",
+        help="run the ingest/query HTTP server",
+        description=(
+            "Run the HTTP server. For teams: PostgreSQL via --database-url, several --workers, "
+            "--auth write, TLS at a reverse proxy (docs/deployment.md)."
+        ),
+    )
+    _server_args(server)
+    server.set_defaults(func=cmd_server)
+
+    dash = subparsers.add_parser(
+        "dashboard",
+        help="run the Streamlit dashboard",
+        description=(
+            "Run the Streamlit dashboard: runs, noise-scale charts and recommendations. It reads "
+            "everything through a noisescope server's HTTP API, never the database, so it can "
+            "run on any machine that reaches the server. Ctrl-C stops it."
+        ),
+    )
+    dash.add_argument(
+        "--url",
+        type=_http_url,
+        help=f"the server to read from (default: $NOISESCOPE_URL, else {DEFAULT_URL})",
+    )
+    dash.add_argument(
+        "--token",
+        help=(
+            "read token, needed when the server runs with --auth all; a project token shows "
+            "that project only (default: $NOISESCOPE_TOKEN, else none; the variable keeps the "
+            "secret out of the process list)"
+        ),
+    )
+    dash.add_argument(
+        "--port", type=int, default=DEFAULT_DASHBOARD_PORT, help="dashboard port (%(default)s)"
+    )
+    dash.add_argument("--host", default="127.0.0.1", help="bind address (%(default)s)")
+    dash.set_defaults(func=cmd_dashboard)
+
+    dbp = subparsers.add_parser("db", help="database maintenance (upgrade, current)")
+    dbp.add_argument("--database-url", help="SQLAlchemy URL (default: $NOISESCOPE_DATABASE_URL)")
+    dbsub = dbp.add_subparsers(dest="db_command", metavar="ACTION")
+    dbsub.required = True
+    dbsub.add_parser("upgrade", help="apply migrations up to head").set_defaults(
+        func=cmd_db_upgrade
+    )
+    dbsub.add_parser("current", help="print the current and head revisions").set_defaults(
+        func=cmd_db_current
+    )
+
+    tok = subparsers.add_parser("token", help="create, list and revoke project API tokens")
+    tok.add_argument("--database-url", help="SQLAlchemy URL (default: $NOISESCOPE_DATABASE_URL)")
+    toksub = tok.add_subparsers(dest="token_command", metavar="ACTION")
+    toksub.required = True
+    create = toksub.add_parser("create", help="create a token; the secret is printed once")
+    create.add_argument("--project", required=True)
+    create.add_argument("--name", default="")
+    create.set_defaults(func=cmd_token_create)
+    lst = toksub.add_parser("list", help="list tokens (never their secrets)")
+    lst.add_argument("--project")
+    lst.set_defaults(func=cmd_token_list)
+    rev = toksub.add_parser("revoke", help="revoke a token at once")
+    rev.add_argument("token_id", type=int)
+    rev.add_argument("--project", help="only revoke if the token belongs to this project")
+    rev.set_defaults(func=cmd_token_revoke)
+    # `noisescope token create --project P --database-url URL` (option after the action) works
+    # too; SUPPRESS keeps a value given before the action when it is not repeated after it
+    for action in (*dbsub.choices.values(), create, lst, rev):
+        action.add_argument(
+            "--database-url",
+            default=argparse.SUPPRESS,
+            help="SQLAlchemy URL (also accepted before the action)",
+        )
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="bind address (%(default)s)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="(%(default)s)")
+    p.add_argument("--database-url", help="SQLAlchemy URL (default: $NOISESCOPE_DATABASE_URL)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (%(default)s)")
+    p.add_argument(
+        "--auth",
+        type=parse_auth,
+        help=f"one of {', '.join(AUTH_MODES)} (default: $NOISESCOPE_AUTH or off)",
+    )
+    p.add_argument(
+        "--dashboard-url",
+        type=_http_url,
+        help=(
+            "the dashboard's base URL: run creation answers carry a link to the run's page, "
+            "which the client prints (default: $NOISESCOPE_DASHBOARD_URL, else no links)"
+        ),
+    )
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level (%(default)s)"
+    )
+
+
+def _http_url(value: str) -> str:
+    """An argparse type: an http(s) base URL, without a trailing slash."""
+    if not re.match(r"https?://[^/\s]+", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m noisescope_server``: the same as ``noisescope server``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m noisescope_server", description="noisescope server"
+    )
+    _server_args(parser)
+    args = parser.parse_args(argv)
+    return cmd_server(args)

@@ -1,0 +1,201 @@
+"""``noisescope up`` and ``noisescope dashboard``: start, watch and stop the server and Streamlit
+processes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from noisescope._config import DEFAULT_URL
+from noisescope_server.cli._database import describe_url, open_database, settings_from
+from noisescope_server.cli._serve import port_problem, url_host
+
+DEFAULT_DASHBOARD_PORT = 8501
+
+
+def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
+    """The Streamlit command line for the dashboard app shipped with this distribution; the
+    server it reads comes from its environment (``dashboard_env``).
+
+    ``toolbarMode minimal`` hides Streamlit's Deploy button and developer menu: they mean
+    nothing to someone looking at their runs.
+    """
+    import noisescope_dashboard
+
+    app = Path(noisescope_dashboard.__file__).with_name("app.py")
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app),
+        "--server.headless",
+        "true",
+        "--server.port",
+        str(port),
+        "--server.address",
+        host,
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "minimal",
+        "--server.fileWatcherType",
+        "none",
+    ]
+
+
+def dashboard_env(
+    server_url: str, token: str | None = None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The dashboard's environment: the server it reads (``NOISESCOPE_URL``) and its read
+    token. No database URL: the dashboard reads only through the HTTP API."""
+    env = {**(os.environ if base is None else base), "NOISESCOPE_URL": server_url}
+    env.pop("NOISESCOPE_DATABASE_URL", None)
+    env.pop("NOISESCOPE_TOKEN", None)
+    if token:
+        env["NOISESCOPE_TOKEN"] = token
+    return env
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _interrupt_on_termination() -> None:
+    """Make SIGTERM/SIGHUP (and a SIGINT ignored by a background shell) stop like Ctrl-C,
+    so ``kill`` or a closed terminal never leaves the server and dashboard behind."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, interrupt)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from noisescope_server import db
+
+    _interrupt_on_termination()
+
+    wanted = [(args.port, "ingest server", "--port")]
+    if not args.no_dashboard:
+        if args.dashboard_port == args.port:
+            print("noisescope up: --port and --dashboard-port must differ", file=sys.stderr)
+            return 2
+        wanted.append((args.dashboard_port, "dashboard", "--dashboard-port"))
+    for port, what, flag in wanted:
+        problem = port_problem("127.0.0.1", port, what, flag)
+        if problem is not None:
+            print(f"noisescope up: {problem}", file=sys.stderr)
+            return 2
+
+    dash_url = f"http://127.0.0.1:{args.dashboard_port}"
+    settings = settings_from(
+        args, auth="off", dashboard_url=None if args.no_dashboard else dash_url
+    )
+    engine = open_database(settings)
+    before, after = db.upgrade(engine)
+    engine.dispose()
+    path = db.sqlite_path(settings.database_url)
+    print(f"noisescope up: database {path if path else describe_url(settings.database_url)}")
+    print(
+        f"noisescope up: migrations applied ({before or 'empty'} -> {after})"
+        if before != after
+        else f"noisescope up: database schema is current (revision {after})"
+    )
+    env = {**os.environ, **settings.to_env()}
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "noisescope_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(args.port),
+            "--auth",
+            "off",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+    )
+    procs = [server]
+    try:
+        server_url = f"http://127.0.0.1:{args.port}"
+        if not _wait_http(f"{server_url}/api/v1/health", 60, server):
+            print(
+                "noisescope up: the server did not start (see the messages above)", file=sys.stderr
+            )
+            return 1
+        print(f"noisescope up: ingest server  {server_url}   (API docs {server_url}/api/v1/docs)")
+        if not args.no_dashboard:
+            dash = subprocess.Popen(
+                dashboard_command(args.dashboard_port),
+                env=dashboard_env(server_url),
+                stdout=subprocess.DEVNULL,
+            )
+            procs.append(dash)
+            if _wait_http(f"{dash_url}/_stcore/health", 90, dash):
+                print(f"noisescope up: dashboard      {dash_url}")
+            else:
+                print("noisescope up: the dashboard did not start", file=sys.stderr)
+        print(
+            "noisescope up: auth is off and both listen on 127.0.0.1 only; "
+            f'point the client at url="{server_url}". Ctrl-C stops both.',
+            flush=True,
+        )
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        return 1  # one of them exited on its own
+    except KeyboardInterrupt:
+        print("\nnoisescope up: stopping", flush=True)
+        return 0
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    server_url = args.url or (os.environ.get("NOISESCOPE_URL") or DEFAULT_URL).rstrip("/")
+    token = args.token if args.token is not None else os.environ.get("NOISESCOPE_TOKEN")
+    proc = subprocess.Popen(
+        dashboard_command(args.port, args.host), env=dashboard_env(server_url, token)
+    )
+    print(
+        f"noisescope dashboard: http://{url_host(args.host)}:{args.port} (reading {server_url})",
+        flush=True,
+    )
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        _stop(proc)
+        return 0
