@@ -11,6 +11,7 @@ import pytest
 
 from noisescope._results import EventRow, RunSummary
 from noisescope_dashboard import _frames, _text
+from noisescope_dashboard._frames._critical import _clip
 
 
 def _run(**changes: object) -> RunSummary:
@@ -90,7 +91,7 @@ def test_event_marks_leave_out_evaluations_and_notices() -> None:
 
 
 def test_intervals_that_reach_zero_are_drawn_to_the_axis() -> None:
-    assert _frames._clip([0.0, 5.0, None], 1.0, 100.0) == [1.0, 5.0, 100.0]
+    assert _clip([0.0, 5.0, None], 1.0, 100.0) == [1.0, 5.0, 100.0]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,117 @@
+"""What every chart shares: number formats, log axes ticked at 1-2-5 x 10^k, scales, the legend
+under the chart, sizes, and the title kept as the chart's description."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, cast
+
+import altair as alt
+import pandas as pd
+
+#: d3 number format of every axis and tooltip: grouped digits, no exponent, no trailing zeros.
+AXIS_FORMAT = ",~r"
+#: The same in tooltips, to four significant digits.
+TIP = ",.4~r"
+
+#: A log axis ends at least this factor beyond the data.
+PAD = 1.04
+#: Categorical colours that stay apart (runs, tasks, layers, targets).
+SCHEME: Final = "tableau10"
+
+#: Chart heights in pixels: most charts, the tall ones with a long legend, the square one.
+HEIGHT = 300
+TALL = 420
+SQUARE = 520
+
+
+def log_ticks(values: Iterable[float]) -> tuple[list[float], tuple[float, float]] | None:
+    """Ticks for a log axis over ``values``: 1-2-5 × 10^k over up to ~2.5 decades, powers of
+    ten beyond (every other one past 8 decades), and the domain from the tick at or below the
+    smallest value to the tick at or above the largest, so both ends are labelled."""
+    pos = [float(v) for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not pos:
+        return None
+    lo, hi = min(pos), max(pos)
+    decades = math.log10(hi / lo) if hi > lo else 0.0
+    mantissas: Sequence[float] = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
+    stride = 2 if decades > 8 else 1
+    k_lo, k_hi = math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1
+    candidates = sorted(
+        float(f"{m * 10.0**k:.12g}")
+        for k in range(k_lo, k_hi + 1)
+        if (k - k_lo) % stride == 0
+        for m in mantissas
+    )
+    # a little room beyond the data, so no line runs along the frame
+    below = max(t for t in candidates if t <= lo / PAD)
+    above = min(t for t in candidates if t >= hi * PAD)
+    if below == above:  # a single value: one step either side
+        i = candidates.index(below)
+        below, above = candidates[max(i - 1, 0)], candidates[min(i + 1, len(candidates) - 1)]
+    return [t for t in candidates if below <= t <= above], (below, above)
+
+
+def scale_axis(values: Iterable[float], log: bool, **scale: Any) -> tuple[alt.Scale, alt.Axis]:
+    """Scale and axis for ``values``: log ones ticked by ``log_ticks``, linear ones from zero
+    only when the values are constant."""
+    if log:
+        ticks = log_ticks(values)
+        if ticks is not None:
+            return (
+                alt.Scale(type="log", domain=list(ticks[1]), nice=False, padding=0, **scale),
+                alt.Axis(values=ticks[0], format=AXIS_FORMAT),
+            )
+        return alt.Scale(type="log", **scale), alt.Axis(format=AXIS_FORMAT)
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    flat = bool(finite) and max(finite) - min(finite) <= 1e-9 * max(map(abs, finite))
+    # a constant series (a fixed learning rate) would otherwise be zoomed into rounding noise
+    return alt.Scale(zero=flat, **scale), alt.Axis(format=AXIS_FORMAT)
+
+
+def x_encoding(
+    field: str, title: str, values: Iterable[float], *, log: bool, **scale: Any
+) -> alt.X:
+    """A quantitative x channel scaled and ticked for ``values`` (``scale_axis``)."""
+    s, a = scale_axis(values, log, **scale)
+    return alt.X(f"{field}:Q", title=title, scale=s, axis=a)
+
+
+def y_encoding(
+    field: str, title: str, values: Iterable[float], *, log: bool, **scale: Any
+) -> alt.Y:
+    """A quantitative y channel scaled and ticked for ``values`` (``scale_axis``)."""
+    s, a = scale_axis(values, log, **scale)
+    return alt.Y(f"{field}:Q", title=title, scale=s, axis=a)
+
+
+def drawable(frame: pd.DataFrame, columns: Sequence[str], log: bool) -> pd.DataFrame:
+    """Rows a log axis can draw: every one of ``columns`` present and, on a log axis, > 0."""
+    out = frame.dropna(subset=list(columns))
+    if log:
+        for c in columns:
+            out = out[out[c] > 0]
+    return out
+
+
+def values_in(frame: pd.DataFrame, *names: str) -> list[float]:
+    """Every present value of the named columns (those the frame has), to fit an axis to."""
+    out: list[float] = []
+    for n in names:
+        if n in frame.columns:
+            out += [float(v) for v in frame[n].dropna()]
+    return out
+
+
+def wide_legend() -> alt.Legend:
+    """A legend under the chart whose labels are never cut (long run and task names)."""
+    return alt.Legend(orient="bottom", columns=2, labelLimit=0, symbolLimit=0, symbolOpacity=1)
+
+
+def finish(chart: Any, title: str, height: int = HEIGHT) -> alt.LayerChart:
+    """The chart at the container's width, its title kept as its description."""
+    return cast(
+        alt.LayerChart,
+        chart.properties(width="container", height=height, description=title),
+    )

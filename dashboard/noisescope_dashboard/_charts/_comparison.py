@@ -1,0 +1,63 @@
+"""The Compare pages' chart: B_simple of several runs, coloured by run or task."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from noisescope_dashboard._charts._axes import (
+    SCHEME,
+    TALL,
+    TIP,
+    drawable,
+    finish,
+    values_in,
+    wide_legend,
+    x_encoding,
+    y_encoding,
+)
+
+
+def compare_chart(
+    frame: pd.DataFrame,
+    *,
+    x: str,
+    x_title: str,
+    color: str,
+    color_title: str,
+    title: str,
+    log_x: bool = False,
+    log_y: bool = True,
+    reverse_x: bool = False,
+    y_title: str = "B_simple (batch size)",
+) -> alt.LayerChart:
+    """B_simple of several runs, one colour per ``color`` (a run or a task), one line per run
+    (``run`` column); clicking a legend entry highlights it (Altair ``bind="legend"``)."""
+    data = drawable(frame, [x, "b_simple"], log_y)
+    if log_x:
+        data = data[data[x] > 0]
+    pick = alt.selection_point(fields=[color], bind="legend", name="legend_pick")
+    chart = (
+        alt.Chart(data)
+        .mark_line(interpolate="monotone", strokeWidth=2)
+        .encode(
+            x=x_encoding(x, x_title, values_in(data, x), log=log_x, reverse=reverse_x),
+            y=y_encoding("b_simple", y_title, values_in(data, "b_simple"), log=log_y),
+            color=alt.Color(
+                f"{color}:N",
+                title=color_title,
+                scale=alt.Scale(scheme=SCHEME),
+                legend=wide_legend(),
+            ),
+            detail=alt.Detail("run:N"),
+            opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.12)),
+            tooltip=[
+                alt.Tooltip("task:N", title="task"),
+                alt.Tooltip("run_name:N", title="run"),
+                alt.Tooltip(f"{x}:Q", title=x_title, format=TIP),
+                alt.Tooltip("b_simple:Q", title="B_simple", format=TIP),
+            ],
+        )
+        .add_params(pick)
+    )
+    return finish(chart, title, TALL)

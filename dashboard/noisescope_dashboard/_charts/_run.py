@@ -1,0 +1,231 @@
+"""The Run page's charts: B_simple with its band and the batch in use, one quantity against x,
+and B_simple per layer; batch-size changes and events as marks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from noisescope_dashboard._charts._axes import (
+    SCHEME,
+    TALL,
+    TIP,
+    drawable,
+    finish,
+    values_in,
+    wide_legend,
+    x_encoding,
+    y_encoding,
+)
+
+#: The Run page's B_simple chart: one legend for its layers (``what`` column of each layer).
+B_LEGEND = {
+    "B_simple": "#1f77b4",
+    "90% interval": "#9ecae9",
+    "batch in use": "#d62728",
+    "batch-size change": "#7f7f7f",
+    "other event": "#9467bd",
+}
+LOSS_LEGEND = {"training loss": "#1f77b4", "evaluation loss": "#ff7f0e"}
+
+
+def _legend(mapping: dict[str, str], names: Sequence[str], title: str | None = None) -> alt.Color:
+    """A fixed colour per layer name, so layers of different marks share one legend."""
+    return alt.Color(
+        "what:N",
+        title=title,
+        scale=alt.Scale(domain=list(names), range=[mapping[n] for n in names]),
+        legend=alt.Legend(orient="bottom", labelLimit=0, symbolStrokeWidth=3, symbolOpacity=1),
+    )
+
+
+def _events(events: pd.DataFrame | None, x: str, *, legend: bool) -> list[Any]:
+    """Vertical dashed marks at batch-size changes and other events (``kind``, ``label``
+    columns), named "batch-size change" or "other event" in the chart's legend when
+    ``legend``."""
+    if events is None or events.empty:
+        return []
+    data = events.dropna(subset=[x])
+    if data.empty:
+        return []
+    data = data.assign(
+        what=["batch-size change" if k == "batch_size" else "other event" for k in data["kind"]]
+    )
+    base = alt.Chart(data)
+    rule = (
+        base.mark_rule(strokeDash=[4, 3], strokeWidth=1.5)
+        if legend
+        else base.mark_rule(strokeDash=[4, 3], strokeWidth=1.5, color="#7f7f7f")
+    )
+    tooltip = [
+        alt.Tooltip("label:N", title="event"),
+        alt.Tooltip("step:Q", title="step", format=","),
+    ]
+    if legend:
+        return [rule.encode(x=alt.X(f"{x}:Q"), color=alt.Color("what:N"), tooltip=tooltip)]
+    return [rule.encode(x=alt.X(f"{x}:Q"), tooltip=tooltip)]
+
+
+def event_names(events: pd.DataFrame | None, x: str) -> list[str]:
+    """The legend entries ``_events`` adds for these events."""
+    if events is None or events.empty:
+        return []
+    kinds = set(events.dropna(subset=[x])["kind"])
+    names = ["batch-size change"] if "batch_size" in kinds else []
+    return names + (["other event"] if kinds - {"batch_size"} else [])
+
+
+def b_simple_chart(
+    frame: pd.DataFrame,
+    *,
+    x: str,
+    x_title: str,
+    log_x: bool = False,
+    log_y: bool = True,
+    events: pd.DataFrame | None = None,
+    y_title: str = "B_simple (batch size)",
+    title: str = "B_simple with its 90% interval and the batch in use",
+) -> alt.LayerChart:
+    """B_simple over its band (``b_simple_lo``..``b_simple_hi``) and the batch in use, stepped.
+
+    One legend names every layer: "B_simple", "90% interval", "batch in use" and, when there are
+    any, "batch-size change". ``frame`` is ``_frames.series_points`` of a run's series.
+    """
+    band = drawable(frame, [x, "b_simple_lo", "b_simple_hi"], log_y)
+    line = drawable(frame, [x, "b_simple"], log_y)
+    batch = drawable(frame, [x, "batch_size"], log_y)
+    names = ["B_simple", "90% interval", "batch in use", *event_names(events, x)]
+    y_values = values_in(line, "b_simple") + values_in(band, "b_simple_lo", "b_simple_hi")
+    y_values += values_in(batch, "batch_size")
+    x_enc = x_encoding(x, x_title, values_in(frame, x), log=log_x)
+    y_enc = y_encoding("b_simple", y_title, y_values, log=log_y)
+    color = _legend(B_LEGEND, names)
+    tip_x = alt.Tooltip(f"{x}:Q", title=x_title, format=TIP)
+    layers: list[Any] = [
+        alt.Chart(band.assign(what="90% interval"))
+        .mark_area(opacity=0.45)
+        .encode(x=x_enc, y=alt.Y("b_simple_lo:Q"), y2=alt.Y2("b_simple_hi:Q"), color=color),
+        alt.Chart(line.assign(what="B_simple"))
+        .mark_line(interpolate="monotone", strokeWidth=2)
+        .encode(
+            x=x_enc,
+            y=y_enc,
+            color=color,
+            tooltip=[
+                tip_x,
+                alt.Tooltip("b_simple:Q", title="B_simple", format=TIP),
+                alt.Tooltip("b_simple_lo:Q", title="90% interval from", format=TIP),
+                alt.Tooltip("b_simple_hi:Q", title="90% interval to", format=TIP),
+            ],
+        ),
+        alt.Chart(batch.assign(what="batch in use"))
+        .mark_line(strokeDash=[6, 4], interpolate="step-after", strokeWidth=2)
+        .encode(
+            x=x_enc,
+            y=alt.Y("batch_size:Q"),
+            color=color,
+            tooltip=[tip_x, alt.Tooltip("batch_size:Q", title="batch in use", format=",")],
+        ),
+        *_events(events, x, legend=True),
+    ]
+    return finish(alt.layer(*layers), title)
+
+
+def metric_chart(
+    frame: pd.DataFrame,
+    *,
+    x: str,
+    x_title: str,
+    y: str,
+    y_title: str,
+    title: str,
+    log_x: bool = False,
+    log_y: bool = False,
+    events: pd.DataFrame | None = None,
+    evals: pd.DataFrame | None = None,
+) -> alt.LayerChart:
+    """One quantity (|G|², tr(Σ), loss, learning rate) against ``x``; ``evals`` (columns
+    ``x`` and ``loss``) are evaluation losses drawn as points beside the training loss."""
+    data = drawable(frame, [x, y], log_y)
+    points = None if evals is None else drawable(evals, [x, "loss"], log_y)
+    has_evals = points is not None and not points.empty
+    y_values = values_in(data, y) + (values_in(points, "loss") if points is not None else [])
+    x_values = values_in(data, x) + (values_in(points, x) if points is not None else [])
+    x_enc = x_encoding(x, x_title, x_values, log=log_x)
+    y_enc = y_encoding(y, y_title, y_values, log=log_y)
+    tip_x = alt.Tooltip(f"{x}:Q", title=x_title, format=TIP)
+    line = alt.Chart(data).mark_line(interpolate="monotone")
+    layers: list[Any] = []
+    if has_evals and points is not None:
+        names = ["training loss", "evaluation loss"]
+        color = _legend(LOSS_LEGEND, names)
+        layers.append(
+            line.transform_calculate(what="'training loss'").encode(
+                x=x_enc,
+                y=y_enc,
+                color=color,
+                tooltip=[tip_x, alt.Tooltip(f"{y}:Q", title=y_title, format=TIP)],
+            )
+        )
+        layers.append(
+            alt.Chart(points.assign(what="evaluation loss"))
+            .mark_point(filled=True, size=60)
+            .encode(
+                x=alt.X(f"{x}:Q"),
+                y=alt.Y("loss:Q"),
+                color=color,
+                tooltip=[
+                    alt.Tooltip("step:Q", title="step", format=","),
+                    alt.Tooltip("loss:Q", title="evaluation loss", format=TIP),
+                ],
+            )
+        )
+    else:
+        layers.append(
+            line.encode(
+                x=x_enc, y=y_enc, tooltip=[tip_x, alt.Tooltip(f"{y}:Q", title=y_title, format=TIP)]
+            )
+        )
+    layers += _events(events, x, legend=False)
+    return finish(alt.layer(*layers), title)
+
+
+def layers_chart(
+    frame: pd.DataFrame,
+    *,
+    x: str,
+    x_title: str,
+    log_x: bool = False,
+    log_y: bool = True,
+    y_title: str = "B_simple (batch size)",
+) -> alt.LayerChart:
+    """B_simple per layer (``layer`` column), each over its own light band."""
+    band = drawable(frame, [x, "b_simple_lo", "b_simple_hi"], log_y)
+    line = drawable(frame, [x, "b_simple"], log_y)
+    y_values = values_in(line, "b_simple") + values_in(band, "b_simple_lo", "b_simple_hi")
+    x_enc = x_encoding(x, x_title, values_in(frame, x), log=log_x)
+    y_enc = y_encoding("b_simple", y_title, y_values, log=log_y)
+    color = alt.Color(
+        "layer:N", title="layer", scale=alt.Scale(scheme=SCHEME), legend=wide_legend()
+    )
+    layers = [
+        alt.Chart(band)
+        .mark_area(opacity=0.15)
+        .encode(x=x_enc, y=alt.Y("b_simple_lo:Q"), y2=alt.Y2("b_simple_hi:Q"), color=color),
+        alt.Chart(line)
+        .mark_line(interpolate="monotone")
+        .encode(
+            x=x_enc,
+            y=y_enc,
+            color=color,
+            tooltip=[
+                alt.Tooltip("layer:N"),
+                alt.Tooltip(f"{x}:Q", title=x_title, format=TIP),
+                alt.Tooltip("b_simple:Q", title="B_simple", format=TIP),
+            ],
+        ),
+    ]
+    return finish(alt.layer(*layers), "B_simple per layer", TALL)

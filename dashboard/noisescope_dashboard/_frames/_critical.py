@@ -1,0 +1,191 @@
+"""The critical-batch frames: the targets' table, the sweep's points and curves, B_crit beside
+B_simple, with interval ends clipped to what a log axis can draw."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from noisescope.sweep import CriticalBatchReport, TargetResult
+from noisescope_dashboard import _text
+
+B_CRIT = "B_crit (sweep fit)"
+B_SIMPLE_AT_LOSS = "B_simple at the same loss"
+
+
+def frontier_text(target: TargetResult) -> str:
+    """The frontier in words: "16 → lr 0.1, 120 steps; 32 → lr 0.2, 64 steps"."""
+    parts = []
+    for p in target.points:
+        lr = f"lr {p.lr:.3g}" if p.lr is not None else "lr not logged"
+        parts.append(f"{_text.count(p.batch_size)} → {lr}, {_text.count(p.steps)} steps")
+    return "; ".join(parts)
+
+
+def target_warnings(target: TargetResult) -> list[str]:
+    """The API's warnings on a target, and why B_simple at its loss is missing, if it is."""
+    extra = [f"B_simple at this loss: {target.b_simple_reason}"] if target.b_simple_reason else []
+    return [*target.warnings, *extra]
+
+
+def target_table(report: CriticalBatchReport) -> pd.DataFrame:
+    """One row per loss target. B_crit, S_min and E_min only where the fit is determined;
+    otherwise "not determined" and the warnings say why."""
+    units = report.units
+    rows = []
+    for t in report.targets:
+        ok = t.determined and t.b_crit is not None
+        rows.append(
+            {
+                "loss target": _text.target(t.target),
+                "B_crit": _text.count(t.b_crit) if ok else "not determined",
+                "B_crit 90% interval": _text.interval(t.b_crit_lo, t.b_crit_hi) if ok else "",
+                "S_min (steps)": _text.count(t.s_min) if ok else "",
+                f"E_min ({units})": _text.count(t.e_min) if ok else "",
+                "B_simple at this loss": _text.count(t.b_simple) if t.b_simple is not None else "",
+                "B_simple 90% interval": _text.interval(t.b_simple_lo, t.b_simple_hi),
+                "warnings": " · ".join(target_warnings(t)),
+                "frontier (batch → lr, steps)": frontier_text(t),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def sweep_points(report: CriticalBatchReport) -> pd.DataFrame:
+    """Every run that reached a target: target (label), run, batch_size, lr, steps, examples,
+    frontier (whether the fit used it)."""
+    rows = [
+        {
+            "target": f"loss {_text.target(t.target)}",
+            "run": r.name,
+            "batch_size": r.batch_size,
+            "lr": r.lr,
+            "steps": r.steps,
+            "examples": r.examples,
+            "frontier": r.frontier,
+        }
+        for t in report.targets
+        for r in t.runs
+        if r.steps is not None and r.examples is not None
+    ]
+    columns = ["target", "run", "batch_size", "lr", "steps", "examples", "frontier"]
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["frontier"] = frame["frontier"].astype(bool)
+    return frame
+
+
+def sweep_curves(report: CriticalBatchReport) -> pd.DataFrame:
+    """The fitted S-E hyperbola of every *determined* target (an undetermined fit is not
+    drawn: its curve would look like an answer)."""
+    rows = [
+        {
+            "target": f"loss {_text.target(t.target)}",
+            "batch_size": c.batch_size,
+            "steps": c.steps,
+            "examples": c.examples,
+        }
+        for t in report.targets
+        if t.determined
+        for c in t.curve
+    ]
+    return pd.DataFrame(rows, columns=["target", "batch_size", "steps", "examples"])
+
+
+def _clip(values: Sequence[float | None], floor: float, ceiling: float) -> list[float]:
+    """Interval ends a log axis can draw: a lower end at or below 0 becomes ``floor``, a
+    missing upper end ``ceiling`` (the tooltip still gives the true interval)."""
+    out = []
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append(ceiling)
+        elif v <= 0:
+            out.append(floor)
+        else:
+            out.append(v)
+    return out
+
+
+def _bounds(values: Iterable[float | None]) -> tuple[float, float]:
+    pos = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not pos:
+        return 1.0, 10.0
+    return min(pos) / 3.0, max(pos) * 3.0
+
+
+def bcrit_vs_loss(report: CriticalBatchReport) -> pd.DataFrame:
+    """B_crit of each determined target and B_simple at each target's loss, with intervals:
+    loss, value, lo, hi, lo_shown, hi_shown, quantity, interval."""
+    rows: list[dict[str, Any]] = []
+    for t in report.targets:
+        if t.determined and t.b_crit is not None:
+            rows.append(
+                {"loss": t.target, "value": t.b_crit, "lo": t.b_crit_lo, "hi": t.b_crit_hi}
+                | {"quantity": B_CRIT}
+            )
+        if t.b_simple is not None:
+            rows.append(
+                {"loss": t.target, "value": t.b_simple, "lo": t.b_simple_lo, "hi": t.b_simple_hi}
+                | {"quantity": B_SIMPLE_AT_LOSS}
+            )
+    frame = pd.DataFrame(rows, columns=["loss", "value", "lo", "hi", "quantity"])
+    floor, ceiling = _bounds(r["value"] for r in rows)
+    frame["lo_shown"] = _clip(list(frame["lo"]), floor, ceiling)
+    frame["hi_shown"] = _clip(list(frame["hi"]), floor, ceiling)
+    frame["interval"] = [
+        _text.interval(lo, hi) or "unknown" for lo, hi in zip(frame["lo"], frame["hi"], strict=True)
+    ]
+    return frame
+
+
+def tasks_b_simple_vs_b_crit(
+    reports: Sequence[CriticalBatchReport],
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The paper's cross-task figure: one row per (task, target) whose fit is determined and
+    whose B_simple at that loss is measured; and the targets left out, with why."""
+    points: list[dict[str, Any]] = []
+    left_out: list[dict[str, str]] = []
+    for rep in reports:
+        key = _text.task_key(rep.project, rep.task)
+        for t in rep.targets:
+            why = []
+            if not (t.determined and t.b_crit is not None):
+                why += t.warnings or ["B_crit is not determined"]
+            if t.b_simple is None:
+                why.append(f"B_simple at this loss: {t.b_simple_reason or 'not measured'}")
+            if why:
+                left_out.append(
+                    {"task": key, "loss target": _text.target(t.target), "why": " · ".join(why)}
+                )
+                continue
+            points.append(
+                {
+                    "task": key,
+                    "target": t.target,
+                    "units": rep.units,
+                    "b_crit": t.b_crit,
+                    "b_crit_lo": t.b_crit_lo,
+                    "b_crit_hi": t.b_crit_hi,
+                    "b_simple": t.b_simple,
+                    "b_simple_lo": t.b_simple_lo,
+                    "b_simple_hi": t.b_simple_hi,
+                }
+            )
+        if not rep.targets:
+            left_out.append(
+                {"task": key, "loss target": "", "why": " · ".join(rep.warnings) or "no target"}
+            )
+    columns = ["task", "target", "units", "b_crit", "b_crit_lo", "b_crit_hi"]
+    columns += ["b_simple", "b_simple_lo", "b_simple_hi"]
+    frame = pd.DataFrame(points, columns=columns)
+    floor, ceiling = _bounds(list(frame["b_crit"]) + list(frame["b_simple"]))
+    for q in ("b_crit", "b_simple"):
+        frame[f"{q}_lo_shown"] = _clip(list(frame[f"{q}_lo"]), floor, ceiling)
+        frame[f"{q}_hi_shown"] = _clip(list(frame[f"{q}_hi"]), floor, ceiling)
+        frame[f"{q}_interval"] = [
+            _text.interval(lo, hi) or "unknown"
+            for lo, hi in zip(frame[f"{q}_lo"], frame[f"{q}_hi"], strict=True)
+        ]
+    return frame, pd.DataFrame(left_out, columns=["task", "loss target", "why"])

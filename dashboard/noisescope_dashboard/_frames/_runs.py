@@ -1,0 +1,135 @@
+"""The run and task tables, and several runs' points for the comparison charts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import pandas as pd
+
+from noisescope._results import RunSeries, RunSummary, TaskSummary
+from noisescope_dashboard import _text
+
+
+def runs_table(runs: Iterable[RunSummary]) -> pd.DataFrame:
+    """The Runs table: the API's fields as text people read ("1,860", "0.3×"), with the raw
+    numbers beside them (``_``-prefixed, hidden) for sorting. A run whose B_simple is not yet
+    measurable has no number and no ratio, and says why."""
+    rows = []
+    for r in runs:
+        measured = r.b_simple is not None
+        rows.append(
+            {
+                "uid": r.uid,
+                "name": r.name,
+                "project": r.project,
+                "task": r.task,
+                "status": _text.status(r),
+                "tags": ", ".join(r.tags),
+                "batch": _text.count(r.batch_in_use),
+                "units": r.units,
+                "b_simple": _text.count(r.b_simple) if measured else "",
+                "interval": _text.interval(r.b_simple_lo, r.b_simple_hi) if measured else "",
+                "ratio": _text.ratio(r.batch_to_b_simple)
+                if measured and r.batch_to_b_simple is not None
+                else "",
+                "why": "" if measured else (r.b_simple_reason or "not yet measurable"),
+                "loss": _text.loss(r.last_loss) if r.last_loss is not None else "",
+                "step": _text.count(r.last_step) if r.last_step is not None else "",
+                "started_at": r.started_at,
+                "_b_simple": r.b_simple,
+                "_ratio": r.batch_to_b_simple if measured else None,
+                "_loss": r.last_loss,
+                "_config": " ".join(f"{k}={v}" for k, v in r.config.items()),
+            }
+        )
+    columns = [
+        "uid",
+        "name",
+        "project",
+        "task",
+        "status",
+        "tags",
+        "batch",
+        "units",
+        "b_simple",
+        "interval",
+        "ratio",
+        "why",
+        "loss",
+        "step",
+        "started_at",
+        "_b_simple",
+        "_ratio",
+        "_loss",
+        "_config",
+    ]
+    frame = pd.DataFrame(rows, columns=columns)
+    for c in ("_b_simple", "_ratio", "_loss"):
+        frame[c] = pd.to_numeric(frame[c], errors="coerce").astype(float)
+    return frame
+
+
+def compare_points(series: Sequence[RunSeries], runs: dict[str, RunSummary]) -> pd.DataFrame:
+    """Several runs' points: run, run_name, task, units, step, examples, progress (step over
+    the run's last step), loss, b_simple."""
+    frames = []
+    for s in series:
+        run = runs.get(s.run_uid)
+        if run is None or not s.points:
+            continue
+        last = float(run.last_step or max(p.step_hi for p in s.points) or 1)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "run": run.uid,
+                    "run_name": run.name,
+                    "task": _text.task_key(run.project, run.task),
+                    "units": run.units,
+                    "step": [float(p.step_hi) for p in s.points],
+                    "examples": [p.examples_hi for p in s.points],
+                    "progress": [p.step_hi / last for p in s.points],
+                    "loss": [p.loss for p in s.points],
+                    "b_simple": [p.b_simple for p in s.points],
+                }
+            )
+        )
+    columns = ["run", "run_name", "task", "units", "step", "examples", "progress"]
+    columns += ["loss", "b_simple"]
+    if not frames:
+        return pd.DataFrame(columns=columns)
+    out = pd.concat(frames, ignore_index=True)
+    for c in ("examples", "loss", "b_simple"):
+        out[c] = pd.to_numeric(out[c], errors="coerce").astype(float)
+    return out
+
+
+def task_table(tasks: Iterable[TaskSummary]) -> pd.DataFrame:
+    """The per-task summary of ``GET /tasks``, as text."""
+    rows = [
+        {
+            "project": t.project,
+            "task": t.task,
+            "runs": _text.count(t.n_runs),
+            "running": _text.count(t.n_running),
+            "batch sizes": ", ".join(_text.count(b) for b in t.batch_sizes),
+            "units": ", ".join(t.units),
+            "measured runs": f"{t.n_measured} of {t.n_runs}",
+            "B_simple median": _text.count(t.b_simple_median),
+            "B_simple range": _text.interval(t.b_simple_min, t.b_simple_max) or _text.DASH,
+        }
+        for t in tasks
+    ]
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "project",
+            "task",
+            "runs",
+            "running",
+            "batch sizes",
+            "units",
+            "measured runs",
+            "B_simple median",
+            "B_simple range",
+        ],
+    )
