@@ -117,11 +117,14 @@ def _violations(
 
 def test_the_client_core_needs_only_requests() -> None:
     """``noisescope`` (outside torch/ and integrations/) runs in any training job: no torch, no
-    framework, pandas only inside ``to_frame``; the server only through ``noisescope.cli``."""
+    framework; the optional packages each in one module that works without them (pandas inside
+    ``to_frame``, orjson in ``_json``); the server only through ``noisescope.cli``."""
     core = [i for i in ALL_IMPORTS["noisescope"] if _part(i.module) == "noisescope"]
-    assert _third_party(core) <= {"requests", "pandas"}, _third_party(core)
-    pandas_users = {i.module for i in core if _top(i.target) == "pandas"}
-    assert pandas_users <= {"noisescope._results"}, pandas_users
+    optional = {"pandas": {"noisescope._results"}, "orjson": {"noisescope._json"}}
+    assert _third_party(core) <= {"requests", *optional}, _third_party(core)
+    for package, homes in optional.items():
+        users = {i.module for i in core if _top(i.target) == package}
+        assert users <= homes, (package, users)
     assert not _violations("noisescope", "noisescope", {*TORCH_PARTS, "noisescope_dashboard"})
     server_users = {i.module for i in core if _top(i.target) == "noisescope_server"}
     assert server_users <= {"noisescope.cli"}, server_users
