@@ -136,3 +136,35 @@ def test_a_stored_config_larger_than_the_limit_reads_as_a_marker(
         conn.execute(update(Run).where(Run.uid == rid).values(config={"blob": "x" * (1 << 20)}))
     run = client.get(f"{API}/runs/{rid}").json()
     assert run["config"] == {TOO_LARGE_KEY: TOO_LARGE}
+
+
+def test_rows_stored_with_integers_beyond_64_bits_read_back(
+    client: httpx.Client, engine: Engine
+) -> None:
+    """The response encoder writes 64-bit integers only: a wider one stored around the API
+    reads back as the float the body parser would have made of it, not as a 500."""
+    rid = uuid.uuid4().hex
+    client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
+    wide = 2**70
+    with engine.begin() as conn:
+        run_pk = conn.execute(select(Run.id).where(Run.uid == rid)).scalar_one()
+        conn.execute(
+            update(Run).where(Run.id == run_pk).values(config={"seed": wide, "n": [-wide, 3]})
+        )
+        conn.execute(insert(Event).values(run_id=run_pk, step=1, kind="m", payload={"x": wide}))
+    run = client.get(f"{API}/runs/{rid}")
+    assert run.status_code == 200, run.text[:300]
+    assert run.json()["config"] == {"seed": float(wide), "n": [-float(wide), 3]}
+    assert client.get(f"{API}/runs").status_code == 200
+    events = client.get(f"{API}/runs/{rid}/events")
+    assert events.status_code == 200 and events.json()[0]["payload"] == {"x": float(wide)}
+
+
+def test_a_run_body_validated_directly_refuses_integers_json_cannot_carry() -> None:
+    """Over HTTP the parser turns them into floats; a direct caller gets a validation error."""
+    from pydantic import ValidationError
+
+    from noisescope_server.api.schemas import RunPut
+
+    with pytest.raises(ValidationError, match="64-bit"):
+        RunPut.model_validate({"project": "p", "task": "t", "config": {"seed": 2**70}})

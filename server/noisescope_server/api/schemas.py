@@ -9,10 +9,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from noisescope import _wire
+from noisescope_server.jsonclip import encode
 
 __all__ = [
     "SAMPLES_BODY_SCHEMA",
@@ -42,7 +42,7 @@ def _readable_back(value: dict[str, Any]) -> dict[str, Any]:
             f"nests more than {_wire.MAX_JSON_DEPTH} levels deep (the limit, "
             "noisescope._wire.MAX_JSON_DEPTH); flatten it, e.g. with dotted keys"
         )
-    size = len(orjson.dumps(value))
+    size = len(encode(value))
     if size > _wire.MAX_JSON_BYTES:
         raise ValueError(
             f"is {size} bytes as JSON; the limit is {_wire.MAX_JSON_BYTES} bytes "
