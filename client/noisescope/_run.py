@@ -75,6 +75,8 @@ class Run:
         units: str,
         run_id: str | None,
         transport: Transport | None,
+        parent_run_id: str | None = None,
+        branch_step: int | None = None,
     ) -> None:
         if units not in _wire.UNITS:
             raise ValueError(f"units must be one of {_wire.UNITS}, got {units!r}")
@@ -82,6 +84,17 @@ class Run:
             problem = _wire.run_id_problem(run_id)
             if problem is not None:  # it names a spool folder and a URL path segment
                 raise ValueError(problem)
+        if parent_run_id is not None and (problem := _wire.run_id_problem(parent_run_id)):
+            raise ValueError(f"parent_run_id: {problem}")
+        if (parent_run_id is None) != (branch_step is None):
+            raise ValueError("parent_run_id and branch_step go together (a branch of a run)")
+        if branch_step is not None and (
+            isinstance(branch_step, bool) or not isinstance(branch_step, int) or branch_step < 0
+        ):
+            raise ValueError(f"branch_step must be an integer >= 0, got {branch_step!r}")
+        #: The run this one branched from, and the parent's step it started at (noisescope.branch).
+        self.parent_run_id = parent_run_id
+        self.branch_step = branch_step
         self.settings = settings
         self.id = run_id or uuid.uuid4().hex
         self.project = project
@@ -139,6 +152,10 @@ class Run:
             "status": "running",
             "started_at": _now_iso(),
         }
+        if self.parent_run_id is not None:
+            # Only branches send these, so a server without them still takes ordinary runs.
+            body["parent_run_id"] = self.parent_run_id
+            body["branch_step"] = self.branch_step
         try:
             shared = settings.all_ranks and settings.world_size > 1
             name = f"{self.id}.rank{settings.rank}" if shared else None
@@ -486,6 +503,8 @@ def init(
     quiet: bool | None = None,
     dashboard_url: str | None = None,
     transport: Transport | None = None,
+    parent_run_id: str | None = None,
+    branch_step: int | None = None,
     **settings: Any,
 ) -> Run:
     """Start a run; explicit arguments override ``NOISESCOPE_URL/TOKEN/MODE/DIR`` and friends.
@@ -496,6 +515,8 @@ def init(
     (``NOISESCOPE_RUN_ID`` lets all ranks of a job share one when ``all_ranks=True``).
     ``dashboard_url`` (``NOISESCOPE_DASHBOARD_URL``) is the dashboard's base URL: the run's link
     is printed at once; without it the link comes from the server, if it knows its dashboard.
+    ``parent_run_id`` and ``branch_step`` make this run a branch of another one, started from
+    that run's state at that step (``noisescope.branch`` sets them).
     """
     resolved = resolve(
         url=url,
@@ -521,6 +542,8 @@ def init(
         units=units,
         run_id=(os.environ.get("NOISESCOPE_RUN_ID") or None) if run_id is None else run_id,
         transport=transport,
+        parent_run_id=parent_run_id,
+        branch_step=branch_step,
     )
 
 
