@@ -1,0 +1,213 @@
+"""The critical batch size as a function of loss, and when the local one stops growing.
+
+Kaplan et al. (2020) fit B_crit(L) = B* L^(-1/α_B) across loss targets (docs/science.md, "The
+critical batch size as a function of loss"). It is a line in logs, log B_crit = log B* - (1/α_B)
+log L, fitted here by weighted least squares like ``estimators.fit_critical_batch``: each
+measurement weighs by the inverse square of its interval's half-width in log B (the narrow ones
+count most; a measurement without an interval gets the median weight), the residual variance is
+estimated on n - 2 degrees of freedom, and Student-t quantiles give the intervals, on 1/α_B and
+on the prediction at any loss. A prediction at a loss outside the fitted ones is marked as an
+extrapolation.
+
+``plateau`` reads the branch measurements of one run (``noisescope.branch``) over its steps: the
+local critical batch size rises fast early and then plateaus (Merrill et al. 2025).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from noisescope.estimators import student_t_quantile
+
+__all__ = [
+    "CriticalBatchForecast",
+    "CriticalBatchLaw",
+    "Plateau",
+    "fit_critical_batch_law",
+    "law_from_report",
+    "plateau",
+]
+
+
+@dataclass(frozen=True)
+class CriticalBatchForecast:
+    """B_crit predicted at ``loss`` with its ``level`` interval; ``extrapolation`` when the loss
+    lies outside the fitted losses (the interval then assumes the law holds out there too)."""
+
+    loss: float
+    b_crit: float
+    b_crit_lo: float
+    b_crit_hi: float
+    level: float
+    extrapolation: bool
+
+
+@dataclass(frozen=True)
+class CriticalBatchLaw:
+    """B_crit(L) = B* L^(-1/α_B) fitted to ``n_points`` (loss, B_crit) measurements.
+
+    ``b_star`` is B_crit at L = 1 (the loss's own units: nats for cross-entropy). ``alpha_b`` is
+    None (with ``reason``) when B_crit does not grow as the loss falls; ``alpha_b_lo/hi`` are
+    None when 1/α_B's interval reaches zero (the growth is not significant).
+    """
+
+    b_star: float | None
+    alpha_b: float | None
+    alpha_b_lo: float | None
+    alpha_b_hi: float | None
+    level: float
+    n_points: int
+    loss_min: float
+    loss_max: float
+    # The fit, for predictions: intercept and slope in logs, residual variance, weights' moments.
+    log_b_star: float
+    slope: float
+    s2: float
+    w_sum: float
+    x_mean: float
+    sxx: float
+    reason: str | None = None
+
+    def predict(self, loss: float) -> CriticalBatchForecast:
+        """B_crit at ``loss`` (must be positive and finite), with the fit's interval."""
+        if not (loss > 0 and math.isfinite(loss)):
+            raise ValueError(f"loss must be positive and finite, got {loss!r}")
+        x0 = math.log(loss)
+        y0 = self.log_b_star + self.slope * x0
+        se = math.sqrt(self.s2 * (1.0 / self.w_sum + (x0 - self.x_mean) ** 2 / self.sxx))
+        t = student_t_quantile(0.5 + self.level / 2.0, self.n_points - 2)
+        outside = not (self.loss_min <= loss <= self.loss_max)
+        return CriticalBatchForecast(
+            loss, math.exp(y0), math.exp(y0 - t * se), math.exp(y0 + t * se), self.level, outside
+        )
+
+
+def fit_critical_batch_law(
+    losses: Sequence[float],
+    b_crits: Sequence[float],
+    b_crit_lo: Sequence[float | None] | None = None,
+    b_crit_hi: Sequence[float | None] | None = None,
+    *,
+    level: float = 0.9,
+) -> CriticalBatchLaw:
+    """Fit log B_crit = log B* + k log L (k = -1/α_B) to measurements at >= 3 distinct losses."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    n = len(losses)
+    if len(b_crits) != n:
+        raise ValueError("losses and b_crits must have the same length")
+    lows = list(b_crit_lo) if b_crit_lo is not None else [None] * n
+    highs = list(b_crit_hi) if b_crit_hi is not None else [None] * n
+    if len(lows) != n or len(highs) != n:
+        raise ValueError("b_crit_lo and b_crit_hi must have one entry per loss")
+    if not all(v > 0 and math.isfinite(v) for v in [*losses, *b_crits]):
+        raise ValueError("losses and critical batch sizes must be finite and positive")
+    if len(set(losses)) < 3:
+        raise ValueError(f"need measurements at 3 or more distinct losses, got {len(set(losses))}")
+    xs = [math.log(v) for v in losses]
+    ys = [math.log(v) for v in b_crits]
+    z = student_t_quantile(0.5 + level / 2.0, 1e6)
+    half = [
+        (math.log(h) - math.log(lo)) / (2.0 * z)
+        if lo is not None and h is not None and 0 < lo < h and math.isfinite(h)
+        else None
+        for lo, h in zip(lows, highs, strict=True)
+    ]
+    known = [1.0 / (h * h) for h in half if h is not None and h > 0]
+    fallback = statistics.median(known) if known else 1.0
+    ws = [1.0 / (h * h) if h is not None and h > 0 else fallback for h in half]
+    w_sum = sum(ws)
+    x_mean = sum(w * x for w, x in zip(ws, xs, strict=True)) / w_sum
+    y_mean = sum(w * y for w, y in zip(ws, ys, strict=True)) / w_sum
+    sxx = sum(w * (x - x_mean) ** 2 for w, x in zip(ws, xs, strict=True))
+    sxy = sum(w * (x - x_mean) * (y - y_mean) for w, x, y in zip(ws, xs, ys, strict=True))
+    slope = sxy / sxx
+    icept = y_mean - slope * x_mean
+    resid = [y - (icept + slope * x) for x, y in zip(xs, ys, strict=True)]
+    s2 = sum(w * r * r for w, r in zip(ws, resid, strict=True)) / (n - 2)
+    t = student_t_quantile(0.5 + level / 2.0, n - 2)
+    se_slope = math.sqrt(s2 / sxx)
+    common = (level, n, min(losses), max(losses), icept, slope, s2, w_sum, x_mean, sxx)
+    if slope >= 0:
+        return CriticalBatchLaw(
+            math.exp(icept),
+            None,
+            None,
+            None,
+            *common,
+            reason=f"B_crit does not grow as the loss falls (fitted exponent {slope:.3g} >= 0): "
+            "no power law B* L^(-1/alpha_B) to forecast with",
+        )
+    alpha = -1.0 / slope
+    k_lo, k_hi = slope - t * se_slope, slope + t * se_slope
+    reason = None
+    if k_hi >= 0:
+        a_lo, a_hi = None, None
+        reason = (
+            f"1/alpha_B is not significantly above zero at {level:.0%} confidence "
+            f"({n} losses): measure B_crit at more losses, further apart"
+        )
+    else:
+        a_lo, a_hi = -1.0 / k_lo, -1.0 / k_hi
+    return CriticalBatchLaw(math.exp(icept), alpha, a_lo, a_hi, *common, reason=reason)
+
+
+def law_from_report(report: object, *, level: float | None = None) -> CriticalBatchLaw | None:
+    """The law across a sweep's determined targets (``sweep.CriticalBatchReport``); None when
+    fewer than 3 targets have a determined B_crit."""
+    targets = [
+        t
+        for t in getattr(report, "targets", [])
+        if t.determined and t.b_crit is not None and t.target > 0
+    ]
+    if len({t.target for t in targets}) < 3:
+        return None
+    return fit_critical_batch_law(
+        [t.target for t in targets],
+        [t.b_crit for t in targets],
+        [t.b_crit_lo for t in targets],
+        [t.b_crit_hi for t in targets],
+        level=level if level is not None else float(getattr(report, "level", 0.9)),
+    )
+
+
+@dataclass(frozen=True)
+class Plateau:
+    """Where a run's local critical batch size stops growing: from ``step`` on, every later
+    measurement's interval overlaps the one at ``step``. ``step`` is None (with ``reason``)
+    while it is still rising or there are too few measurements."""
+
+    step: int | None
+    b_crit: float | None
+    reason: str | None = None
+
+
+def plateau(
+    steps: Sequence[int],
+    b_crits: Sequence[float],
+    b_crit_lo: Sequence[float | None],
+    b_crit_hi: Sequence[float | None],
+) -> Plateau:
+    """The earliest branch point from which the local critical batch no longer grows
+    significantly. A missing upper end counts as unbounded, a missing lower end as 0."""
+    n = len(steps)
+    if not n == len(b_crits) == len(b_crit_lo) == len(b_crit_hi):
+        raise ValueError("steps, b_crits, b_crit_lo and b_crit_hi must have the same length")
+    if n < 3:
+        return Plateau(None, None, f"a plateau needs 3 or more branch points, got {n}")
+    order = sorted(range(n), key=lambda i: steps[i])
+    lo = [b_crit_lo[i] if b_crit_lo[i] is not None else 0.0 for i in order]
+    hi = [b_crit_hi[i] if b_crit_hi[i] is not None else math.inf for i in order]
+    for k in range(n - 1):
+        if all(lo[j] <= hi[k] and lo[k] <= hi[j] for j in range(k + 1, n)):  # type: ignore[operator]
+            i = order[k]
+            return Plateau(int(steps[i]), float(b_crits[i]))
+    return Plateau(
+        None,
+        None,
+        "still rising: the last branch point's interval lies above every earlier one's; "
+        "branch again later in the run",
+    )
