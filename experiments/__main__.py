@@ -161,7 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         text = report.render(results, summary_fig, command.strip(), discussion)
         docs.mkdir(parents=True, exist_ok=True)
-        (docs / "reproduction.md").write_text(text)
+        page = docs / "reproduction.md"
+        # Sections other commands write (python -m experiments.branching) are kept as they are.
+        from experiments import sections
+
+        text = sections.carry(page.read_text() if page.exists() else "", text)
+        page.write_text(text)
         progress.line(f"wrote {docs / 'reproduction.md'}")
     finally:
         if server is not None:

@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 import typing
 
-from noisescope import estimators, sweep
+from noisescope import branch, estimators, forecast, sweep
 from noisescope._api import Api, ApiError, NotFoundError, RecommendationResult
 from noisescope._config import Settings
 from noisescope._results import (
@@ -65,7 +65,9 @@ __all__ = [
     "Transport",
     "TransportError",
     "__version__",
+    "branch",
     "estimators",
+    "forecast",
     "init",
     "sweep",
     "sync",
