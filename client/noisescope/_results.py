@@ -15,9 +15,11 @@ from datetime import datetime
 from typing import Any
 
 __all__ = [
+    "BranchPointResult",
     "EventRow",
     "ParallelismPlan",
     "ParallelismRow",
+    "RunBranches",
     "RunSeries",
     "RunSummary",
     "SeriesInfo",
@@ -76,6 +78,9 @@ class RunSummary:
     batch_to_b_simple: float | None
     #: Why the run measures nothing, when its training loop said so (a ``notice`` event).
     notice: str | None
+    #: A branch run (``noisescope.branch``): the run it branched from and the parent's step.
+    parent_uid: str | None = None
+    branch_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,44 @@ class ParallelismPlan:
     #: For a chosen batch size: the sentence ``recommend.verdict`` gives against B_crit.
     batch_size: float | None = None
     verdict: str | None = None
+
+
+@dataclass(frozen=True)
+class BranchPointResult:
+    """The local critical batch size at one branch step of a run, from its branch runs'
+    final evaluation losses (``estimators.local_critical_batch``; docs/branching.md).
+
+    ``mean_loss`` is per batch size (None for a batch size whose branches diverged);
+    ``b_crit`` is None (with ``reason``) while branches are missing an evaluation or every
+    batch stayed within ε (then ``b_crit_lo`` is the largest batch tried, a lower bound).
+    ``parent_loss`` is the parent's last evaluation at or before the branch step.
+    """
+
+    step: int
+    parent_loss: float | None
+    epsilon: float
+    level: float
+    batch_sizes: list[float]
+    mean_loss: list[float | None]
+    seeds: int
+    n_runs: int
+    run_ids: list[str]
+    b_crit: float | None
+    b_crit_lo: float | None
+    b_crit_hi: float | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class RunBranches:
+    """A run's branch points (in the run's units) and where the local B_crit plateaus."""
+
+    run_uid: str
+    units: str
+    points: list[BranchPointResult]
+    plateau_step: int | None
+    plateau_b_crit: float | None
+    plateau_reason: str | None
 
 
 def _row(item: Any) -> dict[str, Any]:

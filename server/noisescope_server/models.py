@@ -66,6 +66,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_run_project_task", "project_id", "task_id"),
         Index("ix_run_started_at", "started_at"),
+        Index("ix_run_parent_uid", "parent_uid"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
@@ -82,6 +83,9 @@ class Run(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: A branch run (``noisescope.branch``): its parent's uid and the parent step it started at.
+    parent_uid: Mapped[str | None] = mapped_column(String(64))
+    branch_step: Mapped[int | None] = mapped_column(BigInteger)
 
 
 #: A sample's stored columns after ``run_id``, in table order: the wire columns plus the
