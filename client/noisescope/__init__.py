@@ -20,9 +20,11 @@ from noisescope import branch, estimators, forecast, sweep
 from noisescope._api import Api, ApiError, NotFoundError, RecommendationResult
 from noisescope._config import Settings
 from noisescope._results import (
+    BranchPointResult,
     EventRow,
     ParallelismPlan,
     ParallelismRow,
+    RunBranches,
     RunSeries,
     RunSummary,
     SeriesInfo,
@@ -44,6 +46,7 @@ __all__ = [
     "ApiError",
     "BatchDecision",
     "BatchSizeScheduler",
+    "BranchPointResult",
     "EventRow",
     "HTTPTransport",
     "NoiseTracker",
@@ -55,6 +58,7 @@ __all__ = [
     "Request",
     "Response",
     "Run",
+    "RunBranches",
     "RunSeries",
     "RunSummary",
     "SeriesInfo",

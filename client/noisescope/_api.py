@@ -28,12 +28,14 @@ from noisescope._config import DEFAULT_URL
 from noisescope._results import (
     EventRow,
     ParallelismPlan,
+    RunBranches,
     RunSeries,
     RunSummary,
     SeriesInfo,
     TaskSummary,
 )
 from noisescope._transport import HTTPTransport, Request, Transport, TransportError
+from noisescope.forecast import ForecastReport
 from noisescope.recommend import Recommendation
 from noisescope.sweep import CriticalBatchReport
 
@@ -216,6 +218,27 @@ class Api:
         path = f"/tasks/{_seg(project)}/{_seg(task)}/critical-batch"
         query = {"targets": list(targets or []), "loss": loss}
         result: CriticalBatchReport = _decode(CriticalBatchReport, self._get(path, query))
+        return result
+
+    def branches(self, run_id: str) -> RunBranches:
+        """The local critical batch size at each branch step of ``run_id``, recomputed from its
+        branch runs (``noisescope.branch``), and where it plateaus."""
+        result: RunBranches = _decode(RunBranches, self._get(f"/runs/{_seg(run_id)}/branches"))
+        return result
+
+    def critical_batch_forecast(
+        self,
+        project: str,
+        task: str,
+        *,
+        losses: Sequence[float] = (),
+        targets: Sequence[float] | None = None,
+    ) -> ForecastReport:
+        """B_crit(L) = B*·L^(-1/α_B) across the task's sweep targets, predicted at ``losses``
+        (each marked ``extrapolation`` outside the fitted losses)."""
+        path = f"/tasks/{_seg(project)}/{_seg(task)}/critical-batch/forecast"
+        query = {"loss": list(losses), "targets": list(targets or [])}
+        result: ForecastReport = _decode(ForecastReport, self._get(path, query))
         return result
 
     def parallelism(

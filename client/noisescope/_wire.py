@@ -39,6 +39,9 @@ UNITS: Final = ("examples", "tokens")
 EVAL_EVENT_KIND: Final = "eval"
 #: ``notice``: why a run measures nothing, payload ``{"message": str}`` (shown on its page).
 NOTICE_EVENT_KIND: Final = "notice"
+#: ``branch``: a branch run's outcome (``noisescope.branch``), payload ``{"loss": float | null,
+#: "diverged": bool}`` (null loss when it diverged); the server's branch reader reads it.
+BRANCH_EVENT_KIND: Final = "branch"
 RUN_STATUSES: Final = ("running", "finished", "failed", "crashed")
 
 #: Limits the server enforces and the client respects when batching.

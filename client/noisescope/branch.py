@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from noisescope import _wire
 from noisescope.estimators import LocalCriticalBatch, local_critical_batch, scaled_lr
 
 __all__ = [
@@ -345,7 +346,14 @@ def run_one(
         trainer.train(branch, branch_run)
         loss = float(trainer.evaluate())
         if branch_run is not None:
-            branch_run.log(step=branch.steps, eval_loss=loss, examples=branch.examples)
+            diverged = not math.isfinite(loss)
+            branch_run.log_event(
+                branch.steps,
+                _wire.BRANCH_EVENT_KIND,
+                {"loss": None if diverged else loss, "diverged": diverged},
+            )
+            if not diverged:
+                branch_run.log(step=branch.steps, eval_loss=loss, examples=branch.examples)
         status = "finished"
     finally:
         if branch_run is not None:
@@ -407,10 +415,17 @@ def run(
         trainer.restore(parent_state)
     after = float(trainer.evaluate())
     if not math.isclose(after, parent_loss, rel_tol=1e-6, abs_tol=1e-12):
-        # restore() that does not restore would bias every branch after the first.
+        # restore() that does not restore would bias every branch after the first; a resumed
+        # sweep from another state would mix two branch points.
         msg = (
-            f"the parent's evaluation loss changed across the branches ({parent_loss!r} before, "
-            f"{after!r} after): check that save() copies and restore() restores the full state"
+            f"the parent's evaluation loss is {after!r} after the branches but {parent_loss!r} "
+            "at the branch point"
+            + (
+                " (stored by the first attempt: is the trainer at the branch point's state?)"
+                if done
+                else ""
+            )
+            + ": check that save() copies and restore() restores the full state"
         )
         warnings.warn(msg, stacklevel=2)
         notes.append(msg)

@@ -814,8 +814,8 @@ def parallelism_limit(b_crit: float, per_device_batch: float, min_speedup: float
     return (b_crit / per_device_batch) * (1.0 - min_speedup / 2.0) / (min_speedup - 1.0)
 
 
-# --- The local critical batch size of a branch sweep (science.md, "Measuring the critical batch
-# size directly (branching)") ----------------------------------------------------------------
+# --- The local critical batch size of a branch sweep -----------------------------------------
+# (docs/science.md, "Measuring the critical batch size directly (branching)")
 #
 # Continuations of one checkpoint at batch sizes b_0 < b_1 < ..., all trained on the same number
 # of examples, end at losses L(b). The local critical batch size is the largest batch whose loss

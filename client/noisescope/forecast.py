@@ -19,14 +19,18 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from noisescope.estimators import student_t_quantile
 
 __all__ = [
     "CriticalBatchForecast",
     "CriticalBatchLaw",
+    "ForecastPoint",
+    "ForecastReport",
     "Plateau",
     "fit_critical_batch_law",
+    "forecast_report",
     "law_from_report",
     "plateau",
 ]
@@ -171,6 +175,79 @@ def law_from_report(report: object, *, level: float | None = None) -> CriticalBa
         [t.b_crit_lo for t in targets],
         [t.b_crit_hi for t in targets],
         level=level if level is not None else float(getattr(report, "level", 0.9)),
+    )
+
+
+@dataclass(frozen=True)
+class ForecastPoint:
+    """A sweep target the law was fitted to: its loss and B_crit with interval."""
+
+    loss: float
+    b_crit: float
+    b_crit_lo: float | None
+    b_crit_hi: float | None
+
+
+@dataclass(frozen=True)
+class ForecastReport:
+    """The law across a task's sweep targets and its predictions (the forecast endpoint).
+
+    The law's fields are None (with ``reason``) when fewer than 3 targets have a determined
+    B_crit; ``predictions`` is then empty.
+    """
+
+    project: str
+    task: str
+    units: str
+    level: float
+    b_star: float | None
+    alpha_b: float | None
+    alpha_b_lo: float | None
+    alpha_b_hi: float | None
+    n_points: int
+    loss_min: float | None
+    loss_max: float | None
+    reason: str | None
+    points: list[ForecastPoint]
+    predictions: list[CriticalBatchForecast]
+
+
+def forecast_report(report: Any, losses: Sequence[float] = ()) -> ForecastReport:
+    """``law_from_report`` for a ``sweep.CriticalBatchReport``, predicted at ``losses``."""
+    used = [
+        ForecastPoint(t.target, t.b_crit, t.b_crit_lo, t.b_crit_hi)
+        for t in report.targets
+        if t.determined and t.b_crit is not None and t.target > 0
+    ]
+    law = law_from_report(report)
+    head = (report.project, report.task, report.units, float(report.level))
+    if law is None:
+        return ForecastReport(
+            *head,
+            None,
+            None,
+            None,
+            None,
+            len(used),
+            None,
+            None,
+            f"{len(used)} of the sweep's {len(report.targets)} loss targets have a determined "
+            "B_crit; the law B_crit(L) = B* L^(-1/alpha_B) needs 3 or more",
+            used,
+            [],
+        )
+    return ForecastReport(
+        *head,
+        law.b_star,
+        law.alpha_b,
+        law.alpha_b_lo,
+        law.alpha_b_hi,
+        law.n_points,
+        law.loss_min,
+        law.loss_max,
+        law.reason,
+        used,
+        [law.predict(v) for v in losses],
     )
 
 

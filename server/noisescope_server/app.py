@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect
 
 from noisescope import _wire
 from noisescope_server import __version__, db
-from noisescope_server.api import health, ingest, query, recommend, runs, tokens
+from noisescope_server.api import branching, health, ingest, query, recommend, runs, tokens
 from noisescope_server.api._body import format_validation_error
 from noisescope_server.api.run_ids import RunIdGuard
 from noisescope_server.errors import BadInput, Conflict, Forbidden, NotFound
@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    for module in (health, runs, ingest, query, recommend, tokens):
+    for module in (health, runs, ingest, query, branching, recommend, tokens):
         app.include_router(
             module.router, prefix=_wire.API_PREFIX, dependencies=[Depends(_no_nul_in_url)]
         )

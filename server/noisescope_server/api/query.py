@@ -239,19 +239,23 @@ def get_critical_batch(
     )
 
 
-def _task_path(request: Request, project: str, task: str) -> tuple[str, str]:
+def _task_path(
+    request: Request, project: str, task: str, suffix: str = "critical-batch"
+) -> tuple[str, str]:
     """Project and task from the undecoded path, so that a name holding "/" (sent as %2F)
-    stays one name: the router sees the path after percent-decoding."""
+    stays one name: the router sees the path after percent-decoding. ``suffix``: the path's
+    segments after the task."""
     raw = request.scope.get("raw_path")
     if not isinstance(raw, bytes):
         return project, task
     parts = raw.decode("latin-1").split("?", 1)[0].split("/")
+    tail = suffix.split("/")
     try:
         start = parts.index("tasks")
     except ValueError:
         return project, task
-    names = parts[start + 1 : -1]
-    if len(names) < 2 or parts[-1] != "critical-batch":
+    names = parts[start + 1 : -len(tail)]
+    if len(names) < 2 or parts[-len(tail) :] != tail:
         return project, task
     return unquote(names[0]), unquote("/".join(names[1:]))
 

@@ -36,6 +36,8 @@ def _put(
             units=body.units,
             status=body.status,
             started_at=body.started_at,
+            parent_uid=body.parent_run_id,
+            branch_step=body.branch_step,
         ),
         project_scope=scope,
     )

@@ -9,7 +9,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    model_validator,
+)
 
 from noisescope import _wire
 from noisescope_server.jsonclip import encode
@@ -55,6 +64,16 @@ def _readable_back(value: dict[str, Any]) -> dict[str, Any]:
 NoNul = AfterValidator(_no_nul)
 #: A run config or event payload: a JSON object no deeper than ``_wire.MAX_JSON_DEPTH``.
 JsonObject = Annotated[dict[str, Any], AfterValidator(_readable_back)]
+
+
+def _run_id(value: str) -> str:
+    problem = _wire.run_id_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+RunId = Annotated[StrictStr, AfterValidator(_run_id)]
 Name = Annotated[
     str,
     StringConstraints(min_length=1, max_length=_wire.MAX_NAME_LENGTH, strip_whitespace=True),
@@ -87,6 +106,19 @@ class RunPut(_Strict):
     started_at: datetime | None = Field(
         default=None, strict=False, description="ISO 8601 or Unix seconds; default: now"
     )
+    parent_run_id: RunId | None = Field(
+        default=None,
+        description="a branch run (noisescope.branch): the id of the run it branched from",
+    )
+    branch_step: StrictInt | None = Field(
+        default=None, ge=0, le=2**63 - 1, description="the parent's step the branch started at"
+    )
+
+    @model_validator(mode="after")
+    def _branch_fields_together(self) -> RunPut:
+        if (self.parent_run_id is None) != (self.branch_step is None):
+            raise ValueError("parent_run_id and branch_step go together (a branch of a run)")
+        return self
 
 
 class RunPutResult(BaseModel):

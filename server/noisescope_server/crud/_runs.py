@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Engine, select, update
 from noisescope import _wire
 from noisescope_server.crud._sql import LOCK_RUN, TOUCH_RUN, insert_ignore
 from noisescope_server.db import write_transaction
-from noisescope_server.errors import Conflict, Forbidden, NotFound
+from noisescope_server.errors import BadInput, Conflict, Forbidden, NotFound
 from noisescope_server.models import Project, Run, Task
 from noisescope_server.utc import as_utc, utcnow
 from noisescope_server.validate import check_run_uid
@@ -44,6 +44,9 @@ class RunIn:
     units: str = "examples"
     status: str = "running"
     started_at: datetime | None = None
+    #: A branch run: its parent's uid and the parent step it started at (both or neither).
+    parent_uid: str | None = None
+    branch_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,8 @@ def upsert_run(
     ``started_at`` keeps its first value (a resumed client may re-send a later one).
     """
     check_run_uid(run_uid)
+    if run.parent_uid is not None and check_run_uid(run.parent_uid) == run_uid:
+        raise BadInput(f"run {run_uid!r} cannot be a branch of itself (parent_run_id)")
     with write_transaction(engine) as conn:
         project_id = get_or_create_project(conn, run.project)
         if project_scope is not None and project_id != project_scope:
@@ -110,6 +115,8 @@ def upsert_run(
             "status": run.status,
             "last_seen_at": utcnow(),
         }
+        if run.parent_uid is not None:  # a re-PUT without them never un-branches a run
+            values |= {"parent_uid": run.parent_uid, "branch_step": run.branch_step}
         if existing is None:
             values |= {
                 "uid": run_uid,

@@ -46,6 +46,8 @@ def run_select(crash_after: float = _wire.CRASH_AFTER) -> Any:
             Run.ended_at,
             Run.last_seen_at,
             Run.project_id,
+            Run.parent_uid,
+            Run.branch_step,
         )
         .join(Project, Project.id == Run.project_id)
         .join(Task, Task.id == Run.task_id)

@@ -148,6 +148,8 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         notice=str(notice["message"])
         if notice and isinstance(notice.get("message"), str)
         else None,
+        parent_uid=row.parent_uid,
+        branch_step=None if row.branch_step is None else int(row.branch_step),
     )
 
 

@@ -1,0 +1,164 @@
+"""A run's branch points read back from its branch runs (``noisescope.branch``).
+
+Each branch run carries ``parent_uid`` and ``branch_step`` (its columns), its batch size, its
+plan in ``config["branch"]`` (seed, ε) and its outcome as a ``branch`` event (the loss after the
+budget, or diverged). Per branch step the local critical batch size is recomputed with
+``estimators.local_critical_batch``, the same function the client's ``branch.run`` used, so the
+server and the training job give the same number from the same losses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from noisescope import _wire
+from noisescope._results import BranchPointResult, RunBranches
+from noisescope.estimators import local_critical_batch
+from noisescope.forecast import plateau
+from noisescope_server.errors import NotFound
+from noisescope_server.models import Event, Run
+from noisescope_server.queries import finite_number
+
+__all__ = ["LEVEL", "run_branches"]
+
+LEVEL = 0.9
+#: ε when a branch run's config does not say (``noisescope.branch.plan``'s default).
+DEFAULT_EPSILON = 0.01
+
+
+def _latest_payloads(conn: Any, run_ids: list[int], kind: str) -> dict[int, dict[str, Any]]:
+    """The last event of ``kind`` (highest step, then id) of each run."""
+    if not run_ids:
+        return {}
+    last = (
+        select(Event.run_id, func.max(Event.id).label("id"))
+        .where(Event.run_id.in_(run_ids), Event.kind == kind)
+        .group_by(Event.run_id)
+        .subquery()
+    )
+    rows = conn.execute(select(Event.run_id, Event.payload).join(last, last.c.id == Event.id))
+    return {int(r.run_id): dict(r.payload or {}) for r in rows}
+
+
+def _parent_losses(conn: Any, run_id: int) -> list[tuple[int, float]]:
+    rows = conn.execute(
+        select(Event.step, Event.payload)
+        .where(Event.run_id == run_id, Event.kind == _wire.EVAL_EVENT_KIND)
+        .order_by(Event.step, Event.id)
+    )
+    out = []
+    for r in rows:
+        loss = finite_number((r.payload or {}).get("loss"))
+        if loss is not None:
+            out.append((int(r.step), loss))
+    return out
+
+
+def _branch_config(config: Any) -> dict[str, Any]:
+    branch = config.get("branch") if isinstance(config, dict) else None
+    return branch if isinstance(branch, dict) else {}
+
+
+def _point(
+    step: int, parent_loss: float | None, kids: list[Any], outcomes: dict[int, dict[str, Any]]
+) -> BranchPointResult:
+    epsilons = Counter(
+        finite_number(_branch_config(k.config).get("epsilon")) or DEFAULT_EPSILON for k in kids
+    )
+    epsilon = epsilons.most_common(1)[0][0]
+    by_batch: dict[float, list[tuple[float, float]]] = defaultdict(list)  # (seed, loss)
+    pending = 0
+    for k in kids:
+        outcome = outcomes.get(int(k.id))
+        size = finite_number(k.batch_size)
+        if outcome is None or size is None or size <= 0:
+            pending += 1
+            continue
+        loss = finite_number(outcome.get("loss"))
+        if loss is None and outcome.get("diverged") is not True:
+            pending += 1
+            continue
+        seed = finite_number(_branch_config(k.config).get("seed")) or 0.0
+        by_batch[size].append((seed, math.inf if loss is None else loss))
+    sizes = sorted(by_batch)
+    losses = [[v for _, v in sorted(by_batch[b])] for b in sizes]
+    means = [
+        None if any(not math.isfinite(v) for v in row) else sum(row) / len(row) for row in losses
+    ]
+    base = BranchPointResult(
+        step=step,
+        parent_loss=parent_loss,
+        epsilon=epsilon,
+        level=LEVEL,
+        batch_sizes=sizes,
+        mean_loss=means,
+        seeds=min((len(r) for r in losses), default=0),
+        n_runs=len(kids),
+        run_ids=sorted(str(k.uid) for k in kids),
+        b_crit=None,
+        b_crit_lo=None,
+        b_crit_hi=None,
+        reason=None,
+    )
+    mixed = None
+    if len(epsilons) > 1:
+        mixed = f"branch runs of this step disagree on ε ({sorted(epsilons)}); used {epsilon:g}"
+    if pending:
+        msg = f"{pending} of {len(kids)} branch runs have no outcome yet (running or crashed)"
+        return replace(base, reason=msg)
+    if len(sizes) < 2:
+        return replace(base, reason="fewer than 2 batch sizes have an outcome")
+    if any(not math.isfinite(v) for v in losses[0]):
+        return replace(base, reason="the smallest batch's branches diverged: no reference loss")
+    local = local_critical_batch(sizes, losses, epsilon=epsilon, level=LEVEL)
+    return replace(
+        base,
+        b_crit=local.b_crit,
+        b_crit_lo=local.b_crit_lo,
+        b_crit_hi=local.b_crit_hi,
+        reason="; ".join(r for r in (mixed, local.reason) if r) or None,
+    )
+
+
+def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunBranches:
+    """Every branch step of ``run_uid`` with its local critical batch size, oldest first."""
+    with engine.connect() as conn:
+        parent = conn.execute(
+            select(Run.id, Run.uid, Run.units, Run.project_id).where(Run.uid == run_uid)
+        ).one_or_none()
+        if parent is None or (project_scope is not None and parent.project_id != project_scope):
+            raise NotFound(f"run {run_uid!r} not found")
+        kids = conn.execute(
+            select(Run.id, Run.uid, Run.batch_size, Run.branch_step, Run.config).where(
+                Run.parent_uid == run_uid, Run.project_id == parent.project_id
+            )
+        ).all()
+        outcomes = _latest_payloads(conn, [int(k.id) for k in kids], _wire.BRANCH_EVENT_KIND)
+        parent_losses = _parent_losses(conn, int(parent.id))
+    by_step: dict[int, list[Any]] = defaultdict(list)
+    for k in kids:
+        by_step[int(k.branch_step or 0)].append(k)
+    points = []
+    for step in sorted(by_step):
+        before = [loss for s, loss in parent_losses if s <= step]
+        points.append(_point(step, before[-1] if before else None, by_step[step], outcomes))
+    measured = [p for p in points if p.b_crit is not None]
+    flat = plateau(
+        [p.step for p in measured],
+        [p.b_crit for p in measured if p.b_crit is not None],
+        [p.b_crit_lo for p in measured],
+        [p.b_crit_hi for p in measured],
+    )
+    return RunBranches(
+        run_uid=str(parent.uid),
+        units=str(parent.units),
+        points=points,
+        plateau_step=flat.step,
+        plateau_b_crit=flat.b_crit,
+        plateau_reason=flat.reason,
+    )

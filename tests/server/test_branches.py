@@ -1,0 +1,150 @@
+"""Branch runs on the server: linked to their parent, validated, read back as the same local
+critical batch size the training job computed; and the forecast endpoint."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+import noisescope
+from noisescope import branch
+from noisescope.forecast import forecast_report
+from tests.branch.lsq_branch import NoisyLeastSquares
+from tests.server._data import run_body
+from tests.support.servers import ServerProcess
+from tests.support.synthetic_sweep import make_sweep, post
+
+
+def _parent_with_branches(server: ServerProcess, tmp_path: Path) -> tuple[str, Any, str]:
+    project = f"br-{uuid.uuid4().hex[:8]}"
+    parent = noisescope.init(
+        server.url, project=project, task="lsq", batch_size=4, dir=tmp_path / "spool", quiet=True
+    )
+    task = NoisyLeastSquares()
+    task.sgd(8, 0.2, 50, np.random.default_rng(1))
+    parent.log(50, eval_loss=task.evaluate())
+    plan = branch.plan(
+        step=50,
+        batch_size=4,
+        lr=0.3,
+        multipliers=(1, 4, 16, 64),
+        budget=2048,
+        lr_rule="constant",
+        seeds=2,
+        epsilon=0.02,
+        parent_run_id=parent.id,
+    )
+    log = branch.LogTo(project, "lsq", server.url, init_kwargs={"dir": tmp_path / "spool"})
+    result = branch.run(plan, task, tmp_path / "store", log=log)
+    parent.finish()
+    return parent.id, result, project
+
+
+def test_branch_runs_are_linked_and_read_back_with_the_same_numbers(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    parent_id, result, project = _parent_with_branches(server, tmp_path)
+    api = noisescope.Api(server.url)
+    answer = api.branches(parent_id)
+    assert isinstance(answer, noisescope.RunBranches) and answer.run_uid == parent_id
+    (point,) = answer.points
+    local = result.local
+    assert point.step == 50 and point.n_runs == 8 and point.seeds == 2
+    assert point.batch_sizes == [4.0, 16.0, 64.0, 256.0]
+    assert point.parent_loss == pytest.approx(result.parent_loss)
+    assert point.b_crit == pytest.approx(local.b_crit)
+    assert point.b_crit_lo == pytest.approx(local.b_crit_lo)
+    assert (point.b_crit_hi is None) == (local.b_crit_hi is None)
+    assert point.epsilon == 0.02
+    kids = [r for r in api.runs(project=project) if r.parent_uid == parent_id]
+    assert len(kids) == 8 and {k.branch_step for k in kids} == {50}
+    assert sorted(k.uid for k in kids) == point.run_ids
+    assert api.run(parent_id).parent_uid is None
+    # a rerun of the same sweep reuses every branch and logs nothing new
+    resumed = NoisyLeastSquares()
+    resumed.sgd(8, 0.2, 50, np.random.default_rng(1))  # the parent's checkpoint, reloaded
+    again = branch.run(result.plan, resumed, tmp_path / "store")
+    assert again.reused == 8 and api.branches(parent_id).points == answer.points
+
+
+def test_a_run_without_branches_and_an_unknown_run(server: ServerProcess, run_id: str) -> None:
+    with httpx.Client(base_url=server.url) as c:
+        assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
+        empty = c.get(f"/api/v1/runs/{run_id}/branches").json()
+        assert empty["points"] == [] and empty["plateau_step"] is None
+        missing = c.get(f"/api/v1/runs/{uuid.uuid4().hex}/branches")
+        assert missing.status_code == 404 and "not found" in missing.json()["detail"]
+
+
+def test_a_branch_without_an_outcome_says_so(server: ServerProcess, run_id: str) -> None:
+    parent = run_id
+    with httpx.Client(base_url=server.url) as c:
+        assert c.put(f"/api/v1/runs/{parent}", json=run_body()).is_success
+        for size in (8, 16):
+            kid = uuid.uuid4().hex
+            body = run_body(batch_size=size, parent_run_id=parent, branch_step=7)
+            assert c.put(f"/api/v1/runs/{kid}", json=body).is_success
+        (point,) = c.get(f"/api/v1/runs/{parent}/branches").json()["points"]
+    assert point["b_crit"] is None and "2 of 2 branch runs have no outcome" in point["reason"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"parent_run_id": "../etc", "branch_step": 1}, "parent_run_id"),
+        ({"parent_run_id": 5, "branch_step": 1}, "parent_run_id"),
+        ({"parent_run_id": "abc", "branch_step": "3"}, "branch_step"),
+        ({"parent_run_id": "abc", "branch_step": -1}, "branch_step"),
+        ({"parent_run_id": "abc", "branch_step": 1.5}, "branch_step"),
+        ({"parent_run_id": "abc"}, "go together"),
+        ({"branch_step": 3}, "go together"),
+    ],
+)
+def test_bad_branch_fields_are_refused_and_nothing_is_stored(
+    server: ServerProcess, run_id: str, extra: dict[str, Any], field: str
+) -> None:
+    with httpx.Client(base_url=server.url) as c:
+        r = c.put(f"/api/v1/runs/{run_id}", json=run_body(**extra))
+        assert r.status_code == 422, r.text
+        assert field in r.json()["detail"]
+        assert c.get(f"/api/v1/runs/{run_id}").status_code == 404
+
+
+def test_a_run_cannot_branch_from_itself(server: ServerProcess, run_id: str) -> None:
+    with httpx.Client(base_url=server.url) as c:
+        r = c.put(f"/api/v1/runs/{run_id}", json=run_body(parent_run_id=run_id, branch_step=0))
+        assert r.status_code == 422 and "branch of itself" in r.json()["detail"]
+
+
+def test_a_re_put_without_the_fields_keeps_the_link(server: ServerProcess, run_id: str) -> None:
+    with httpx.Client(base_url=server.url) as c:
+        body = run_body(parent_run_id="p1", branch_step=4)
+        assert c.put(f"/api/v1/runs/{run_id}", json=body).is_success
+        assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
+        got = c.get(f"/api/v1/runs/{run_id}").json()
+    assert got["parent_uid"] == "p1" and got["branch_step"] == 4
+
+
+def test_the_forecast_endpoint_is_the_client_forecast_of_the_sweep(server: ServerProcess) -> None:
+    project = f"fc-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(base_url=server.url) as c:
+        sweep_runs = make_sweep(200.0, (32, 64, 128, 256, 512), rng=random.Random(1))
+        post(c, sweep_runs, project=project, task="s")
+    api = noisescope.Api(server.url)
+    targets = [2.0, 1.5, 1.0, 0.8]
+    answer = api.critical_batch_forecast(project, "s", losses=[1.2, 0.6], targets=targets)
+    expected = forecast_report(api.critical_batch(project, "s", targets=targets), [1.2, 0.6])
+    assert answer == expected
+    assert [p.extrapolation for p in answer.predictions] == [False, True]
+    with httpx.Client(base_url=server.url) as c:
+        path = f"/api/v1/tasks/{project}/s/critical-batch/forecast"
+        bad = c.get(path, params={"loss": "-1"})
+        assert bad.status_code == 422 and "finite and positive" in bad.json()["detail"]
+        assert c.get(path, params={"loss": "nan"}).status_code == 422
+        assert c.get(f"/api/v1/tasks/{project}/nope/critical-batch/forecast").status_code == 404
