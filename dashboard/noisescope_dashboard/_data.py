@@ -21,11 +21,13 @@ from noisescope._api import RecommendationResult
 from noisescope._results import (
     EventRow,
     ParallelismPlan,
+    RunBranches,
     RunSeries,
     RunSummary,
     SeriesInfo,
     TaskSummary,
 )
+from noisescope.forecast import ForecastReport
 from noisescope.sweep import CriticalBatchReport
 
 __all__ = [
@@ -34,8 +36,10 @@ __all__ = [
     "URL_ENV",
     "Source",
     "api",
+    "branches",
     "compare",
     "critical_batch",
+    "critical_batch_forecast",
     "events",
     "parallelism",
     "projects",
@@ -158,6 +162,20 @@ def critical_batch(
 ) -> CriticalBatchReport:
     """B_crit per loss target (the report's default targets when ``targets`` is empty)."""
     return api(src).critical_batch(project, task, targets=list(targets) or None, loss=loss)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def branches(src: Source, run_id: str) -> RunBranches:
+    """The run's branch points with their local critical batch sizes."""
+    return api(src).branches(run_id)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def critical_batch_forecast(
+    src: Source, project: str, task: str, losses: Sequence[float]
+) -> ForecastReport:
+    """The task's B_crit(L) law across its sweep targets, predicted at ``losses``."""
+    return api(src).critical_batch_forecast(project, task, losses=list(losses))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

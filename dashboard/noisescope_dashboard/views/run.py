@@ -1,6 +1,8 @@
 """Run page: one run's B_simple now (with its interval and window), the verdict on its batch,
 and its curves: B_simple with its band and the batch in use, |G|², tr(Σ), loss (evaluations
-as points), learning rate, per-layer B_simple, batch-size changes as marks.
+as points), learning rate, per-layer B_simple, batch-size changes as marks; for a run with
+branch runs (``noisescope.branch``), B_simple beside the branch-measured local critical batch
+sizes and the sweep's B_crit at the same loss (``GET /runs/{id}/branches`` and the forecast).
 
 The headline is ``GET /runs/{id}`` (the same value as the Runs table and the API); the verdict
 is ``GET /runs/{id}/recommendation``; the curves are ``GET /runs/{id}/series``, whose trailing
@@ -15,9 +17,9 @@ from datetime import timedelta
 import pandas as pd
 import streamlit as st
 
-from noisescope import ApiError, NotFoundError
+from noisescope import ApiError, NotFoundError, _wire
 from noisescope._results import RunSummary
-from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
+from noisescope_dashboard import _branches, _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
 
 #: How often the page re-reads a running run.
@@ -301,6 +303,50 @@ def _layers(
     )
 
 
+def _branches_section(src: _data.Source, run: RunSummary) -> None:
+    """The proxy, the local and the global critical batch size on one chart (docs/branching.md):
+    shown when the run has branch runs."""
+    answer = _data.branches(src, run.uid)
+    if not answer.points:
+        return
+    losses = tuple(p.parent_loss for p in answer.points if p.parent_loss is not None)
+    forecast = None
+    note = "The task has no sweep fit to compare with."
+    try:
+        found = _data.critical_batch_forecast(src, run.project, run.task, losses)
+    except ApiError:
+        found = None
+    if found is not None and found.units != run.units:
+        note = f"The task's sweep counts {found.units}, this run {run.units}: not drawn."
+    elif found is not None and found.predictions:
+        forecast = found
+        note = (
+            "Sweep B_crit at the parent's loss: the law B*·L^(−1/α_B) fitted across the task's "
+            f"sweep targets (losses {_text.loss(found.loss_min)} to {_text.loss(found.loss_max)}"
+            "), extrapolated outside them."
+        )
+    elif found is not None and found.reason:
+        note = f"No sweep B_crit: {md(found.reason)}."
+    series = _data.series(src, run.uid, x="step", window=0.0)
+    measured = _branches.marks(answer, forecast)
+    _ui.chart_with_downloads(
+        _branches.chart(_branches.curve(series), measured, units=run.units),
+        measured,
+        title=_branches.TITLE,
+        name=f"branches_{run.uid[:8]}",
+        key="branches",
+        caption="The local critical batch size at each branch step is the largest batch whose "
+        "loss after the branch budget stays within ε of the smallest batch's. "
+        + note
+        + (
+            f" It plateaus from step {answer.plateau_step}."
+            if answer.plateau_step is not None
+            else f" Plateau: {md(answer.plateau_reason or '')}"
+        ),
+    )
+    st.dataframe(_branches.table(answer, forecast), hide_index=True)
+
+
 def main(src: _data.Source) -> None:
     st.title("Run")
     picked = _pick_run(src)
@@ -315,6 +361,11 @@ def main(src: _data.Source) -> None:
             + (" · tags: " + md(tags) if tags else "")
             + f" · run id {md(run.uid)}"
         )
+        if run.parent_uid is not None:
+            st.caption(
+                f"This run is a branch of run [{md(run.parent_uid[:12])}]"
+                f"({_wire.run_page_url('', run.parent_uid)}) from its step {run.branch_step}."
+            )
         with st.expander("Config"):
             st.json(run.config)
         if run.n_samples == 0:
@@ -322,6 +373,7 @@ def main(src: _data.Source) -> None:
             return
         _headline(src, run)
         _charts_section(src, run)
+        _branches_section(src, run)
 
     body()
 

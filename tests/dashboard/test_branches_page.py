@@ -1,0 +1,133 @@
+"""The run page's branching section against a real server holding a parent run with samples,
+its branch runs (``noisescope.branch``) and a sweep of the same task."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+import noisescope
+from noisescope import Api, branch
+from noisescope_dashboard import _branches
+from tests.branch.lsq_branch import NoisyLeastSquares
+from tests.server._data import columns
+from tests.support.servers import ServerProcess
+from tests.support.synthetic_sweep import make_sweep, post
+
+from ._app import chart_data, charts, plain, texts
+from .conftest import MakeApp
+
+PROJECT, TASK = "branching", "lsq"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    tmp: Path = tmp_path_factory.mktemp("branches")
+    with ServerProcess() as server:
+        parent = noisescope.init(
+            server.url, project=PROJECT, task=TASK, batch_size=4, dir=tmp / "spool", quiet=True
+        )
+        task = NoisyLeastSquares()
+        task.sgd(8, 0.2, 50, np.random.default_rng(1))
+        cols = columns(400)
+        for i, step in enumerate(cols["step"]):
+            parent.log_sample(
+                step,
+                cols["b_small"][i],
+                cols["b_big"][i],
+                cols["g_small_sq"][i],
+                cols["g_big_sq"][i],
+            )
+        with httpx.Client(base_url=server.url) as c:
+            post(c, make_sweep(200.0, (32, 64, 128, 256, 512)), project=PROJECT, task=TASK)
+        parent.log(50, eval_loss=task.evaluate())
+        plan = branch.plan(
+            step=50,
+            batch_size=4,
+            lr=0.3,
+            multipliers=(1, 4, 16, 64),
+            budget=2048,
+            lr_rule="constant",
+            seeds=2,
+            epsilon=0.02,
+            parent_run_id=parent.id,
+        )
+        log = branch.LogTo(
+            PROJECT, TASK, server.url, init_kwargs={"dir": tmp / "spool", "quiet": True}
+        )
+        branch.run(plan, task, tmp / "store", log=log)
+        parent.finish()
+        kid = next(r.uid for r in Api(server.url).runs(project=PROJECT) if r.parent_uid)
+        yield server.url, parent.id, kid
+
+
+def test_the_run_page_draws_proxy_local_and_sweep_on_one_chart(
+    make_app: MakeApp, stack: tuple[str, str, str]
+) -> None:
+    url, parent, _ = stack
+    at = make_app(url, "run", run=parent)
+    assert not at.exception
+    assert _branches.TITLE in charts(at), (list(charts(at)), texts(at)[-2000:], at.error)
+    spec = charts(at)[_branches.TITLE]
+    frames = chart_data(at)[_branches.TITLE]
+    measured = next(f for f in frames if "interval" in f.columns)
+    answer = Api(url).branches(parent)
+    (point,) = answer.points
+    local = measured[measured["quantity"] == _branches.LOCAL]
+    assert list(local["value"]) == pytest.approx([point.b_crit])
+    assert set(measured["quantity"]) <= {
+        _branches.LOCAL,
+        _branches.SWEEP,
+        _branches.SWEEP_EXTRAPOLATED,
+    }
+    assert any(q.startswith("sweep B_crit") for q in measured["quantity"])
+    titles = [
+        layer["encoding"]["y"].get("title")
+        for layer in spec["layer"]
+        if "y" in layer.get("encoding", {})
+    ]
+    assert "batch size (examples)" in titles
+    assert "largest batch whose loss after the branch budget" in plain(texts(at))
+    (table,) = [d for d in at.dataframe if "local B_crit" in d.value.columns]
+    assert list(table.value["step"]) == [50]
+
+
+def test_a_branch_run_links_to_its_parent_and_plain_runs_show_no_section(
+    make_app: MakeApp, stack: tuple[str, str, str]
+) -> None:
+    url, parent, kid = stack
+    at = make_app(url, "run", run=kid)
+    assert not at.exception
+    text = plain(texts(at))
+    assert f"This run is a branch of run [{parent[:12]}](/run?run={parent})" in text
+    assert _branches.TITLE not in charts(at)
+
+
+def test_marks_and_table_say_why_when_there_is_no_number() -> None:
+    from noisescope._results import BranchPointResult, RunBranches
+
+    empty = BranchPointResult(
+        step=7,
+        parent_loss=None,
+        epsilon=0.01,
+        level=0.9,
+        batch_sizes=[8.0, 16.0],
+        mean_loss=[1.0, 1.0],
+        seeds=2,
+        n_runs=4,
+        run_ids=[],
+        b_crit=None,
+        b_crit_lo=16.0,
+        b_crit_hi=None,
+        reason="every batch size up to 16 stayed within 0.01",
+    )
+    answer = RunBranches(str(uuid.uuid4()), "examples", [empty], None, None, "too few")
+    frame = _branches.marks(answer, None)
+    assert list(frame["quantity"]) == [_branches.LOWER] and list(frame["value"]) == [16.0]
+    row = _branches.table(answer, None).iloc[0]
+    assert row["local B_crit"] == "> 16" and "stayed within" in row["note"]
