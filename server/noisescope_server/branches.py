@@ -134,19 +134,30 @@ def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = No
         if parent is None or (project_scope is not None and parent.project_id != project_scope):
             raise NotFound(f"run {run_uid!r} not found")
         kids = conn.execute(
-            select(Run.id, Run.uid, Run.batch_size, Run.branch_step, Run.config).where(
+            select(Run.id, Run.uid, Run.batch_size, Run.branch_step, Run.config, Run.units).where(
                 Run.parent_uid == run_uid, Run.project_id == parent.project_id
             )
         ).all()
         outcomes = _latest_payloads(conn, [int(k.id) for k in kids], _wire.BRANCH_EVENT_KIND)
         parent_losses = _parent_losses(conn, int(parent.id))
     by_step: dict[int, list[Any]] = defaultdict(list)
+    other_units: Counter[int] = Counter()
     for k in kids:
-        by_step[int(k.branch_step or 0)].append(k)
+        if str(k.units) == str(parent.units):
+            by_step[int(k.branch_step or 0)].append(k)
+        else:  # batch sizes in other units than the parent's are never compared
+            other_units[int(k.branch_step or 0)] += 1
     points = []
     for step in sorted(by_step):
         before = [loss for s, loss in parent_losses if s <= step]
-        points.append(_point(step, before[-1] if before else None, by_step[step], outcomes))
+        point = _point(step, before[-1] if before else None, by_step[step], outcomes)
+        if other_units[step]:
+            left_out = (
+                f"{other_units[step]} branch runs count other units than the parent "
+                f"({parent.units}) and are left out"
+            )
+            point = replace(point, reason="; ".join(r for r in (point.reason, left_out) if r))
+        points.append(point)
     measured = [p for p in points if p.b_crit is not None]
     flat = plateau(
         [p.step for p in measured],

@@ -94,6 +94,16 @@ def test_a_branch_without_an_outcome_says_so(server: ServerProcess, run_id: str)
     assert point["b_crit"] is None and "2 of 2 branch runs have no outcome" in point["reason"]
 
 
+def test_branches_in_other_units_are_left_out(server: ServerProcess, run_id: str) -> None:
+    with httpx.Client(base_url=server.url) as c:
+        assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
+        for size, units in ((8, "examples"), (512, "tokens")):
+            body = run_body(batch_size=size, units=units, parent_run_id=run_id, branch_step=3)
+            assert c.put(f"/api/v1/runs/{uuid.uuid4().hex}", json=body).is_success
+        (point,) = c.get(f"/api/v1/runs/{run_id}/branches").json()["points"]
+    assert point["n_runs"] == 1 and "1 branch runs count other units" in point["reason"]
+
+
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
