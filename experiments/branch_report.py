@@ -119,6 +119,52 @@ def chart(res: Any) -> alt.LayerChart:
     )
 
 
+DISCUSSION_FILE = Path(__file__).with_name("branching_discussion.md")
+
+
+def _summary(results: Sequence[Any]) -> list[str]:
+    """Per setting: how B_simple's interval lies against the local and the sweep measurement."""
+    lines = [
+        "| setting | B_simple vs local B_crit (overlap / below / above / no comparison) | "
+        "B_simple vs sweep B_crit at the same loss | local vs sweep |",
+        "|---|---|---|---|",
+    ]
+    for res in results:
+        local_counts = {"overlap": 0, "below": 0, "above": 0, "other": 0}
+        sweep_counts = dict(local_counts)
+        pair_counts = dict(local_counts)
+        for p in res.points:
+            v = _verdict(p)
+            local_counts[v if v in local_counts else "other"] += 1
+            f, bs, lc = p.global_b_crit, p.b_simple, p.sweep.local
+            sweep_counts[_compare(bs and (bs.lo, bs.hi), f and (f.b_crit_lo, f.b_crit_hi))] += 1
+            local_iv = lc and lc.b_crit is not None and (lc.b_crit_lo, lc.b_crit_hi)
+            pair_counts[_compare(local_iv, f and (f.b_crit_lo, f.b_crit_hi))] += 1
+
+        def cell(c: dict[str, int]) -> str:
+            return f"{c['overlap']} / {c['below']} / {c['above']} / {c['other']}"
+
+        lines.append(
+            f"| {res.setup.key} | {cell(local_counts)} | {cell(sweep_counts)} | "
+            f"{cell(pair_counts)} |"
+        )
+    return lines
+
+
+def _compare(a: Any, b: Any) -> str:
+    """ "below"/"above" when interval ``a`` lies wholly below/above ``b``, else "overlap";
+    "other" when either is missing."""
+    if not a or not b:
+        return "other"
+    a_lo, a_hi = a[0] or 0.0, a[1] if a[1] is not None else math.inf
+    b_lo, b_hi = b[0] or 0.0, b[1] if b[1] is not None else math.inf
+    if a_hi < b_lo:
+        return "below"
+    if a_lo > b_hi:
+        return "above"
+    return "overlap"
+
+
 def render(results: Sequence[Any], docs: Path, command: str) -> str:
     lines = [
         "## Branching: the local critical batch size (issue 23)",
@@ -134,8 +180,9 @@ def render(results: Sequence[Any], docs: Path, command: str) -> str:
         "budget crosses (1 + ε) times the smallest batch's (interpolated in log B; 90% interval "
         "from the seeds' paired differences, `noisescope.estimators.local_critical_batch`; "
         'docs/science.md, "Measuring the critical batch size directly (branching)"). '
-        "B_simple is the parent run's own measurement over steps s ± max(s/4, 16) (block "
-        "jackknife, 90%). The sweep's B_crit at the parent's loss comes from the task's sweep "
+        "B_simple is the parent run's own measurement over steps s ± max(s/4, 32) (block "
+        'jackknife, 90%; "not measurable" where |G|² is not significantly above zero '
+        "there). The sweep's B_crit at the parent's loss comes from the task's sweep "
         "(`python -m experiments`, same cache) through the fit B_crit(L) = B*·L^(−1/α_B) "
         "across its targets (`noisescope.forecast`), marked *extrapolated* when the parent's "
         "loss lies outside the sweep's targets. The sweep's B_crit is a *global* quantity (the "
@@ -185,7 +232,7 @@ def render(results: Sequence[Any], docs: Path, command: str) -> str:
             )
             lines.append(
                 f"| {p.step} | {p.loss:.3g} | {_local_cell(local)} | "
-                + (_iv(bs.value, bs.lo, bs.hi) if bs is not None else f"– ({p.b_simple_reason})")
+                + (_iv(bs.value, bs.lo, bs.hi) if bs is not None else "not measurable")
                 + f" | {sweep_cell} | "
                 + _ratio(bs.value if bs else None, local.b_crit if local else None)
                 + f" | {_verdict(p)} |"
@@ -203,4 +250,17 @@ def render(results: Sequence[Any], docs: Path, command: str) -> str:
             f"![{s.key}]({fig})",
             "",
         ]
+    lines += [
+        "### Where B_simple tracks the local and the sweep measurements",
+        "",
+        "Counts of branch points by how the 90% intervals lie (first against second; "
+        '"no comparison" where one side has no interval or number):',
+        "",
+        *_summary(results),
+        "",
+        DISCUSSION_FILE.read_text().strip()
+        if DISCUSSION_FILE.exists()
+        else "(Discussion written after the full run.)",
+        "",
+    ]
     return "\n".join(lines)
