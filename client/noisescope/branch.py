@@ -40,6 +40,7 @@ __all__ = [
     "BranchStore",
     "BranchSweep",
     "Branchable",
+    "Every",
     "Hooks",
     "LogTo",
     "collect",
@@ -435,3 +436,39 @@ def run(
     return BranchSweep(
         sweep.plan, sweep.results, sweep.missing, parent_loss, sweep.local, reused, tuple(notes)
     )
+
+
+class Every:
+    """Branch every ``every`` steps: call it from a training loop or a framework callback's
+    step hook (opt-in). Each branch point gets its own store under ``store``; ``plan_kwargs``
+    go to :func:`plan` (multipliers, budget, lr_rule, seeds, epsilon, units, parent_run_id).
+    """
+
+    def __init__(
+        self,
+        every: int,
+        trainer: Branchable,
+        store: str | os.PathLike[str],
+        *,
+        log: LogTo | None = None,
+        first: int | None = None,
+        **plan_kwargs: Any,
+    ) -> None:
+        if not (isinstance(every, int) and every >= 1):
+            raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        self.every = every
+        self.first = every if first is None else int(first)
+        self.trainer = trainer
+        self.store = Path(store)
+        self.log = log
+        self.plan_kwargs = plan_kwargs
+        self.sweeps: list[BranchSweep] = []
+
+    def __call__(self, step: int, *, batch_size: int, lr: float) -> BranchSweep | None:
+        """At a branch step: branch from the current state (batch ``batch_size``, ``lr``)."""
+        if step < self.first or (step - self.first) % self.every:
+            return None
+        branch_plan = plan(step, batch_size, lr, **self.plan_kwargs)
+        result = run(branch_plan, self.trainer, self.store / f"step{step}", log=self.log)
+        self.sweeps.append(result)
+        return result

@@ -262,3 +262,16 @@ def test_bad_losses_say_what_to_fix() -> None:
         local_critical_batch([1, 2], [[math.nan], [1.0]])
     with pytest.raises(ValueError, match="distinct"):
         local_critical_batch([1, 1], [[1.0], [1.0]])
+
+
+def test_every_branches_at_its_steps_only(tmp_path: Path) -> None:
+    task = _parent(0)
+    every = branch.Every(
+        20, task, tmp_path, first=10, multipliers=(1, 4), budget=64, seeds=2, lr_rule="constant"
+    )
+    got = [every(s, batch_size=4, lr=0.1) is not None for s in range(0, 55)]
+    assert [s for s, hit in enumerate(got) if hit] == [10, 30, 50]
+    assert [r.plan.step for r in every.sweeps] == [10, 30, 50]
+    assert all(r.local is not None for r in every.sweeps)
+    with pytest.raises(ValueError, match="every"):
+        branch.Every(0, task, tmp_path)
