@@ -213,8 +213,9 @@ def render(results: Sequence[Any], docs: Path, command: str) -> str:
             f"ε = {s.epsilon:g}; {n_branches} branch runs. Cost: the branches process "
             f"{n_branches * s.budget / s.batch_size / len(res.points):.0f} parent steps' worth "
             f"of {res.spec.units} per branch point ({len(s.multipliers) * s.seeds} × the "
-            f"budget). Wall clock {res.minutes:.1f} min including the parent run and the sweep "
-            "(if not cached). Sweep law: " + law_text + ".",
+            f"budget). This invocation: {res.minutes:.1f} min wall clock (parent run, "
+            f"{sum(p.sweep.reused for p in res.points)} of {n_branches} branches reused from "
+            "the store, the sweep from its cache when there). Sweep law: " + law_text + ".",
             "",
             "| step | loss | local B_crit [90%] | B_simple [90%] | sweep B_crit at this loss "
             "[90%] | B_simple / local | B_simple vs local |",

@@ -186,7 +186,7 @@ class TaskBranches:
 
 
 #: B_simple at a branch point pools the parent's samples over steps s ± max(s/4, MIN_HALF_WINDOW).
-MIN_HALF_WINDOW = 16
+MIN_HALF_WINDOW = 32
 
 
 def _b_simple_near(

@@ -19,6 +19,7 @@ before every branch and after the last, so the parent run continues exactly wher
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -294,6 +295,12 @@ def _open_run(branch_plan: BranchPlan, branch: Branch, log: LogTo | None) -> Any
     from noisescope._run import init
 
     prefix = log.name or (branch_plan.parent_run_id or "run")[:12]
+    run_id = None
+    if branch_plan.parent_run_id is not None:
+        # The same branch of the same parent is the same run: a resumed or repeated sweep
+        # re-sends it instead of leaving an orphan beside it.
+        digest = hashlib.sha256(f"{branch_plan.parent_run_id}/{branch.key}".encode()).hexdigest()
+        run_id = f"branch-{digest[:32]}"
     return init(
         log.url,
         project=log.project,
@@ -313,6 +320,7 @@ def _open_run(branch_plan: BranchPlan, branch: Branch, log: LogTo | None) -> Any
                 "epsilon": branch_plan.epsilon,
             }
         },
+        run_id=run_id,
         parent_run_id=branch_plan.parent_run_id,
         branch_step=branch.step if branch_plan.parent_run_id is not None else None,
         **dict(log.init_kwargs),

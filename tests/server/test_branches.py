@@ -73,6 +73,46 @@ def test_branch_runs_are_linked_and_read_back_with_the_same_numbers(
     assert again.reused == 8 and api.branches(parent_id).points == answer.points
 
 
+class _Killed(Exception):
+    pass
+
+
+class _DiesAfter(NoisyLeastSquares):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def train(self, b: branch.Branch, run: object | None) -> None:
+        if len(self.trained) >= self.n:
+            raise _Killed
+        super().train(b, run)
+
+
+def test_a_killed_and_resumed_logged_sweep_leaves_no_orphan_branch_runs(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    project = f"kill-{uuid.uuid4().hex[:8]}"
+    parent = noisescope.init(server.url, project=project, task="lsq", quiet=True)
+    plan = branch.plan(
+        step=0,
+        batch_size=4,
+        lr=0.3,
+        multipliers=(1, 4, 16),
+        budget=1024,
+        lr_rule="constant",
+        seeds=2,
+        epsilon=0.02,
+        parent_run_id=parent.id,
+    )
+    log = branch.LogTo(project, "lsq", server.url, init_kwargs={"quiet": True})
+    with pytest.raises(_Killed):  # killed while training its 4th branch, whose run is open
+        branch.run(plan, _DiesAfter(3), tmp_path, log=log)
+    branch.run(plan, NoisyLeastSquares(), tmp_path, log=log)
+    parent.finish()
+    (point,) = noisescope.Api(server.url).branches(parent.id).points
+    assert point.n_runs == 6 and point.b_crit is not None, point.reason
+
+
 def test_a_run_without_branches_and_an_unknown_run(server: ServerProcess, run_id: str) -> None:
     with httpx.Client(base_url=server.url) as c:
         assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
