@@ -69,7 +69,7 @@ def chart(res: Any) -> alt.LayerChart:
                     "value": local.b_crit,
                     "lo": local.b_crit_lo if local.b_crit_lo is not None else local.b_crit,
                     "hi": local.b_crit_hi if local.b_crit_hi is not None else local.b_crit,
-                    "what": "local B_crit (branches, 90%)",
+                    "what": "local B_crit (branches, 90%; open ends to the top)",
                 }
             )
         elif local is not None:
@@ -96,6 +96,20 @@ def chart(res: Any) -> alt.LayerChart:
                 }
             )
     marks_df = pd.DataFrame(marks)
+    if not marks_df.empty:
+        # An open upper end (above the largest batch tried) is drawn to the top of the chart.
+        top = 3 * max(
+            [*marks_df["value"], *marks_df["hi"].dropna(), *curve.get("hi", pd.Series()).dropna()]
+        )
+        open_end = [
+            p.sweep.local is not None and p.sweep.local.b_crit_hi is None for p in res.points
+        ]
+        for i, row in marks_df.iterrows():
+            if (
+                row["what"].startswith("local")
+                and open_end[[max(p.step, 1) for p in res.points].index(row["step"])]
+            ):
+                marks_df.loc[i, "hi"] = top
     x = alt.X("step:Q", scale=alt.Scale(type="log"), title="parent step")
     y = alt.Y("value:Q", scale=alt.Scale(type="log"), title=f"batch size ({units})")
     layers: list[alt.Chart] = []
