@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from experiments import branch_report
     from experiments.runner import Progress
-    from experiments.server import LocalServer
+    from tests.support.servers import ServerProcess
 
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in names if t not in BRANCH_TASKS]
@@ -352,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out: Path = args.out / "full"
     progress = Progress()
-    server = LocalServer(out / "noisescope.db", out / "server.log").start()
+    database = (out / "noisescope.db").resolve()
+    database.parent.mkdir(parents=True, exist_ok=True)
+    server = ServerProcess(f"sqlite:///{database}", log_path=out / "server.log").start()
     progress.line(f"noisescope server on {server.url}")
     try:
         results = []
@@ -376,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(sections.replace(old, SECTION, body))
         progress.line(f"wrote the {SECTION!r} section of {path}")
     finally:
-        server.stop()
+        server.close()
     return 0
 
 
