@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,33 @@ def test_every_branches_at_its_steps_only(tmp_path: Path) -> None:
     assert all(r.local is not None for r in every.sweeps)
     with pytest.raises(ValueError, match="every"):
         branch.Every(0, task, tmp_path)
+
+
+def test_the_batch_size_scheduler_follows_the_branch_measurement(tmp_path: Path) -> None:
+    """docs/branching.md: scheduler.update(step, local B_crit) makes a batch-size warm-up."""
+    from noisescope.schedule import BatchSizeScheduler
+
+    task = _parent(50)
+    sched = BatchSizeScheduler(
+        4, min_batch_size=4, max_batch_size=256, warmup_steps=0, cooldown_steps=0
+    )
+    every = branch.Every(
+        50,
+        task,
+        tmp_path,
+        multipliers=(1, 2, 4, 8, 16, 32, 64),
+        budget=4096,
+        seeds=4,
+        lr_rule="constant",
+        epsilon=0.02,
+    )
+    result = every(50, batch_size=sched.batch_size, lr=0.3)
+    assert result is not None and result.local is not None and result.local.b_crit is not None
+    sizes = [sched.batch_size]
+    for step in range(50, 56):
+        sched.update(step, result.local.b_crit)
+        sizes.append(sched.batch_size)
+    # it doubles at most per change and settles within its hysteresis band of the measurement
+    assert all(b2 <= 2 * b1 for b1, b2 in itertools.pairwise(sizes))
+    assert result.local.b_crit / 1.5 <= sizes[-1] <= result.local.b_crit * 1.5
+    assert sched.decisions and sched.decisions[-1].noise_scale == result.local.b_crit
