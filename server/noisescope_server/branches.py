@@ -20,9 +20,8 @@ from noisescope import _wire
 from noisescope._results import BranchPointResult, RunBranches
 from noisescope.estimators import local_critical_batch
 from noisescope.forecast import plateau
-from noisescope_server.errors import NotFound
 from noisescope_server.models import Event, Run
-from noisescope_server.queries import finite_number
+from noisescope_server.queries import _scoped_run, finite_number
 
 __all__ = ["LEVEL", "run_branches"]
 
@@ -128,11 +127,7 @@ def _point(
 def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunBranches:
     """Every branch step of ``run_uid`` with its local critical batch size, oldest first."""
     with engine.connect() as conn:
-        parent = conn.execute(
-            select(Run.id, Run.uid, Run.units, Run.project_id).where(Run.uid == run_uid)
-        ).one_or_none()
-        if parent is None or (project_scope is not None and parent.project_id != project_scope):
-            raise NotFound(f"run {run_uid!r} not found")
+        parent = _scoped_run(conn, run_uid, project_scope)  # NotFound / Forbidden, as every read
         kids = conn.execute(
             select(Run.id, Run.uid, Run.batch_size, Run.branch_step, Run.config, Run.units).where(
                 Run.parent_uid == run_uid, Run.project_id == parent.project_id

@@ -108,6 +108,8 @@ def test_token_of_a_cannot_write_or_read_b(
         assert a.get(f"{API}/runs/{run_b}/samples.csv").status_code == 403
         assert a.get(f"{API}/runs/{run_b}/recommendation").status_code == 403
         assert a.get(f"{API}/tasks/{proj_b}/task/critical-batch").status_code == 403
+        assert a.get(f"{API}/runs/{run_b}/branches").status_code == 403
+        assert a.get(f"{API}/tasks/{proj_b}/task/critical-batch/forecast").status_code == 403
         assert {t["project"] for t in a.get(f"{API}/tasks").json()} == {proj_a}
         assert {r["uid"] for r in a.get(f"{API}/runs").json()} == {run_a}
         assert a.get(f"{API}/projects").json() == [proj_a]

@@ -119,7 +119,7 @@ def test_a_run_without_branches_and_an_unknown_run(server: ServerProcess, run_id
         empty = c.get(f"/api/v1/runs/{run_id}/branches").json()
         assert empty["points"] == [] and empty["plateau_step"] is None
         missing = c.get(f"/api/v1/runs/{uuid.uuid4().hex}/branches")
-        assert missing.status_code == 404 and "not found" in missing.json()["detail"]
+        assert missing.status_code == 404 and "does not exist" in missing.json()["detail"]
 
 
 def test_a_branch_without_an_outcome_says_so(server: ServerProcess, run_id: str) -> None:
