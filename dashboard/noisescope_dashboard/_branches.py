@@ -96,6 +96,15 @@ def curve(series: RunSeries) -> pd.DataFrame:
     )
 
 
+def _open_interval(lo: float | None, hi: float | None) -> str:
+    """ "lo – hi", with "?" for an end that is not bounded (above the largest batch tried)."""
+    if lo is None and hi is None:
+        return ""
+    lo_text = _text.count(lo) if lo is not None else "?"
+    hi_text = _text.count(hi) if hi is not None else "?"
+    return f"{lo_text} – {hi_text}"
+
+
 def table(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFrame:
     """The branch points as a table: what was measured, and why not where it was not."""
     rows = []
@@ -108,7 +117,7 @@ def table(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFram
                 "local B_crit": _text.count(p.b_crit)
                 if p.b_crit is not None
                 else (f"> {_text.count(p.b_crit_lo)}" if p.b_crit_lo is not None else "–"),
-                "90% interval": _text.interval(p.b_crit_lo, p.b_crit_hi) if p.b_crit else "",
+                "90% interval": _open_interval(p.b_crit_lo, p.b_crit_hi) if p.b_crit else "",
                 "sweep B_crit at this loss": "–"
                 if at is None
                 else _text.count(at.b_crit) + (" (extrapolated)" if at.extrapolation else ""),

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from noisescope import _wire, sweep
 from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
@@ -83,6 +83,13 @@ def critical_batch(
         task_id, project_id = int(found[0]), int(found[1])
         if project_scope is not None and project_id != project_scope:
             raise Forbidden(f"this token does not grant access to project {project!r}")
+        # Branch runs (noisescope.branch) continue another run from its checkpoint: they do not
+        # start at initialisation, so they are no points of the sweep.
+        n_branches = conn.execute(
+            select(func.count())
+            .select_from(Run)
+            .where(Run.task_id == task_id, Run.parent_uid.is_not(None))
+        ).scalar_one()
         runs = conn.execute(
             select(
                 Run.id,
@@ -93,7 +100,7 @@ def critical_batch(
                 run_status(crash_after).label("status"),
                 Run.config,
             )
-            .where(Run.task_id == task_id)
+            .where(Run.task_id == task_id, Run.parent_uid.is_(None))
             .order_by(Run.started_at, Run.id)
         ).all()
         run_ids = [int(r.id) for r in runs]
@@ -142,6 +149,11 @@ def critical_batch(
     with_evals = [r for r, _, _ in candidates if len(evals.get(int(r.id), [])) >= MIN_EVALS]
     source: sweep.LossSource
     notes: list[str] = []
+    if n_branches:
+        notes.append(
+            f"{n_branches} branch runs of this task are left out: they continue another run "
+            "from a checkpoint (see GET /runs/{id}/branches)"
+        )
     if loss == "eval" or (loss == "auto" and candidates and len(with_evals) == len(candidates)):
         source = "eval"
     else:

@@ -189,9 +189,22 @@ def test_the_forecast_endpoint_is_the_client_forecast_of_the_sweep(server: Serve
     api = noisescope.Api(server.url)
     targets = [2.0, 1.5, 1.0, 0.8]
     answer = api.critical_batch_forecast(project, "s", losses=[1.2, 0.6], targets=targets)
-    expected = forecast_report(api.critical_batch(project, "s", targets=targets), [1.2, 0.6])
+    before = api.critical_batch(project, "s", targets=targets)
+    expected_runs = before.n_runs
+    expected = forecast_report(before, [1.2, 0.6])
     assert answer == expected
     assert [p.extrapolation for p in answer.predictions] == [False, True]
+    # branch runs of the task are no sweep points: the analysis and the law stay the same
+    some_run = api.runs(project=project)[0].uid
+    with httpx.Client(base_url=server.url) as c:
+        for size in (32, 512):
+            body = run_body(project=project, task="s", batch_size=size)
+            body |= {"parent_run_id": some_run, "branch_step": 5}
+            assert c.put(f"/api/v1/runs/{uuid.uuid4().hex}", json=body).is_success
+    report = api.critical_batch(project, "s", targets=targets)
+    assert report.n_runs == expected_runs and any("2 branch runs" in w for w in report.warnings)
+    again = api.critical_batch_forecast(project, "s", losses=[1.2, 0.6], targets=targets)
+    assert again.predictions == answer.predictions
     with httpx.Client(base_url=server.url) as c:
         path = f"/api/v1/tasks/{project}/s/critical-batch/forecast"
         bad = c.get(path, params={"loss": "-1"})
