@@ -327,7 +327,8 @@ def _branches_section(src: _data.Source, run: RunSummary) -> None:
         )
     elif found is not None and found.reason:
         note = f"No sweep B_crit: {md(found.reason)}."
-    series = _data.series(src, run.uid, x="step", window=0.0)
+    window = default_window(run.last_step)  # the page's default smoothing, on steps
+    series = _data.series(src, run.uid, x="step", window=float(window))
     measured = _branches.marks(answer, forecast)
     _ui.chart_with_downloads(
         _branches.chart(_branches.curve(series), measured, units=run.units),
@@ -335,7 +336,8 @@ def _branches_section(src: _data.Source, run: RunSummary) -> None:
         title=_branches.TITLE,
         name=f"branches_{run.uid[:8]}",
         key="branches",
-        caption="The local critical batch size at each branch step is the largest batch whose "
+        caption=f"B_simple: trailing windows of {window:,} steps with their 90% band. "
+        "The local critical batch size at each branch step is the largest batch whose "
         "loss after the branch budget stays within ε of the smallest batch's. "
         + note
         + (
