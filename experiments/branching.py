@@ -135,6 +135,43 @@ class _Branchable:
         return float(self.trainer.eval_loss())
 
 
+#: Parent steps at which the branch-following schedule branches (geometric: the local critical
+#: batch size moves fastest early), and its branch settings.
+SCHEDULE_BRANCH_STEPS = (5, 20, 80, 320)
+SCHEDULE_MULTIPLIERS = (1, 2, 4, 8, 16)
+SCHEDULE_SEEDS = 2
+
+
+def branch_hook(spec: TaskSpec, sched: Any, store: Path) -> Any:
+    """For ``schedule_experiment``'s "branch" variant: at ``SCHEDULE_BRANCH_STEPS``, branch from
+    the current state (batch and lr of the scheduler, its lr rule, 4 steps of the largest
+    branch) and hand the local critical batch size (or its lower bound) to
+    ``sched.update``; returns the examples the branches used (their cost)."""
+    from noisescope import branch
+
+    def hook(step: int, trainer: Any) -> float:
+        if step not in SCHEDULE_BRANCH_STEPS:
+            return 0.0
+        batch = sched.batch_size
+        plan = branch.plan(
+            step=step,
+            batch_size=batch,
+            lr=sched.lr,
+            multipliers=SCHEDULE_MULTIPLIERS,
+            budget=batch * SCHEDULE_MULTIPLIERS[-1] * 4,
+            lr_rule="sqrt" if sched.lr_rule == "sqrt" else "linear",
+            seeds=SCHEDULE_SEEDS,
+            epsilon=0.01,
+        )
+        result = branch.run(plan, _Branchable(spec, trainer), store / f"step{step}")
+        local = result.local
+        if local is not None:
+            sched.update(step, local.b_crit if local.b_crit is not None else local.b_crit_lo)
+        return float(len(plan.branches) * plan.budget)
+
+    return hook
+
+
 def step_on(trainer: Any, draws: torch.Tensor, lr: float) -> StepResult:
     """One measured step on the given examples (digits: indices; charlm: sequence starts)."""
     k = min(trainer.k, len(draws))

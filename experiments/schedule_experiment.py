@@ -83,7 +83,10 @@ def _train(
     batch_of: Any,
     observe: _Observer | None = None,
     record_every: int = 0,
+    hook: Any = None,
 ) -> Trace:
+    """``hook(step, trainer)``, before each step, returns the examples it spent on the side
+    (branch runs); they count toward the run's examples."""
     trainer = make_trainer(spec, seed=seed, sampler_seed=10_000 + seed)
     loss0 = trainer.eval_loss()
     trace = Trace()
@@ -92,6 +95,8 @@ def _train(
     examples = 0.0
     step = 0
     while pending and step < spec.max_steps and examples < spec.max_examples:
+        if hook is not None:
+            examples += hook(step, trainer)
         batch = batch_of()
         res = trainer.step(batch, lr_of())
         step += 1
@@ -138,6 +143,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "fast": {"warmup_steps": 10, "cooldown_steps": 10, "beta": 0.9},
     "fast-sqrt": {"warmup_steps": 10, "cooldown_steps": 10, "beta": 0.9, "lr_rule": "sqrt"},
+    # Follows the branch-measured local critical batch size instead of B_simple
+    # (experiments.branching.branch_hook): no B_simple, no warm-up or cool-down.
+    "branch": {"warmup_steps": 0, "cooldown_steps": 0},
 }
 
 
@@ -166,8 +174,16 @@ def run_schedule(
     variant: str = "default",
 ) -> Trace:
     sched = make_scheduler(spec, base_lr, max_lr, variant)
-    obs = _Observer(sched)
     lr_of = lambda: sched.lr  # noqa: E731
+    if variant == "branch":
+        import tempfile
+
+        from experiments.branching import branch_hook
+
+        with tempfile.TemporaryDirectory() as store:
+            hook = branch_hook(spec, sched, Path(store))
+            return _train(spec, seed, targets, lr_of, lambda: sched.batch_size, hook=hook)
+    obs = _Observer(sched)
     return _train(spec, seed, targets, lr_of, lambda: sched.batch_size, obs, record_every=10)
 
 

@@ -32,3 +32,20 @@ def test_branching_study_writes_its_section_and_the_server_agrees(tmp_path: Path
     assert all(p.n_runs == len(setup.multipliers) * setup.seeds for p in answer.points)
     for p in answer.points:
         assert f"| {p.step} | {p.parent_loss:.3g} |" in page
+
+
+def test_the_branch_following_schedule_counts_what_its_branches_cost() -> None:
+    """schedule_experiment's "branch" variant: the batch follows the branch measurement and
+    the examples the branches trained on count toward the run's examples."""
+    from experiments.branching import SCHEDULE_BRANCH_STEPS, SCHEDULE_MULTIPLIERS, SCHEDULE_SEEDS
+    from experiments.schedule_experiment import run_schedule
+    from experiments.tasks import TASKS
+
+    spec = TASKS["digits"].sized(True)
+    trace = run_schedule(spec, 0.2, 0.8, 0, (1.0,), "branch")
+    assert 1.0 in trace.reached
+    step, examples = trace.reached[1.0]
+    first = SCHEDULE_BRANCH_STEPS[0]
+    # at least the first branch point's cost: its branches at the smallest batch
+    cost = len(SCHEDULE_MULTIPLIERS) * SCHEDULE_SEEDS * spec.batch_sizes[0] * 16 * 4
+    assert step > first and examples >= cost
