@@ -21,7 +21,7 @@ from noisescope._results import BranchPointResult, RunBranches
 from noisescope.estimators import local_critical_batch
 from noisescope.forecast import plateau
 from noisescope_server.models import Event, Run
-from noisescope_server.queries import _scoped_run, finite_number
+from noisescope_server.queries._common import finite_number, scoped_run
 
 __all__ = ["LEVEL", "run_branches"]
 
@@ -127,7 +127,7 @@ def _point(
 def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunBranches:
     """Every branch step of ``run_uid`` with its local critical batch size, oldest first."""
     with engine.connect() as conn:
-        parent = _scoped_run(conn, run_uid, project_scope)  # NotFound / Forbidden, as every read
+        parent = scoped_run(conn, run_uid, project_scope)  # NotFound / Forbidden, as every read
         kids = conn.execute(
             select(Run.id, Run.uid, Run.batch_size, Run.branch_step, Run.config, Run.units).where(
                 Run.parent_uid == run_uid, Run.project_id == parent.project_id
