@@ -36,6 +36,7 @@ from noisescope import _wire
 from noisescope._sink import Sink
 
 from ._per_example import PerExampleMethod, PerExampleNorms
+from ._wrappers import UnshardedHooks, detect, local_grad
 
 Source = Literal["auto", "micro", "per_example"]
 MicroLoss = Literal["mean/k", "mean", "sum/N", "sum"]
@@ -72,10 +73,6 @@ class _Counts(NamedTuple):
     sum_c: float  # sum of the backwards' gradient scales c_j
     sum_c2_over_b: float  # sum of c_j^2 / b_j
     n_items: float
-
-
-def _is_ddp(model: nn.Module) -> bool:
-    return isinstance(model, nn.parallel.DistributedDataParallel)
 
 
 def _owns(module: nn.Module, param: nn.Parameter) -> bool:
@@ -207,10 +204,11 @@ class GradientNoiseProbe:
             raise ValueError(f"small_batches must be 'all' or 'first', got {small_batches!r}")
         self._first_only = small_batches == "first"
         self._n_micro = 0  # backwards recorded in the current step
-        self.process_group = process_group
-        self.distributed = _is_ddp(model) and torch.distributed.is_initialized()
-        self.world_size = torch.distributed.get_world_size(process_group) if self.distributed else 1
-        module = self._inner(model)
+        self.layout = detect(model, process_group)
+        self.process_group = self.layout.process_group
+        self.distributed = self.layout.distributed
+        self.world_size = self.layout.world_size
+        module = self.layout.inner
         self.params: list[nn.Parameter] = []
         seen: set[int] = set()
         for p in module.parameters():
@@ -265,18 +263,13 @@ class GradientNoiseProbe:
         self._read_grad = False  # the coming backward is read from .grad, without hooks
         self._detached = False
         self._per_example: PerExampleNorms | None = None
+        self._unsharded: UnshardedHooks | None = None
         self._per_example_method = per_example
         self._per_example_max = per_example_max
         self._param_index = {id(p): i for i, p in enumerate(self.params)}
         self._install()
 
     # --- set-up ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _inner(model: nn.Module) -> nn.Module:
-        inner = model.module if _is_ddp(model) else model
-        assert isinstance(inner, nn.Module)
-        return inner
 
     def _series(
         self, module: nn.Module, layers: bool | Mapping[str, Iterable[nn.Parameter]]
@@ -308,22 +301,29 @@ class GradientNoiseProbe:
         self.remove()
         self._detached = False
         if self.source == "micro":
-            for i, p in enumerate(self.params):
-                hook = self._make_hook(i, self._norm_of[i])
-                self._handles.append(p.register_hook(hook))  # type: ignore[no-untyped-call]
+            if self.layout.sharded:  # the forward's unsharded parameters get the hooks
+                self._unsharded = UnshardedHooks(
+                    self.layout.inner,
+                    self.params,
+                    lambda i, dtype: self._make_hook(i, _norm_into(dtype)),
+                )
+            else:
+                for i, p in enumerate(self.params):
+                    hook = self._make_hook(i, self._norm_of[i])
+                    self._handles.append(p.register_hook(hook))  # type: ignore[no-untyped-call]
             self._hook_grads(self._armed)
-            if self._device.type in _PER_PARAMETER:
-                return
+            if self._device.type in _PER_PARAMETER or self.layout.sharded:
+                return  # sharded: .grad never holds one backward's local gradient
             # the model's forward, or (when a wrapper calls a submodule directly, as Lightning
             # does) that of the module owning the first parameter: either runs before backward
-            inner = self._inner(self.model)
+            inner = self.layout.inner
             owner = next(m for m in inner.modules() if _owns(m, self.params[0]))
             for module in dict.fromkeys([inner, owner]):
                 handle = module.register_forward_pre_hook(self._before_forward)
                 self._forward_handles.append(handle)
         else:
             self._per_example = PerExampleNorms(
-                self._inner(self.model),
+                self.layout.inner,
                 self._param_index,
                 self._per_example_method,
                 self._per_example_max,
@@ -389,6 +389,8 @@ class GradientNoiseProbe:
         """Could the coming backward overwrite .grad with an all-reduced gradient?"""
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return False
+        if self.layout.sharded:
+            return True
         if self.distributed:  # DDP: all-reduces unless under no_sync or alone in its group
             sync = getattr(self.model, "require_backward_grad_sync", True)
             return bool(sync) and self.world_size > 1
@@ -406,6 +408,9 @@ class GradientNoiseProbe:
         for h in self._forward_handles:
             h.remove()
         self._forward_handles.clear()
+        if self._unsharded is not None:
+            self._unsharded.remove()
+            self._unsharded = None
         if self._per_example is not None:
             self._per_example.remove()
             self._per_example = None
@@ -450,13 +455,15 @@ class GradientNoiseProbe:
         ``_measure``'s all-reduce, waiting for this rank's contribution: it carries the flag."""
         self._stopped = True
         if self.distributed:
-            self._all_reduce([0.0] * self._n_slots, [0.0] * len(_Counts._fields), stopped=1.0)
+            n_sums = self._n_slots * (2 if self.layout.sharded else 1)
+            self._all_reduce([0.0] * n_sums, [0.0] * len(_Counts._fields), stopped=1.0)
 
     def _all_reduce(
         self, small_l: list[float], local: Sequence[float], stopped: float = 0.0
     ) -> list[float]:
-        """The step's one collective: per-slot G_small sums, the counts, and (last) how many
-        ranks stopped after an error. Every rank sends the same length, failed or not."""
+        """The step's one collective: per-slot G_small sums (FSDP: then the G_big shards'),
+        the counts, and (last) how many ranks stopped after an error. Every rank sends the
+        same length, failed or not."""
         packed = torch.tensor([*small_l, *local, stopped], dtype=torch.float64, device=self._device)
         torch.distributed.all_reduce(packed, group=self.process_group)
         return packed.tolist()
@@ -611,12 +618,21 @@ class GradientNoiseProbe:
         slots = self._row(row)
         params = self.params
         if self._device.type in _PER_PARAMETER:
+            if self.layout.sharded:  # this rank's shard; the ranks' squares add up
+                for i, p in enumerate(params):
+                    if (g := p.grad) is not None:
+                        self._norm_of[i](local_grad(g.detach()), out=slots[i])
+                return
             for i, p in enumerate(params):
                 if (g := p.grad) is not None:
                     self._norm_of[i](_dense(g.detach()), out=slots[i])
             return
         for dtype, index in self._by_dtype.items():
-            have = [(i, _dense(g.detach())) for i in index if (g := params[i].grad) is not None]
+            have = [
+                (i, _dense(local_grad(g.detach())))
+                for i in index
+                if (g := params[i].grad) is not None
+            ]
             if not have:
                 continue
             grads = [g for _, g in have]
@@ -697,9 +713,13 @@ class GradientNoiseProbe:
     ) -> ProbeSample | None:
         small_l, big_l, local = sums
         s = self._n_slots
-        if self.distributed:  # G_small sums add over ranks; .grad is already all-reduced
-            reduced = self._all_reduce(small_l, local)
+        if self.distributed:  # G_small sums add over ranks; DDP's .grad is already all-reduced
+            sharded = self.layout.sharded  # FSDP: .grad is a shard; the squares add over ranks
+            reduced = self._all_reduce(small_l + big_l if sharded else small_l, local)
             small_l = reduced[:s]
+            if sharded:
+                big_l = reduced[s : 2 * s]
+                reduced = reduced[s:]
             count, inv_b, c_tot, c2b_tot, items, stopped = reduced[s:]
             if stopped:
                 self._fail(RuntimeError(f"the probe stopped on {stopped:.0f} other rank(s)"))

@@ -1,0 +1,143 @@
+"""FSDP2 (``fully_shard``) on 2 real gloo processes on the CPU: probe vs a direct computation.
+
+The weight is sharded along its input dimension (each rank holds half of it), so |G_big|^2 is
+only right if the shards' squared norms are summed over the ranks. Micro-batch source: each
+rank's local gradient (before the reduce-scatter) is G_small, the reduced one G_big, with one
+backward per step and with 2 micro-batches, the first under
+``set_requires_gradient_sync(False)`` (where FSDP never touches the sharded parameters' hooks).
+Per-example source: each rank's examples, B_big all ranks' examples. The parent regenerates
+the batches and computes the norms directly (numpy); the samples must match to float precision
+and be identical on both ranks, and longer runs (fixed seeds; steps x ranks x micro-batches x
+examples stated in ``TRUTH``) give |G|^2, tr(Sigma), B_simple within 3% of the closed form.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard
+
+from noisescope.torch import GradientNoiseProbe
+from tests.probes.lsq_torch import ListSink, lsq_model
+from tests.probes.test_ddp import WORLD, _batches, _direct, _problem
+from tests.probes.test_sources_truth import assert_truth
+from tests.support.servers import free_port
+
+EXACT = {"d": 6, "steps": 4, "b": 8}
+#: (source, k, steps, b): examples per step = WORLD x k x b
+TRUTH = {
+    "micro": ("micro", 1, 600, 256),
+    "micro_accumulated": ("micro", 2, 300, 128),
+    "per_example": ("per_example", 1, 200, 128),
+}
+PHASES = [("micro", 1), ("micro", 2), ("per_example", 1), ("per_example", 2)]
+
+
+def _train(rank: int, source: str, d: int, k: int, steps: int, b: int) -> dict[str, Any]:
+    p, w = _problem(d)
+    model = lsq_model(p, w)
+    # shard the weight's input dimension: both ranks hold half of it
+    fully_shard(model, shard_placement_fn=lambda _param: Shard(1))
+    sink = ListSink()
+    probe = GradientNoiseProbe(model, sink, source="auto" if source == "micro" else source)
+    for step in range(steps):
+        x, y = (torch.from_numpy(a[rank]) for a in _batches(p, step, k, b))
+        for j in range(k):
+            model.set_requires_gradient_sync(j == k - 1)  # type: ignore[operator]
+            loss = 0.5 * (model(x[j]).squeeze(-1) - y[j]).square().mean() / k
+            loss.backward()
+            probe.micro_step(batch_size=b)
+        probe.step()
+        model.zero_grad()
+    probe.remove()
+    return {
+        "rows": sink.rows,
+        "kind": probe.layout.kind,
+        "source": probe.source,
+        "world": probe.world_size,
+        "error": probe.error,
+    }
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        result = {
+            f"exact_{source}_{k}": _train(rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"])
+            for source, k in PHASES
+        }
+        for name, (source, k, steps, b) in TRUTH.items():
+            result[f"truth_{name}"] = _train(rank, source, 32, k, steps, b)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("fsdp")
+    import torch._dynamo  # noqa: F401  (imported lazily by FSDP: once, before the fork)
+
+    mp.start_processes(
+        _worker, args=(free_port(), str(out)), nprocs=WORLD, join=True, start_method="fork"
+    )
+    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def _direct_per_example(d: int, steps: int, k: int, b: int) -> list[tuple[float, float]]:
+    """Per step: mean over all ranks' examples of |per-example gradient|^2, |reduced|^2."""
+    p, w = _problem(d)
+    out = []
+    for step in range(steps):
+        x, y = _batches(p, step, k, b)
+        per_example = p.per_example_grads(w, x, y)  # (WORLD, k, b, d)
+        g_small_sq = float((per_example**2).sum(-1).mean())
+        g_big_sq = float((per_example.mean((0, 1, 2)) ** 2).sum())
+        out.append((g_small_sq, g_big_sq))
+    return out
+
+
+@pytest.mark.parametrize(("source", "k"), PHASES)
+def test_fsdp2_matches_direct_local_and_reduced_norms(
+    fsdp_runs: list[dict[str, Any]], source: str, k: int
+) -> None:
+    runs = [r[f"exact_{source}_{k}"] for r in fsdp_runs]
+    assert runs[0]["kind"] == "fsdp2" and runs[0]["world"] == WORLD  # detected, no wiring
+    assert runs[0]["source"] == source and runs[0]["error"] is None
+    assert runs[0]["rows"] == runs[1]["rows"]  # every rank logs the same sample
+    if source == "micro":
+        direct = _direct({**EXACT, "k": k})
+        b_small = EXACT["b"]
+    else:
+        direct = _direct_per_example(EXACT["d"], EXACT["steps"], k, EXACT["b"])
+        b_small = 1
+    rows = runs[0]["rows"]
+    assert len(rows) == EXACT["steps"]
+    for row, (g_small_sq, g_big_sq) in zip(rows, direct, strict=True):
+        assert row["b_small"] == b_small
+        assert row["b_big"] == pytest.approx(WORLD * k * EXACT["b"])
+        assert row["g_small_sq"] == pytest.approx(g_small_sq, rel=1e-6)
+        assert row["g_big_sq"] == pytest.approx(g_big_sq, rel=1e-6)
+    assert rows[-1]["examples"] == EXACT["steps"] * WORLD * k * EXACT["b"]
+
+
+@pytest.mark.parametrize("name", list(TRUTH))
+def test_fsdp2_sources_match_closed_form(fsdp_runs: list[dict[str, Any]], name: str) -> None:
+    p, w = _problem(32)
+    rows = fsdp_runs[0][f"truth_{name}"]["rows"]
+    _, k, steps, b = TRUTH[name]
+    assert len(rows) == steps
+    assert rows[0]["b_big"] == pytest.approx(WORLD * k * b)
+    assert_truth(rows, p.truth(w))
