@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,6 +41,7 @@ from torch.utils.hooks import RemovableHandle
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from noisescope._run import Run
+from noisescope.torch._torch_api import queue_after_backward
 
 from ._base import _TrackingCallback
 
@@ -48,17 +49,6 @@ __all__ = ["HuggingFaceCallback"]
 
 
 _IGNORE_INDEX = -100  # the label value Hugging Face losses skip
-
-
-def queue_after_backward(fn: Callable[[], None]) -> None:
-    """Run ``fn`` once the running backward pass has finished, after DDP's finalizer.
-
-    DDP queues its all-reduce finalizer when its last gradient bucket is ready, i.e. after any
-    hook on the loss fires; a callback queued from inside our first callback lands behind it
-    (the engine runs callbacks queued while it runs callbacks). Must be called during backward.
-    """
-    engine: Any = torch.autograd.Variable._execution_engine
-    engine.queue_callback(lambda: engine.queue_callback(fn))
 
 
 @dataclass

@@ -35,6 +35,8 @@ from torch.utils.hooks import RemovableHandle
 from noisescope import _wire
 from noisescope._sink import Sink
 
+from . import _torch_api
+from ._misuse import GradWatch
 from ._per_example import PerExampleMethod, PerExampleNorms
 from ._wrappers import UnshardedHooks, detect, local_grad
 
@@ -226,6 +228,8 @@ class GradientNoiseProbe:
         self.step_count = 0  # optimizer steps seen (measured or not)
         self.measured_steps = 0
         self.skipped_steps = 0  # measured steps dropped for non-finite norms
+        self.misused_steps = 0  # measured steps dropped: step() came after unscale/clipping
+        self._warned_misuse: set[str] = set()
         self.examples_seen = 0.0  # in ``units``, over all ranks
         self._micro: list[_Micro] = []
         # |grad| per parameter: row j for the step's j-th measured backward (micro source), the
@@ -264,6 +268,7 @@ class GradientNoiseProbe:
         self._detached = False
         self._per_example: PerExampleNorms | None = None
         self._unsharded: UnshardedHooks | None = None
+        self._watch: GradWatch | None = None
         self._per_example_method = per_example
         self._per_example_max = per_example_max
         self._param_index = {id(p): i for i, p in enumerate(self.params)}
@@ -300,6 +305,12 @@ class GradientNoiseProbe:
     def _install(self) -> None:
         self.remove()
         self._detached = False
+        inner = self.layout.inner
+        # the model's forward, or (when a wrapper calls a submodule directly, as Lightning
+        # does) that of the module owning the first parameter: either runs before backward
+        owner = next(m for m in inner.modules() if _owns(m, self.params[0]))
+        self._watch = GradWatch([inner, owner], self.params)
+        self._watch.armed = self._armed
         if self.source == "micro":
             if self.layout.sharded:  # the forward's unsharded parameters get the hooks
                 self._unsharded = UnshardedHooks(
@@ -314,10 +325,6 @@ class GradientNoiseProbe:
             self._hook_grads(self._armed)
             if self._device.type in _PER_PARAMETER or self.layout.sharded:
                 return  # sharded: .grad never holds one backward's local gradient
-            # the model's forward, or (when a wrapper calls a submodule directly, as Lightning
-            # does) that of the module owning the first parameter: either runs before backward
-            inner = self.layout.inner
-            owner = next(m for m in inner.modules() if _owns(m, self.params[0]))
             for module in dict.fromkeys([inner, owner]):
                 handle = module.register_forward_pre_hook(self._before_forward)
                 self._forward_handles.append(handle)
@@ -411,6 +418,9 @@ class GradientNoiseProbe:
         if self._unsharded is not None:
             self._unsharded.remove()
             self._unsharded = None
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
         if self._per_example is not None:
             self._per_example.remove()
             self._per_example = None
@@ -456,15 +466,16 @@ class GradientNoiseProbe:
         self._stopped = True
         if self.distributed:
             n_sums = self._n_slots * (2 if self.layout.sharded else 1)
-            self._all_reduce([0.0] * n_sums, [0.0] * len(_Counts._fields), stopped=1.0)
+            self._all_reduce([0.0] * n_sums, [0.0] * len(_Counts._fields), (1.0, 0.0))
 
     def _all_reduce(
-        self, small_l: list[float], local: Sequence[float], stopped: float = 0.0
+        self, small_l: list[float], local: Sequence[float], flags: tuple[float, float]
     ) -> list[float]:
         """The step's one collective: per-slot G_small sums (FSDP: then the G_big shards'),
-        the counts, and (last) how many ranks stopped after an error. Every rank sends the
-        same length, failed or not."""
-        packed = torch.tensor([*small_l, *local, stopped], dtype=torch.float64, device=self._device)
+        the counts, and (last) how many ranks stopped after an error and how many saw
+        ``step()`` come after unscaling or clipping. Every rank sends the same length, failed
+        or not."""
+        packed = torch.tensor([*small_l, *local, *flags], dtype=torch.float64, device=self._device)
         torch.distributed.all_reduce(packed, group=self.process_group)
         return packed.tolist()
 
@@ -558,12 +569,13 @@ class GradientNoiseProbe:
                         "probe.step() saw no backward: call probe.micro_step(batch_size=...) "
                         "after each loss.backward(), or pass batch_size= to probe.step()"
                     )
+                misuse = self._watch.check(self.scaler) if self._watch is not None else None
                 try:
                     sums = self._local_sums(micros)
                 except Exception as exc:
                     self._fail(exc)
                 else:
-                    return self._measure(step, sums, loss, lr)
+                    return self._measure(step, sums, loss, lr, misuse)
             if armed and not self._stopped:  # the error came in this step
                 self._agree_to_stop()
             self.examples_seen += step_items * self.world_size
@@ -580,6 +592,8 @@ class GradientNoiseProbe:
         self._decided = False
         if self._detached:
             return
+        if self._watch is not None:
+            self._watch.armed = self._armed
         if self._per_example is not None:
             self._per_example.armed = self._armed
         elif self.source == "micro":
@@ -636,14 +650,11 @@ class GradientNoiseProbe:
             if not have:
                 continue
             grads = [g for _, g in have]
-            if dtype in _HALF:
-                norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
-            else:
-                norms = torch._foreach_norm(grads)
+            norms = _torch_api.foreach_norm(grads, torch.float32 if dtype in _HALF else None)
             if len(have) == len(params):  # one dtype, every gradient there: the whole row
                 torch.stack(norms, out=self._norms[row])
             else:
-                torch._foreach_copy_([slots[i] for i, _ in have], norms)
+                _torch_api.foreach_copy_([slots[i] for i, _ in have], norms)
 
     def _local_sums(self, micros: list[_Micro]) -> tuple[list[float], list[float], _Counts]:
         """This rank's per-slot sums of |G_small|^2 and |G_big|^2, and its counts."""
@@ -710,17 +721,22 @@ class GradientNoiseProbe:
         sums: tuple[list[float], list[float], _Counts],
         loss: float | None,
         lr: float | None,
+        misuse: str | None,
     ) -> ProbeSample | None:
         small_l, big_l, local = sums
         s = self._n_slots
+        misused = misuse is not None
         if self.distributed:  # G_small sums add over ranks; DDP's .grad is already all-reduced
             sharded = self.layout.sharded  # FSDP: .grad is a shard; the squares add over ranks
-            reduced = self._all_reduce(small_l + big_l if sharded else small_l, local)
+            reduced = self._all_reduce(
+                small_l + big_l if sharded else small_l, local, (0.0, float(misused))
+            )
             small_l = reduced[:s]
             if sharded:
                 big_l = reduced[s : 2 * s]
                 reduced = reduced[s:]
-            count, inv_b, c_tot, c2b_tot, items, stopped = reduced[s:]
+            count, inv_b, c_tot, c2b_tot, items, stopped, n_misused = reduced[s:]
+            misused = n_misused > 0  # every rank drops the step
             if stopped:
                 self._fail(RuntimeError(f"the probe stopped on {stopped:.0f} other rank(s)"))
                 self._stopped = True
@@ -735,6 +751,13 @@ class GradientNoiseProbe:
         big_norm = (c_tot / self.world_size) ** 2
         self.measured_steps += 1
         self.examples_seen += items
+        if misused:
+            self.misused_steps += 1
+            if misuse is not None and misuse not in self._warned_misuse:
+                self._warned_misuse.add(misuse)
+                warnings.warn(f"noisescope: {misuse}", stacklevel=3)
+                self._notice(step, misuse)
+            return None
         if not all(v == v and abs(v) != float("inf") for v in values):
             self.skipped_steps += 1
             return None

@@ -1,0 +1,114 @@
+"""Detecting a ``probe.step()`` that comes too late: after the gradients were changed.
+
+``step()`` reads the gradient the optimizer sees as |G_big|^2 and compares it with the
+backwards' own gradients, so it must see ``.grad`` exactly as the last backward left it.
+Two mistakes silently give wrong numbers:
+
+- ``scaler.unscale_(optimizer)`` before ``step()``: the probe divides the loss scale out of
+  gradients that no longer carry it, so |G_big|^2 comes out ~scale^2 too small and tr(Sigma)
+  and B_simple meaningless (often negative). Seen in the GradScaler's per-optimizer state.
+- gradient clipping (or any in-place change) before ``step()``: |G_big|^2 shrinks, B_simple
+  grows (+300% in the issue's example). Seen as a changed in-place version counter of the
+  gradients between the end of the last backward and ``step()``.
+
+The end of a backward is caught with one gradient hook per forward, on the output of the
+measured model, that queues a callback to run after the backward (and after DDP's and FSDP's
+end-of-backward work); the callback notes a few gradients' version counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from ._torch_api import queue_after_backward, scaler_unscaled, version
+
+#: Clipping and unscaling change every gradient: a few tell.
+_WATCHED = 8
+
+UNSCALED = (
+    "probe.step() was called after scaler.unscale_(): the gradients had already been "
+    "un-scaled, so the probe would divide the loss scale out twice (|G_big|^2 wrong, "
+    "tr(Sigma) and B_simple meaningless). This step is not logged. Call probe.step() right "
+    "after the last backward, before scaler.unscale_(optimizer) and gradient clipping."
+)
+MODIFIED = (
+    "probe.step() saw gradients changed in place since the last backward (gradient clipping, "
+    "scaler.unscale_() or a manual rescale before probe.step()): |G_big|^2 would be that of "
+    "the changed gradient (clipping makes B_simple too large). This step is not logged. Call "
+    "probe.step() right after the last backward, before unscaling and clipping."
+)
+
+
+def _first_grad_tensor(value: Any) -> Tensor | None:
+    """The first tensor in a forward's output that the backward will reach."""
+    if isinstance(value, Tensor):
+        return value if value.requires_grad else None
+    items: Iterable[Any] = ()
+    if isinstance(value, Mapping):
+        items = value.values()
+    elif isinstance(value, (tuple, list)):
+        items = value
+    for item in items:
+        if isinstance(item, Tensor) and item.requires_grad:
+            return item
+    return None
+
+
+class GradWatch:
+    """Notes the gradients' version counters at the end of each backward; ``check`` says
+    whether they changed (or were unscaled) before ``step()``."""
+
+    def __init__(self, modules: Iterable[nn.Module], params: list[nn.Parameter]) -> None:
+        self.armed = False
+        self._params = params[:_WATCHED]
+        self._marks: list[tuple[nn.Parameter, Tensor, int]] | None = None
+        self._pending = False  # a backward is running, its callback not yet run
+        self._handles: list[RemovableHandle] = [
+            m.register_forward_hook(self._after_forward) for m in dict.fromkeys(modules)
+        ]
+
+    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not self.armed or not torch.is_grad_enabled():
+            return
+        out = _first_grad_tensor(output)
+        if out is not None:
+            out.register_hook(self._on_grad)  # type: ignore[no-untyped-call]
+
+    def _on_grad(self, grad: Tensor) -> None:
+        if not self._pending:
+            self._pending = True
+            queue_after_backward(self._record)
+
+    def _record(self) -> None:
+        self._pending = False
+        marks = []
+        for p in self._params:
+            g = p.grad
+            if g is not None and (v := version(g)) is not None:
+                marks.append((p, g, v))
+        self._marks = marks
+
+    def check(self, scaler: Any) -> str | None:
+        """Why this step's gradients are not the backwards' own (None: they are)."""
+        if scaler is not None and scaler.is_enabled() and scaler_unscaled(scaler):
+            self._marks = None
+            return UNSCALED
+        if self._pending:  # step() inside the end-of-backward callbacks (Hugging Face)
+            self._record()
+        marks, self._marks = self._marks, None
+        if marks is None:
+            return None
+        for p, g, v in marks:
+            if p.grad is not g or version(g) != v:
+                return MODIFIED
+        return None
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
