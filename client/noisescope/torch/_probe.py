@@ -309,7 +309,9 @@ class GradientNoiseProbe:
         # the model's forward, or (when a wrapper calls a submodule directly, as Lightning
         # does) that of the module owning the first parameter: either runs before backward
         owner = next(m for m in inner.modules() if _owns(m, self.params[0]))
-        self._watch = GradWatch([inner, owner], self.params)
+        # a compiled model's own forward runs eagerly; hooks inside it would be traced
+        entries = [self.layout.compiled] if self.layout.compiled is not None else [inner, owner]
+        self._watch = GradWatch(entries, self.params)
         self._watch.armed = self._armed
         if self.source == "micro":
             if self.layout.sharded:  # the forward's unsharded parameters get the hooks
@@ -325,7 +327,7 @@ class GradientNoiseProbe:
             self._hook_grads(self._armed)
             if self._device.type in _PER_PARAMETER or self.layout.sharded:
                 return  # sharded: .grad never holds one backward's local gradient
-            for module in dict.fromkeys([inner, owner]):
+            for module in dict.fromkeys(entries):
                 handle = module.register_forward_pre_hook(self._before_forward)
                 self._forward_handles.append(handle)
         else:

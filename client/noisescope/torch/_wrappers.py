@@ -48,6 +48,9 @@ class Layout:
     inner: nn.Module  # the module whose parameters are measured
     process_group: Any  # the ranks that share the step (None: the default group)
     world_size: int
+    #: ``torch.compile``'s wrapper, if the model is compiled: its forward runs eagerly, so
+    #: hooks that must not be traced (they would break the graph) go there, not on ``inner``
+    compiled: nn.Module | None = None
 
     @property
     def distributed(self) -> bool:
@@ -102,18 +105,25 @@ def _dtensor_group(params: list[nn.Parameter]) -> Any:
     return mesh.get_group()
 
 
+def _uncompiled(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
+    """``torch.compile(model)`` -> (model, its compiled wrapper)."""
+    orig = getattr(model, "_orig_mod", None)
+    return (orig, model) if isinstance(orig, nn.Module) else (model, None)
+
+
 def detect(model: nn.Module, process_group: Any = None) -> Layout:
     """The layout of ``model``'s gradients (``process_group``: DDP's, default the world)."""
+    model, compiled = _uncompiled(model)
     _refuse(model)
     dist = torch.distributed
     initialized = dist.is_available() and dist.is_initialized()
     if isinstance(model, nn.parallel.DistributedDataParallel):
-        inner = model.module
-        assert isinstance(inner, nn.Module)
+        inner, compiled_inner = _uncompiled(model.module)
+        compiled = compiled or compiled_inner
         if not initialized:
-            return Layout("single", inner, None, 1)
+            return Layout("single", inner, None, 1, compiled)
         group = process_group if process_group is not None else model.process_group
-        return Layout("ddp", inner, group, dist.get_world_size(group))
+        return Layout("ddp", inner, group, dist.get_world_size(group), compiled)
     params = [p for p in model.parameters() if p.requires_grad]
     if DTensor is not None and any(isinstance(p, DTensor) for p in params):
         if not all(isinstance(p, DTensor) for p in params):
@@ -122,8 +132,8 @@ def detect(model: nn.Module, process_group: Any = None) -> Layout:
                 "not: apply fully_shard to the root module too. Supported: " + SUPPORTED + "."
             )
         group = process_group if process_group is not None else _dtensor_group(params)
-        return Layout("fsdp2", model, group, dist.get_world_size(group))
-    return Layout("single", model, None, 1)
+        return Layout("fsdp2", model, group, dist.get_world_size(group), compiled)
+    return Layout("single", model, None, 1, compiled)
 
 
 def local_grad(grad: Tensor) -> Tensor:
