@@ -39,21 +39,28 @@ TRUTH = {
     "per_example": ("per_example", 1, 200, 128),
 }
 PHASES = [("micro", 1), ("micro", 2), ("per_example", 1), ("per_example", 2)]
+#: the same with a GradScaler's scaled loss (fp16 AMP's loss scale): divided out
+SCALED = [("micro", 2), ("per_example", 1)]
 
 
-def _train(rank: int, source: str, d: int, k: int, steps: int, b: int) -> dict[str, Any]:
+def _train(
+    rank: int, source: str, d: int, k: int, steps: int, b: int, scaled: bool = False
+) -> dict[str, Any]:
     p, w = _problem(d)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0, enabled=scaled)
     model = lsq_model(p, w)
     # shard the weight's input dimension: both ranks hold half of it
     fully_shard(model, shard_placement_fn=lambda _param: Shard(1))
     sink = ListSink()
-    probe = GradientNoiseProbe(model, sink, source="auto" if source == "micro" else source)
+    probe = GradientNoiseProbe(
+        model, sink, source="auto" if source == "micro" else source, scaler=scaler
+    )
     for step in range(steps):
         x, y = (torch.from_numpy(a[rank]) for a in _batches(p, step, k, b))
         for j in range(k):
             model.set_requires_gradient_sync(j == k - 1)  # type: ignore[operator]
             loss = 0.5 * (model(x[j]).squeeze(-1) - y[j]).square().mean() / k
-            loss.backward()
+            scaler.scale(loss).backward()
             probe.micro_step(batch_size=b)
         probe.step()
         model.zero_grad()
@@ -78,6 +85,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             f"exact_{source}_{k}": _train(rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"])
             for source, k in PHASES
         }
+        for source, k in SCALED:
+            result[f"exact_{source}_{k}_scaled"] = _train(
+                rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], scaled=True
+            )
         for name, (source, k, steps, b) in TRUTH.items():
             result[f"truth_{name}"] = _train(rank, source, 32, k, steps, b)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -109,11 +120,13 @@ def _direct_per_example(d: int, steps: int, k: int, b: int) -> list[tuple[float,
     return out
 
 
-@pytest.mark.parametrize(("source", "k"), PHASES)
+@pytest.mark.parametrize(
+    ("source", "k", "scaled"), [(*p, False) for p in PHASES] + [(*p, True) for p in SCALED]
+)
 def test_fsdp2_matches_direct_local_and_reduced_norms(
-    fsdp_runs: list[dict[str, Any]], source: str, k: int
+    fsdp_runs: list[dict[str, Any]], source: str, k: int, scaled: bool
 ) -> None:
-    runs = [r[f"exact_{source}_{k}"] for r in fsdp_runs]
+    runs = [r[f"exact_{source}_{k}" + ("_scaled" if scaled else "")] for r in fsdp_runs]
     assert runs[0]["kind"] == "fsdp2" and runs[0]["world"] == WORLD  # detected, no wiring
     assert runs[0]["source"] == source and runs[0]["error"] is None
     assert runs[0]["rows"] == runs[1]["rows"]  # every rank logs the same sample
