@@ -94,22 +94,37 @@ class _Entry:
         self.ones: Tensor | None = None  # LayerNorm: a unit weight for recomputing x_hat
 
 
+try:
+    from torch.distributed.fsdp import FSDPModule
+except ImportError:  # pragma: no cover - a torch built without torch.distributed
+    FSDPModule = None  # type: ignore[assignment,misc]
+
+
+def _plain_type(module: nn.Module) -> type:
+    """The module's own class: FSDP2's ``fully_shard`` swaps in a subclass ``FSDP<cls>``."""
+    cls = type(module)
+    if FSDPModule is not None and issubclass(cls, FSDPModule):
+        return next(b for b in cls.__bases__ if not issubclass(b, FSDPModule))
+    return cls
+
+
 def _supported_kind(module: nn.Module) -> str | None:
-    if type(module) is nn.Linear:
+    cls = _plain_type(module)
+    if cls is nn.Linear:
         return "linear"
-    if type(module) in (nn.Conv1d, nn.Conv2d):
+    if cls in (nn.Conv1d, nn.Conv2d):
         conv: nn.Conv1d | nn.Conv2d = module  # type: ignore[assignment]
         if conv.groups == 1 and conv.padding_mode == "zeros" and not isinstance(conv.padding, str):
             return "conv"
         return None
-    if type(module) is nn.Embedding:
+    if cls is nn.Embedding:
         emb = module
         assert isinstance(emb, nn.Embedding)
         # sparse=True changes how the gradient is stored, not its rows: the same identity
         if emb.max_norm is None and emb.scale_grad_by_freq is False:
             return "embedding"
         return None
-    if type(module) is nn.LayerNorm:
+    if cls is nn.LayerNorm:
         return "layernorm"
     return None
 

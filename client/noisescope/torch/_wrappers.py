@@ -89,14 +89,14 @@ def _refuse(model: nn.Module) -> None:
 
 
 def _dtensor_group(params: list[nn.Parameter]) -> Any:
-    """FSDP2's process group: the 1-D mesh every sharded parameter lives on."""
-    meshes = {id(p.device_mesh): p for p in params if isinstance(p, DTensor)}
-    if len(meshes) > 1:
+    """FSDP2's process group: the 1-D mesh every sharded parameter lives on (each
+    ``fully_shard`` call may build its own, equal, mesh object)."""
+    mesh = params[0].device_mesh
+    if any(p.device_mesh != mesh for p in params):
         raise TypeError(
-            "noisescope: the model's parameters are sharded over several device meshes; "
+            "noisescope: the model's parameters are sharded over different device meshes; "
             f"supported: {SUPPORTED}."
         )
-    mesh = next(iter(meshes.values())).device_mesh
     if mesh.ndim != 1:
         raise TypeError(
             f"noisescope: a {mesh.ndim}-D device mesh (HSDP or tensor parallelism) is not "
