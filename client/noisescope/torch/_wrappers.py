@@ -91,8 +91,9 @@ def _refuse(model: nn.Module) -> None:
 def _dtensor_group(params: list[nn.Parameter]) -> Any:
     """FSDP2's process group: the 1-D mesh every sharded parameter lives on (each
     ``fully_shard`` call may build its own, equal, mesh object)."""
-    mesh = params[0].device_mesh
-    if any(p.device_mesh != mesh for p in params):
+    sharded: list[Any] = list(params)  # DTensors
+    mesh = sharded[0].device_mesh
+    if any(p.device_mesh != mesh for p in sharded):
         raise TypeError(
             "noisescope: the model's parameters are sharded over different device meshes; "
             f"supported: {SUPPORTED}."
