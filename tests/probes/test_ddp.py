@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from noisescope.torch import GradientNoiseProbe, _probe
+from noisescope.torch import GradientNoiseProbe, _rows
 from tests.estimators.lsq_truth import LeastSquares
 from tests.probes.lsq_torch import ListSink, lsq_model
 from tests.probes.test_sources_truth import assert_truth
@@ -48,15 +48,15 @@ def _batches(p: LeastSquares, step: int, k: int, b: int) -> tuple[np.ndarray, np
     return p.sample(np.random.default_rng(10_000 + step), (WORLD, k, b))
 
 
-def _run_phase(rank: int, cfg: dict[str, int]) -> list[dict[str, Any]]:
-    return _train(rank, cfg)["rows"]
+def _run_phase(rank: int, cfg: dict[str, int], readout: str = "auto") -> list[dict[str, Any]]:
+    return _train(rank, cfg, readout=readout)["rows"]
 
 
 def _failing_norms(failing: list[bool]) -> Any:
     """The probe's norm factory, its norms raising while ``failing[0]``."""
-    real = _probe._norm_into
+    real = _rows._norm_into
 
-    def factory(dtype: torch.dtype) -> _probe.NormInto:
+    def factory(dtype: torch.dtype) -> _rows.NormInto:
         norm = real(dtype)
 
         def maybe_failing(grad: torch.Tensor, /, *, out: torch.Tensor) -> object:
@@ -69,19 +69,21 @@ def _failing_norms(failing: list[bool]) -> Any:
     return factory
 
 
-def _train(rank: int, cfg: dict[str, int], fail: bool = False, lr: float = 0.0) -> dict[str, Any]:
+def _train(
+    rank: int, cfg: dict[str, int], fail: bool = False, lr: float = 0.0, readout: str = "auto"
+) -> dict[str, Any]:
     p, w = _problem(cfg["d"])
     model = lsq_model(p, w)
     ddp = DDP(model)
     sink = ListSink()
-    real = _probe._norm_into
+    real = _rows._norm_into
     failing = [False]
     if fail:
-        _probe._norm_into = _failing_norms(failing)
+        _rows._norm_into = _failing_norms(failing)
     try:
-        probe = GradientNoiseProbe(ddp, sink)  # auto: DDP -> micro-batch source
+        probe = GradientNoiseProbe(ddp, sink, readout=readout)  # type: ignore[arg-type]
     finally:
-        _probe._norm_into = real
+        _rows._norm_into = real
     assert probe.source == "micro"
     assert probe.world_size == WORLD
     k, b = cfg["k"], cfg["b"]
@@ -116,7 +118,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             "exact_combined": _run_phase(rank, EXACT),
             "truth_ddp": _run_phase(rank, TRUTH_DDP),
             "truth_combined": _run_phase(rank, TRUTH_COMBINED),
+            "exact_combined_deferred": _run_phase(rank, EXACT, readout="deferred"),
             "failure": _train(rank, EXACT, fail=True, lr=0.01),
+            "failure_deferred": _train(rank, EXACT, fail=True, lr=0.01, readout="deferred"),
             "no_failure": _train(rank, EXACT, lr=0.01),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -197,3 +201,17 @@ def test_a_failure_on_one_rank_stops_every_rank_at_the_same_step(
     assert failed[0]["rows"] == clean[0]["rows"][:FAIL_STEP]
     # training went on as without the failure, on both ranks
     assert failed[0]["weight"] == failed[1]["weight"] == clean[0]["weight"]
+
+
+def test_deferred_readout_logs_the_same_samples_and_stops_at_the_same_step(
+    ddp_rows: list[dict[str, Any]],
+) -> None:
+    """Deferred readout (the accelerators' default): the all-reduce is launched in step() and
+    read at the next measured step, the last one at remove(). Same samples; after rank 1's
+    failure both ranks stop at the same step, as with the immediate readout."""
+    for rank in ddp_rows:
+        assert rank["exact_combined_deferred"] == rank["exact_combined"]
+        deferred, immediate = rank["failure_deferred"], rank["failure"]
+        assert deferred["rows"] == immediate["rows"]
+        assert deferred["error"] == immediate["error"]
+        assert deferred["weight"] == immediate["weight"]

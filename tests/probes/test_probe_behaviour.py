@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import noisescope
-from noisescope.torch import GradientNoiseProbe, _probe
+from noisescope.torch import GradientNoiseProbe, _rows
 from tests.probes.lsq_torch import ListSink
 from tests.support.servers import ServerProcess, free_port
 
@@ -38,7 +38,7 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
 def read_first_from_grad(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on an accelerator: a step's first backward is read from .grad in one batched call
     when it can be (on the CPU, the default, the hooks measure it like the later ones)."""
-    monkeypatch.setattr(_probe, "_PER_PARAMETER", frozenset())
+    monkeypatch.setattr(_rows, "_PER_PARAMETER", frozenset())
 
 
 @pytest.fixture(params=["hooks", "batched"])
@@ -46,7 +46,7 @@ def first_read(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Both ways of measuring a step's first backward: in the hooks (the CPU's) and, as on an
     accelerator, from .grad in one batched call."""
     if request.param == "batched":
-        monkeypatch.setattr(_probe, "_PER_PARAMETER", frozenset())
+        monkeypatch.setattr(_rows, "_PER_PARAMETER", frozenset())
     return str(request.param)
 
 
@@ -346,9 +346,9 @@ def test_per_example_max_measures_a_subset_with_the_full_batch_normalisation() -
 def norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the gradient-norm kernels the probe's hooks launch."""
     calls = [0]
-    real = _probe._norm_into
+    real = _rows._norm_into
 
-    def counting(dtype: torch.dtype) -> _probe.NormInto:
+    def counting(dtype: torch.dtype) -> _rows.NormInto:
         norm = real(dtype)
 
         def counted(grad: Tensor, /, *, out: Tensor) -> object:
@@ -357,7 +357,7 @@ def norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
         return counted
 
-    monkeypatch.setattr(_probe, "_norm_into", counting)
+    monkeypatch.setattr(_rows, "_norm_into", counting)
     return calls
 
 
@@ -606,11 +606,9 @@ def test_an_error_inside_the_probe_stops_it_and_training_goes_on_unchanged(
     steps, b = 4, 4
     if source == "micro":  # on the CPU, 4 norms in each backward's hooks and 4 at step()
         k = 2
-        real = _probe._norm_into
+        real = _rows._norm_into
         per_step = 4 * (k + 1)
-        monkeypatch.setattr(
-            _probe, "_norm_into", lambda dtype: failing_after(per_step, real(dtype))
-        )
+        monkeypatch.setattr(_rows, "_norm_into", lambda dtype: failing_after(per_step, real(dtype)))
     else:  # two Linear layers per backward
         monkeypatch.setattr(_per_example, "_linear_sq", failing_after(3, _per_example._linear_sq))
         k = 1
@@ -653,12 +651,12 @@ def test_an_error_reading_the_gradients_is_kept_from_the_loop(
     """Reading .grad fails in micro_step (a first backward with no .grad before it) or in
     step() (the accumulated gradient): the loop goes on, the probe stops and says why."""
 
-    def broken(self: GradientNoiseProbe, row: int) -> None:
+    def broken(self: _rows.NormRows, row: int) -> None:
         raise RuntimeError("injected failure")
 
     model, sink = _mlp(), ListSink()
     probe = GradientNoiseProbe(model, sink, source="micro")
-    monkeypatch.setattr(GradientNoiseProbe, "_read_grad_into", broken)
+    monkeypatch.setattr(_rows.NormRows, "read_grad_into", broken)
     if grads_exist:  # then every backward goes through the hooks, .grad is read at the step
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
@@ -717,13 +715,13 @@ def test_a_plain_sink_gets_no_notice_and_no_error() -> None:
 def test_a_probe_stopped_by_an_error_says_why_on_the_runs_page(
     monkeypatch: pytest.MonkeyPatch, read_first_from_grad: None
 ) -> None:
-    def broken(self: GradientNoiseProbe, row: int) -> None:
+    def broken(self: _rows.NormRows, row: int) -> None:
         raise RuntimeError("injected failure")
 
     model, sink = _mlp(), _EventSink()
     probe = GradientNoiseProbe(model, sink, source="micro")
     probe.step_count = 7
-    monkeypatch.setattr(GradientNoiseProbe, "_read_grad_into", broken)
+    monkeypatch.setattr(_rows.NormRows, "read_grad_into", broken)
     x, y = _data(3, 2, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

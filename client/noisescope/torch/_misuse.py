@@ -18,12 +18,15 @@ end-of-backward work); the callback notes a few gradients' version counters.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
+
+from noisescope import _wire
 
 from ._torch_api import queue_after_backward, scaler_unscaled, version
 
@@ -112,3 +115,13 @@ class GradWatch:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+def notice(sink: Any, step: int, message: str) -> None:
+    """Say on the run's page why it has no samples: a warning reaches only the training log.
+    A plain ``Sink`` has no events; a failing one must not reach training either."""
+    log_event = getattr(sink, "log_event", None)
+    if log_event is None:
+        return
+    with contextlib.suppress(Exception):
+        log_event(step, _wire.NOTICE_EVENT_KIND, {"message": message})

@@ -19,7 +19,7 @@ first input and output.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -395,3 +395,25 @@ class PerExampleNorms:
         self._calls = {}
         self._batch = None
         self._batch_seen = None
+
+    def per_slot(
+        self, slot: Tensor, n_slots: int, item_counts: Sequence[float] | Tensor | None
+    ) -> tuple[Tensor, Tensor | None, int]:
+        """The last backward's per-example squared norms summed per series slot, shape
+        (n_slots, measured examples); the measured examples' item counts; the batch size."""
+        device = slot.device
+        counts = None
+        if item_counts is not None:
+            counts = torch.as_tensor(item_counts, dtype=torch.float32, device=device)
+        per_param = self.take(device)
+        n_full = self.last_full_batch
+        small = torch.zeros(n_slots, per_param.shape[1], device=device).index_add_(
+            0, slot, per_param
+        )
+        if counts is not None:
+            if counts.shape[0] != n_full:
+                raise ValueError(
+                    f"item_counts has {counts.shape[0]} entries but the batch has {n_full} examples"
+                )
+            counts = counts[: small.shape[1]]
+        return small, counts, n_full

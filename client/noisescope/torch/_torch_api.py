@@ -67,3 +67,12 @@ def scaler_unscaled(scaler: Any) -> bool:
         isinstance(state, dict) and state.get("stage") is OptState.UNSCALED
         for state in states.values()
     )
+
+
+def loss_scale(scaler: Any, device: torch.device) -> Tensor:
+    """A GradScaler's current scale as a float64 tensor on ``device``, without reading it to
+    the host: its scale tensor where the scaler has one (private), else ``get_scale()``."""
+    scale = getattr(scaler, "_scale", None)
+    if isinstance(scale, Tensor):
+        return scale.detach().to(device, torch.float64)
+    return torch.tensor(float(scaler.get_scale()), dtype=torch.float64, device=device)
