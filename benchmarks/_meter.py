@@ -77,39 +77,18 @@ class Meter:
 
 @contextlib.contextmanager
 def metered(meter: Meter, extra: Sequence[tuple[type, str]] = ()) -> Iterator[None]:
-    """Wrap the probe's methods and hooks (and ``extra`` entry points) with ``meter``.
-
-    Probes and callbacks must be created inside the block: hooks bind the wrapped methods.
+    """Meter the probes created inside the block (through ``noisescope.torch.instrumented``:
+    their methods and every hook they install) and the ``extra`` entry points (methods of
+    the framework callbacks, wrapped on their class for the block).
     """
-    from noisescope.torch import GradientNoiseProbe
-    from noisescope.torch._per_example import PerExampleNorms
+    from noisescope.torch import instrumented
 
-    methods = [
-        (GradientNoiseProbe, "micro_step", False),
-        (GradientNoiseProbe, "step", False),
-        (GradientNoiseProbe, "_before_forward", False),  # forward pre-hook (micro source)
-        (PerExampleNorms, "_backward", True),  # per-example: each layer's output-grad hook
-        *((cls, name, False) for cls, name in extra),
-    ]
-    # factories whose returned closures are hooks: wrap what they return
-    factories = [
-        (GradientNoiseProbe, "_make_hook", True),  # per-parameter gradient hooks
-        (PerExampleNorms, "_make_forward_hook", False),  # per-example forward hooks
-    ]
-    saved = [(cls, name, cls.__dict__[name]) for cls, name, _ in methods + factories]
-    for cls, name, is_hook in methods:
-        setattr(cls, name, meter.wrap(cls.__dict__[name], hook=is_hook))
-    for cls, name, is_hook in factories:
-        factory = cls.__dict__[name]
-
-        def metered_factory(
-            self: Any, *args: Any, _factory: Any = factory, _hook: bool = is_hook
-        ) -> Any:
-            return meter.wrap(_factory(self, *args), hook=_hook)
-
-        setattr(cls, name, metered_factory)
+    saved = [(cls, name, cls.__dict__[name]) for cls, name in extra]
+    for cls, name, fn in saved:
+        setattr(cls, name, meter.wrap(fn))
     try:
-        yield
+        with instrumented(lambda fn, is_hook: meter.wrap(fn, hook=is_hook)):
+            yield
     finally:
         for cls, name, fn in saved:
             setattr(cls, name, fn)

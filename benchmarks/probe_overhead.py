@@ -187,6 +187,41 @@ class _LeastReads:
             handle.remove()
 
 
+class _LeastGram:
+    """The least a per-example probe must do: each Linear layer's per-example products (the
+    probe's own Gram/outer-product identity, metered), from its saved input and its output's
+    gradient. Nothing else: no other layer, no sums, nothing logged."""
+
+    def __init__(self, model: nn.Module, meter: Meter) -> None:
+        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        assert isinstance(inner, nn.Module)
+        self._gram = meter.wrap(_per_example._linear_sq, hook=True)
+        self._handles = [
+            m.register_forward_hook(self._forward) for m in inner.modules() if type(m) is nn.Linear
+        ]
+
+    def _forward(self, module: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> None:
+        if not (torch.is_grad_enabled() and out.requires_grad):
+            return
+        x = args[0].detach()
+        x = x.reshape(x.shape[0], -1, x.shape[-1])
+
+        def on_grad(delta: Tensor) -> None:
+            self._gram(x, delta.reshape(delta.shape[0], -1, delta.shape[-1]))
+
+        out.register_hook(on_grad)  # type: ignore[no-untyped-call]
+
+    def micro_step(self, batch_size: float) -> None:
+        pass
+
+    def step(self, *, loss: float, lr: float) -> None:
+        pass
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 class _Case:
     """One model and optimizer, stepped with or without a probe: both arms share the weights,
     the data and the memory layout, so the ratio isolates the probe."""
@@ -329,15 +364,10 @@ def _in_probe(case: _Case, steps: int, chunks: int) -> float:
 def _least(case: _Case, steps: int, chunks: int) -> float:
     """CPU seconds per step of the least work a probe of this kind must do (module doc)."""
     meter = Meter()
-    if case.kind == "per_example":  # the real probe, metering its Linear products alone
-        linear_sq = _per_example._linear_sq
-        _per_example._linear_sq = meter.wrap(linear_sq)
-        try:
-            return _metered(meter, lambda n: case.time(True, n), steps, chunks)
-        finally:
-            _per_example._linear_sq = linear_sq
 
     def make(model: nn.Module) -> _Probe:
+        if case.kind == "per_example":
+            return _LeastGram(model, meter)
         return _LeastReads(model, meter, first_only=case.kind == "first")
 
     return _metered(meter, lambda n: case.time(True, n, make), steps, chunks)

@@ -18,6 +18,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from noisescope._sink import Sink
 
 from ._hessian import BNoiseEstimate, hessian_noise_scale
+from ._instrument import instrumented
 from ._per_example import PerExampleNorms
 from ._probe import GradientNoiseProbe, ProbeSample
 
@@ -28,4 +29,5 @@ __all__ = [
     "ProbeSample",
     "Sink",
     "hessian_noise_scale",
+    "instrumented",
 ]

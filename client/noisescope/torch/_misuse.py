@@ -28,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from noisescope import _wire
 
+from ._instrument import Wrap
 from ._torch_api import queue_after_backward, scaler_unscaled, version
 
 #: Clipping and unscaling change every gradient: a few tell.
@@ -66,13 +67,18 @@ class GradWatch:
     """Notes the gradients' version counters at the end of each backward; ``check`` says
     whether they changed (or were unscaled) before ``step()``."""
 
-    def __init__(self, modules: Iterable[nn.Module], params: list[nn.Parameter]) -> None:
+    def __init__(
+        self, modules: Iterable[nn.Module], params: list[nn.Parameter], wrap: Wrap
+    ) -> None:
         self.armed = False
+        self._on_grad_hook = wrap(self._on_grad, True)
+        self._record_hook = wrap(self._record, False)
         self._params = params[:_WATCHED]
         self._marks: list[tuple[nn.Parameter, Tensor, int]] | None = None
         self._pending = False  # a backward is running, its callback not yet run
         self._handles: list[RemovableHandle] = [
-            m.register_forward_hook(self._after_forward) for m in dict.fromkeys(modules)
+            m.register_forward_hook(wrap(self._after_forward, False))
+            for m in dict.fromkeys(modules)
         ]
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -80,12 +86,12 @@ class GradWatch:
             return
         out = _first_grad_tensor(output)
         if out is not None:
-            out.register_hook(self._on_grad)  # type: ignore[no-untyped-call]
+            out.register_hook(self._on_grad_hook)  # type: ignore[no-untyped-call]
 
     def _on_grad(self, grad: Tensor) -> None:
         if not self._pending:
             self._pending = True
-            queue_after_backward(self._record)
+            queue_after_backward(self._record_hook)
 
     def _record(self) -> None:
         self._pending = False

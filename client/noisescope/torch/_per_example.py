@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from ._instrument import Wrap, _identity
+
 PerExampleMethod = Literal["auto", "identities", "func"]
 
 
@@ -138,7 +140,9 @@ class PerExampleNorms:
         param_index: dict[int, int],
         method: PerExampleMethod = "auto",
         max_examples: int | None = None,
+        wrap: Wrap = _identity,
     ) -> None:
+        self._wrap = wrap  # profiling (``noisescope.torch.instrumented``)
         if method not in ("auto", "identities", "func"):
             raise ValueError(f"per_example must be 'auto', 'identities' or 'func', got {method!r}")
         self.n_params = len(param_index)
@@ -190,7 +194,9 @@ class PerExampleNorms:
             entry = _Entry(module, own, kind or "func")
             self.entries.append(entry)
             self._handles.append(
-                module.register_forward_hook(self._make_forward_hook(entry), with_kwargs=True)
+                module.register_forward_hook(
+                    wrap(self._make_forward_hook(entry), False), with_kwargs=True
+                )
             )
 
     @property
@@ -263,7 +269,7 @@ class PerExampleNorms:
                         raise
                     self.on_error(exc)
 
-            out.register_hook(on_grad)  # type: ignore[no-untyped-call]
+            out.register_hook(self._wrap(on_grad, True))  # type: ignore[no-untyped-call]
 
         return hook
 

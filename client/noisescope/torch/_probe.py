@@ -29,6 +29,7 @@ from torch.utils.hooks import RemovableHandle
 from noisescope._sink import Sink
 
 from . import _normalise, _rows
+from ._instrument import current as _instrumentation
 from ._misuse import GradWatch, notice
 from ._normalise import MicroLoss
 from ._per_example import PerExampleMethod, PerExampleNorms
@@ -158,6 +159,9 @@ class GradientNoiseProbe:
             raise ValueError(f"readout must be 'auto', 'immediate' or 'deferred', got {readout!r}")
         self.model = model
         self.sink = sink
+        self._wrap = _instrumentation()  # profiling (benchmarks): identity otherwise
+        for name in ("micro_step", "step", "flush"):
+            setattr(self, name, self._wrap(getattr(self, name), False))
         self.units: str = units
         self.micro_loss: MicroLoss = micro_loss
         self.scaler = scaler
@@ -234,30 +238,32 @@ class GradientNoiseProbe:
         owner = next(m for m in inner.modules() if _owns(m, self.params[0]))
         # a compiled model's own forward runs eagerly; hooks inside it would be traced
         entries = [self.layout.compiled] if self.layout.compiled is not None else [inner, owner]
-        self._watch = GradWatch(entries, self.params)
+        self._watch = GradWatch(entries[-1:], self.params, self._wrap)  # one hook per forward
         self._watch.armed = self._armed
         if self.source == "micro":
-            rows = self._rows
+            rows, wrap, fail = self._rows, self._wrap, self._fail
             if self.layout.sharded:  # the forward's unsharded parameters get the hooks
                 self._unsharded = UnshardedHooks(
                     inner,
                     self.params,
-                    lambda i, dtype: rows.make_hook(i, _rows.norm_into(dtype), self._fail),
+                    lambda i, dtype: wrap(rows.make_hook(i, _rows.norm_into(dtype), fail), True),
+                    wrap,
                 )
             else:
                 for i, p in enumerate(self.params):
-                    hook = rows.make_hook(i, rows.norm_of[i], self._fail)
+                    hook = wrap(rows.make_hook(i, rows.norm_of[i], fail), True)
                     self._handles.append(p.register_hook(hook))  # type: ignore[no-untyped-call]
             rows.hook_next(self._armed)
             if rows.per_parameter or self.layout.sharded:
                 return  # sharded: .grad never holds one backward's local gradient
             for module in dict.fromkeys(entries):
-                handle = module.register_forward_pre_hook(self._before_forward)
+                handle = module.register_forward_pre_hook(wrap(self._before_forward, False))
                 self._forward_handles.append(handle)
         else:
             self._per_example = PerExampleNorms(
-                inner, self._param_index, self._per_example_method, self._per_example_max
-            )
+                inner, self._param_index, self._per_example_method, self._per_example_max,
+                self._wrap,
+            )  # fmt: skip
             self._per_example.armed = self._armed
             self._per_example.on_error = self._fail
 

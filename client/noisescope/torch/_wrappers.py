@@ -157,7 +157,11 @@ class UnshardedHooks:
     """
 
     def __init__(
-        self, inner: nn.Module, params: list[nn.Parameter], make_hook: HookFactory
+        self,
+        inner: nn.Module,
+        params: list[nn.Parameter],
+        make_hook: HookFactory,
+        wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]],
     ) -> None:
         index = {id(p): i for i, p in enumerate(params)}
         self._make_hook = make_hook
@@ -170,7 +174,8 @@ class UnshardedHooks:
                 if id(p) in index
             ]
             if own:
-                self._handles.append(module.register_forward_pre_hook(self._pre_hook(own)))
+                pre_hook = wrap(self._pre_hook(own), False)
+                self._handles.append(module.register_forward_pre_hook(pre_hook))
 
     def _pre_hook(self, own: list[tuple[str, int]]) -> Callable[[nn.Module, Any], None]:
         hooked = self._hooked
