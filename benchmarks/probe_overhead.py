@@ -13,9 +13,9 @@ ratios. One intra-op thread (the machine is shared).
   gradient; also with micro-batches of 4x the examples (the probe's cost is one read of the
   gradient per micro-batch, the step's grows with the examples), and with
   ``small_batches="first"`` (only the first micro-batch's gradient norm is read).
-- compiled: the accumulation case on ``torch.compile(model)`` (inductor). (Not per-example:
-  dynamo does not guard on module hooks, so a probe attached to a model already compiled
-  without it never runs its hooks; each arm would need a fresh compilation.)
+- compiled: the accumulation and per-example cases on ``torch.compile(model)`` (inductor).
+  The per-example hooks cut the graph at each layer; and since dynamo does not guard on
+  module hooks, its probed arm is a copy compiled with the probe attached (``_CompiledPerExample``).
 - FSDP2 (MLP only): ``fully_shard`` on each Linear and the root, 2 real gloo processes, 2
   micro-batches (the first under ``set_requires_gradient_sync(False)``) for the micro-batch
   source, one backward for the per-example source; rank 0's figures.
@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import torch
+import torch._dynamo.config
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor, nn
@@ -59,6 +60,7 @@ from torch.nn import functional as F
 
 from benchmarks._meter import Meter, NoiseGauge, metered
 from noisescope.torch import GradientNoiseProbe, _per_example
+from noisescope.torch._instrument import current as instrumentation
 
 
 class _Sink:
@@ -277,6 +279,44 @@ class _Case:
                 probe.remove()
 
 
+class _CompiledPerExample(_Case):
+    """A compiled model with the per-example probe. Dynamo does not guard on module hooks, so
+    a probe attached to a model already compiled without it never runs its hooks: the probed
+    arm is a copy of the model, compiled with the probe attached before its first forward
+    (one per metering context), the untracked arm the original compiled model. No
+    least-work reference (its hooks would be attached after compilation)."""
+
+    def __init__(self, base: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> None:
+        self.base = base
+        super().__init__(
+            torch.compile(copy.deepcopy(base)), batches, _per_example_probe, "per_example"
+        )
+        self._probed: dict[Any, tuple[_Case, _Probe]] = {}
+
+    def time(self, probed: bool, n: int, make: ProbeFactory | None = None) -> float:
+        if not probed or make is not None:
+            return super().time(probed and make is None, n, make)
+        key = instrumentation()  # one probed copy per metering context
+        if key not in self._probed:
+            model = torch.compile(copy.deepcopy(self.base))
+            self._probed[key] = (_Case(model, self.batches, _per_example_probe, "per_example"),
+                                 _per_example_probe(model))  # fmt: skip
+        case, probe = self._probed[key]
+        gc.collect()
+        gc.disable()
+        try:
+            t0 = time.process_time()
+            for _ in range(n):
+                case.step(probe)
+            return (time.process_time() - t0) / n
+        finally:
+            gc.enable()
+
+
+def _per_example_probe(model: nn.Module) -> _Probe:
+    return GradientNoiseProbe(model, _Sink(), source="per_example")
+
+
 def _init_gloo() -> None:
     if dist.is_initialized():
         return
@@ -327,6 +367,7 @@ def _cases(
             ddp=True,
         ),
         COMPILED_MICRO: _Case(torch.compile(copy.deepcopy(base)), micro4, probe(source="micro")),
+        COMPILED_PER_EXAMPLE: _CompiledPerExample(base, full),
     }
 
 
@@ -405,7 +446,9 @@ def _rows(
                 q1,
                 q3,
                 1e3 * _in_probe(cases[source], *metering),
-                1e3 * _least(cases[source], *metering) if least else math.nan,
+                1e3 * _least(cases[source], *metering)
+                if least and not isinstance(cases[source], _CompiledPerExample)
+                else math.nan,
             )
         )
     return rows
@@ -474,6 +517,9 @@ def measure(quick: bool, gauge: NoiseGauge) -> list[Row]:
     """One row per model and probe source."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    # several compiled instances of one class: without hook guards the per-example probe's
+    # copy would reuse a graph compiled without its hooks (docs/sources.md, "Setups")
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
     try:
         fsdp = _fsdp_rows(quick)
         models = {
@@ -497,6 +543,7 @@ METERED = (8, 5)  # the metered columns: median over 5 runs of 8 steps
 LARGE = "accumulation (4 micro-batches of 4x the examples)"
 QUICK_ROUNDS, QUICK_STEPS = 3, 2
 COMPILED_MICRO = "compiled (inductor): accumulation (4 micro-batches)"
+COMPILED_PER_EXAMPLE = "compiled (inductor): per-example (a graph break per layer)"
 FSDP_MICRO = "FSDP2, 2 processes: accumulation (2 micro-batches)"
 FSDP_PER_EXAMPLE = "FSDP2, 2 processes: per-example"
 
@@ -509,6 +556,7 @@ TARGETS = {
     "accumulation (4 micro-batches), small_batches='first'": 1.03,
     "DDP + accumulation (2 micro-batches)": 1.03,
     COMPILED_MICRO: 1.03,
+    COMPILED_PER_EXAMPLE: 1.3,
     FSDP_MICRO: 1.03,
     FSDP_PER_EXAMPLE: 1.3,
 }
@@ -545,9 +593,14 @@ def run(quick: bool = False) -> str:
         "fresh (a post-accumulate hook), one batched norm of the accumulated gradient at the "
         "step, and for DDP the one small all-reduce; for the per-example rows, the Linear "
         "layers' per-example products (the Gram matrices) alone. The probe's cost beyond it is "
-        "its own bookkeeping. "
-        "Targets: accumulation and DDP <= 1.03x, per-example <= 1.3x on the transformer. "
-        + gauge.describe(),
+        "its own bookkeeping. FSDP2 rows: 2 real gloo processes on this machine's 2 shared "
+        "cores, rank 0's figures (no least-work reference: its hooks never fire on sharded "
+        "parameters); compiled rows: inductor, compiled once per case before the timings. "
+        "The in-probe time is metered through `noisescope.torch.instrumented`. "
+        "Targets: micro-batch sources (accumulation, DDP, FSDP2) <= 1.03x, per-example <= "
+        "1.3x, judged on *1 + in/untracked*; a ratio inside the q1-q3 spread is noise. "
+        "No GPU was available for this run: the deferred readout (the default off the CPU) is "
+        "not timed on one; these CPU rows use the immediate readout. " + gauge.describe(),
         "",
         "| model | source | untracked CPU ms/step | with probe CPU ms/step | ratio | q1-q3 "
         "| in probe ms/step | 1 + in/untracked | least work ms/step | 1 + least/untracked "

@@ -108,3 +108,51 @@ def test_compiled_model_logs_the_eager_samples(source: str) -> None:
     for eager, compiled_row in zip(rows[False], rows[True], strict=True):
         for key in ("b_small", "b_big", "g_small_sq", "g_big_sq"):
             assert compiled_row[key] == pytest.approx(eager[key], rel=1e-9)
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+
+def test_another_instance_compiled_without_hooks_does_not_hide_the_probes() -> None:
+    """Dynamo skips guards on module hooks by default: code compiled for another instance of
+    the class, without hooks, would be reused for the probed model and its hooks never run.
+    The probe turns those guards on for compilations after it."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 6)
+    model, sink = _mlp(), ListSink()
+    compiled = torch.compile(model)
+    probe = GradientNoiseProbe(compiled, sink, source="per_example")
+    other = torch.compile(_mlp())
+    other(x).sum().backward()  # same class, compiled first, without hooks
+    for _ in range(2):
+        compiled(x).sum().backward()
+        probe.step(batch_size=4)
+        model.zero_grad()
+    assert len(sink.rows) == 2
+
+
+def test_a_graph_compiled_before_the_probe_is_named_in_the_error() -> None:
+    """The case the guards cannot reach (compiled without them, before the probe): the error
+    says what happened and how to fix it, instead of logging nothing."""
+    import torch._dynamo
+    import torch._dynamo.config
+
+    torch._dynamo.reset()
+    torch._dynamo.config.skip_nnmodule_hook_guards = True  # the default, before any probe
+    try:
+        x = torch.randn(4, 6)
+        other = torch.compile(_mlp())
+        other(x).sum().backward()
+        model = _mlp()
+        compiled = torch.compile(model)
+        probe = GradientNoiseProbe(compiled, ListSink(), source="per_example")
+        compiled(x).sum().backward()
+        with pytest.raises(RuntimeError, match="skip_nnmodule_hook_guards"):
+            probe.step(batch_size=4)
+    finally:
+        torch._dynamo.config.skip_nnmodule_hook_guards = False
+        torch._dynamo.reset()

@@ -380,6 +380,11 @@ class PerExampleNorms:
             self._recomputing = False
         return {name: sq[:, j] for j, name in enumerate(own)}
 
+    @property
+    def captured(self) -> bool:
+        """Whether the last backward gave any per-example norm."""
+        return self._batch is not None
+
     def take(self, device: torch.device) -> Tensor:
         """Per-parameter per-example squared norms of the last backward, shape (n_params, B)."""
         if self._batch is None:

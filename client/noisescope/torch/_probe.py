@@ -28,7 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from noisescope._sink import Sink
 
-from . import _normalise, _rows
+from . import _normalise, _rows, _torch_api
 from ._instrument import current as _instrumentation
 from ._misuse import GradWatch, notice
 from ._normalise import MicroLoss
@@ -63,6 +63,16 @@ _SINGLE = (
     "Use gradient accumulation (several backward passes per optimizer step, e.g. "
     "accumulate_grad_batches or gradient_accumulation_steps > 1), several data-parallel "
     "processes, or source='per_example'"
+)
+
+
+_STALE_GRAPH = (
+    "no per-example gradients were captured from the compiled model: torch.compile reused a "
+    "graph compiled before the probe existed, without its hooks (for this model or another "
+    "instance of its class; dynamo does not guard on module hooks by default). Create the "
+    "probe before compiling, or set torch._dynamo.config.skip_nnmodule_hook_guards = False "
+    "before the first compilation, or call torch.compiler.reset() after creating the probe; "
+    "or use source='micro', whose hooks are outside the graph"
 )
 
 
@@ -260,6 +270,8 @@ class GradientNoiseProbe:
                 handle = module.register_forward_pre_hook(wrap(self._before_forward, False))
                 self._forward_handles.append(handle)
         else:
+            if self.layout.compiled is not None:  # the hooks are inside the compiled forward
+                _torch_api.guard_module_hooks()
             self._per_example = PerExampleNorms(
                 inner, self._param_index, self._per_example_method, self._per_example_max,
                 self._wrap,
@@ -389,7 +401,14 @@ class GradientNoiseProbe:
         if not armed:
             self._per_example.reset()
             return
-        small, counts, n_full = self._per_example.per_slot(self._slot, self._n_slots, item_counts)
+        try:
+            small, counts, n_full = self._per_example.per_slot(
+                self._slot, self._n_slots, item_counts
+            )
+        except RuntimeError as exc:
+            if self.layout.compiled is None or self._per_example.captured:
+                raise
+            raise RuntimeError(_STALE_GRAPH) from exc
         self._micro.append(Micro(None, small, float(batch_size), grad_scale, counts, n_full))
 
     def step(

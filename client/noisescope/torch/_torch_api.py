@@ -6,6 +6,7 @@ Private names move between torch releases; when one is missing, the probe must s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -76,3 +77,18 @@ def loss_scale(scaler: Any, device: torch.device) -> Tensor:
     if isinstance(scale, Tensor):
         return scale.detach().to(device, torch.float64)
     return torch.tensor(float(scaler.get_scale()), dtype=torch.float64, device=device)
+
+
+def guard_module_hooks() -> None:
+    """Make torch.compile recompile a graph whose modules' hooks changed.
+
+    Dynamo skips guards on module hooks by default: code compiled for one instance of a module
+    class, without hooks, is reused for another instance (or the same one) after the
+    per-example hooks were attached, and the hooks never run. Process-wide; a no-op where
+    the setting does not exist.
+    """
+    with contextlib.suppress(Exception):
+        import torch._dynamo.config as dynamo_config
+
+        if getattr(dynamo_config, "skip_nnmodule_hook_guards", None) is True:
+            dynamo_config.skip_nnmodule_hook_guards = False
