@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments, default_data_collator
 
 from noisescope.integrations import HuggingFaceCallback
+from tests.integrations._subprocess import pythonpath as _pythonpath
 from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
 from tests.integrations.conftest import stored_run
 from tests.support.servers import ServerProcess
@@ -269,7 +270,7 @@ def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
     """
     from tests.support.servers import free_port
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
     script = Path(__file__).with_name("_hf_ddp.py")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     command += ["--master_port", str(free_port()), str(script), server.url, str(tmp_path)]

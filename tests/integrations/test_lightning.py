@@ -22,6 +22,7 @@ from torch import Tensor
 
 from noisescope.integrations import LightningCallback
 from tests.integrations._lit import DigitsMLP, digits_loader
+from tests.integrations._subprocess import pythonpath as _pythonpath
 from tests.integrations.conftest import stored_run
 from tests.support.servers import ServerProcess
 
@@ -214,7 +215,7 @@ def test_parameters_identical_with_and_without_the_callback(
 def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
     """Lightning's ``ddp`` strategy, 2 CPU processes: micro-batch per rank vs all-reduced."""
     out = tmp_path / "ddp.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("_lightning_ddp.py")), server.url, str(out)],
         env=env,
@@ -236,3 +237,28 @@ def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
         assert sample["g_small_sq"] > 0
     # only rank 0 sent: one run, no duplicate samples
     assert len(stored.samples) == 3
+
+
+def test_model_parallel_fsdp2_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
+    """Lightning's ModelParallelStrategy with ``fully_shard`` in ``configure_model`` (FSDP2),
+    2 CPU processes: the probe finds the sharded parameters itself; each rank's micro-batch
+    is a G_small, the reduce-scattered gradient (its shards summed over ranks) G_big."""
+    out = tmp_path / "fsdp2.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
+    script = Path(__file__).with_name("_lightning_fsdp2.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), server.url, str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    stored = stored_run(server, result["run_id"])
+    assert [s["step"] for s in stored.samples] == [0, 1, 2]
+    assert [(s["b_small"], s["b_big"]) for s in stored.samples] == [(8, 32)] * 3
+    for sample, recorded in zip(stored.samples, result["big_norms_sq"], strict=True):
+        assert sample["g_big_sq"] == pytest.approx(recorded, rel=1e-5)
+        assert sample["g_small_sq"] > 0

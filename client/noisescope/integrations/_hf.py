@@ -42,6 +42,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from noisescope._run import Run
 from noisescope.torch._torch_api import queue_after_backward
+from noisescope.torch._wrappers import detect
 
 from ._base import _TrackingCallback
 
@@ -301,7 +302,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         assert state is not None
         run_units = getattr(self.run, "units", None)  # a run passed in fixes the units
         units = self.units or run_units or ("tokens" if labels.dim() >= 2 else "examples")
-        if self._expect_ddp and self._ddp is None:
+        if self._expect_ddp and self._ddp is None and not detect(module).sharded:
             warnings.warn(
                 "noisescope: several processes but no DistributedDataParallel wrapper found; "
                 "measuring each process on its own",

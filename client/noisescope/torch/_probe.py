@@ -29,6 +29,7 @@ from torch.utils.hooks import RemovableHandle
 from noisescope._sink import Sink
 
 from . import _normalise, _rows, _torch_api
+from ._instrument import _identity as _not_instrumented
 from ._instrument import current as _instrumentation
 from ._misuse import GradWatch, notice
 from ._normalise import MicroLoss
@@ -170,8 +171,9 @@ class GradientNoiseProbe:
         self.model = model
         self.sink = sink
         self._wrap = _instrumentation()  # profiling (benchmarks): identity otherwise
-        for name in ("micro_step", "step", "flush"):
-            setattr(self, name, self._wrap(getattr(self, name), False))
+        if self._wrap is not _not_instrumented:
+            for name in ("micro_step", "step", "flush"):
+                setattr(self, name, self._wrap(getattr(self, name), False))
         self.units: str = units
         self.micro_loss: MicroLoss = micro_loss
         self.scaler = scaler

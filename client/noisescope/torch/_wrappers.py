@@ -67,9 +67,9 @@ def _refuse(model: nn.Module) -> None:
     name = f"{type(model).__module__}.{type(model).__qualname__}"
     if name.startswith("deepspeed."):
         raise TypeError(
-            f"noisescope: {type(model).__name__} (DeepSpeed) is not supported: ZeRO keeps "
-            "gradients in partitioned buffers the probe cannot read, and DeepSpeed does not "
-            f"install on this project's test machines. Supported: {SUPPORTED}."
+            f"noisescope: {type(model).__name__} (DeepSpeed) is not supported: ZeRO moves "
+            "the gradients out of .grad into its own partitioned buffers, which the probe does "
+            f"not read. Supported: {SUPPORTED}."
         )
     fsdp1: Any = None
     with contextlib.suppress(ImportError):
