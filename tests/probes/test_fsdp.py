@@ -44,7 +44,14 @@ SCALED = [("micro", 2), ("per_example", 1)]
 
 
 def _train(
-    rank: int, source: str, d: int, k: int, steps: int, b: int, scaled: bool = False
+    rank: int,
+    source: str,
+    d: int,
+    k: int,
+    steps: int,
+    b: int,
+    scaled: bool = False,
+    readout: str = "auto",
 ) -> dict[str, Any]:
     p, w = _problem(d)
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0, enabled=scaled)
@@ -53,7 +60,11 @@ def _train(
     fully_shard(model, shard_placement_fn=lambda _param: Shard(1))
     sink = ListSink()
     probe = GradientNoiseProbe(
-        model, sink, source="auto" if source == "micro" else source, scaler=scaler
+        model,
+        sink,
+        source="auto" if source == "micro" else source,  # type: ignore[arg-type]
+        scaler=scaler,
+        readout=readout,  # type: ignore[arg-type]
     )
     for step in range(steps):
         x, y = (torch.from_numpy(a[rank]) for a in _batches(p, step, k, b))
@@ -88,6 +99,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         for source, k in SCALED:
             result[f"exact_{source}_{k}_scaled"] = _train(
                 rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], scaled=True
+            )
+        for source, k in SCALED:  # deferred readout: the same samples
+            result[f"exact_{source}_{k}_deferred"] = _train(
+                rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], readout="deferred"
             )
         for name, (source, k, steps, b) in TRUTH.items():
             result[f"truth_{name}"] = _train(rank, source, 32, k, steps, b)
@@ -154,3 +169,11 @@ def test_fsdp2_sources_match_closed_form(fsdp_runs: list[dict[str, Any]], name: 
     assert len(rows) == steps
     assert rows[0]["b_big"] == pytest.approx(WORLD * k * b)
     assert_truth(rows, p.truth(w))
+
+
+@pytest.mark.parametrize(("source", "k"), SCALED)
+def test_fsdp2_deferred_readout_logs_the_same_samples(
+    fsdp_runs: list[dict[str, Any]], source: str, k: int
+) -> None:
+    for rank in fsdp_runs:
+        assert rank[f"exact_{source}_{k}_deferred"]["rows"] == rank[f"exact_{source}_{k}"]["rows"]
