@@ -3,7 +3,7 @@
 A thin layer over the plain-loop API: ``noisescope.init`` plus
 ``noisescope.torch.GradientNoiseProbe(source="micro")``. Each micro-batch's backward gives a
 G_small, the accumulated (and DDP all-reduced) gradient the optimizer sees is G_big
-(science.md, "Where the two batch sizes come from"; two-batch estimator, App. A.1).
+(docs/science.md, "Where the two batch sizes come from"; two-batch estimator, App. A.1).
 
 Where it hooks into ``Trainer`` (transformers >= 4.46):
 
@@ -19,7 +19,7 @@ Where it hooks into ``Trainer`` (transformers >= 4.46):
   by the ``GradScaler``'s scale squared). No Trainer event fits: ``on_pre_optimizer_step`` runs
   after clipping.
 
-Units (science.md, "Pitfalls"): when the model receives ``num_items_in_batch`` its loss is
+Units (docs/science.md, "Pitfalls"): when the model receives ``num_items_in_batch`` its loss is
 ``sum(token losses) / N`` (times the world size with ``average_tokens_across_devices``), so the
 backward of micro-batch j adds ``c_j g_j`` with ``c_j = n_j * s / N``, ``g_j`` the mean gradient
 over its ``n_j`` real label tokens; the callback passes that ``c_j`` to the probe, so B_small and

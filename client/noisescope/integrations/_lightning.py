@@ -3,7 +3,7 @@
 A thin layer over the plain-loop API: ``noisescope.init`` plus
 ``noisescope.torch.GradientNoiseProbe(source="micro")``. Each micro-batch's backward gives a
 G_small, the gradient the optimizer sees (accumulated over ``accumulate_grad_batches``,
-all-reduced by the DDP strategy) is G_big (science.md, "Where the two batch sizes come from").
+all-reduced by the DDP strategy) is G_big (docs/science.md, "Where the two batch sizes come from").
 
 Where it hooks in (automatic optimization, Lightning 2.x): ``on_after_backward`` runs after each
 backward, when DDP has all-reduced the last micro-batch's gradient, and, for that last

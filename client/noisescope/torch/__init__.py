@@ -20,7 +20,8 @@ from noisescope._sink import Sink
 from ._hessian import BNoiseEstimate, hessian_noise_scale
 from ._instrument import instrumented
 from ._per_example import PerExampleNorms
-from ._probe import GradientNoiseProbe, ProbeSample
+from ._probe import GradientNoiseProbe
+from ._sums import ProbeSample
 
 __all__ = [
     "BNoiseEstimate",

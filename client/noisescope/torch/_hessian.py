@@ -1,6 +1,6 @@
 """Hessian-aware B_noise = tr(H Sigma) / (G^T H G) for models small enough for extra passes.
 
-science.md: B_noise is the noise scale that sets the optimal step and the loss improvement per
+docs/science.md: B_noise is the noise scale that sets the optimal step and the loss improvement per
 step; it equals B_simple only when H is proportional to I. The quadratic-form analogue of eq. 1,
 
     E[G_B^T H G_B] = G^T H G + tr(H Sigma) / B,

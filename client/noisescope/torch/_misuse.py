@@ -47,6 +47,25 @@ MODIFIED = (
     "probe.step() right after the last backward, before unscaling and clipping."
 )
 
+#: no sample can come from a step with one batch size
+SINGLE_BATCH_SIZE = (
+    "this step has one batch size only (one process, one backward): nothing can be measured. "
+    "Use gradient accumulation (several backward passes per optimizer step, e.g. "
+    "accumulate_grad_batches or gradient_accumulation_steps > 1), several data-parallel "
+    "processes, or source='per_example'"
+)
+
+
+#: per-example hooks hidden by a graph compiled before the probe
+STALE_GRAPH = (
+    "no per-example gradients were captured from the compiled model: torch.compile reused a "
+    "graph compiled before the probe existed, without its hooks (for this model or another "
+    "instance of its class; dynamo does not guard on module hooks by default). Create the "
+    "probe before compiling, or set torch._dynamo.config.skip_nnmodule_hook_guards = False "
+    "before the first compilation, or call torch.compiler.reset() after creating the probe; "
+    "or use source='micro', whose hooks are outside the graph"
+)
+
 
 def _first_grad_tensor(value: Any) -> Tensor | None:
     """The first tensor in a forward's output that the backward will reach."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -31,50 +30,20 @@ from noisescope._sink import Sink
 from . import _normalise, _rows, _torch_api
 from ._instrument import _identity as _not_instrumented
 from ._instrument import current as _instrumentation
-from ._misuse import GradWatch, notice
+from ._misuse import SINGLE_BATCH_SIZE, STALE_GRAPH, GradWatch, notice
 from ._normalise import MicroLoss
 from ._per_example import PerExampleMethod, PerExampleNorms
 from ._readout import N_COUNTS, N_FLAGS, Pending, Readout
-from ._sums import Micro, StepSums
-from ._wrappers import UnshardedHooks, detect
+from ._sums import Micro, ProbeSample, StepSums
+from ._wrappers import UnshardedHooks, detect, may_all_reduce
 
 Source = Literal["auto", "micro", "per_example"]
 Units = Literal["examples", "tokens"]
 ReadoutMode = Literal["auto", "immediate", "deferred"]
 
 
-@dataclass(frozen=True)
-class ProbeSample:
-    """What one measured step produced for the whole model (series "")."""
-
-    step: int
-    b_small: float
-    b_big: float
-    g_small_sq: float
-    g_big_sq: float
-    examples: float
-
-
 def _owns(module: nn.Module, param: nn.Parameter) -> bool:
     return any(p is param for p in module.parameters(recurse=False))
-
-
-_SINGLE = (
-    "this step has one batch size only (one process, one backward): nothing can be measured. "
-    "Use gradient accumulation (several backward passes per optimizer step, e.g. "
-    "accumulate_grad_batches or gradient_accumulation_steps > 1), several data-parallel "
-    "processes, or source='per_example'"
-)
-
-
-_STALE_GRAPH = (
-    "no per-example gradients were captured from the compiled model: torch.compile reused a "
-    "graph compiled before the probe existed, without its hooks (for this model or another "
-    "instance of its class; dynamo does not guard on module hooks by default). Create the "
-    "probe before compiling, or set torch._dynamo.config.skip_nnmodule_hook_guards = False "
-    "before the first compilation, or call torch.compiler.reset() after creating the probe; "
-    "or use source='micro', whose hooks are outside the graph"
-)
 
 
 class GradientNoiseProbe:
@@ -293,23 +262,10 @@ class GradientNoiseProbe:
         if self._n_micro or self._decided or not self._armed or not torch.is_grad_enabled():
             return
         self._decided = True
-        if self._may_all_reduce() or any(p.grad is not None for p in self.params):
+        if may_all_reduce(self.model, self.layout) or any(p.grad is not None for p in self.params):
             return
         self._read_grad = True
         self._rows.hook_next(False)
-
-    def _may_all_reduce(self) -> bool:
-        """Could the coming backward overwrite .grad with an all-reduced gradient?"""
-        if self.layout.sharded:
-            return True
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return False
-        if self.distributed:  # DDP: all-reduces unless under no_sync or alone in its group
-            sync = getattr(self.model, "require_backward_grad_sync", True)
-            return bool(sync) and self.world_size > 1
-        # a process group with a wrapper we do not know: assume so, unless there is no peer
-        # (torchrun with one process): a reduction over one rank leaves .grad as it is
-        return bool(torch.distributed.get_world_size() > 1)
 
     def remove(self) -> None:
         """Detach every hook (the model trains on untouched); a deferred sample is logged."""
@@ -410,7 +366,7 @@ class GradientNoiseProbe:
         except RuntimeError as exc:
             if self.layout.compiled is None or self._per_example.captured:
                 raise
-            raise RuntimeError(_STALE_GRAPH) from exc
+            raise RuntimeError(STALE_GRAPH) from exc
         self._micro.append(Micro(None, small, float(batch_size), grad_scale, counts, n_full))
 
     def step(
@@ -531,7 +487,7 @@ class GradientNoiseProbe:
         b_small = _normalise.b_small(count, inv_b)
         b_big = _normalise.b_big(c_tot, c2b_tot)
         if not b_big > b_small * (1.0 + 1e-9):
-            self._warn_once(step, _SINGLE)
+            self._warn_once(step, SINGLE_BATCH_SIZE)
             return None
         divisor = _normalise.g_big_divisor(c_tot, self.world_size)
         total_small, total_big = sum(small_l) / count, sum(big_l) / divisor

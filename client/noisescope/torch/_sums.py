@@ -21,6 +21,18 @@ from ._readout import N_COUNTS, N_FLAGS, Readout
 from ._rows import NormRows
 
 
+@dataclass(frozen=True)
+class ProbeSample:
+    """What one measured step produced for the whole model (series "")."""
+
+    step: int
+    b_small: float
+    b_big: float
+    g_small_sq: float
+    g_big_sq: float
+    examples: float
+
+
 @dataclass
 class Micro:
     """One backward of the step, as ``micro_step`` recorded it."""

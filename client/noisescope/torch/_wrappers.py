@@ -137,6 +137,21 @@ def detect(model: nn.Module, process_group: Any = None) -> Layout:
     return Layout("single", model, None, 1, compiled)
 
 
+def may_all_reduce(model: nn.Module, layout: Layout) -> bool:
+    """Could the coming backward overwrite .grad with a reduced gradient?"""
+    if layout.sharded:
+        return True
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    if layout.distributed:  # DDP: all-reduces unless under no_sync or alone in its group
+        sync = getattr(model, "require_backward_grad_sync", True)
+        return bool(sync) and layout.world_size > 1
+    # a process group with a wrapper we do not know: assume so, unless there is no peer
+    # (torchrun with one process): a reduction over one rank leaves .grad as it is
+    return bool(dist.get_world_size() > 1)
+
+
 def local_grad(grad: Tensor) -> Tensor:
     """This rank's part of a gradient: a DTensor's local shard, a plain tensor itself."""
     if DTensor is not None and isinstance(grad, DTensor):
