@@ -225,7 +225,7 @@ def load_section(backend: str, s: Sizes) -> tuple[bool, str]:
         f"`finish`) against `noisescope server --workers {r.workers}`. stored/s = rows in the "
         "database / wall time from the first client start to the last client exit. Latency: "
         f"every acknowledged samples POST ({len(r.latencies):,} requests: fresh batches of up to "
-        "1000 samples, spool replays merged into larger ones; gzip), timed in the client's "
+        "1000 samples, spool replays merged into larger ones; not gzipped, as the server is on loopback), timed in the client's "
         "transport, so it includes queueing in the server when the offered load exceeds what "
         "it takes. Client status at finish: acknowledged "
         f"{r.acknowledged:,}, in spools {r.spooled_at_finish:,} (delivered afterwards by "
