@@ -12,13 +12,10 @@ api.runs(project="digits")[0].b_simple
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import typing
-
 from noisescope import branch, estimators, forecast, sweep
 from noisescope._api import Api, ApiError, NotFoundError, RecommendationResult
 from noisescope._config import Settings
+from noisescope._public import report_as_public
 from noisescope._results import (
     BranchPointResult,
     EventRow,
@@ -79,26 +76,6 @@ __all__ = [
 ]
 
 
-def _report_as_public(obj: object) -> None:
-    """Show ``obj`` as ``noisescope.X`` (reprs, tracebacks, docs), as httpx does.
-
-    ``typing.get_type_hints`` (``Api``'s decoder) and pydantic (the server's response models,
-    from dataclass fields' ``type``) resolve a class's string annotations in the module named by
-    ``__module__``, so they are resolved first, in the module that wrote them; functions resolve
-    theirs through ``__globals__`` and need nothing.
-    """
-    if isinstance(obj, type):
-        own = inspect.get_annotations(obj)
-        if own:
-            hints = typing.get_type_hints(obj, include_extras=True)
-            obj.__annotations__ = {name: hints[name] for name in own}
-            for field in dataclasses.fields(obj) if dataclasses.is_dataclass(obj) else ():
-                field.type = hints[field.name]
-        obj.__module__ = __name__
-    elif inspect.isfunction(obj):
-        obj.__module__ = __name__
-
-
 for _name in __all__:
-    _report_as_public(globals()[_name])
+    report_as_public(globals()[_name], __name__)
 del _name

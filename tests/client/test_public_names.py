@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 import typing
 from pathlib import Path
 
@@ -22,6 +23,21 @@ def test_public_names_are_reported_under_noisescope(name: str) -> None:
     assert obj.__module__ == "noisescope", f"{name} says it lives in {obj.__module__}"
     if isinstance(obj, type):
         # Api's decoder and the server's pydantic models read the annotations by name.
+        typing.get_type_hints(obj)
+        if dataclasses.is_dataclass(obj):
+            assert not [f.name for f in dataclasses.fields(obj) if isinstance(f.type, str)]
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [(m, n) for m in (noisescope.estimators, noisescope.sweep) for n in m.__all__],
+)
+def test_package_names_are_reported_under_the_package(module: types.ModuleType, name: str) -> None:
+    """``noisescope.estimators.EMA``, not the private module of the package that defines it."""
+    obj = getattr(module, name)
+    if isinstance(obj, type) or inspect.isfunction(obj):
+        assert obj.__module__ == module.__name__, f"{name} says it lives in {obj.__module__}"
+    if isinstance(obj, type):
         typing.get_type_hints(obj)
         if dataclasses.is_dataclass(obj):
             assert not [f.name for f in dataclasses.fields(obj) if isinstance(f.type, str)]

@@ -1,0 +1,103 @@
+"""The gradient-noise-scale estimators: the one place where noisescope's maths lives.
+
+Equation numbers refer to ``docs/science.md`` (McCandlish et al. 2018, "An Empirical Model
+of Large-Batch Training", Appendix A.1 and Sections 2.2-3). Pure Python on purpose: the client
+must import it in any training job without numpy, and the server and dashboard call the same
+functions on sums computed in SQL.
+
+One module per job, in the order the paper builds them: ``_two_batch`` (the two-batch
+estimator, window sums, EMA, B_simple and B_noise), ``_stats`` (Student-t quantiles and
+Fieller's interval for a ratio), ``_intervals`` (a window's intervals from blocks of steps),
+``_current`` (the current-B_simple rule), ``_critical`` (the S-E model, the critical-batch fit,
+parallelism), ``_efficiency`` (statistical efficiency, goodput, learning-rate rules) and
+``_branching`` (the local critical batch from branching). Import from here:
+``from noisescope.estimators import X``.
+"""
+
+from __future__ import annotations
+
+from .._public import report_as_public
+from ._branching import LocalCriticalBatch, local_critical_batch
+from ._critical import (
+    CriticalBatchFit,
+    compute_waste,
+    doubling_speedup,
+    examples_ratio,
+    fit_critical_batch,
+    parallelism_limit,
+    steps_ratio,
+)
+from ._current import (
+    CURRENT_FRACTION,
+    CURRENT_MAX_REL_WIDTH,
+    CURRENT_MIN_SAMPLES,
+    Trailing,
+    current_noise_scale,
+    current_window,
+)
+from ._efficiency import (
+    goodput,
+    goodput_optimal_batch,
+    interpolate_throughput,
+    scaled_lr,
+    statistical_efficiency,
+)
+from ._intervals import (
+    INTERVAL_BLOCKS,
+    Interval,
+    NoiseScaleInterval,
+    interval_from_blocks,
+    interval_from_steps,
+    reblock,
+)
+from ._stats import student_t_quantile
+from ._two_batch import (
+    EMA,
+    NoiseScale,
+    b_noise_from_sums,
+    b_simple_from_sums,
+    two_batch_estimate_columns,
+    two_batch_estimates,
+    two_batch_sizes_ok,
+)
+
+__all__ = [
+    "CURRENT_FRACTION",
+    "CURRENT_MAX_REL_WIDTH",
+    "CURRENT_MIN_SAMPLES",
+    "EMA",
+    "INTERVAL_BLOCKS",
+    "CriticalBatchFit",
+    "Interval",
+    "LocalCriticalBatch",
+    "NoiseScale",
+    "NoiseScaleInterval",
+    "Trailing",
+    "b_noise_from_sums",
+    "b_simple_from_sums",
+    "compute_waste",
+    "current_noise_scale",
+    "current_window",
+    "doubling_speedup",
+    "examples_ratio",
+    "fit_critical_batch",
+    "goodput",
+    "goodput_optimal_batch",
+    "interpolate_throughput",
+    "interval_from_blocks",
+    "interval_from_steps",
+    "local_critical_batch",
+    "parallelism_limit",
+    "reblock",
+    "scaled_lr",
+    "statistical_efficiency",
+    "steps_ratio",
+    "student_t_quantile",
+    "two_batch_estimate_columns",
+    "two_batch_estimates",
+    "two_batch_sizes_ok",
+]
+
+for _name in __all__:
+    report_as_public(globals()[_name], __name__)
+del _name

@@ -1,0 +1,193 @@
+"""Confidence intervals for a window's |G|^2, tr(Sigma) and B_simple from contiguous blocks of
+steps (docs/science.md, "Two-batch-size unbiased estimator": a window's interval)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._stats import fieller, student_t_quantile
+from ._two_batch import NoiseScale
+
+__all__ = [
+    "INTERVAL_BLOCKS",
+    "Interval",
+    "NoiseScaleInterval",
+    "interval_from_blocks",
+    "interval_from_steps",
+    "reblock",
+]
+
+# --- Confidence intervals over windows of steps ---------------------------------------------
+#
+# Per-step estimates are strongly autocorrelated (the parameters move slowly, and with Adam or
+# momentum the batches' effects linger), so treating steps as independent makes intervals far
+# too narrow. We group consecutive steps into contiguous blocks, long enough that block means
+# are nearly independent, and use the delete-one-block jackknife (Busing et al. 1999 for
+# unequal block sizes) for the variances of the window means of |𝒢|^2 and 𝒮 and their
+# covariance, Student-t quantiles with (blocks - 1) degrees of freedom, and Fieller's interval
+# for their ratio B_simple (exact for a ratio of jointly normal means; unbounded exactly when the
+# |G|^2 estimate is not significantly positive, which is our "not yet measurable" test).
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a two-sided confidence interval [lo, hi]."""
+
+    value: float
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class NoiseScaleInterval:
+    """Window estimates of |G|^2, tr(Sigma), B_simple with ``level`` confidence intervals.
+
+    Any field is None when it cannot be measured yet; ``reason`` then says why (the dashboard
+    shows it instead of a number). ``b_simple`` is only given when |G|^2 is significantly
+    positive at ``level``, so its interval is always finite and non-negative.
+    """
+
+    level: float
+    n: float
+    n_blocks: int
+    g_sq: Interval | None
+    trace_sigma: Interval | None
+    b_simple: Interval | None
+    reason: str | None = None
+
+    @property
+    def measurable(self) -> bool:
+        return self.b_simple is not None
+
+
+def reblock(
+    block_n: Sequence[float],
+    block_sum_g_sq: Sequence[float],
+    block_sum_trace_sigma: Sequence[float],
+    n_blocks: int = 20,
+) -> tuple[list[float], list[float], list[float]]:
+    """Merge consecutive blocks (or single steps, n=1 each) into at most ``n_blocks`` blocks.
+
+    Blocks are contiguous and get roughly equal counts, so that block means stay nearly
+    independent even when neighbouring steps are correlated. Sums stay exact sums.
+    """
+    if not len(block_n) == len(block_sum_g_sq) == len(block_sum_trace_sigma):
+        raise ValueError("block_n, block_sum_g_sq and block_sum_trace_sigma differ in length")
+    if n_blocks < 1:
+        raise ValueError(f"n_blocks must be at least 1, got {n_blocks}")
+    total = float(sum(block_n))
+    if len(block_n) <= n_blocks or total <= 0:
+        return [float(x) for x in block_n], list(block_sum_g_sq), list(block_sum_trace_sigma)
+    out_n: list[float] = []
+    out_g: list[float] = []
+    out_s: list[float] = []
+    cum = 0.0
+    cur_n = cur_g = cur_s = 0.0
+    target = 1
+    for n_b, g_b, s_b in zip(block_n, block_sum_g_sq, block_sum_trace_sigma, strict=True):
+        cur_n += n_b
+        cur_g += g_b
+        cur_s += s_b
+        cum += n_b
+        # close the block once the running count reaches its share of the total
+        if cum >= total * target / n_blocks - 1e-9 and target < n_blocks:
+            out_n.append(cur_n)
+            out_g.append(cur_g)
+            out_s.append(cur_s)
+            cur_n = cur_g = cur_s = 0.0
+            target += 1
+    if cur_n > 0:
+        out_n.append(cur_n)
+        out_g.append(cur_g)
+        out_s.append(cur_s)
+    return out_n, out_g, out_s
+
+
+#: Blocks an interval is computed from: more are merged into this many (``reblock``): long
+#: compared with the step-to-step correlation, and enough for the jackknife's t quantile.
+INTERVAL_BLOCKS = 30
+
+
+def interval_from_blocks(
+    block_n: Sequence[float],
+    block_sum_g_sq: Sequence[float],
+    block_sum_trace_sigma: Sequence[float],
+    level: float = 0.9,
+    max_blocks: int | None = None,
+) -> NoiseScaleInterval:
+    """Confidence intervals for a window from contiguous per-block sums.
+
+    Inputs are what SQL computes per bucket of consecutive steps: the count ``n_b`` and the
+    sums of the per-sample estimates ``g_sq_est`` and ``trace_sigma_est`` (App. A.1). More than
+    ``max_blocks`` blocks are merged first (``reblock``) so that the blocks are long compared with
+    the step-to-step correlation. Needs at least 2 non-empty blocks.
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    merged = reblock(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks or INTERVAL_BLOCKS)
+    rows = [
+        (n_b, g_b, s_b)
+        for n_b, g_b, s_b in zip(*merged, strict=True)
+        if n_b > 0 and math.isfinite(g_b) and math.isfinite(s_b)
+    ]
+    n_total = float(sum(r[0] for r in rows))
+    m = len(rows)
+    if m < 2:
+        return NoiseScaleInterval(
+            level,
+            n_total,
+            m,
+            None,
+            None,
+            None,
+            f"not yet measurable: an interval needs at least 2 blocks of steps, got {m}",
+        )
+    g_mean = sum(r[1] for r in rows) / n_total
+    s_mean = sum(r[2] for r in rows) / n_total
+    # Delete-one-block jackknife for a (weighted) mean: var = (1/m) sum n_j/(N-n_j) (x_j - x)^2
+    var_g = var_s = cov_gs = 0.0
+    for n_b, g_b, s_b in rows:
+        w = n_b / (n_total - n_b)
+        dg = g_b / n_b - g_mean
+        ds = s_b / n_b - s_mean
+        var_g += w * dg * dg
+        var_s += w * ds * ds
+        cov_gs += w * dg * ds
+    var_g /= m
+    var_s /= m
+    cov_gs /= m
+    t = student_t_quantile(0.5 + level / 2.0, m - 1)
+    se_g, se_s = math.sqrt(var_g), math.sqrt(var_s)
+    # Both true quantities are >= 0, so clipping the lower ends at 0 never loses coverage.
+    g_iv = Interval(g_mean, max(0.0, g_mean - t * se_g), max(0.0, g_mean + t * se_g))
+    s_iv = Interval(s_mean, max(0.0, s_mean - t * se_s), max(0.0, s_mean + t * se_s))
+    point = NoiseScale.from_means(g_mean, s_mean, n_total)
+    if point.b_simple is None:
+        return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, None, point.reason)
+    # Fieller: {rho : (s - rho g)^2 <= t^2 (var_s - 2 rho cov + rho^2 var_g)}
+    lo, hi = fieller(s_mean, g_mean, var_s, var_g, cov_gs, level, m - 1)
+    if lo is None or hi is None:
+        return NoiseScaleInterval(
+            level,
+            n_total,
+            m,
+            g_iv,
+            s_iv,
+            None,
+            f"not yet measurable: the |G|^2 estimate ({g_mean:.3g}) is not significantly above "
+            f"zero at {level:.0%} confidence (gradient signal below the noise; widen the window)",
+        )
+    return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, Interval(point.b_simple, lo, hi), None)
+
+
+def interval_from_steps(
+    g_sq: Sequence[float],
+    trace_sigma: Sequence[float],
+    level: float = 0.9,
+    n_blocks: int = 20,
+) -> NoiseScaleInterval:
+    """``interval_from_blocks`` for a sequence of per-step estimates, in ``n_blocks`` blocks."""
+    merged = reblock([1.0] * len(g_sq), g_sq, trace_sigma, n_blocks)
+    return interval_from_blocks(*merged, level=level, max_blocks=n_blocks)

@@ -1,0 +1,86 @@
+"""The critical batch size of a task from its batch-size sweep: the one analysis of it.
+
+McCandlish et al. (2018, Sec. 2.2-3; docs/science.md) define B_crit through the steps S and
+examples E a run needs to reach a loss target *with its learning rate tuned*: across batch
+sizes, S = S_min (1 + B_crit/B). A sweep usually holds several learning rates (and seeds) per
+batch size, and only the fastest learning rate at each batch size belongs on that curve. So,
+per loss target:
+
+1. each run's crossing: the first step where its loss curve reaches the target, interpolated
+   linearly between points (``crossing_step``). The curve is the run's evaluation loss when
+   the task's runs logged one, else its training loss averaged over a centred window of
+   steps ``(1 ± LOSS_WINDOW) s`` (``smooth_training_loss``): a single noisy minibatch never
+   counts as reaching a target.
+2. the frontier (``frontier``): per batch size, the learning rate whose runs reached the target
+   in the fewest steps, the median over its seeds (a seed that never got there counts as
+   infinitely slow).
+3. the fit of S = S_min (1 + B_crit/B) through the frontier (``estimators.fit_critical_batch``:
+   weighted least squares, Fieller interval), and warnings instead of a confident number when
+   fewer than ``MIN_BATCH_SIZES`` batch sizes reach the target, S_min or E_min is not
+   positive, the interval is unbounded, or B_crit falls outside the batch sizes tried.
+4. B_simple at the same loss from the same runs (``b_simple_at_loss``): the frontier runs' noise
+   samples over steps ``[s*/B_SIMPLE_WINDOW, s* * B_SIMPLE_WINDOW]`` around each one's crossing
+   s*, pooled as sums (ratio last) with the block interval of ``estimators``.
+
+Default targets (``default_targets``) are spread between where the runs start and the best
+loss that *every* batch size reaches, so every target can be fitted. Everything is pure
+Python: the server runs it on stored data (``GET /api/v1/tasks/{project}/{task}/critical-batch``)
+and the reproduction study on its own records, so both give the same numbers.
+
+One module per part: ``_report`` (the inputs and the report's classes), ``_crossings`` (step
+1), ``_frontier`` (steps 2 and 4), ``_analyse`` (the targets, step 3 and the whole analysis).
+Import from here: ``from noisescope.sweep import analyse``.
+"""
+
+from __future__ import annotations
+
+from noisescope._public import report_as_public
+
+from ._analyse import (
+    CURVE_POINTS,
+    DEFAULT_TARGET_FRACTIONS,
+    MIN_BATCH_SIZES,
+    analyse,
+    default_targets,
+)
+from ._crossings import LOSS_WINDOW, crossing_step, smooth_training_loss
+from ._frontier import B_SIMPLE_WINDOW, BLOCKS_PER_RUN, b_simple_at_loss, frontier
+from ._report import (
+    CriticalBatchReport,
+    CurvePoint,
+    ExcludedRun,
+    FrontierPoint,
+    LossSource,
+    NoiseBucket,
+    RunAtTarget,
+    SweepRun,
+    TargetResult,
+)
+
+__all__ = [
+    "BLOCKS_PER_RUN",
+    "B_SIMPLE_WINDOW",
+    "CURVE_POINTS",
+    "DEFAULT_TARGET_FRACTIONS",
+    "LOSS_WINDOW",
+    "MIN_BATCH_SIZES",
+    "CriticalBatchReport",
+    "CurvePoint",
+    "ExcludedRun",
+    "FrontierPoint",
+    "LossSource",
+    "NoiseBucket",
+    "RunAtTarget",
+    "SweepRun",
+    "TargetResult",
+    "analyse",
+    "b_simple_at_loss",
+    "crossing_step",
+    "default_targets",
+    "frontier",
+    "smooth_training_loss",
+]
+
+for _name in __all__:
+    report_as_public(globals()[_name], __name__)
+del _name

@@ -1,0 +1,231 @@
+"""The whole analysis of a sweep: default targets, then per target the frontier, the fit of
+S = S_min (1 + B_crit/B) (step 3) with its warnings, and B_simple at the same loss."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from noisescope._format import count as _fmt
+from noisescope.estimators import (
+    CriticalBatchFit,
+    examples_ratio,
+    fit_critical_batch,
+    steps_ratio,
+)
+
+from ._crossings import LOSS_WINDOW
+from ._frontier import b_simple_at_loss, frontier
+from ._report import (
+    CriticalBatchReport,
+    CurvePoint,
+    ExcludedRun,
+    LossSource,
+    RunAtTarget,
+    SweepRun,
+    TargetResult,
+)
+
+__all__ = [
+    "CURVE_POINTS",
+    "DEFAULT_TARGET_FRACTIONS",
+    "MIN_BATCH_SIZES",
+    "analyse",
+    "default_targets",
+]
+
+#: Default targets sit at these fractions of the way from the hardest common loss to the start.
+DEFAULT_TARGET_FRACTIONS = (0.5, 0.3, 0.15, 0.05)
+#: Fewest distinct batch sizes that must reach a target for a fit.
+MIN_BATCH_SIZES = 3
+
+
+def _round_near(value: float, tolerance: float) -> float:
+    """``value`` with the fewest significant digits that stay within ``tolerance`` of it."""
+    for digits in range(2, 16):
+        rounded = float(f"{value:.{digits}g}")
+        if abs(rounded - value) <= tolerance:
+            return rounded
+    return value
+
+
+def default_targets(runs: Sequence[SweepRun]) -> tuple[list[float], list[str]]:
+    """Loss targets every batch size reaches, and warnings about batch sizes left out.
+
+    The hardest target is just above the worst batch size's best loss (each batch size's best
+    run), the easiest halfway down from where the runs start (their lowest first point), at
+    ``DEFAULT_TARGET_FRACTIONS`` of that range.
+    """
+    curves = [(r, [x for x in r.losses if math.isfinite(x)]) for r in runs]
+    curves = [(r, c) for r, c in curves if c]
+    if not curves:
+        return [], ["no run has a loss curve: log `loss=` (or `eval_loss=`) to fit B_crit"]
+    start = min(c[0] for _, c in curves)
+    best: dict[float, float] = {}
+    for r, c in curves:
+        best[r.batch_size] = min(best.get(r.batch_size, math.inf), min(c))
+    warnings = []
+    stalled = sorted(b for b, v in best.items() if not v < start)
+    if stalled:
+        warnings.append(
+            "no run at batch size "
+            + ", ".join(_fmt(b) for b in stalled)
+            + " got below the loss the runs start from; default targets leave it out"
+        )
+    reached = [v for b, v in best.items() if v < start]
+    if not reached:
+        return [], [*warnings, "no run's loss falls: there is no target to fit"]
+    hardest = max(reached)
+    span = start - hardest
+    targets = [_round_near(hardest + span * f, 0.02 * span) for f in DEFAULT_TARGET_FRACTIONS]
+    return sorted(set(targets), reverse=True), warnings
+
+
+def _target_result(runs: Sequence[SweepRun], target: float, level: float) -> TargetResult:
+    points, crossing = frontier(runs, target)
+    on_frontier = {uid for p in points for uid in p.run_uids}
+    per_run = []
+    for r in runs:
+        s = crossing[r.uid]
+        examples = None if s is None else s * r.batch_size
+        per_run.append(
+            RunAtTarget(r.uid, r.name, r.batch_size, r.lr, s, examples, r.uid in on_frontier)
+        )
+    warnings: list[str] = []
+    first_step = {r.uid: float(r.steps[0]) for r in runs if len(r.steps)}
+    early = [p for p in points if p.steps <= min(first_step[u] for u in p.run_uids)]
+    if early:
+        points = [p for p in points if p not in early]
+        warnings.append(
+            f"at batch size {', '.join(_fmt(p.batch_size) for p in early)} the runs start at or "
+            f"below loss {target:g}, so the steps to reach it are not measured (pick a lower "
+            "target)"
+        )
+    b_simple = b_simple_at_loss([r for r in runs if r.uid in on_frontier], crossing, level=level)
+    sizes = [p.batch_size for p in points]
+    fit = None
+    if len(sizes) < MIN_BATCH_SIZES:
+        missing = [b for b in sorted({r.batch_size for r in runs}) if b not in sizes]
+        warnings.append(
+            f"reached by {len(sizes)} batch size(s)"
+            + (f" ({', '.join(_fmt(b) for b in sizes)})" if sizes else "")
+            + f"; a fit needs at least {MIN_BATCH_SIZES}"
+            + (f" (not reached at {', '.join(_fmt(b) for b in missing)})" if missing else "")
+            + ": pick a target more batch sizes reach, or run more batch sizes"
+        )
+    else:
+        fit = fit_critical_batch(sizes, [p.steps for p in points], level=level)
+        if fit.reason is not None:
+            warnings.append(fit.reason)
+    determined = fit is not None and fit.b_crit is not None and fit.b_crit_lo is not None
+    if determined and fit is not None and fit.b_crit_lo == 0.0 and fit.b_crit_hi is not None:
+        determined = False
+        warnings.append(
+            f"the {level:.0%} interval reaches 0: the steps are not shown to fall as the batch "
+            f"grows, so B_crit is below {_fmt(fit.b_crit_hi)} but not pinned down (run smaller "
+            "batch sizes, or more seeds)"
+        )
+    if fit is not None and fit.b_crit is not None and not sizes[0] <= fit.b_crit <= sizes[-1]:
+        determined = False
+        warnings.append(
+            f"the fit puts B_crit at {_fmt(fit.b_crit)}, outside the batch sizes that reached "
+            f"this loss ({_fmt(sizes[0])} to {_fmt(sizes[-1])}): an extrapolation; run batch "
+            "sizes on both sides of it"
+        )
+    elif (
+        determined
+        and fit is not None
+        and fit.b_crit_lo is not None
+        and fit.b_crit_hi is not None
+        and (fit.b_crit_lo < sizes[0] or fit.b_crit_hi > sizes[-1])
+    ):
+        warnings.append(
+            f"the {level:.0%} interval ({_fmt(fit.b_crit_lo)} to {_fmt(fit.b_crit_hi)}) "
+            "reaches beyond the batch sizes tried"
+        )
+    return TargetResult(
+        target=target,
+        points=points,
+        runs=per_run,
+        s_min=None if fit is None else fit.s_min,
+        e_min=None if fit is None else fit.e_min,
+        b_crit=None if fit is None else fit.b_crit,
+        b_crit_lo=None if fit is None else fit.b_crit_lo,
+        b_crit_hi=None if fit is None else fit.b_crit_hi,
+        determined=determined,
+        warnings=warnings,
+        b_simple=b_simple[0],
+        b_simple_lo=b_simple[1],
+        b_simple_hi=b_simple[2],
+        b_simple_reason=b_simple[3],
+        curve=_curve(fit, sizes),
+    )
+
+
+#: Points along a drawn S-E hyperbola.
+CURVE_POINTS = 60
+
+
+def _curve(fit: CriticalBatchFit | None, sizes: Sequence[float]) -> list[CurvePoint]:
+    if fit is None or fit.b_crit is None or not sizes:
+        return []
+    lo, hi = sizes[0] / 4.0, sizes[-1] * 4.0
+    out = []
+    for i in range(CURVE_POINTS):
+        b = lo * (hi / lo) ** (i / (CURVE_POINTS - 1))
+        out.append(
+            CurvePoint(
+                b, fit.s_min * steps_ratio(b, fit.b_crit), fit.e_min * examples_ratio(b, fit.b_crit)
+            )
+        )
+    return out
+
+
+def analyse(
+    runs: Sequence[SweepRun],
+    targets: Sequence[float] | None = None,
+    *,
+    project: str = "",
+    task: str = "",
+    units: str = "examples",
+    loss_source: LossSource = "train",
+    excluded: Sequence[ExcludedRun] = (),
+    warnings: Sequence[str] = (),
+    level: float = 0.9,
+) -> CriticalBatchReport:
+    """The critical batch size per loss target (``default_targets`` when none are given)."""
+    notes = list(warnings)
+    chosen = [float(t) for t in targets] if targets else []
+    if not chosen:
+        chosen, target_notes = default_targets(runs)
+        notes += target_notes
+    sizes = sorted({r.batch_size for r in runs})
+    if len(sizes) < MIN_BATCH_SIZES:
+        notes.append(
+            f"the task has runs at {len(sizes)} batch size(s); a critical batch size needs "
+            f"runs at {MIN_BATCH_SIZES} or more (e.g. 4 sizes spanning 16x, each with its "
+            "learning rate tuned)"
+        )
+    running = sum(r.status == "running" for r in runs)
+    if running:
+        notes.append(f"{running} of {len(runs)} runs are still running: the answer may change")
+    method = (
+        "evaluation loss, crossings interpolated between evaluations"
+        if loss_source == "eval"
+        else f"training loss averaged over steps {1 - LOSS_WINDOW:g}·s to {1 + LOSS_WINDOW:g}·s "
+        "(symmetric about s at the ends of a run), crossings interpolated between points"
+    )
+    return CriticalBatchReport(
+        project=project,
+        task=task,
+        units=units,
+        level=level,
+        loss_source=loss_source,
+        loss_method=method,
+        default_targets=not targets,
+        batch_sizes=sizes,
+        n_runs=len(runs),
+        excluded=list(excluded),
+        warnings=notes,
+        targets=[_target_result(runs, t, level) for t in chosen],
+    )

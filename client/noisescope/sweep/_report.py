@@ -1,0 +1,145 @@
+"""What a sweep analysis reads (a run's loss curve and noise sums) and what it answers (per
+target: the frontier, the fit, B_simple at that loss)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "CriticalBatchReport",
+    "CurvePoint",
+    "ExcludedRun",
+    "FrontierPoint",
+    "LossSource",
+    "NoiseBucket",
+    "RunAtTarget",
+    "SweepRun",
+    "TargetResult",
+]
+
+LossSource = Literal["eval", "train"]
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoiseBucket:
+    """Exact sums of the per-sample estimates |𝒢|^2 and 𝒮 over a run's steps lo..hi."""
+
+    step_lo: float
+    step_hi: float
+    n: float
+    sum_g_sq: float
+    sum_trace_sigma: float
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of a sweep: its batch size (task units per step), learning rate, loss curve.
+
+    ``steps``/``losses`` is the curve targets are crossed on (evaluations, or a smoothed
+    training loss), steps increasing. Runs with the same batch size and ``lr`` are seeds.
+    """
+
+    uid: str
+    name: str
+    batch_size: float
+    lr: float | None
+    steps: Sequence[float]
+    losses: Sequence[float]
+    noise: Sequence[NoiseBucket] = ()
+    status: str = "finished"
+
+
+# --- outputs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunAtTarget:
+    """Where one run reached a target (``steps`` None: not reached); ``frontier`` marks the runs
+    the fit used."""
+
+    uid: str
+    name: str
+    batch_size: float
+    lr: float | None
+    steps: float | None
+    examples: float | None
+    frontier: bool
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """The fastest learning rate at one batch size: median steps over its ``run_uids``."""
+
+    batch_size: float
+    lr: float | None
+    steps: float
+    examples: float
+    run_uids: list[str]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """A point of the fitted S-E hyperbola: S = S_min (1 + B_crit/B), E = E_min (1 + B/B_crit)."""
+
+    batch_size: float
+    steps: float
+    examples: float
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """One loss target: the frontier, the fit and B_simple at that loss.
+
+    ``determined`` is True only when B_crit has a bounded interval that excludes 0 and lies
+    inside the batch sizes tried; otherwise ``warnings`` say why and ``b_crit`` (if any) is not
+    to be trusted.
+    """
+
+    target: float
+    points: list[FrontierPoint]
+    runs: list[RunAtTarget]
+    s_min: float | None
+    e_min: float | None
+    b_crit: float | None
+    b_crit_lo: float | None
+    b_crit_hi: float | None
+    determined: bool
+    warnings: list[str]
+    b_simple: float | None
+    b_simple_lo: float | None
+    b_simple_hi: float | None
+    b_simple_reason: str | None
+    #: The fitted hyperbola from a quarter of the smallest to 4x the largest batch (for charts).
+    curve: list[CurvePoint] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ExcludedRun:
+    uid: str
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CriticalBatchReport:
+    """The critical batch size of one task, per loss target, and how it was made."""
+
+    project: str
+    task: str
+    units: str
+    level: float
+    loss_source: LossSource
+    #: How targets are crossed, in words (which loss, which smoothing).
+    loss_method: str
+    #: True when the targets were chosen by ``default_targets`` (none were asked for).
+    default_targets: bool
+    batch_sizes: list[float]
+    n_runs: int
+    excluded: list[ExcludedRun]
+    warnings: list[str]
+    targets: list[TargetResult] = field(default_factory=list)
