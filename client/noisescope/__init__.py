@@ -15,7 +15,7 @@ from __future__ import annotations
 from noisescope import branch, estimators, forecast, sweep
 from noisescope._api import Api, ApiError, NotFoundError, RecommendationResult
 from noisescope._config import Settings
-from noisescope._public import report_as_public
+from noisescope._public import report_all_as_public
 from noisescope._results import (
     BranchPointResult,
     EventRow,
@@ -76,6 +76,4 @@ __all__ = [
 ]
 
 
-for _name in __all__:
-    report_as_public(globals()[_name], __name__)
-del _name
+report_all_as_public(__name__)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 import typing
 
 
@@ -25,3 +26,10 @@ def report_as_public(obj: object, module: str) -> None:
         obj.__module__ = module
     elif inspect.isfunction(obj):
         obj.__module__ = module
+
+
+def report_all_as_public(module: str) -> None:
+    """``report_as_public`` for every name in ``module``'s ``__all__`` (called at its end)."""
+    namespace = vars(sys.modules[module])
+    for name in namespace["__all__"]:
+        report_as_public(namespace[name], module)

@@ -16,7 +16,7 @@ parallelism), ``_efficiency`` (statistical efficiency, goodput, learning-rate ru
 
 from __future__ import annotations
 
-from .._public import report_as_public
+from .._public import report_all_as_public
 from ._branching import LocalCriticalBatch, local_critical_batch
 from ._critical import (
     CriticalBatchFit,
@@ -98,6 +98,4 @@ __all__ = [
     "two_batch_sizes_ok",
 ]
 
-for _name in __all__:
-    report_as_public(globals()[_name], __name__)
-del _name
+report_all_as_public(__name__)

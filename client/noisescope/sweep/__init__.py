@@ -34,7 +34,7 @@ Import from here: ``from noisescope.sweep import analyse``.
 
 from __future__ import annotations
 
-from noisescope._public import report_as_public
+from noisescope._public import report_all_as_public
 
 from ._analyse import (
     CURVE_POINTS,
@@ -81,6 +81,4 @@ __all__ = [
     "smooth_training_loss",
 ]
 
-for _name in __all__:
-    report_as_public(globals()[_name], __name__)
-del _name
+report_all_as_public(__name__)
