@@ -9,8 +9,6 @@ never take a training job down.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import logging
 import math
@@ -19,13 +17,12 @@ import sys
 import threading
 import time
 import uuid
-import weakref
 from collections import deque
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
 
-from noisescope import _wire
+from noisescope import _process, _wire
 from noisescope._config import Settings, resolve
 from noisescope._records import (
     OPEN_B_BIG,
@@ -45,9 +42,6 @@ from noisescope._transport import HTTPTransport, Transport
 from noisescope._wire import run_page_url
 
 logger = logging.getLogger("noisescope")
-
-_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
-_hooks_installed = False
 
 
 def _now_iso() -> str:
@@ -136,8 +130,7 @@ class Run:
             if self.mode == "online" and settings.dashboard_url:  # before the sender can learn it
                 self._found_page(run_page_url(settings.dashboard_url, self.id))
             self._start(transport)
-        _live_runs.add(self)
-        _install_hooks()
+        _process.track(self)
 
     def _start(self, transport: Transport | None) -> None:
         settings = self.settings
@@ -411,7 +404,7 @@ class Run:
         if self.finished:
             return self.status()
         self.finished = True
-        _live_runs.discard(self)
+        _process.forget(self)
         if not self.active or self._sender is None:
             return self.status()
         try:
@@ -545,27 +538,3 @@ def init(
         parent_run_id=parent_run_id,
         branch_step=branch_step,
     )
-
-
-def _finish_all_at_exit() -> None:
-    for run in list(_live_runs):
-        with contextlib.suppress(Exception):
-            if os.getpid() == run._pid:
-                run.finish()
-
-
-def _after_fork_in_child() -> None:
-    for run in list(_live_runs):
-        with contextlib.suppress(Exception):
-            run._forget_after_fork()
-    _live_runs.clear()
-
-
-def _install_hooks() -> None:
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    atexit.register(_finish_all_at_exit)
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork_in_child)
