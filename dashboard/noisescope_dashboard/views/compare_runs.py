@@ -1,18 +1,64 @@
-"""Compare runs: several runs side by side, B_simple against loss and against progress.
+"""Compare runs: several runs side by side, B_simple against loss and against progress, and
+across model sizes B_simple with the branch-measured local critical batch sizes against loss.
 
-Curves from ``GET /api/v1/series``; the table under them is ``GET /api/v1/runs``'s current
-B_simple of the same runs (the Runs table's numbers).
+Curves from ``GET /api/v1/series``, branch points from ``GET /api/v1/runs/{id}/branches``; the
+table under them is ``GET /api/v1/runs``'s current B_simple of the same runs (the Runs table's
+numbers).
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from noisescope_dashboard import _data, _frames, _state, _text, _ui
+from noisescope._results import RunSummary
+from noisescope_dashboard import _data, _frames, _sizes, _state, _text, _ui
 from noisescope_dashboard._compare import compare_section
 
 #: Runs compared when the URL names none.
 DEFAULT_RUNS = 5
+
+
+def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
+    """The chosen runs by model size (docs/dashboard.md): shown when a run names its size in
+    its config or has branch runs."""
+    branches = {r.uid: _data.branches(src, r.uid) for r in chosen if r.parent_uid is None}
+    branched = {uid: b for uid, b in branches.items() if b.points}
+    sized = [r for r in chosen if any(k in r.config for k in _sizes.SIZE_KEYS)]
+    if not branched and not sized:
+        st.caption(
+            "Runs that name their model size in their config (`n_params` or `model_size`) "
+            "or have branch runs (docs/branching.md) are also drawn by model size, with the "
+            "local critical batch size, against loss."
+        )
+        return
+    fraction = float(st.session_state.get("win", 0.1))
+    # each run's own series (the comparison series carry no interval), smoothed over the same
+    # fraction of the run as the charts above
+    series = [
+        _data.series(src, r.uid, x="step", window=fraction * float(r.last_step or 0))
+        for r in chosen
+    ]
+    frame = _sizes.marks(chosen, series, branched)
+    log_loss = bool(st.session_state.get("logloss", False))
+    units = sorted(set(frame["units"]))
+    for unit in units:
+        part = frame[frame["units"] == unit]
+        word = _text.units_word(str(unit))
+        suffix = f" — runs in {word}" if len(units) > 1 else ""
+        _ui.chart_with_downloads(
+            _sizes.chart(part, units=str(unit), title=_sizes.TITLE + suffix, log_loss=log_loss),
+            part,
+            title=_sizes.TITLE + suffix,
+            name=f"by_model_size_{word}",
+            key=f"sizes_{word}",
+            caption="Colour: the model size, from the run's config `n_params` (parameters), "
+            "else `model_size`, else the run's name. Lines: B_simple at the training loss of "
+            "each bucket, smoothed over the same fraction of the run as above, with its 90% band "
+            "(GET /runs/{id}/series). Points: the local critical "
+            "batch size at each branch step, at the parent's last evaluation loss at that "
+            "step, with its 90% interval (an end above the largest batch tried runs to the top; "
+            "a triangle: every branch stayed within ε, a lower bound).",
+        )
 
 
 def main(src: _data.Source) -> None:
@@ -39,6 +85,7 @@ def main(src: _data.Source) -> None:
     )
     chosen = [r for r in runs if r.uid in set(chosen_uids)]
     compare_section(src, chosen, color=str(color), key="runs")
+    _sizes_section(src, chosen)
     st.subheader("These runs now", anchor=False)
     table = _frames.runs_table(chosen)
     st.dataframe(

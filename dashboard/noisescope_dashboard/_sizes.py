@@ -1,0 +1,200 @@
+"""Compare runs by model size: each run's B_simple (with its band) and its branch-measured
+local critical batch sizes (with their intervals) against loss, one colour per model size.
+
+Loss is the axis Kaplan et al. (2020) and Merrill et al. (2025) compare model sizes on: a
+small model and a large one reach a loss after very different numbers of steps or tokens, and
+the critical batch size is a function of the loss reached. Pure frames and an Altair chart
+from API answers (``RunSeries`` of ``GET /series``, ``RunBranches`` of ``GET
+/runs/{id}/branches``); the caller draws one chart per unit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import altair as alt
+import pandas as pd
+
+from noisescope._results import RunBranches, RunSeries, RunSummary
+from noisescope_dashboard import _text
+from noisescope_dashboard._charts._axes import SCHEME, TALL, scale_axis, wide_legend
+
+__all__ = ["B_SIMPLE", "LOCAL", "LOWER", "SIZE_KEYS", "TITLE", "chart", "marks", "size_label"]
+
+TITLE = "Across model sizes: B_simple and the local critical batch size against loss"
+#: Config keys read for a run's model size, first found wins; else the run's name.
+SIZE_KEYS = ("n_params", "model_size")
+B_SIMPLE = "B_simple (90% band)"
+LOCAL = "local B_crit (branches, 90%)"
+LOWER = "local B_crit above (all branches within ε)"
+_SHAPES = {LOCAL: "circle", LOWER: "triangle-up"}
+_COLUMNS = ["run", "size", "n_params", "units", "quantity", "loss", "value", "lo", "hi", "step"]
+
+
+def _n_params(run: RunSummary) -> float | None:
+    value = run.config.get("n_params") if isinstance(run.config, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def size_label(run: RunSummary) -> str:
+    """The run's model size as the legend names it: ``config["n_params"]`` as a parameter
+    count ("125M params"), else ``config["model_size"]`` as given, else the run's name."""
+    config = run.config if isinstance(run.config, dict) else {}
+    n_params = _n_params(run)
+    if n_params is not None:
+        return f"{_text.count(n_params)} params"
+    for key in SIZE_KEYS:
+        value = config.get(key)
+        if isinstance(value, int | float):  # bool included
+            number = not isinstance(value, bool) and math.isfinite(value) and value > 0
+            if key == "model_size" and number:
+                return f"{value:g}"
+            continue  # a number that is no size (negative, NaN, a flag)
+        text = str(value).strip() if value is not None else ""
+        if text:
+            return text
+    return run.name
+
+
+def marks(
+    runs: Sequence[RunSummary],
+    series: Sequence[RunSeries],
+    branches: Mapping[str, RunBranches],
+) -> pd.DataFrame:
+    """One row per drawn value: B_simple per bucket (at the bucket's training loss) and the
+    local B_crit per branch point (at the parent's evaluation loss at the branch step)."""
+    by_uid = {r.uid: r for r in runs}
+    rows: list[dict[str, Any]] = []
+    for s in series:
+        run = by_uid.get(s.run_uid)
+        if run is None:
+            continue
+        base = {"run": run.uid, "size": size_label(run), "n_params": _n_params(run)}
+        base["units"] = run.units
+        for p in s.points:
+            rows.append(
+                base
+                | {"quantity": B_SIMPLE, "loss": p.loss, "value": p.b_simple}
+                | {"lo": p.b_simple_lo, "hi": p.b_simple_hi, "step": p.step_hi}
+            )
+    for uid, answer in branches.items():
+        run = by_uid.get(uid)
+        if run is None:
+            continue
+        base = {"run": run.uid, "size": size_label(run), "n_params": _n_params(run)}
+        base["units"] = answer.units
+        for b in answer.points:
+            if b.b_crit is not None:
+                value, lo, hi, quantity = b.b_crit, b.b_crit_lo, b.b_crit_hi, LOCAL
+            elif b.b_crit_lo is not None:
+                value, lo, hi, quantity = b.b_crit_lo, b.b_crit_lo, None, LOWER
+            else:
+                continue
+            rows.append(
+                base
+                | {"quantity": quantity, "loss": b.parent_loss, "value": value}
+                | {"lo": lo, "hi": hi, "step": b.step}
+            )
+    frame = pd.DataFrame(rows, columns=_COLUMNS)
+    for c in ("n_params", "loss", "value", "lo", "hi"):
+        frame[c] = pd.to_numeric(frame[c], errors="coerce").astype(float)
+    return frame
+
+
+def chart(
+    frame: pd.DataFrame, *, units: str, title: str = TITLE, log_loss: bool = False
+) -> alt.LayerChart:
+    """B_simple's line and band per run, the branch points with interval rules (an open upper
+    end drawn to the top), x = loss falling to the right, y = batch size in ``units`` (log);
+    one colour per model size, one line per run."""
+    frame = frame[frame["units"] == units]
+    ok = frame.dropna(subset=["loss", "value"])
+    ok = ok[(ok["value"] > 0) & (ok["loss"] > 0 if log_loss else ok["loss"].notna())]
+    curve = ok[ok["quantity"] == B_SIMPLE]
+    band = curve.dropna(subset=["lo", "hi"])
+    band = band[band["lo"] > 0]
+    pts = ok[ok["quantity"] != B_SIMPLE].copy()
+    values = [*ok["value"], *band["lo"], *band["hi"], *pts["lo"].dropna(), *pts["hi"].dropna()]
+    finite = [v for v in values if v > 0 and math.isfinite(v)] or [1.0, 10.0]
+    y_lo, y_hi = min(finite) / 1.5, max(finite) * 1.5
+    pts["lo_shown"] = [y_lo if not (v > 0) else v for v in pts["lo"]]
+    pts["hi_shown"] = [y_hi if not math.isfinite(v) else v for v in pts["hi"]]
+    x_scale, x_axis = scale_axis(list(ok["loss"]), log_loss, reverse=True)
+    x = alt.X("loss:Q", title="loss (falls to the right)", scale=x_scale, axis=x_axis)
+    y_scale, y_axis = scale_axis([y_lo, y_hi], True, clamp=True)
+    y_title = f"batch size ({_text.units_word(units)})"
+    y = alt.Y("value:Q", title=y_title, scale=y_scale, axis=y_axis)
+    # smallest model first where the runs give n_params, then by name
+    order = ok.groupby("size")["n_params"].min()
+    sizes = sorted(order.index, key=lambda k: (math.isnan(order[k]), order[k], str(k)))
+    size_scale = alt.Scale(domain=sizes, scheme=SCHEME)
+    color = alt.Color(
+        "size:N",
+        title="model size",
+        scale=size_scale,
+        legend=wide_legend(),
+    )
+    layers: list[Any] = []
+    if not band.empty:
+        layers.append(
+            alt.Chart(band)
+            .mark_area(opacity=0.15)
+            .encode(
+                x=x,
+                y=alt.Y("lo:Q", scale=y_scale),
+                y2="hi:Q",
+                color=color,
+                detail="run:N",
+            )
+        )
+    if not curve.empty:
+        layers.append(
+            alt.Chart(curve)
+            .mark_line(strokeWidth=2)
+            .encode(x=x, y=y, color=color, detail="run:N", order="step:Q")
+        )
+    if not pts.empty:
+        pts["interval"] = [
+            _text.interval(lo, hi) or f"above {_text.count(lo)}"
+            for lo, hi in zip(pts["lo"], pts["hi"], strict=True)
+        ]
+        tip = [
+            alt.Tooltip("size:N", title="model size"),
+            alt.Tooltip("quantity:N", title=" "),
+            alt.Tooltip("step:Q", title="branch step"),
+            alt.Tooltip("loss:Q", title="parent's eval loss", format=",.4~r"),
+            alt.Tooltip("value:Q", title="local B_crit", format=",.3~g"),
+            alt.Tooltip("interval:N", title="90% interval"),
+        ]
+        shown = [q for q in _SHAPES if q in set(pts["quantity"])]
+        layers.append(
+            alt.Chart(pts)
+            .mark_rule(strokeWidth=2)
+            .encode(x=x, y=alt.Y("lo_shown:Q", scale=y_scale), y2="hi_shown:Q", color=color)
+        )
+        layers.append(
+            alt.Chart(pts)
+            .mark_point(filled=True, size=90, stroke="black", strokeWidth=0.5)
+            .encode(
+                x=x,
+                y=y,
+                color=color,
+                shape=alt.Shape(
+                    "quantity:N",
+                    title=None,
+                    scale=alt.Scale(domain=shown, range=[_SHAPES[q] for q in shown]),
+                    legend=alt.Legend(orient="bottom", labelLimit=0),
+                ),
+                tooltip=tip,
+            )
+        )
+    if not layers:
+        layers.append(alt.Chart(pd.DataFrame({"loss": []})).mark_point())
+    return cast(
+        alt.LayerChart,
+        alt.layer(*layers).properties(width="container", height=TALL, description=title),
+    )
