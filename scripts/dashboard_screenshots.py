@@ -4,7 +4,8 @@
 
 Starts a noisescope server on a fresh synthetic database (``tests/dashboard/_synth.py``: a
 vision sweep at 6 batch sizes x 3 learning rates with known B_crit, a token sweep, a live run
-with layers and a batch-size change, a run that measured nothing) unless ``--server`` names a
+with layers and a batch-size change, a run that measured nothing; for the last page, runs of two
+model sizes with branch runs, ``tests/dashboard/_sizes_data.py``) unless ``--server`` names a
 running one, runs the dashboard against it (``streamlit run``, NOISESCOPE_URL only), opens every
 page in headless Debian Chromium through Playwright and saves a full-page PNG of each. Every
 request the pages make is checked to stay on this machine.
@@ -23,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.dashboard import _stack  # noqa: E402
+from tests.dashboard._sizes_data import SIZES, post_model_sizes  # noqa: E402
+from tests.dashboard._sizes_data import run_id as sizes_run_id  # noqa: E402
 from tests.dashboard._synth import DIGITS64, LM  # noqa: E402
 
 #: name -> (path, whether the page draws charts)
@@ -37,11 +40,25 @@ PAGES = {
     "compare_tasks": ("/compare-tasks", True),
     "critical_batch": (f"/critical-batch?task={quote('vision/digits', safe='')}", True),
     "what_if": (f"/what-if?task={quote('vision/digits', safe='')}&b=512&step_time=0.3", True),
+    # last: its runs (``_sizes_data``) are posted just before it, so no other page shows them
+    "compare_sizes": (
+        "/compare-runs?runs=" + "&runs=".join(sizes_run_id(n) for n in SIZES),
+        True,
+    ),
 }
 
 
-def shoot(base: str, out: Path, executable: str, only: list[str] | None = None) -> list[str]:
-    """Screenshot every page; returns the requests that left the machine (should be none)."""
+def shoot(
+    base: str,
+    out: Path,
+    executable: str,
+    only: list[str] | None = None,
+    server: str | None = None,
+    workdir: Path | None = None,
+) -> list[str]:
+    """Screenshot every page; returns the requests that left the machine (should be none).
+    ``server`` and ``workdir``: the synthetic server, to post the model-size runs to before
+    their page (without them that page is skipped)."""
     from playwright.sync_api import sync_playwright
 
     outside: list[str] = []
@@ -53,6 +70,11 @@ def shoot(base: str, out: Path, executable: str, only: list[str] | None = None) 
             for name, (path, charts) in PAGES.items():
                 if only and name not in only:
                     continue
+                if name == "compare_sizes":
+                    if server is None or workdir is None:
+                        print("skipped compare_sizes: it needs the synthetic server")
+                        continue
+                    post_model_sizes(server, workdir)
                 page.set_viewport_size({"width": 1400, "height": 1000})
                 _stack.open_page(page, base + path, charts=charts)
                 _stack.fit_height(page)
@@ -78,12 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
+        server: str | None = None
+        workdir: Path | None = None
         if args.server:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dash-")))
             base = stack.enter_context(_stack.dashboard(args.server, work / "dashboard.log"))
         else:
-            base = stack.enter_context(_stack.stack()).base
-        outside = shoot(base, args.out, executable, args.only)
+            synthetic = stack.enter_context(_stack.stack())
+            base, server, workdir = synthetic.base, synthetic.server.url, synthetic.workdir
+        outside = shoot(base, args.out, executable, args.only, server, workdir)
     if outside:
         print("requests that left the machine:", *outside, sep="\n  ", file=sys.stderr)
         return 1

@@ -18,13 +18,18 @@ import noisescope
 from noisescope import branch
 from tests.branch.lsq_branch import NoisyLeastSquares
 
-__all__ = ["BRANCH_STEPS", "PROJECT", "SIZES", "TASK", "post_model_sizes"]
+__all__ = ["BRANCH_STEPS", "PROJECT", "SIZES", "TASK", "post_model_sizes", "run_id"]
 
 PROJECT, TASK = "scaling", "lsq"
 #: run name -> dimension (its ``config["n_params"]``)
 SIZES = {"lsq-d16": 16, "lsq-d64": 64}
 BRANCH_STEPS = (50, 200, 600)
 BATCH, LR, B_SMALL, B_BIG = 8, 0.05, 8.0, 32.0
+
+
+def run_id(name: str) -> str:
+    """The parent run's id (fixed, so a screenshot's URL can name it)."""
+    return f"{name}-{PROJECT}"
 
 
 def _log_step(
@@ -55,6 +60,7 @@ def post_model_sizes(url: str, tmp: Path) -> dict[str, str]:
             project=PROJECT,
             task=TASK,
             name=name,
+            run_id=run_id(name),
             config={"n_params": d, "optimizer": "sgd", "lr": LR},
             batch_size=BATCH,
             dir=tmp / "spool",
