@@ -214,7 +214,9 @@ class BranchPointResult:
     ``mean_loss`` is per batch size (None for a batch size whose branches diverged);
     ``b_crit`` is None (with ``reason``) while branches are missing an evaluation or every
     batch stayed within ε (then ``b_crit_lo`` is the largest batch tried, a lower bound).
-    ``parent_loss`` is the parent's last evaluation at or before the branch step.
+    ``parent_loss`` is the parent's last evaluation at or before the branch step;
+    ``parent_examples`` the most examples (tokens) its samples at or before that step report
+    (None when they report none).
     """
 
     step: int
@@ -230,6 +232,7 @@ class BranchPointResult:
     b_crit_lo: float | None
     b_crit_hi: float | None
     reason: str | None
+    parent_examples: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Compare runs by model size: each run's B_simple (with its band) and its branch-measured
-local critical batch sizes (with their intervals) against loss, one colour per model size.
+local critical batch sizes (with their intervals) against loss or against examples (tokens)
+seen, one colour per model size.
 
 Loss is the axis Kaplan et al. (2020) and Merrill et al. (2025) compare model sizes on: a
 small model and a large one reach a loss after very different numbers of steps or tokens, and
@@ -24,13 +25,16 @@ from noisescope_dashboard._charts._axes import SCHEME, TALL, scale_axis, wide_le
 __all__ = ["B_SIMPLE", "LOCAL", "LOWER", "SIZE_KEYS", "TITLE", "chart", "marks", "size_label"]
 
 TITLE = "Across model sizes: B_simple and the local critical batch size against loss"
+#: The title on the examples (tokens) axis, with "examples" or "tokens".
+TITLE_SEEN = "Across model sizes: B_simple and the local critical batch size against {} seen"
 #: Config keys read for a run's model size, first found wins; else the run's name.
 SIZE_KEYS = ("n_params", "model_size")
 B_SIMPLE = "B_simple (90% band)"
 LOCAL = "local B_crit (branches, 90%)"
 LOWER = "local B_crit above (all branches within ε)"
 _SHAPES = {LOCAL: "circle", LOWER: "triangle-up"}
-_COLUMNS = ["run", "size", "n_params", "units", "quantity", "loss", "value", "lo", "hi", "step"]
+_COLUMNS = ["run", "size", "n_params", "units", "quantity", "loss", "examples", "value"]
+_COLUMNS += ["lo", "hi", "step"]
 
 
 def _n_params(run: RunSummary) -> float | None:
@@ -65,8 +69,9 @@ def marks(
     series: Sequence[RunSeries],
     branches: Mapping[str, RunBranches],
 ) -> pd.DataFrame:
-    """One row per drawn value: B_simple per bucket (at the bucket's training loss) and the
-    local B_crit per branch point (at the parent's evaluation loss at the branch step)."""
+    """One row per drawn value: B_simple per bucket (at the bucket's training loss and its
+    last examples) and the local B_crit per branch point (at the parent's evaluation loss at
+    the branch step and the examples it had seen)."""
     by_uid = {r.uid: r for r in runs}
     rows: list[dict[str, Any]] = []
     for s in series:
@@ -78,7 +83,8 @@ def marks(
         for p in s.points:
             rows.append(
                 base
-                | {"quantity": B_SIMPLE, "loss": p.loss, "value": p.b_simple}
+                | {"quantity": B_SIMPLE, "loss": p.loss, "examples": p.examples_hi}
+                | {"value": p.b_simple}
                 | {"lo": p.b_simple_lo, "hi": p.b_simple_hi, "step": p.step_hi}
             )
     for uid, answer in branches.items():
@@ -96,24 +102,31 @@ def marks(
                 continue
             rows.append(
                 base
-                | {"quantity": quantity, "loss": b.parent_loss, "value": value}
+                | {"quantity": quantity, "loss": b.parent_loss, "examples": b.parent_examples}
+                | {"value": value}
                 | {"lo": lo, "hi": hi, "step": b.step}
             )
     frame = pd.DataFrame(rows, columns=_COLUMNS)
-    for c in ("n_params", "loss", "value", "lo", "hi"):
+    for c in ("n_params", "loss", "examples", "value", "lo", "hi"):
         frame[c] = pd.to_numeric(frame[c], errors="coerce").astype(float)
     return frame
 
 
 def chart(
-    frame: pd.DataFrame, *, units: str, title: str = TITLE, log_loss: bool = False
+    frame: pd.DataFrame,
+    *,
+    units: str,
+    x: str = "loss",
+    title: str = TITLE,
+    log_x: bool = False,
 ) -> alt.LayerChart:
     """B_simple's line and band per run, the branch points with interval rules (an open upper
-    end drawn to the top), x = loss falling to the right, y = batch size in ``units`` (log);
+    end drawn to the top), x = ``loss`` (falling to the right) or ``examples`` (seen), y =
+    batch size in ``units`` (log);
     one colour per model size, one line per run."""
     frame = frame[frame["units"] == units]
-    ok = frame.dropna(subset=["loss", "value"])
-    ok = ok[(ok["value"] > 0) & (ok["loss"] > 0 if log_loss else ok["loss"].notna())]
+    ok = frame.dropna(subset=[x, "value"])
+    ok = ok[(ok["value"] > 0) & (ok[x] > 0 if log_x else ok[x].notna())]
     curve = ok[ok["quantity"] == B_SIMPLE]
     band = curve.dropna(subset=["lo", "hi"])
     band = band[band["lo"] > 0]
@@ -123,8 +136,9 @@ def chart(
     y_lo, y_hi = min(finite) / 1.5, max(finite) * 1.5
     pts["lo_shown"] = [y_lo if not (v > 0) else v for v in pts["lo"]]
     pts["hi_shown"] = [y_hi if not math.isfinite(v) else v for v in pts["hi"]]
-    x_scale, x_axis = scale_axis(list(ok["loss"]), log_loss, reverse=True)
-    x = alt.X("loss:Q", title="loss (falls to the right)", scale=x_scale, axis=x_axis)
+    x_scale, x_axis = scale_axis(list(ok[x]), log_x, reverse=x == "loss")
+    x_title = "loss (falls to the right)" if x == "loss" else f"{_text.units_word(units)} seen"
+    x_enc = alt.X(f"{x}:Q", title=x_title, scale=x_scale, axis=x_axis)
     y_scale, y_axis = scale_axis([y_lo, y_hi], True, clamp=True)
     y_title = f"batch size ({_text.units_word(units)})"
     y = alt.Y("value:Q", title=y_title, scale=y_scale, axis=y_axis)
@@ -144,7 +158,7 @@ def chart(
             alt.Chart(band)
             .mark_area(opacity=0.15)
             .encode(
-                x=x,
+                x=x_enc,
                 y=alt.Y("lo:Q", scale=y_scale),
                 y2="hi:Q",
                 color=color,
@@ -155,7 +169,7 @@ def chart(
         layers.append(
             alt.Chart(curve)
             .mark_line(strokeWidth=2)
-            .encode(x=x, y=y, color=color, detail="run:N", order="step:Q")
+            .encode(x=x_enc, y=y, color=color, detail="run:N", order="step:Q")
         )
     if not pts.empty:
         pts["interval"] = [
@@ -167,6 +181,7 @@ def chart(
             alt.Tooltip("quantity:N", title=" "),
             alt.Tooltip("step:Q", title="branch step"),
             alt.Tooltip("loss:Q", title="parent's eval loss", format=",.4~r"),
+            alt.Tooltip("examples:Q", title=f"parent's {_text.units_word(units)}", format=",~r"),
             alt.Tooltip("value:Q", title="local B_crit", format=",.3~g"),
             alt.Tooltip("interval:N", title="90% interval"),
         ]
@@ -174,13 +189,13 @@ def chart(
         layers.append(
             alt.Chart(pts)
             .mark_rule(strokeWidth=2)
-            .encode(x=x, y=alt.Y("lo_shown:Q", scale=y_scale), y2="hi_shown:Q", color=color)
+            .encode(x=x_enc, y=alt.Y("lo_shown:Q", scale=y_scale), y2="hi_shown:Q", color=color)
         )
         layers.append(
             alt.Chart(pts)
             .mark_point(filled=True, size=90, stroke="black", strokeWidth=0.5)
             .encode(
-                x=x,
+                x=x_enc,
                 y=y,
                 color=color,
                 shape=alt.Shape(
@@ -193,7 +208,7 @@ def chart(
             )
         )
     if not layers:
-        layers.append(alt.Chart(pd.DataFrame({"loss": []})).mark_point())
+        layers.append(alt.Chart(pd.DataFrame({x: []})).mark_point())
     return cast(
         alt.LayerChart,
         alt.layer(*layers).properties(width="container", height=TALL, description=title),

@@ -20,7 +20,7 @@ from noisescope import _wire
 from noisescope._results import BranchPointResult, RunBranches
 from noisescope.estimators import local_critical_batch
 from noisescope.forecast import plateau
-from noisescope_server.models import Event, Run
+from noisescope_server.models import BLOCK_SIZE, Event, Run, Sample, SampleBlock
 from noisescope_server.queries._common import finite_number, scoped_run
 
 __all__ = ["LEVEL", "run_branches"]
@@ -56,6 +56,35 @@ def _parent_losses(conn: Any, run_id: int) -> list[tuple[int, float]]:
         if loss is not None:
             out.append((int(r.step), loss))
     return out
+
+
+def _examples_at(conn: Any, run_id: int, step: int) -> float | None:
+    """The most examples (tokens) the run's samples at or before ``step`` report: whole blocks
+    from ``sample_block``, the samples of the blocks ``step`` falls inside from ``sample``."""
+    before = conn.execute(
+        select(func.max(SampleBlock.examples_max)).where(
+            SampleBlock.run_id == run_id, SampleBlock.step_max <= step
+        )
+    ).scalar()
+    edge = conn.execute(
+        select(func.min(SampleBlock.block), func.max(SampleBlock.block)).where(
+            SampleBlock.run_id == run_id,
+            SampleBlock.step_min <= step,
+            SampleBlock.step_max > step,
+        )
+    ).one()
+    inside = None
+    if edge[0] is not None:
+        inside = conn.execute(
+            select(func.max(Sample.examples)).where(
+                Sample.run_id == run_id,
+                Sample.seq >= int(edge[0]) * BLOCK_SIZE,
+                Sample.seq < (int(edge[1]) + 1) * BLOCK_SIZE,
+                Sample.step <= step,
+            )
+        ).scalar()
+    found = [finite_number(v) for v in (before, inside)]
+    return max((v for v in found if v is not None), default=None)
 
 
 def _branch_config(config: Any) -> dict[str, Any]:
@@ -135,6 +164,8 @@ def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = No
         ).all()
         outcomes = _latest_payloads(conn, [int(k.id) for k in kids], _wire.BRANCH_EVENT_KIND)
         parent_losses = _parent_losses(conn, int(parent.id))
+        steps = sorted({int(k.branch_step or 0) for k in kids})
+        parent_examples = {step: _examples_at(conn, int(parent.id), step) for step in steps}
     by_step: dict[int, list[Any]] = defaultdict(list)
     other_units: Counter[int] = Counter()
     for k in kids:
@@ -146,6 +177,7 @@ def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = No
     for step in sorted(by_step):
         before = [loss for s, loss in parent_losses if s <= step]
         point = _point(step, before[-1] if before else None, by_step[step], outcomes)
+        point = replace(point, parent_examples=parent_examples.get(step))
         if other_units[step]:
             left_out = (
                 f"{other_units[step]} branch runs count other units than the parent "

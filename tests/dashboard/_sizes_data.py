@@ -4,7 +4,8 @@ running server: for the Compare runs page's model-size chart (tests and screensh
 Each "model" is noisy least squares in ``d`` dimensions (``tests.branch.lsq_branch``; its
 ``n_params`` is ``d``) trained by SGD at batch 4. Its samples are the two-batch estimator's
 squared norms drawn around the exact |G|² = |Sδ|² and tr(Σ) = |Sδ|² + (δᵀSδ + σ²)·tr S of the
-current weights (docs/science.md, "Ground truth for tests"), with the exact loss; at each
+current weights (docs/science.md, "Ground truth for tests"), with the exact loss and the
+examples seen; at each
 branch step it logs its evaluation loss and ``noisescope.branch`` runs its branches.
 """
 
@@ -45,6 +46,7 @@ def _log_step(
         B_BIG,
         float((g_sq + trace_sigma / B_SMALL) * noise[0]),
         float((g_sq + trace_sigma / B_BIG) * noise[1]),
+        examples=float(step * BATCH),
         loss=task.evaluate(),
     )
 

@@ -45,6 +45,7 @@ def _token_run(url: str, tmp: Path) -> str:
             cols["b_big"][i],
             cols["g_small_sq"][i],
             cols["g_big_sq"][i],
+            examples=cols["examples"][i],
             loss=3.0 / (1.0 + step / 50.0),
         )
     run.finish()
@@ -107,6 +108,30 @@ def test_compare_runs_draws_b_simple_and_local_b_crit_per_model_size_against_los
     assert line["color"]["legend"]["labelLimit"] == 0
     assert line["y"]["title"] == "batch size (examples)"
     assert "`n_params`" in texts(at) and "else the run's name" in plain(texts(at))
+
+
+def test_on_the_examples_axis_each_branch_point_sits_at_the_examples_its_parent_had_seen(
+    make_app: MakeApp, stack: tuple[str, dict[str, str]]
+) -> None:
+    url, ids = stack
+    at = make_app(url, "compare_runs", runs=list(ids.values()), sx="examples", logx="true")
+    assert not at.exception
+    title = _sizes.TITLE_SEEN.format("examples") + " — runs in examples"
+    specs = charts(at)
+    assert title in specs and _sizes.TITLE_SEEN.format("tokens") + " — runs in tokens" in specs
+    shipped = _shipped(chart_data(at)[title])
+    api = Api(url)
+    for name in SIZES:
+        points = api.branches(ids[name]).points
+        assert all(p.parent_examples is not None for p in points)
+        drawn = shipped[(shipped["run"] == ids[name]) & (shipped["quantity"] != _sizes.B_SIMPLE)]
+        assert sorted(drawn["examples"]) == pytest.approx(
+            sorted(float(p.parent_examples or 0) for p in points)
+        )
+    x = specs[title]["layer"][1]["encoding"]["x"]
+    assert x["field"] == "examples" and x["title"] == "examples seen"
+    assert x["scale"]["type"] == "log" and not x["scale"].get("reverse")
+    assert "at the examples the parent had seen by that step" in plain(texts(at))
 
 
 def test_runs_without_a_size_or_branches_get_no_chart_and_a_hint(

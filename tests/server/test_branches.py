@@ -16,7 +16,7 @@ import noisescope
 from noisescope import branch
 from noisescope.forecast import forecast_report
 from tests.branch.lsq_branch import NoisyLeastSquares
-from tests.server._data import run_body
+from tests.server._data import columns, run_body
 from tests.support.servers import ServerProcess
 from tests.support.synthetic_sweep import make_sweep, post
 
@@ -211,3 +211,26 @@ def test_the_forecast_endpoint_is_the_client_forecast_of_the_sweep(server: Serve
         assert bad.status_code == 422 and "finite and positive" in bad.json()["detail"]
         assert c.get(path, params={"loss": "nan"}).status_code == 422
         assert c.get(f"/api/v1/tasks/{project}/nope/critical-batch/forecast").status_code == 404
+
+
+def test_each_branch_point_gives_the_examples_its_parent_had_seen(
+    server: ServerProcess, run_id: str
+) -> None:
+    """Steps 0..99 at 32 examples a step, blocks of 64 samples: step 50 falls inside the first
+    block, 70 inside the second, 500 after the last sample; a parent logging no examples
+    gives none."""
+    bare = uuid.uuid4().hex
+    with httpx.Client(base_url=server.url) as c:
+        for parent, cols in ((run_id, columns(100)), (bare, columns(100))):
+            assert c.put(f"/api/v1/runs/{parent}", json=run_body()).is_success
+            if parent == bare:
+                cols.pop("examples")
+            posted = c.post(f"/api/v1/runs/{parent}/samples", json={"columns": cols})
+            assert posted.is_success, posted.text
+            for step in (50, 70, 500):
+                body = run_body(batch_size=8, parent_run_id=parent, branch_step=step)
+                assert c.put(f"/api/v1/runs/{uuid.uuid4().hex}", json=body).is_success
+        points = noisescope.Api(server.url).branches(run_id).points
+        bare_points = noisescope.Api(server.url).branches(bare).points
+    assert [p.parent_examples for p in points] == [50 * 32.0, 70 * 32.0, 99 * 32.0]
+    assert [p.parent_examples for p in bare_points] == [None, None, None]

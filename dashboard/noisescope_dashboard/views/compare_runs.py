@@ -39,24 +39,45 @@ def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
         for r in chosen
     ]
     frame = _sizes.marks(chosen, series, branched)
-    log_loss = bool(st.session_state.get("logloss", False))
+    x = str(
+        _state.select(
+            "Model sizes against",
+            ["loss", "examples"],
+            key="sx",
+            format_func={"loss": "loss", "examples": "examples or tokens seen"}.__getitem__,
+            widget="radio",
+            horizontal=True,
+        )
+    )
+    log_x = bool(st.session_state.get("logloss" if x == "loss" else "logx", False))
     units = sorted(set(frame["units"]))
     for unit in units:
         part = frame[frame["units"] == unit]
         word = _text.units_word(str(unit))
         suffix = f" — runs in {word}" if len(units) > 1 else ""
+        title = (_sizes.TITLE if x == "loss" else _sizes.TITLE_SEEN.format(word)) + suffix
+        where = (
+            "at the training loss of each bucket"
+            if x == "loss"
+            else f"at the {word} seen by the end of each bucket"
+        )
+        at = (
+            "the parent's last evaluation loss at that step"
+            if x == "loss"
+            else f"the {word} the parent had seen by that step (a run logging no {word} "
+            "has no points on this axis)"
+        )
         _ui.chart_with_downloads(
-            _sizes.chart(part, units=str(unit), title=_sizes.TITLE + suffix, log_loss=log_loss),
+            _sizes.chart(part, units=str(unit), x=x, title=title, log_x=log_x),
             part,
-            title=_sizes.TITLE + suffix,
+            title=title,
             name=f"by_model_size_{word}",
             key=f"sizes_{word}",
             caption="Colour: the model size, from the run's config `n_params` (parameters), "
-            "else `model_size`, else the run's name. Lines: B_simple at the training loss of "
-            "each bucket, smoothed over the same fraction of the run as above, with its 90% band "
-            "(GET /runs/{id}/series). Points: the local critical "
-            "batch size at each branch step, at the parent's last evaluation loss at that "
-            "step, with its 90% interval (an end above the largest batch tried runs to the top; "
+            f"else `model_size`, else the run's name. Lines: B_simple {where}, smoothed over "
+            "the same fraction of the run as above, with its 90% band (GET /runs/{id}/series). "
+            f"Points: the local critical batch size at each branch step, at {at}, with its 90% "
+            "interval (an end above the largest batch tried runs to the top; "
             "a triangle: every branch stayed within ε, a lower bound).",
         )
 
