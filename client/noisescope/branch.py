@@ -472,9 +472,13 @@ class Every:
         self.plan_kwargs = plan_kwargs
         self.sweeps: list[BranchSweep] = []
 
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a branch step (``first``, ``first + every``, ...)."""
+        return step >= self.first and (step - self.first) % self.every == 0
+
     def __call__(self, step: int, *, batch_size: int, lr: float) -> BranchSweep | None:
         """At a branch step: branch from the current state (batch ``batch_size``, ``lr``)."""
-        if step < self.first or (step - self.first) % self.every:
+        if not self.due(step):
             return None
         branch_plan = plan(step, batch_size, lr, **self.plan_kwargs)
         result = run(branch_plan, self.trainer, self.store / f"step{step}", log=self.log)

@@ -7,16 +7,19 @@ what is specific to its framework (where it hooks in, how it counts items and na
 from __future__ import annotations
 
 import logging
+import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from torch import Tensor, nn
 
 import noisescope
-from noisescope import _wire
+from noisescope import _wire, branch
 from noisescope._run import Run
 from noisescope.torch import GradientNoiseProbe
+
+from ._branching import BranchOptions, ModuleBranches, log_to, store_for
 
 logger = logging.getLogger("noisescope")
 
@@ -37,6 +40,7 @@ class _TrackingCallback:
         every: int,
         small_batches: Literal["all", "first"],
         init_kwargs: dict[str, Any],
+        branching: BranchOptions | None = None,
     ) -> None:
         if units not in (None, "examples", "tokens"):
             raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
@@ -57,10 +61,20 @@ class _TrackingCallback:
         self._loss_sum: Tensor | None = None  # this optimizer step's micro-batch losses
         self._n_micro = 0  # micro-batches recorded in this optimizer step
         self._disabled: str | None = None  # why this run is not measured, if it is not
+        self._branch = branching
+        self._every: branch.Every | None = None
+        self._branching = False  # inside a branch sweep: the hooks leave it alone
+        self._probe_args: dict[str, Any] = {}
+
+    @property
+    def branch_sweeps(self) -> list[branch.BranchSweep]:
+        """Every branch point's ``noisescope.branch.BranchSweep`` (``branch_every=N``)."""
+        return [] if self._branch is None else self._branch.sweeps
 
     def _begin_training(self) -> None:
         """A new ``fit()``/``train()``: measure again, in a new run if ours has finished."""
         self._disabled = None
+        self._every = None
         if self._owns_run and self.run is not None and self.run.finished:
             self.run = None
 
@@ -77,18 +91,68 @@ class _TrackingCallback:
     ) -> None:
         """The micro-batch probe for this training, its step count matching the framework's
         (on resume too)."""
-        self.probe = GradientNoiseProbe(
-            model,
-            run,
-            source="micro",
-            units="tokens" if units == "tokens" else "examples",
-            micro_loss=micro_loss,  # type: ignore[arg-type]
-            layers=self.layers,
-            scaler=scaler,
-            every=self.every,
-            small_batches=self.small_batches,
-        )
+        self._probe_args = {
+            "model": model,
+            "sink": run,
+            "source": "micro",
+            "units": "tokens" if units == "tokens" else "examples",
+            "micro_loss": micro_loss,
+            "layers": self.layers,
+            "scaler": scaler,
+            "every": self.every,
+            "small_batches": self.small_batches,
+        }
+        self.probe = GradientNoiseProbe(**self._probe_args)
         self.probe.step_count = step
+
+    def _branch_at(
+        self,
+        step: int,
+        *,
+        batch_size: int,
+        lr: float | None,
+        trainer: Callable[[], ModuleBranches],
+        default_root: str,
+    ) -> branch.BranchSweep | None:
+        """``branch_every=N``: at a branch step, ``noisescope.branch`` branches from the
+        parent's state (the probe detached meanwhile, so branches are not measured as the
+        parent's steps) and puts it back."""
+        options = self._branch
+        if options is None:
+            return None
+        if self._every is None:
+            run = self.run if self.run is not None and self.run.active else None
+            plan_kwargs = {**options.plan, "parent_run_id": None if run is None else run.id}
+            self._every = branch.Every(
+                options.every,
+                trainer(),
+                store_for(options, default_root, self.run),
+                log=log_to(run, self.init_kwargs),
+                first=options.first,
+                **plan_kwargs,
+            )
+        if not self._every.due(step):
+            return None
+        if lr is None or not (lr > 0 and math.isfinite(lr)):
+            # e.g. the last step of a decay to 0: a branch would not train
+            warnings.warn(f"noisescope: no branches at step {step}: the lr is {lr!r}", stacklevel=2)
+            return None
+        probe, self.probe = self.probe, None
+        if probe is not None:
+            probe.remove()
+        self._branching = True
+        try:
+            sweep = self._every(step, batch_size=batch_size, lr=lr)
+        finally:
+            self._branching = False
+            if probe is not None:
+                self.probe = (
+                    probe if probe.error is not None else GradientNoiseProbe(**self._probe_args)
+                )
+                self.probe.step_count = probe.step_count
+        if sweep is not None:
+            options.sweeps.append(sweep)
+        return sweep
 
     def _end_training(self, status: str = "finished") -> None:
         """Detach the probe; finish the run if the callback started it (kept, finished, so

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,6 +45,7 @@ from noisescope.torch._torch_api import queue_after_backward
 from noisescope.torch._wrappers import detect
 
 from ._base import _TrackingCallback
+from ._branching import BranchOptions, LossFn, ModuleBranches, loss_output, unsupported
 
 __all__ = ["HuggingFaceCallback"]
 
@@ -95,6 +96,17 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             "first" (only the first micro-batch's: two gradient reads per step instead of one
             per micro-batch, and the per-parameter hooks only check a flag: the least
             overhead; tr(Sigma) gets noisier). See ``GradientNoiseProbe``.
+        branch_every: opt in to branching (docs/branching.md): every N optimizer steps,
+            ``noisescope.branch`` trains short continuations at batch sizes b, 2b, ... from
+            the Trainer's state on its own train dataset and puts the state back.
+        branch_eval: the batches every branch is evaluated on (needed with ``branch_every``).
+        branch_loss: ``fn(model, batch) -> loss`` for branch training and evaluation
+            (default: the model's own ``loss``).
+        branch_store: where finished branches are kept (default:
+            ``<output_dir>/noisescope-branches``), one folder per run id and branch step.
+        branch_first: the first branch step (default: ``branch_every``).
+        branch_plan: ``noisescope.branch.plan`` settings (``multipliers``, ``budget``,
+            ``lr_rule``, ``seeds``, ``epsilon``, ``level``).
         init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
     """
 
@@ -110,8 +122,17 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         layers: bool | Mapping[str, Any] = False,
         every: int = 1,
         small_batches: Literal["all", "first"] = "all",
+        branch_every: int | None = None,
+        branch_eval: Iterable[Any] | None = None,
+        branch_loss: LossFn | None = None,
+        branch_store: str | os.PathLike[str] | None = None,
+        branch_first: int | None = None,
+        branch_plan: Mapping[str, Any] | None = None,
         **init_kwargs: Any,
     ) -> None:
+        branching = BranchOptions.make(
+            branch_every, branch_eval, branch_loss, branch_store, branch_first, branch_plan
+        )
         super().__init__(
             run,
             project=project,
@@ -123,7 +144,9 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             every=every,
             small_batches=small_batches,
             init_kwargs=init_kwargs,
+            branching=branching,
         )
+        self._train_dataloader: Any = None
         self._args: TrainingArguments | None = None
         self._state: TrainerState | None = None
         self._model: nn.Module | None = None
@@ -156,6 +179,9 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         self._begin_training()
         self._args, self._state = args, state
         self._optimizer, self._scheduler = optimizer, lr_scheduler
+        self._train_dataloader = kwargs.get("train_dataloader")
+        if self._branch is not None:
+            _check_branchable(args, model)
         if model is None:
             self._disable("the Trainer passed no model to the callback")
             return
@@ -191,6 +217,20 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
                 self._find_ddp_wrapper
             )
 
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """``branch_every=N``: branch after the optimizer and scheduler steps of a branch step."""
+        if self._branch is None:
+            return
+        self._branch_at(
+            int(state.global_step),
+            batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+            lr=self._lr(),
+            trainer=lambda: self._branch_trainer(args),
+            default_root=args.output_dir or ".",
+        )
+
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
@@ -208,7 +248,9 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
     def _before_forward(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        if self._disabled is not None or not (module.training and torch.is_grad_enabled()):
+        if self._branching or self._disabled is not None:
+            return
+        if not (module.training and torch.is_grad_enabled()):
             return
         try:
             labels = _first_tensor(kwargs.get("shift_labels"))
@@ -295,6 +337,27 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
 
     # --- helpers -----------------------------------------------------------------------------
 
+    def _branch_trainer(self, args: TrainingArguments) -> ModuleBranches:
+        """What branching needs, from what the Trainer handed the callback."""
+        options, loader = self._branch, self._train_dataloader
+        assert options is not None
+        if self._model is None or self._optimizer is None or loader is None:
+            raise RuntimeError(
+                "noisescope: branch_every needs the Trainer's model, optimizer and train "
+                "dataloader, and the Trainer passed none to the callback"
+            )
+        return ModuleBranches(
+            self._model,
+            self._optimizer,
+            [] if self._scheduler is None else [self._scheduler],
+            loader.dataset,
+            loader.collate_fn,
+            options.loss_fn or (lambda model, batch: loss_output(model(**batch))),
+            options.eval_batches,
+            micro_batch_size=args.per_device_train_batch_size,
+            max_grad_norm=args.max_grad_norm or None,
+        )
+
     def _start(self, module: nn.Module, labels: Tensor) -> None:
         """First training forward: the units are known now; start the run and the probe."""
         args, state = self._args, self._state
@@ -376,6 +439,21 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         if self._ddp_finder is not None:
             self._ddp_finder.remove()
             self._ddp_finder = None
+
+
+def _check_branchable(args: TrainingArguments, model: nn.Module | None) -> None:
+    """``branch_every`` on a setup it cannot branch: say so before training starts."""
+    world = int(getattr(args, "world_size", 1) or 1)
+    if world > 1:
+        raise unsupported(f"a Trainer on {world} processes")
+    if getattr(args, "n_gpu", 1) > 1:
+        raise unsupported("nn.DataParallel (several GPUs in one process)")
+    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+        raise unsupported("under FSDP or DeepSpeed")
+    if args.fp16 or args.bf16:
+        raise unsupported("with fp16/bf16 mixed precision (its autocast and loss scaling)")
+    if model is not None and detect(model).sharded:
+        raise unsupported("a sharded (fully_shard) model")
 
 
 def _loss_shifts_labels(model: nn.Module) -> bool:

@@ -21,18 +21,21 @@ those steps are not measured.
 
 from __future__ import annotations
 
+import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor, nn
 
 from noisescope._run import Run
 
 from ._base import _TrackingCallback
+from ._branching import BranchOptions, LossFn, ModuleBranches, loss_output, unsupported
 
 __all__ = ["LightningCallback"]
 
@@ -66,6 +69,11 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             "first" (only the first micro-batch's: two gradient reads per step instead of one
             per micro-batch, and the per-parameter hooks only check a flag: the least
             overhead; tr(Sigma) gets noisier). See ``GradientNoiseProbe``.
+        branch_every, branch_eval, branch_store, branch_first, branch_plan: opt-in branching
+            every N optimizer steps, as for ``HuggingFaceCallback`` (default store:
+            ``<default_root_dir>/noisescope-branches``).
+        branch_loss: ``fn(module, batch) -> loss`` (default: ``training_step(batch, 0)``, its
+            tensor or its ``"loss"``).
         init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
     """
 
@@ -84,8 +92,17 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         layers: bool | Mapping[str, Any] = False,
         every: int = 1,
         small_batches: Literal["all", "first"] = "all",
+        branch_every: int | None = None,
+        branch_eval: Iterable[Any] | None = None,
+        branch_loss: LossFn | None = None,
+        branch_store: str | os.PathLike[str] | None = None,
+        branch_first: int | None = None,
+        branch_plan: Mapping[str, Any] | None = None,
         **init_kwargs: Any,
     ) -> None:
+        branching = BranchOptions.make(
+            branch_every, branch_eval, branch_loss, branch_store, branch_first, branch_plan
+        )
         if units is None:  # a run passed in fixes the units
             units = getattr(run, "units", None) or "examples"
         if loss_reduction not in ("mean", "sum"):
@@ -101,7 +118,9 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             every=every,
             small_batches=small_batches,
             init_kwargs=init_kwargs,
+            branching=branching,
         )
+        self._optimizer_steps = 0  # trainer.global_step at the last batch end
         self.batch_size_fn = batch_size_fn
         self.loss_reduction = loss_reduction
         self.micro_loss = micro_loss
@@ -112,6 +131,9 @@ class LightningCallback(_TrackingCallback, pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._begin_training()
+        self._optimizer_steps = int(trainer.global_step)
+        if self._branch is not None:
+            _check_branchable(trainer, pl_module)
         k = int(trainer.accumulate_grad_batches)
         if k <= 1 and trainer.world_size <= 1:
             warnings.warn(
@@ -177,6 +199,30 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         except Exception as exc:
             self._disable(f"measurement failed: {exc!r}")
 
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """``branch_every=N``: branch after the optimizer (and step-interval schedulers) of a
+        branch step have stepped."""
+        step = int(trainer.global_step)
+        if self._branch is None or step == self._optimizer_steps:
+            return  # no optimizer step in this batch (accumulating)
+        self._optimizer_steps = step
+        loader = trainer.train_dataloader
+        micro = int(getattr(loader, "batch_size", None) or self._items_of(batch))
+        self._branch_at(
+            step,
+            batch_size=micro * int(trainer.accumulate_grad_batches),
+            lr=float(trainer.optimizers[0].param_groups[0]["lr"]),
+            trainer=lambda: self._branch_trainer(trainer, pl_module, micro),
+            default_root=str(trainer.default_root_dir),
+        )
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._end_training()
 
@@ -186,6 +232,30 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         self._end_training("failed")
 
     # --- helpers -----------------------------------------------------------------------------
+
+    def _items_of(self, batch: Any) -> float:
+        return float((self.batch_size_fn or extract_batch_size)(batch))
+
+    def _branch_trainer(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, micro: int
+    ) -> ModuleBranches:
+        """What branching needs, from the Trainer: optimizer, schedulers, train data, clipping."""
+        options, loader = self._branch, trainer.train_dataloader
+        assert options is not None
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            raise unsupported(f"from a {type(loader).__name__} (one DataLoader is supported)")
+        return ModuleBranches(
+            pl_module,
+            trainer.optimizers[0],
+            [config.scheduler for config in trainer.lr_scheduler_configs],
+            loader.dataset,
+            loader.collate_fn,
+            options.loss_fn or (lambda _, batch: loss_output(pl_module.training_step(batch, 0))),
+            options.eval_batches,
+            micro_batch_size=micro,
+            max_grad_norm=float(trainer.gradient_clip_val or 0) or None,
+            to_device=trainer.strategy.batch_to_device,
+        )
 
     def _step(self, trainer: pl.Trainer) -> None:
         assert self.probe is not None
@@ -235,6 +305,19 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             scaler=getattr(trainer.strategy.precision_plugin, "scaler", None),
             step=int(trainer.global_step),
         )
+
+
+def _check_branchable(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    """``branch_every`` on a setup it cannot branch: say so before training starts."""
+    if trainer.world_size > 1 or not isinstance(trainer.strategy, SingleDeviceStrategy):
+        strategy = type(trainer.strategy).__name__
+        raise unsupported(f"under {strategy} on {trainer.world_size} process(es)")
+    if not pl_module.automatic_optimization or len(trainer.optimizers) != 1:
+        raise unsupported("manual optimization or several optimizers")
+    if "mixed" in str(trainer.precision):
+        raise unsupported(f"with precision={trainer.precision!r} (autocast)")
+    if trainer.gradient_clip_val and trainer.gradient_clip_algorithm not in (None, "norm"):
+        raise unsupported(f"with gradient_clip_algorithm={trainer.gradient_clip_algorithm!r}")
 
 
 def _accumulating(trainer: pl.Trainer) -> bool:
