@@ -17,8 +17,10 @@ import torch
 from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments, default_data_collator
 
+import noisescope
 from noisescope.integrations import HuggingFaceCallback, LightningCallback
 from tests.integrations._lit import DigitsMLP, digits_loader
+from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
 from tests.integrations.conftest import stored_run
 from tests.integrations.test_hf import DigitsDataset, MeanLossClassifier
 from tests.support.servers import ServerProcess
@@ -181,6 +183,42 @@ def test_hf_a_killed_branch_sweep_resumes(server: ServerProcess, tmp_path: Path)
     assert sweep.local == fresh.branch_sweeps[0].local
 
 
+def test_hf_language_model_branches_count_the_runs_tokens(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """A token-unit run branches in nominal tokens, as its own batch size is: the server
+    compares the branch runs with the parent (it leaves out branches in other units)."""
+    collate = RecordingCollator()
+    eval_data = ByteLMDataset(8, seed=5)
+    eval_batches = [collate([eval_data[i] for i in range(8)])]
+    callback = HuggingFaceCallback(
+        project="branching", url=server.url, dir=tmp_path / "spool", quiet=True,
+        branch_every=2, branch_eval=eval_batches,
+        branch_plan={"multipliers": (1, 2), "seeds": 2, "lr_rule": "sqrt"},
+    )  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, max_steps=2, learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        save_strategy="no", report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = Trainer(
+        model=tiny_gpt2(), args=args, train_dataset=ByteLMDataset(48),
+        data_collator=collate, callbacks=[callback],
+    )  # fmt: skip
+    trainer.train()
+    assert callback.run is not None
+    run_tokens = callback.run.batch_size  # nominal: 8 full-length first-batch sequences
+    assert run_tokens is not None and run_tokens > 8 * 6 and run_tokens % 8 == 0
+    (sweep,) = callback.branch_sweeps
+    assert sweep.plan.units == "tokens"
+    assert sweep.plan.base_batch_size == run_tokens
+    (point,) = noisescope.Api(server.url).branches(callback.run.id).points
+    assert (point.step, point.n_runs) == (2, 4)
+    assert point.reason is None or "other units" not in point.reason
+    assert point.batch_sizes == [run_tokens, 2 * run_tokens]
+
+
 def test_hf_setups_it_cannot_branch_are_refused(server: ServerProcess, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="branch_eval"):
         HuggingFaceCallback(branch_every=2)
@@ -273,6 +311,20 @@ def test_lightning_branching_leaves_the_parent_run_as_it_was(
     assert sorted({(step, b) for _, step, b in runs}) == [
         (s, b) for s in (2, 4) for b in (16.0, 32.0, 64.0)
     ]
+
+
+def test_lightning_token_units_branch_in_the_runs_nominal_tokens(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    _, callback = _lit(
+        server, tmp_path, units="tokens", batch_size_fn=lambda batch: 3 * len(batch[0]),
+        branch_every=4, branch_eval=_lit_eval(), branch_plan={**PLAN, "budget": 192},
+    )  # fmt: skip
+    assert callback.run is not None and callback.run.batch_size == 3 * 16
+    (sweep,) = callback.branch_sweeps
+    assert (sweep.plan.units, sweep.plan.base_batch_size) == ("tokens", 48)
+    (point,) = noisescope.Api(server.url).branches(callback.run.id).points
+    assert (point.step, point.n_runs, point.batch_sizes) == (4, 6, [48.0, 96.0, 192.0])
 
 
 def test_lightning_setups_it_cannot_branch_are_refused(

@@ -75,3 +75,35 @@ def test_doc_script_runs_and_reaches_the_server(
     assert len(rows) >= 20
     assert {(r.b_small, r.b_big) for r in rows} == {(b_small, b_big)}
     assert all(r.g_small_sq > 0 and r.g_big_sq > 0 for r in rows)
+
+
+@pytest.mark.parametrize("name", ["HuggingFaceCallback", "LightningCallback"])
+def test_the_documented_arguments_are_the_callbacks(name: str) -> None:
+    import inspect
+
+    import noisescope.integrations as integrations
+
+    shown = re.search(rf"Arguments of `{name}\(([^`]*)\)`", DOC.read_text())
+    assert shown is not None, name
+    written = [p.strip().split("=")[0].lstrip("*") for p in shown.group(1).split(",")]
+    actual = [p.name for p in inspect.signature(getattr(integrations, name)).parameters.values()]
+    assert [p for p in written if p] == actual
+
+
+def test_the_branching_example_runs_and_branches(tmp_path: Path) -> None:
+    """docs/branching.md's callback example: two branch points, each with a measurement."""
+    blocks = re.findall(
+        r"```python\n(.*?)```", (ROOT / "docs" / "branching.md").read_text(), flags=re.DOTALL
+    )
+    (block,) = [b for b in blocks if "branch_every=" in b]
+    script = tmp_path / "example.py"
+    script.write_text(block)
+    env = {**os.environ, "NOISESCOPE_DIR": str(tmp_path / "spool"), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line.split() for line in proc.stdout.splitlines() if line.strip()]
+    assert [line[0] for line in lines] == ["40", "80"]
+    assert all(line[2] != "None" for line in lines)  # b_crit_lo: an interval (2 seeds) or bound

@@ -113,6 +113,7 @@ class _TrackingCallback:
         lr: float | None,
         trainer: Callable[[], ModuleBranches],
         default_root: str,
+        units: str = "examples",
     ) -> branch.BranchSweep | None:
         """``branch_every=N``: at a branch step, ``noisescope.branch`` branches from the
         parent's state (the probe detached meanwhile, so branches are not measured as the
@@ -122,7 +123,11 @@ class _TrackingCallback:
             return None
         if self._every is None:
             run = self.run if self.run is not None and self.run.active else None
-            plan_kwargs = {**options.plan, "parent_run_id": None if run is None else run.id}
+            plan_kwargs = {
+                **options.plan,
+                "units": units,
+                "parent_run_id": None if run is None else run.id,
+            }
             self._every = branch.Every(
                 options.every,
                 trainer(),

@@ -119,9 +119,10 @@ class ModuleBranches:
     gradients, the training mode and the torch/CUDA/Python/NumPy RNGs (copies). ``train``: a
     plain loop over the framework's train dataset, seed ``branch.seed`` drawing the same
     example order at every batch size (paired seeds), each step of ``branch.batch_size``
-    examples in micro-batches of the parent's size (losses weighted by examples), every
-    parameter group's lr scaled by ``branch.lr`` / the parent's, the parent's clipping; the
-    schedulers do not step. ``evaluate``: the mean loss over ``eval_batches`` in eval mode.
+    examples (nominal tokens when ``items_per_example`` > 1) in micro-batches of the parent's
+    size (losses weighted by examples), every parameter group's lr scaled by ``branch.lr`` /
+    the parent's, the parent's clipping; the schedulers do not step. ``evaluate``: the mean
+    loss over ``eval_batches`` in eval mode.
     """
 
     def __init__(
@@ -137,6 +138,7 @@ class ModuleBranches:
         micro_batch_size: int,
         max_grad_norm: float | None,
         to_device: Callable[[Any], Any] | None = None,
+        items_per_example: int = 1,
     ) -> None:
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise unsupported(
@@ -152,6 +154,7 @@ class ModuleBranches:
         self.eval_batches = eval_batches
         self.micro_batch_size = max(int(micro_batch_size), 1)
         self.max_grad_norm = max_grad_norm
+        self.items_per_example = max(int(items_per_example), 1)
         device = next(model.parameters()).device
         self.to_device = to_device or (lambda batch: _to_device(batch, device))
 
@@ -179,9 +182,12 @@ class ModuleBranches:
         _set_rng_state(state["rng"])
 
     def train(self, b: branch.Branch, run: Run | None) -> None:
+        # the plan counts the run's units: nominal tokens are examples x tokens per example
+        per_step = max(b.batch_size // self.items_per_example, 1)
         gen = torch.Generator().manual_seed(b.seed)
         n = len(self.dataset)
-        order = torch.cat([torch.randperm(n, generator=gen) for _ in range(-(-b.examples // n))])
+        n_draws = -(-(b.steps * per_step) // n)
+        order = torch.cat([torch.randperm(n, generator=gen) for _ in range(n_draws)])
         torch.manual_seed(b.seed)  # dropout: the RNGs are the parent's again after restore()
         ratio = b.lr / float(self.optimizer.param_groups[0]["lr"])
         for group in self.optimizer.param_groups:
@@ -191,7 +197,7 @@ class ModuleBranches:
         for i in range(b.steps):
             self.optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
-            idx = order[i * b.batch_size : (i + 1) * b.batch_size].tolist()
+            idx = order[i * per_step : (i + 1) * per_step].tolist()
             for j in range(0, len(idx), self.micro_batch_size):
                 chunk = idx[j : j + self.micro_batch_size]
                 batch = self.to_device(self.collate_fn([self.dataset[k] for k in chunk]))

@@ -147,6 +147,8 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             branching=branching,
         )
         self._train_dataloader: Any = None
+        self._branch_units = "examples"
+        self._tokens_per_example = 1
         self._args: TrainingArguments | None = None
         self._state: TrainerState | None = None
         self._model: nn.Module | None = None
@@ -223,12 +225,14 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         """``branch_every=N``: branch after the optimizer and scheduler steps of a branch step."""
         if self._branch is None:
             return
+        examples = args.per_device_train_batch_size * args.gradient_accumulation_steps
         self._branch_at(
             int(state.global_step),
-            batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+            batch_size=examples * self._tokens_per_example,
             lr=self._lr(),
             trainer=lambda: self._branch_trainer(args),
             default_root=args.output_dir or ".",
+            units=self._branch_units,
         )
 
     def on_train_end(
@@ -356,6 +360,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             options.eval_batches,
             micro_batch_size=args.per_device_train_batch_size,
             max_grad_norm=args.max_grad_norm or None,
+            items_per_example=self._tokens_per_example,
         )
 
     def _start(self, module: nn.Module, labels: Tensor) -> None:
@@ -365,6 +370,10 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         assert state is not None
         run_units = getattr(self.run, "units", None)  # a run passed in fixes the units
         units = self.units or run_units or ("tokens" if labels.dim() >= 2 else "examples")
+        # branch batch sizes in the run's units: nominal tokens (full-length sequences)
+        self._branch_units = units
+        if units == "tokens" and labels.dim() >= 2:
+            self._tokens_per_example = int(labels.shape[-1]) - (1 if self._shifts_labels else 0)
         if self._expect_ddp and self._ddp is None and not detect(module).sharded:
             warnings.warn(
                 "noisescope: several processes but no DistributedDataParallel wrapper found; "

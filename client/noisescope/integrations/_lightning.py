@@ -214,13 +214,19 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             return  # no optimizer step in this batch (accumulating)
         self._optimizer_steps = step
         loader = trainer.train_dataloader
-        micro = int(getattr(loader, "batch_size", None) or self._items_of(batch))
+        micro = int(getattr(loader, "batch_size", None) or extract_batch_size(batch))
+        examples = micro * int(trainer.accumulate_grad_batches)
+        per_example = 1  # tokens: the run's nominal batch size (first micro-batch's count)
+        nominal = getattr(self.run, "batch_size", None)
+        if self.units == "tokens" and nominal:
+            per_example = max(round(float(nominal) / examples), 1)
         self._branch_at(
             step,
-            batch_size=micro * int(trainer.accumulate_grad_batches),
+            batch_size=examples * per_example,
             lr=float(trainer.optimizers[0].param_groups[0]["lr"]),
-            trainer=lambda: self._branch_trainer(trainer, pl_module, micro),
+            trainer=lambda: self._branch_trainer(trainer, pl_module, micro, per_example),
             default_root=str(trainer.default_root_dir),
+            units=self.units or "examples",
         )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -233,11 +239,8 @@ class LightningCallback(_TrackingCallback, pl.Callback):
 
     # --- helpers -----------------------------------------------------------------------------
 
-    def _items_of(self, batch: Any) -> float:
-        return float((self.batch_size_fn or extract_batch_size)(batch))
-
     def _branch_trainer(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, micro: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, micro: int, per_example: int
     ) -> ModuleBranches:
         """What branching needs, from the Trainer: optimizer, schedulers, train data, clipping."""
         options, loader = self._branch, trainer.train_dataloader
@@ -255,6 +258,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             micro_batch_size=micro,
             max_grad_norm=float(trainer.gradient_clip_val or 0) or None,
             to_device=trainer.strategy.batch_to_device,
+            items_per_example=per_example,
         )
 
     def _step(self, trainer: pl.Trainer) -> None:
