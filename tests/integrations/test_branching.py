@@ -120,6 +120,11 @@ def test_hf_branching_leaves_the_parent_run_as_it_was(
     assert [s.plan.step for s in sweeps] == [2, 4]
     assert all(s.local is not None and not s.missing and not s.notes for s in sweeps)
     assert sweeps[0].plan.base_batch_size == 8
+    # the branches trained (the Trainer's AcceleratedOptimizer stepped), each batch size its own way
+    for sweep in sweeps:
+        losses = {r.batch_size: r.loss for r in sweep.results if r.seed == 0}
+        assert sweep.parent_loss is not None and all(v < sweep.parent_loss for v in losses.values())
+        assert len(set(losses.values())) == 3
     assert sweeps[0].plan.parent_run_id == callback.run.id
     # 2 branch points x 3 batch sizes x 2 seeds, each a run linked to the parent
     runs = _branch_runs(server, callback.run.id)
