@@ -140,11 +140,17 @@ class _Killed(Exception):
     pass
 
 
-class _CountingLoss:
-    """The model's loss, counting training calls; raises once ``kill_at`` is reached."""
+def _model_loss(model: nn.Module, batch: Any) -> Tensor:
+    loss: Tensor = model(**batch)["loss"]
+    return loss
 
-    def __init__(self, kill_at: int | None = None) -> None:
+
+class _CountingLoss:
+    """A branch loss counting training calls; raises once ``kill_at`` is reached."""
+
+    def __init__(self, kill_at: int | None = None, loss: Any = _model_loss) -> None:
         self.kill_at = kill_at
+        self.loss = loss
         self.train_calls = 0
 
     def __call__(self, model: nn.Module, batch: Any) -> Tensor:
@@ -152,7 +158,7 @@ class _CountingLoss:
             if self.train_calls == self.kill_at:
                 raise _Killed
             self.train_calls += 1
-        loss: Tensor = model(**batch)["loss"]
+        loss: Tensor = self.loss(model, batch)
         return loss
 
 
@@ -289,12 +295,9 @@ def _lit_eval() -> list[tuple[Tensor, Tensor]]:
 def test_lightning_branching_leaves_the_parent_run_as_it_was(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    def branch_loss(m: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
-        return nn.functional.cross_entropy(m.net(batch[0]), batch[1])  # not training_step's log
-
     module, callback = _lit(
         server, tmp_path / "a", branch_every=2, branch_eval=_lit_eval(),
-        branch_plan={**PLAN, "budget": 64}, branch_loss=branch_loss,
+        branch_plan={**PLAN, "budget": 64}, branch_loss=_mlp_loss,
     )  # fmt: skip
     plain, plain_callback = _lit(server, tmp_path / "b")
     _assert_same_state(module.trainer_state, plain.trainer_state)  # type: ignore[attr-defined]
@@ -316,6 +319,31 @@ def test_lightning_branching_leaves_the_parent_run_as_it_was(
     assert sorted({(step, b) for _, step, b in runs}) == [
         (s, b) for s in (2, 4) for b in (16.0, 32.0, 64.0)
     ]
+
+
+def _mlp_loss(m: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+    return nn.functional.cross_entropy(m.net(batch[0]), batch[1])
+
+
+def test_lightning_a_killed_branch_sweep_resumes(server: ServerProcess, tmp_path: Path) -> None:
+    # budget 64 at base 16 in micro-batches of 8: 8 loss calls a branch; killed in the 4th
+    store = tmp_path / "store"
+    kw: dict[str, Any] = {
+        "branch_every": 2, "branch_eval": _lit_eval(), "branch_plan": {**PLAN, "budget": 64},
+        "branch_store": store, "run_id": "lit-branch-resume",
+    }  # fmt: skip
+    with pytest.raises(_Killed):
+        _lit(server, tmp_path / "a", branch_loss=_CountingLoss(8 * 3 + 5, _mlp_loss), **kw)
+    assert len(list((store / "lit-branch-resume" / "step2").glob("branch-*.json"))) == 3
+    resumed_loss = _CountingLoss(loss=_mlp_loss)
+    _, callback = _lit(server, tmp_path / "b", branch_loss=resumed_loss, **kw)
+    first, second = callback.branch_sweeps
+    assert (first.reused, second.reused) == (3, 0) and not first.notes
+    assert resumed_loss.train_calls == 8 * (3 + 6)  # step 2's missing 3 branches, step 4's 6
+    fresh_loss = _CountingLoss(loss=_mlp_loss)
+    kw.update(branch_store=tmp_path / "fresh", run_id="lit-branch-fresh")
+    _, fresh = _lit(server, tmp_path / "c", branch_loss=fresh_loss, **kw)
+    assert [s.local for s in callback.branch_sweeps] == [s.local for s in fresh.branch_sweeps]
 
 
 def test_lightning_token_units_branch_in_the_runs_nominal_tokens(
