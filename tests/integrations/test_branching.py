@@ -373,3 +373,9 @@ def test_lightning_setups_it_cannot_branch_are_refused(
     )  # fmt: skip
     with pytest.raises(RuntimeError, match=r"bf16-mixed.*supports one process on one device"):
         trainer.fit(DigitsMLP(), digits_loader(8, n=32))
+    # DDP is refused before anything branches (checked on the Trainer as built: no processes)
+    from noisescope.integrations._lightning import _check_branchable
+
+    ddp = pl.Trainer(strategy="ddp", accelerator="cpu", devices=1, logger=False)
+    with pytest.raises(RuntimeError, match=r"under DDPStrategy.*no DDP, FSDP, DeepSpeed"):
+        _check_branchable(ddp, DigitsMLP())
