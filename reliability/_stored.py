@@ -69,6 +69,13 @@ def run_stored(base_url: str, engine: Any, depth: int = 300) -> list[StoredCheck
         shown = "marker" if got.json().get("config") == {TOO_LARGE_KEY: TOO_LARGE} else "whole"
         out.append(StoredCheck("GET /runs/{id} (config 1 MiB)", "200 marker",
                                f"{got.status_code} {shown}"))  # fmt: skip
+        wide = 2**70  # the response encoder writes 64-bit integers only
+        with engine.begin() as conn:
+            conn.execute(update(Run).where(Run.id == run_pk).values(config={"seed": wide}))
+        for path in (f"/runs/{rid}", "/runs"):
+            r = client.get(path)
+            out.append(StoredCheck(f"GET {path.replace(rid, '{id}')} (an integer beyond 64 bits)",
+                                   "200", str(r.status_code)))  # fmt: skip
     return out
 
 
