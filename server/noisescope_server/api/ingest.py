@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter, HTTPException, Request, Response
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from noisescope_server import crud
 from noisescope_server.api._body import json_body, openapi_body, parse_model, read_body
+from noisescope_server.api._write import write_to_run
 from noisescope_server.api.deps import EngineDep, SettingsDep, WriteScope
 from noisescope_server.api.schemas import SAMPLES_BODY_SCHEMA, EventsBody, IngestResult
 
@@ -24,7 +27,7 @@ _ERRORS = {
 
 
 def _ingest_samples(
-    engine: Engine, run_id: str, raw: bytes, max_samples: int, scope: int | None
+    engine: Engine, run_id: str, max_samples: int, scope: int | None, raw: bytes
 ) -> IngestResult:
     batch = crud.validate_samples(json_body(raw), max_samples=max_samples)
     inserted = crud.ingest_samples(engine, run_id, batch, project_scope=scope)
@@ -41,14 +44,15 @@ def _ingest_samples(
 async def post_samples(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> IngestResult:
-    crud.check_run_uid(run_id)
-    raw = await read_body(request, settings.max_body_bytes)
-    return await run_in_threadpool(
-        _ingest_samples, engine, run_id, raw, settings.max_samples, scope
+    return await write_to_run(
+        request,
+        settings,
+        run_id,
+        partial(_ingest_samples, engine, run_id, settings.max_samples, scope),
     )
 
 
-def _ingest_events(engine: Engine, run_id: str, raw: bytes, scope: int | None) -> IngestResult:
+def _ingest_events(engine: Engine, run_id: str, scope: int | None, raw: bytes) -> IngestResult:
     body = parse_model(EventsBody, raw)
     events = [
         crud.EventIn(step=e.step, kind=e.kind, payload=e.payload, time=e.time, seq=e.seq)
@@ -68,9 +72,9 @@ def _ingest_events(engine: Engine, run_id: str, raw: bytes, scope: int | None) -
 async def post_events(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> IngestResult:
-    crud.check_run_uid(run_id)
-    raw = await read_body(request, settings.max_body_bytes)
-    return await run_in_threadpool(_ingest_events, engine, run_id, raw, scope)
+    return await write_to_run(
+        request, settings, run_id, partial(_ingest_events, engine, run_id, scope)
+    )
 
 
 @router.post(

@@ -6,12 +6,14 @@ Both answers carry the run's dashboard link when the server knows its dashboard
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter, Request, Response
 from sqlalchemy import Engine
-from starlette.concurrency import run_in_threadpool
 
 from noisescope_server import crud
-from noisescope_server.api._body import openapi_body, parse_model, read_body
+from noisescope_server.api._body import openapi_body, parse_model
+from noisescope_server.api._write import write_to_run
 from noisescope_server.api.deps import EngineDep, SettingsDep, WriteScope
 from noisescope_server.api.schemas import RunPatch, RunPut, RunPutResult
 from noisescope_server.settings import Settings
@@ -19,8 +21,17 @@ from noisescope_server.settings import Settings
 router = APIRouter(tags=["runs"])
 
 
+def _answer(settings: Settings, ref: crud.RunRef, *, created: bool) -> RunPutResult:
+    return RunPutResult(
+        run_id=ref.uid,
+        project=ref.project,
+        created=created,
+        dashboard_url=settings.run_page_url(ref.uid),
+    )
+
+
 def _put(
-    engine: Engine, settings: Settings, run_id: str, raw: bytes, scope: int | None
+    engine: Engine, settings: Settings, run_id: str, scope: int | None, raw: bytes
 ) -> RunPutResult:
     body = parse_model(RunPut, raw)
     ref, created = crud.upsert_run(
@@ -41,12 +52,7 @@ def _put(
         ),
         project_scope=scope,
     )
-    return RunPutResult(
-        run_id=ref.uid,
-        project=ref.project,
-        created=created,
-        dashboard_url=settings.run_page_url(ref.uid),
-    )
+    return _answer(settings, ref, created=created)
 
 
 @router.put(
@@ -64,15 +70,15 @@ async def put_run(
     settings: SettingsDep,
     scope: WriteScope,
 ) -> RunPutResult:
-    crud.check_run_uid(run_id)
-    raw = await read_body(request, settings.max_body_bytes)
-    result = await run_in_threadpool(_put, engine, settings, run_id, raw, scope)
+    result = await write_to_run(
+        request, settings, run_id, partial(_put, engine, settings, run_id, scope)
+    )
     response.status_code = 201 if result.created else 200
     return result
 
 
 def _patch(
-    engine: Engine, settings: Settings, run_id: str, raw: bytes, scope: int | None
+    engine: Engine, settings: Settings, run_id: str, scope: int | None, raw: bytes
 ) -> RunPutResult:
     body = parse_model(RunPatch, raw)
     ref = crud.patch_run(
@@ -83,12 +89,7 @@ def _patch(
         batch_size=body.batch_size,
         project_scope=scope,
     )
-    return RunPutResult(
-        run_id=ref.uid,
-        project=ref.project,
-        created=False,
-        dashboard_url=settings.run_page_url(ref.uid),
-    )
+    return _answer(settings, ref, created=False)
 
 
 @router.patch(
@@ -100,6 +101,6 @@ def _patch(
 async def patch_run(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> RunPutResult:
-    crud.check_run_uid(run_id)
-    raw = await read_body(request, settings.max_body_bytes)
-    return await run_in_threadpool(_patch, engine, settings, run_id, raw, scope)
+    return await write_to_run(
+        request, settings, run_id, partial(_patch, engine, settings, run_id, scope)
+    )
