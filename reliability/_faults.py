@@ -24,6 +24,7 @@ from reliability._infra import (
     sync_spool,
 )
 from reliability._reconcile import check_run, stored_seqs
+from tests.support.spool_layout import HOSTILE_RUN_IDS, plant_layout, tree
 
 
 @dataclass
@@ -194,29 +195,6 @@ def readonly_spool(server: Server, workdir: Path, *, samples: int, rate: float) 
 
 # -- the client's own classes of defect --------------------------------------------------------
 
-#: Run ids that name no folder of their own: the current and parent folders, paths, empty,
-#: hidden, too long, control characters, encoded dots.
-HOSTILE_RUN_IDS = [
-    ".", "..", "../x", "../../x", "/abs", "a/b", "a\\b", "..\\x", "", " ", ".hidden", "~",
-    "x" * 65, "a\x00b", "run\n", "%2e%2e", "a/../..",
-]  # fmt: skip
-
-
-def _tree(base: Path) -> dict[str, bytes | str]:
-    """Every path under ``base`` with its content, link target or "dir"."""
-    snapshot: dict[str, bytes | str] = {}
-    for top, dirs, files in os.walk(base):
-        for name in dirs + files:
-            path = Path(top) / name
-            key = str(path.relative_to(base))
-            if path.is_symlink():
-                snapshot[key] = "link:" + os.readlink(path)
-            elif path.is_dir():
-                snapshot[key] = "dir"
-            else:
-                snapshot[key] = path.read_bytes()
-    return snapshot
-
 
 def hostile_run_ids(server: Server, workdir: Path) -> FaultResult:
     """Hostile run ids at every client entry (``init`` online and offline, a symlinked run
@@ -226,16 +204,9 @@ def hostile_run_ids(server: Server, workdir: Path) -> FaultResult:
 
     name = "hostile run ids in the client (init, spool, sync)"
     base = workdir / "hostile-ids"
-    root = base / "home" / "spool"
-    other = root / "other-run"
-    other.mkdir(parents=True)
-    (other / "run.json").write_text(json.dumps({"run_id": "other-run", "run": {}}))
-    (other / "seg-000001.jsonl").write_bytes(b"another run's unsent samples\n")
-    (base / "home" / "noisescope.db").write_bytes(b"the local database")
-    (base / "outside").mkdir()
-    (base / "outside" / "precious").write_bytes(b"outside the spool")
+    root = plant_layout(base)
     problems: list[str] = []
-    before = _tree(base)
+    before = tree(base)
     refused = 0
     for run_id in HOSTILE_RUN_IDS:
         for mode in ("offline", "online"):
@@ -247,10 +218,10 @@ def hostile_run_ids(server: Server, workdir: Path) -> FaultResult:
             run.log_sample(0, 8, 64, 2.0, 1.0)
             run.finish(timeout=5.0)
             problems.append(f"{run_id!r} ({mode}) was accepted")
-    changed_by_init = sum(1 for k, v in _tree(base).items() if before.get(k) != v)
+    changed_by_init = sum(1 for k, v in tree(base).items() if before.get(k) != v)
     # a run folder that is a symlink out of the root: not used, nothing written through it
     (root / "linked").symlink_to(base / "outside", target_is_directory=True)
-    before = _tree(base)
+    before = tree(base)
     run = noisescope.init(mode="offline", dir=root, run_id="linked", quiet=True)
     run.log_sample(0, 8, 64, 2.0, 1.0)
     run.finish()
@@ -261,13 +232,13 @@ def hostile_run_ids(server: Server, workdir: Path) -> FaultResult:
         folder.mkdir()
         (folder / "run.json").write_text(json.dumps({"run_id": run_id, "run": {}}))
         planted += 1
-    before_sync = _tree(base)
+    before_sync = tree(base)
     code, output = sync_spool(root, server.url)
     sync_ids = [f"--run={r}" for r in HOSTILE_RUN_IDS if r and "\x00" not in r]
     cmd = [sys.executable, "-m", "noisescope.cli", "sync", str(root), "--url", server.url]
     by_id = subprocess.run([*cmd, *sync_ids], capture_output=True, text=True, timeout=600)
     code_run = by_id.returncode
-    after = _tree(base)
+    after = tree(base)
     changed = [k for k in set(before_sync) | set(after) if before_sync.get(k) != after.get(k)]
     # sync takes the lock of each run folder it delivers (other-run: a valid one, refused by
     # the server): a lock file inside a run folder under the root is the spool's own

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -12,90 +11,62 @@ import noisescope
 from noisescope._spool import RunSpool
 from noisescope._sync import sync
 from tests.client._fakes import FakeServer
-
-HOSTILE_IDS = [".", "..", "../x", "/abs", "a/b", "", ".hidden", "a\x00b", "x" * 65]
-
-
-def _tree(base: Path) -> dict[str, bytes | str]:
-    """Every path under ``base`` with its content (files), target (links) or "dir"."""
-    snapshot: dict[str, bytes | str] = {}
-    for top, dirs, files in os.walk(base):
-        for name in dirs + files:
-            path = Path(top) / name
-            key = str(path.relative_to(base))
-            if path.is_symlink():
-                snapshot[key] = "link:" + os.readlink(path)
-            elif path.is_dir():
-                snapshot[key] = "dir"
-            else:
-                snapshot[key] = path.read_bytes()
-    return snapshot
+from tests.support.spool_layout import HOSTILE_RUN_IDS, plant_layout, tree
 
 
 @pytest.fixture
 def layout(tmp_path: Path) -> tuple[Path, Path]:
-    """(spool root D, base): D holds another run's unsent spool, D's parent a database and a
-    sibling folder, and a folder outside everything holds a file."""
+    """(spool root, base): see ``plant_layout``."""
     base = tmp_path / "base"
-    root = base / "home" / "spool"
-    other = root / "other-run"
-    other.mkdir(parents=True)
-    (other / "run.json").write_text(json.dumps({"run_id": "other-run", "run": {}}))
-    (other / "seg-000001.jsonl").write_bytes(b"unsent\n")
-    (base / "home" / "noisescope.db").write_bytes(b"the local database")
-    (base / "home" / "x").mkdir()
-    (base / "home" / "x" / "keep").write_bytes(b"a sibling")
-    (base / "outside").mkdir()
-    (base / "outside" / "precious").write_bytes(b"outside the spool")
-    return root, base
+    return plant_layout(base), base
 
 
-@pytest.mark.parametrize("run_id", HOSTILE_IDS)
+@pytest.mark.parametrize("run_id", HOSTILE_RUN_IDS)
 def test_a_hostile_run_id_is_refused_at_init_and_touches_nothing(
     layout: tuple[Path, Path], run_id: str
 ) -> None:
     root, base = layout
-    before = _tree(base)
+    before = tree(base)
     with pytest.raises(ValueError, match=r"run id .* is not valid: use 1-64 characters"):
         noisescope.init(mode="offline", dir=root, run_id=run_id)
-    assert _tree(base) == before
+    assert tree(base) == before
 
 
 def test_a_hostile_run_id_from_the_environment_is_refused(
     layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root, base = layout
-    before = _tree(base)
+    before = tree(base)
     monkeypatch.setenv("NOISESCOPE_RUN_ID", "..")
     with pytest.raises(ValueError, match="is not valid"):
         noisescope.init(mode="offline", dir=root)
-    assert _tree(base) == before
+    assert tree(base) == before
 
 
 def test_a_symlinked_run_folder_pointing_outside_is_not_used(layout: tuple[Path, Path]) -> None:
     root, base = layout
     (root / "linked").symlink_to(base / "outside", target_is_directory=True)
-    before = _tree(base)
+    before = tree(base)
     run = noisescope.init(mode="offline", dir=root, run_id="linked")
     run.log_sample(0, 8, 64, 2.0, 1.0)
     run.log_sample(1, 8, 64, 2.0, 1.0)
     status = run.finish()
-    assert _tree(base) == before
+    assert tree(base) == before
     assert status.spool_dir is None
     assert status.dropped == 2  # no spool: counted, not written anywhere
 
 
 def test_a_valid_run_changes_only_its_own_folder(layout: tuple[Path, Path]) -> None:
     root, base = layout
-    before = _tree(base)
+    before = tree(base)
     run = noisescope.init(mode="offline", dir=root, run_id="good-run.1")
     run.log_sample(0, 8, 64, 2.0, 1.0)
     run.finish()
-    after = _tree(base)
+    after = tree(base)
     assert {k: v for k, v in after.items() if not k.startswith("home/spool/good-run.1")} == before
     assert sync(root, transport=(fake := FakeServer()), run_ids=["good-run.1"]).synced
     assert len(fake.rows("good-run.1")) == 1
-    assert _tree(base) == before  # the folder the spool created is gone, nothing else
+    assert tree(base) == before  # the folder the spool created is gone, nothing else
 
 
 def test_finish_never_removes_a_folder_the_spool_did_not_create(tmp_path: Path) -> None:
@@ -124,12 +95,12 @@ def test_sync_refuses_a_hostile_run_id_in_spool_metadata(
     folder = root / "planted"
     folder.mkdir()
     (folder / "run.json").write_text(json.dumps({"run_id": meta_id, "run": {}, "final": None}))
-    before = _tree(base)
+    before = tree(base)
     fake = FakeServer()
     result = sync(root, transport=fake, run_ids=["planted"])
     assert "is not valid" in result.failed["planted"]
     assert fake.requests == []
-    assert _tree(base) == before
+    assert tree(base) == before
 
 
 @pytest.mark.parametrize("folder", ["..", ".", "../home", "a/b", "/abs"])
@@ -137,10 +108,10 @@ def test_sync_of_a_hostile_folder_name_touches_nothing(
     layout: tuple[Path, Path], folder: str
 ) -> None:
     root, base = layout
-    before = _tree(base)
+    before = tree(base)
     result = sync(root, transport=FakeServer(), run_ids=[folder])
     assert folder in result.failed
-    assert _tree(base) == before
+    assert tree(base) == before
 
 
 def test_spool_refuses_paths_outside_its_root(tmp_path: Path) -> None:
