@@ -210,6 +210,11 @@ def test_the_forecast_endpoint_is_the_client_forecast_of_the_sweep(server: Serve
         bad = c.get(path, params={"loss": "-1"})
         assert bad.status_code == 422 and "finite and positive" in bad.json()["detail"]
         assert c.get(path, params={"loss": "nan"}).status_code == 422
+        for route in (path, path.removesuffix("/forecast")):  # one rule for the sweep's targets
+            bad = c.get(route, params={"targets": "inf"})
+            assert (
+                bad.status_code == 422 and bad.json()["detail"] == "targets must be finite numbers"
+            )
         assert c.get(f"/api/v1/tasks/{project}/nope/critical-batch/forecast").status_code == 404
 
 

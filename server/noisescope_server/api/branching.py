@@ -13,7 +13,7 @@ from noisescope._results import RunBranches
 from noisescope.forecast import ForecastReport, forecast_report
 from noisescope_server import branches, sweeps
 from noisescope_server.api.deps import EngineDep, ReadScope
-from noisescope_server.api.query import _json, _task_path
+from noisescope_server.api.query import _json, _loss_targets, _task_path
 
 router = APIRouter(tags=["query"])
 
@@ -47,11 +47,10 @@ def get_forecast(
         Query(max_length=50, description="sweep loss targets (default: the sweep's defaults)"),
     ] = None,
 ) -> Response:
-    wanted, chosen = loss or [], targets or []
+    wanted = loss or []
     if any(not (math.isfinite(v) and v > 0) for v in wanted):
         raise HTTPException(422, "loss values must be finite and positive")
-    if any(not math.isfinite(t) for t in chosen):
-        raise HTTPException(422, "targets must be finite numbers")
+    chosen = _loss_targets(targets)
     project, task = _task_path(request, project, task, suffix="critical-batch/forecast")
     report = sweeps.critical_batch(engine, project, task, targets=chosen, project_scope=scope)
     return _json(forecast_report(report, wanted))

@@ -222,9 +222,7 @@ def get_critical_batch(
         Query(description="cross targets on eval losses, training losses, or auto"),
     ] = "auto",
 ) -> Response:
-    chosen = targets or []
-    if any(not math.isfinite(t) for t in chosen):
-        raise HTTPException(422, "targets must be finite numbers")
+    chosen = _loss_targets(targets)
     project, task = _task_path(request, project, task)
     return _json(
         sweeps.critical_batch(
@@ -237,6 +235,14 @@ def get_critical_batch(
             crash_after=settings.crash_after,
         )
     )
+
+
+def _loss_targets(targets: list[float] | None) -> list[float]:
+    """The sweep's loss targets as asked for (empty: its defaults), or 422 unless all finite."""
+    chosen = targets or []
+    if any(not math.isfinite(t) for t in chosen):
+        raise HTTPException(422, "targets must be finite numbers")
+    return chosen
 
 
 def _task_path(
