@@ -16,7 +16,7 @@ import copy
 import shlex
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,47 +50,36 @@ class BranchTask:
 
 #: The lr rule decides much of what a branch sweep measures, so digits runs with two: linear
 #: scaling (the SGD rule below B_crit) from a base lr whose x16 is still stable, and sqrt.
+_DIGITS = BranchTask(
+    key="digits",
+    task="digits",
+    batch_size=16,
+    lr=0.1,
+    lr_rule="linear",
+    steps=700,
+    branch_steps=(10, 40, 150, 600),
+    multipliers=(1, 2, 4, 8, 16),
+    budget=2048,
+    seeds=3,
+    epsilon=0.01,
+)
 BRANCH_TASKS: dict[str, BranchTask] = {
     t.key: t
     for t in (
+        _DIGITS,
+        replace(_DIGITS, key="digits-sqrt", lr=0.2, lr_rule="sqrt"),
         BranchTask(
-            "digits",
-            "digits",
-            16,
-            0.1,
-            "linear",
-            700,
-            (10, 40, 150, 600),
-            (1, 2, 4, 8, 16),
-            2048,
-            3,
-            0.01,
-        ),
-        BranchTask(
-            "digits-sqrt",
-            "digits",
-            16,
-            0.2,
-            "sqrt",
-            700,
-            (10, 40, 150, 600),
-            (1, 2, 4, 8, 16),
-            2048,
-            3,
-            0.01,
-        ),
-        BranchTask(
-            "charlm",
-            "charlm",
-            256,
-            2e-3,
-            "sqrt",
-            1200,
-            (20, 100, 400, 1100),
-            (1, 2, 4, 8, 16),
-            32768,
-            3,
-            0.01,
+            key="charlm",
+            task="charlm",
+            batch_size=256,
+            lr=2e-3,
+            lr_rule="sqrt",
+            steps=1200,
+            branch_steps=(20, 100, 400, 1100),
+            multipliers=(1, 2, 4, 8, 16),
+            budget=32768,
+            seeds=3,
+            epsilon=0.01,
         ),
     )
 }
