@@ -196,14 +196,32 @@ def driver_rate(url: str, n: int, batch: int, round_: int = 0, *, statement: str
     return n / took
 
 
-def _client(args: tuple[str, str, list[bytes], Any]) -> None:
-    url, run_uid, bodies, barrier = args
+def _post_bodies(args: tuple[str, list[bytes], Any]) -> None:
+    """One client process: waits at the barrier, then POSTs each JSON body to ``url`` in turn."""
+    url, bodies, barrier = args
     session = requests.Session()
     headers = {"Content-Type": "application/json"}
     barrier.wait()
     for body in bodies:
-        r = session.post(f"{url}/api/v1/runs/{run_uid}/samples", data=body, headers=headers)
-        r.raise_for_status()
+        session.post(url, data=body, headers=headers).raise_for_status()
+
+
+def _race(jobs: list[tuple[str, list[bytes]]]) -> float | None:
+    """Seconds until one forked client per ``(url, bodies)``, all released together, has posted
+    all its bodies; None when a client failed."""
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(len(jobs) + 1)
+    procs = [
+        ctx.Process(target=_post_bodies, args=((url, bodies, barrier),)) for url, bodies in jobs
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for p in procs:
+        p.join()
+    took = time.perf_counter() - t0
+    return None if any(p.exitcode != 0 for p in procs) else took
 
 
 def http_rate(server: ServerProcess, n: int, batch: int, clients: int) -> float:
@@ -225,20 +243,9 @@ def http_rate(server: ServerProcess, n: int, batch: int, clients: int) -> float:
                 for i in range(0, per_client, batch)
             ]
         )
-    ctx = mp.get_context("fork")
-    barrier = ctx.Barrier(clients + 1)
-    procs = [
-        ctx.Process(target=_client, args=((server.url, uids[k], payloads[k], barrier),))
-        for k in range(clients)
-    ]
-    for p in procs:
-        p.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for p in procs:
-        p.join()
-    took = time.perf_counter() - t0
-    if any(p.exitcode != 0 for p in procs):
+    urls = [f"{server.url}/api/v1/runs/{uid}/samples" for uid in uids]
+    took = _race(list(zip(urls, payloads, strict=True)))
+    if took is None:
         raise RuntimeError(f"a client failed; server log:\n{server.log()[-3000:]}")
     total = 0
     for uid in uids:
@@ -422,19 +429,6 @@ def latency_table(tmp: Path, requests_n: int) -> str:
     return "\n".join(rows)
 
 
-def _mlflow_client(args: tuple[str, str, list[bytes], Any]) -> None:
-    base, _run_id, bodies, barrier = args
-    session = requests.Session()
-    barrier.wait()
-    for body in bodies:
-        r = session.post(
-            f"{base}/api/2.0/mlflow/runs/log-batch",
-            data=body,
-            headers={"Content-Type": "application/json"},
-        )
-        r.raise_for_status()
-
-
 def mlflow_rate(tmp: Path, n: int, clients: int) -> float | None:
     """Metric points/s into ``mlflow server`` (SQLite backend) via log-batch, 1000 per request
     (MLflow's limit), from ``clients`` processes; None without the competitors' venv."""
@@ -483,13 +477,12 @@ def mlflow_rate(tmp: Path, n: int, clients: int) -> float | None:
             f"{base}/api/2.0/mlflow/experiments/create", json={"name": "bench"}
         ).json()["experiment_id"]
         per_client = n // clients
-        run_ids, payloads = [], []
+        payloads = []
         for k in range(clients):
             run = requests.post(
                 f"{base}/api/2.0/mlflow/runs/create",
                 json={"experiment_id": exp, "start_time": int(time.time() * 1000)},
             ).json()["run"]["info"]["run_id"]
-            run_ids.append(run)
             rng = random.Random(k)
             payloads.append(
                 [
@@ -510,22 +503,8 @@ def mlflow_rate(tmp: Path, n: int, clients: int) -> float | None:
                     for i in range(0, per_client, 1000)
                 ]
             )
-        ctx = mp.get_context("fork")
-        barrier = ctx.Barrier(clients + 1)
-        procs = [
-            ctx.Process(target=_mlflow_client, args=((base, run_ids[k], payloads[k], barrier),))
-            for k in range(clients)
-        ]
-        for p in procs:
-            p.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for p in procs:
-            p.join()
-        took = time.perf_counter() - t0
-        if any(p.exitcode != 0 for p in procs):
-            return None
-        return per_client * clients / took
+        took = _race([(f"{base}/api/2.0/mlflow/runs/log-batch", bodies) for bodies in payloads])
+        return None if took is None else per_client * clients / took
     finally:
         import signal
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import noisescope
+from benchmarks._log_competitors import percentiles
 from benchmarks._venv import PINS, competitor_python
 from noisescope import Request, Response
 from tests.support.servers import ServerProcess, free_port
@@ -38,19 +39,6 @@ HERE = Path(__file__).resolve().parent
 TARGET_P50_US = 5.0
 TARGET_P99_US = 50.0
 TARGET_RATIO = 10.0
-
-
-def _stats(times_ns: list[int]) -> dict[str, Any]:
-    ordered = sorted(times_ns)
-    n = len(ordered)
-    return {
-        "n": n,
-        "p50_us": ordered[n // 2] / 1e3,
-        "p99_us": ordered[min(n - 1, int(n * 0.99))] / 1e3,
-        "mean_us": sum(ordered) / n / 1e3,
-        "max_ms": ordered[-1] / 1e6,
-        "over_1ms": sum(1 for t in ordered if t > 1_000_000),
-    }
 
 
 def _wait_http(url: str, timeout: float) -> bool:
@@ -109,7 +97,7 @@ def measure_floor(n: int) -> dict[str, Any]:
         started = clock()
         log_sample(step, 8.0, 64.0, 2.0, 1.0)
         times[step] = clock() - started
-    return {"name": "bare `deque.append` in a function (floor)", **_stats(times)}
+    return {"name": "bare `deque.append` in a function (floor)", **percentiles(times)}
 
 
 def measure_noisescope(n: int, url: str | None, workdir: Path) -> list[dict[str, Any]]:
@@ -138,8 +126,8 @@ def measure_noisescope(n: int, url: str | None, workdir: Path) -> list[dict[str,
     where = "real server" if url else "in-process decoding transport"
     note = f"sender online ({where}); sent {status.sent}/{n}, dropped {status.dropped}"
     return [
-        {"name": "noisescope `run.log_sample()`", "note": note, **_stats(sample_times)},
-        {"name": "noisescope `run.log(step, loss=)`", "note": note, **_stats(log_times)},
+        {"name": "noisescope `run.log_sample()`", "note": note, **percentiles(sample_times)},
+        {"name": "noisescope `run.log(step, loss=)`", "note": note, **percentiles(log_times)},
     ]
 
 
