@@ -87,3 +87,20 @@ class NoisyLeastSquares:
             sizes.append(branch.batch_size)
             losses.append([self.expected_loss(branch.batch_size, branch.lr, branch.steps)])
         return local_critical_batch(sizes, losses, epsilon=plan.epsilon, level=plan.level)
+
+
+class Killed(Exception):
+    """What ``DiesAfter`` raises: the job killed mid-sweep."""
+
+
+class DiesAfter(NoisyLeastSquares):
+    """Killed (an exception out of train) once it has trained ``n`` branches."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def train(self, branch: Branch, run: object | None) -> None:
+        if len(self.trained) >= self.n:
+            raise Killed
+        super().train(branch, run)

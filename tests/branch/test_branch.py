@@ -14,7 +14,7 @@ import torch
 
 from noisescope import branch
 from noisescope.estimators import local_critical_batch
-from tests.branch.lsq_branch import NoisyLeastSquares
+from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares
 
 
 def _parent(steps: int) -> NoisyLeastSquares:
@@ -67,29 +67,12 @@ def _plan(**kw: Any) -> branch.BranchPlan:
     return branch.plan(**args)
 
 
-class _Killed(Exception):
-    pass
-
-
-class _DiesAfter(NoisyLeastSquares):
-    """Killed (an exception out of train) once it has trained ``n`` branches."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
-
-    def train(self, b: branch.Branch, run: object | None) -> None:
-        if len(self.trained) >= self.n:
-            raise _Killed
-        super().train(b, run)
-
-
 def test_a_killed_sweep_resumes_without_redoing_finished_branches(tmp_path: Path) -> None:
     plan = _plan()
-    first = _DiesAfter(5)
+    first = DiesAfter(5)
     first.sgd(8, 0.2, 50, np.random.default_rng(1))
     parent_w = first.w.copy()
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
         branch.run(plan, first, tmp_path / "sweep")
     assert np.array_equal(first.w, parent_w)  # even a killed sweep leaves the parent as it was
     assert len(branch.BranchStore(tmp_path / "sweep").results()) == 5

@@ -15,7 +15,7 @@ import pytest
 import noisescope
 from noisescope import branch
 from noisescope.forecast import forecast_report
-from tests.branch.lsq_branch import NoisyLeastSquares
+from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares
 from tests.server._data import columns, run_body
 from tests.support.servers import ServerProcess
 from tests.support.synthetic_sweep import make_sweep, post
@@ -73,21 +73,6 @@ def test_branch_runs_are_linked_and_read_back_with_the_same_numbers(
     assert again.reused == 8 and api.branches(parent_id).points == answer.points
 
 
-class _Killed(Exception):
-    pass
-
-
-class _DiesAfter(NoisyLeastSquares):
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n = n
-
-    def train(self, b: branch.Branch, run: object | None) -> None:
-        if len(self.trained) >= self.n:
-            raise _Killed
-        super().train(b, run)
-
-
 def test_a_killed_and_resumed_logged_sweep_leaves_no_orphan_branch_runs(
     server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -105,8 +90,8 @@ def test_a_killed_and_resumed_logged_sweep_leaves_no_orphan_branch_runs(
         parent_run_id=parent.id,
     )
     log = branch.LogTo(project, "lsq", server.url, init_kwargs={"quiet": True})
-    with pytest.raises(_Killed):  # killed while training its 4th branch, whose run is open
-        branch.run(plan, _DiesAfter(3), tmp_path, log=log)
+    with pytest.raises(Killed):  # killed while training its 4th branch, whose run is open
+        branch.run(plan, DiesAfter(3), tmp_path, log=log)
     branch.run(plan, NoisyLeastSquares(), tmp_path, log=log)
     parent.finish()
     (point,) = noisescope.Api(server.url).branches(parent.id).points
