@@ -39,6 +39,21 @@ def fresh_pg_database() -> Iterator[str]:
         yield url
 
 
+@contextlib.contextmanager
+def fresh_database(backend: str, folder: Path) -> Iterator[str]:
+    """An empty database of ``backend`` ("sqlite": a file in ``folder``; "postgresql": see
+    ``fresh_pg_database``), its URL yielded."""
+    if backend == "sqlite":
+        yield f"sqlite:///{folder / 'noisescope.db'}"
+        return
+    with fresh_pg_database() as url:
+        yield url
+
+
+#: The backends every storage test runs on; PostgreSQL's marked, so that it can be deselected.
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for this test (dropped afterwards)."""
@@ -51,7 +66,7 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'noisescope.db'}"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(params=BACKENDS)
 def db_url(request: pytest.FixtureRequest) -> str:
     """A fresh database URL, once for SQLite and once for PostgreSQL."""
     name = "sqlite_url" if request.param == "sqlite" else "pg_url"

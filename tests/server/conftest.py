@@ -8,27 +8,31 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import Engine, create_engine
 
-from tests.conftest import fresh_pg_database
+from tests.conftest import BACKENDS, fresh_database
 from tests.support.servers import ServerProcess
 
 
-@pytest.fixture(
-    scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
-)
+@pytest.fixture(scope="module", params=BACKENDS)
 def backend_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    if request.param == "sqlite":
-        path: Path = tmp_path_factory.mktemp("db") / "noisescope.db"
-        yield f"sqlite:///{path}"
-        return
-    with fresh_pg_database() as url:
+    with fresh_database(request.param, tmp_path_factory.mktemp("db")) as url:
         yield url
+
+
+@pytest.fixture
+def engine(backend_url: str) -> Iterator[Engine]:
+    """An engine on the module's server database (the rows the server stored)."""
+    eng = create_engine(backend_url)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
-from sqlalchemy import Engine, create_engine, select, update
+from sqlalchemy import Engine, select, update
 
 from noisescope import _wire
 from noisescope_server.models import Run
@@ -19,15 +18,6 @@ from tests.server._data import columns, run_body
 from tests.support.servers import ServerProcess
 
 API = "/api/v1"
-
-
-@pytest.fixture
-def engine(backend_url: str) -> Iterator[Engine]:
-    eng = create_engine(backend_url)
-    try:
-        yield eng
-    finally:
-        eng.dispose()
 
 
 def _silence(engine: Engine, rid: str, seconds: float) -> None:

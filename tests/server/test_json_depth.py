@@ -6,12 +6,11 @@ of making every reader's answer a 500 (or every run list carry them)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine, create_engine, insert, select, update
+from sqlalchemy import Engine, insert, select, update
 
 from noisescope import _wire
 from noisescope_server.jsonclip import CLIPPED, TOO_LARGE, TOO_LARGE_KEY, clip_json
@@ -77,15 +76,6 @@ def test_a_config_at_the_limit_reads_back_whole(client: httpx.Client) -> None:
     config = {"x": nested(LIMIT - 1)}
     assert client.put(f"{API}/runs/{rid}", json=run_body(config=config)).status_code == 201
     assert client.get(f"{API}/runs/{rid}").json()["config"] == config
-
-
-@pytest.fixture
-def engine(backend_url: str) -> Iterator[Engine]:
-    eng = create_engine(backend_url)
-    try:
-        yield eng
-    finally:
-        eng.dispose()
 
 
 def test_rows_stored_too_deep_are_clipped_on_read(client: httpx.Client, engine: Engine) -> None:
