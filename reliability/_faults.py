@@ -23,7 +23,7 @@ from reliability._infra import (
     start_worker,
     sync_spool,
 )
-from reliability._reconcile import check_run, stored_seqs
+from reliability._reconcile import RunCheck, check_run, stored_seqs
 from tests.support.spool_layout import HOSTILE_RUN_IDS, plant_layout, tree
 
 
@@ -56,6 +56,21 @@ def _wait(predicate: object, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _sync_and_check(
+    server: Server, spool: Path, rid: str, seed: int, logged: int, problems: list[str]
+) -> tuple[str, set[int], RunCheck]:
+    """``noisescope sync`` of ``spool`` (a failure joins ``problems``), then the run's stored
+    seqs and its check against the ``logged`` samples of ``seed``; the sync's output first."""
+    code, output = sync_spool(spool, server.url)
+    if code != 0:
+        problems.append(f"sync failed: {output[-300:]}")
+    engine = engine_for(server.database_url)
+    try:
+        return output, set(stored_seqs(engine, rid)), check_run(engine, rid, seed, logged)
+    finally:
+        engine.dispose()
 
 
 def client_killed(
@@ -95,15 +110,7 @@ def client_killed(
     spooled = spooled_seqs(spool, rid)
     if during_outage:
         server.restart()
-    code, output = sync_spool(spool, server.url)
-    if code != 0:
-        problems.append(f"sync failed: {output[-300:]}")
-    engine = engine_for(server.database_url)
-    try:
-        stored = set(stored_seqs(engine, rid))
-        check = check_run(engine, rid, 99, samples)
-    finally:
-        engine.dispose()
+    output, stored, check = _sync_and_check(server, spool, rid, 99, samples, problems)
     lost_acked = len(acked - stored)
     lost_spooled = len(spooled - stored)
     facts = {
@@ -303,15 +310,7 @@ def hung_server_kill(
         _stop_server(server, signal.SIGCONT)
     committed = int(progress.read_bytes() or b"0")  # samples 0..committed-1 were committed
     spooled = spooled_seqs(spool, rid)
-    code, output = sync_spool(spool, server.url)
-    if code != 0:
-        problems.append(f"sync failed: {output[-300:]}")
-    engine = engine_for(server.database_url)
-    try:
-        stored = set(stored_seqs(engine, rid))
-        check = check_run(engine, rid, 5, committed + 1)
-    finally:
-        engine.dispose()
+    _, stored, check = _sync_and_check(server, spool, rid, 5, committed + 1, problems)
     missing = set(range(committed)) - stored
     holes = [s for s in missing if s < max(stored, default=-1)]
     lost_s = len(missing) / rate
