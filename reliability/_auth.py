@@ -15,22 +15,12 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
+from reliability._check import Check
 from reliability._client import ClientSpec
 from reliability._hostile import good_columns
 from reliability._infra import REPO, Server, create_token, engine_for, start_worker
 
 API = "/api/v1"
-
-
-@dataclass
-class Check:
-    what: str
-    expected: str
-    got: str
-
-    @property
-    def ok(self) -> bool:
-        return self.expected == self.got
 
 
 @dataclass
