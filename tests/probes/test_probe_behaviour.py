@@ -34,6 +34,23 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return (model(x) - y).square().mean()
 
 
+def _train(model: nn.Module, probe: GradientNoiseProbe, x: Tensor, y: Tensor) -> None:
+    """``x[i, j]``: micro-batch j of step i; each step accumulates loss / k, then steps."""
+    steps, k, b = x.shape[:3]
+    for i in range(steps):
+        for j in range(k):
+            (_loss(model, x[i, j], y[i, j]) / k).backward()
+            probe.micro_step(batch_size=b)
+        probe.step()
+        model.zero_grad()
+
+
+def _micro_grads(model: nn.Module, x: Tensor, y: Tensor, i: int) -> list[tuple[Tensor, ...]]:
+    """Step ``i``'s micro-batch gradients, each of its own mean loss (the reference)."""
+    params = list(model.parameters())
+    return [torch.autograd.grad(_loss(model, x[i, j], y[i, j]), params) for j in range(x.shape[1])]
+
+
 @pytest.fixture
 def read_first_from_grad(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on an accelerator: a step's first backward is read from .grad in one batched call
@@ -58,17 +75,9 @@ def test_per_layer_series_match_direct_accumulation_norms() -> None:
     probe = GradientNoiseProbe(model, sink, source="micro", layers=True)
     assert probe.series_names == ["0", "2"]
     x, y = _data(steps, k, b)
+    _train(model, probe, x, y)
     for i in range(steps):
-        for j in range(k):
-            (_loss(model, x[i, j], y[i, j]) / k).backward()
-            probe.micro_step(batch_size=b)
-        probe.step()
-        model.zero_grad()
-    for i in range(steps):
-        micro = [
-            torch.autograd.grad(_loss(ref, x[i, j], y[i, j]), list(ref.parameters()))
-            for j in range(k)
-        ]
+        micro = _micro_grads(ref, x, y, i)
         for series, idx in (("0", [0, 1]), ("2", [2, 3])):
             small = sum(float(sum(m[p].square().sum() for p in idx)) for m in micro) / k
             big = float(sum((sum(m[p] for m in micro) / k).square().sum() for p in idx))
@@ -298,17 +307,9 @@ def test_small_batches_first_measures_only_the_first_micro_batch() -> None:
     ref = copy.deepcopy(model)
     probe = GradientNoiseProbe(model, sink, source="micro", small_batches="first")
     x, y = _data(steps, k, b)
+    _train(model, probe, x, y)
     for i in range(steps):
-        for j in range(k):
-            (_loss(model, x[i, j], y[i, j]) / k).backward()
-            probe.micro_step(batch_size=b)
-        probe.step()
-        model.zero_grad()
-    for i in range(steps):
-        micro = [
-            torch.autograd.grad(_loss(ref, x[i, j], y[i, j]), list(ref.parameters()))
-            for j in range(k)
-        ]
+        micro = _micro_grads(ref, x, y, i)
         row = sink.series("")[i]
         assert row["b_small"] == b
         assert row["b_big"] == k * b
@@ -568,12 +569,7 @@ def test_sparse_embedding_gradients_are_measured_like_dense_ones(
     for sparse in (False, True):
         model, sink = _embedding_model(sparse), ListSink()
         probe = GradientNoiseProbe(model, sink, source=source)  # type: ignore[arg-type]
-        for i in range(3):
-            for j in range(k):
-                (_loss(model, ids[i, j], y[i, j]) / k).backward()
-                probe.micro_step(batch_size=5)
-            probe.step()
-            model.zero_grad()
+        _train(model, probe, ids, y)
         assert probe.error is None
         samples.append(sink.series(""))
     dense, sparse_rows = samples
