@@ -281,12 +281,7 @@ def fault_section(backend: str, s: Sizes, pg_restart: bool) -> tuple[bool, str]:
             for fault in client_faults:
                 fr = fault()
                 ok &= fr.ok
-                facts = "; ".join(f"{k}: {v}" for k, v in fr.facts.items())
-                if fr.problems:
-                    facts += "; problems: " + "; ".join(fr.problems)
-                client_rows.append(
-                    {"fault": fr.name, "held": "yes" if fr.ok else "NO", "facts": facts}
-                )
+                client_rows.append(fr.row())
     finally:
         wd.close()
     body = (
@@ -318,10 +313,7 @@ def client_section(backend: str, s: Sizes) -> tuple[bool, str]:
             for fault in faults:
                 fr = fault()
                 ok &= fr.ok
-                facts = "; ".join(f"{k}: {v}" for k, v in fr.facts.items())
-                if fr.problems:
-                    facts += "; problems: " + "; ".join(fr.problems)
-                rows.append({"fault": fr.name, "held": "yes" if fr.ok else "NO", "facts": facts})
+                rows.append(fr.row())
     finally:
         wd.close()
     return ok, _table(rows)

@@ -34,6 +34,13 @@ class FaultResult:
     facts: dict[str, object] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
+    def row(self) -> dict[str, str]:
+        """The fault's row in docs/reliability.md: held or not, its facts, then its problems."""
+        facts = "; ".join(f"{k}: {v}" for k, v in self.facts.items())
+        if self.problems:
+            facts += "; problems: " + "; ".join(self.problems)
+        return {"fault": self.name, "held": "yes" if self.ok else "NO", "facts": facts}
+
 
 def _acked(path: Path) -> set[int]:
     seqs: set[int] = set()
