@@ -324,6 +324,20 @@ def test_bad_database_urls_name_the_url_and_the_problem(
             assert part in err, (kind, err)
 
 
+def _refused(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``noisescope argv``, which must exit 2 saying why in one line (no traceback)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "noisescope.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    return out
+
+
 @pytest.mark.parametrize("command", [["server"], ["up", "--no-dashboard"]], ids=" ".join)
 def test_a_bad_database_url_exits_2_without_a_traceback(command: list[str], tmp_path: Path) -> None:
     env = {**os.environ, "NOISESCOPE_HOME": str(tmp_path)}
@@ -333,15 +347,7 @@ def test_a_bad_database_url_exits_2_without_a_traceback(command: list[str], tmp_
         [*command, "--database-url", url, "--port", str(free_port())],
         [*command, "--database-url", "sqlite:////nonexistent-dir-ns/x.db"],
     ):
-        out = subprocess.run(
-            [sys.executable, "-m", "noisescope.cli", *argv],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert out.returncode == 2, out.stderr
-        assert out.stderr.count("\n") == 1, out.stderr
+        out = _refused(argv, env)
         assert "cannot open database" in out.stderr
         assert "Traceback" not in out.stderr + out.stdout
         assert "s3cret-pw" not in out.stderr + out.stdout
@@ -418,15 +424,7 @@ def test_a_taken_port_is_one_line_and_status_2_before_any_url(
         argv = [*command, "--port", str(ports["server"])]
         if command == ["up"]:
             argv += ["--dashboard-port", str(ports["dashboard"])]
-        out = subprocess.run(
-            [sys.executable, "-m", "noisescope.cli", *argv],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert out.stderr.count("\n") == 1, out.stderr
+        out = _refused(argv, env)
     assert f"port {busy} on 127.0.0.1 is already in use" in out.stderr
     assert flag in out.stderr
     assert "http://" not in out.stdout + out.stderr
@@ -444,13 +442,5 @@ def test_a_taken_port_is_one_line_and_status_2_before_any_url(
 )
 def test_a_bad_setting_is_one_line_and_status_2(variable: str, value: str, tmp_path: Path) -> None:
     env = {**os.environ, "NOISESCOPE_HOME": str(tmp_path), variable: value}
-    out = subprocess.run(
-        [sys.executable, "-m", "noisescope.cli", "server", "--port", str(free_port())],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 2, out.stderr
-    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    out = _refused(["server", "--port", str(free_port())], env)
     assert variable.removeprefix("NOISESCOPE_").lower() in out.stderr.lower()
