@@ -12,21 +12,18 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reliability._hostile import build_corpus, run_corpus, run_roundtrips
-from reliability._infra import Server, engine_for
+from reliability._infra import Server
 
 
 def test_hostile_corpus_gets_4xx_naming_the_problem_and_changes_nothing(
-    rel_server: Server,
+    rel_server: Server, rel_engine: Any
 ) -> None:
-    engine = engine_for(rel_server.database_url)
-    try:
-        results, unchanged = run_corpus(rel_server.url, engine, build_corpus(64 << 20))
-    finally:
-        engine.dispose()
+    results, unchanged = run_corpus(rel_server.url, rel_engine, build_corpus(64 << 20))
     wrong = [(r.case.name, r.status, r.detail[:120]) for r in results if not r.ok]
     assert wrong == []
     assert unchanged
