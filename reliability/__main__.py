@@ -241,7 +241,7 @@ def load_section(backend: str, s: Sizes) -> tuple[bool, str]:
 
 
 def fault_section(backend: str, s: Sizes, pg_restart: bool) -> tuple[bool, str]:
-    from reliability._faults import FaultResult, client_killed, readonly_spool
+    from reliability._faults import client_killed, readonly_spool, run_faults
     from reliability._load import postgres_restarts, run_load, server_kills, summary_row
 
     rows: list[dict[str, str]] = []
@@ -271,17 +271,15 @@ def fault_section(backend: str, s: Sizes, pg_restart: bool) -> tuple[bool, str]:
                     f"; left in spools at finish {r.spooled_at_finish:,}, delivered by "
                     f"`noisescope sync`" if r.spooled_at_finish else "")
                 )  # fmt: skip
-            client_rows = []
             n, rate = s.fault_samples, s.fault_rate * 4
-            client_faults: list[Callable[[], FaultResult]] = [
-                partial(client_killed, srv, wd.path, samples=n, rate=rate, during_outage=False),
-                partial(client_killed, srv, wd.path, samples=n, rate=rate, during_outage=True),
-                partial(readonly_spool, srv, wd.path, samples=n // 2, rate=rate),
-            ]
-            for fault in client_faults:
-                fr = fault()
-                ok &= fr.ok
-                client_rows.append(fr.row())
+            held, client_rows = run_faults(
+                [
+                    partial(client_killed, srv, wd.path, samples=n, rate=rate, during_outage=False),
+                    partial(client_killed, srv, wd.path, samples=n, rate=rate, during_outage=True),
+                    partial(readonly_spool, srv, wd.path, samples=n // 2, rate=rate),
+                ]
+            )
+            ok &= held
     finally:
         wd.close()
     body = (
@@ -298,22 +296,18 @@ def client_section(backend: str, s: Sizes) -> tuple[bool, str]:
     """The client's own classes of defect against a real server: hostile run ids (no file
     outside the spool root touched), a hung server and a SIGKILLed client (loss within the
     documented bound), a burst past memory_max (none dropped)."""
-    from reliability._faults import FaultResult, burst_overflow, hostile_run_ids, hung_server_kill
+    from reliability._faults import burst_overflow, hostile_run_ids, hung_server_kill, run_faults
 
-    rows: list[dict[str, str]] = []
-    ok = True
     wd = Workdir.make(f"client-{backend}")
     try:
         with database(backend, wd.path) as url, Server(url, workers=_workers(backend)) as srv:
-            faults: list[Callable[[], FaultResult]] = [
-                partial(hostile_run_ids, srv, wd.path),
-                partial(hung_server_kill, srv, wd.path, rate=s.fault_rate),
-                partial(burst_overflow, srv, wd.path),
-            ]
-            for fault in faults:
-                fr = fault()
-                ok &= fr.ok
-                rows.append(fr.row())
+            ok, rows = run_faults(
+                [
+                    partial(hostile_run_ids, srv, wd.path),
+                    partial(hung_server_kill, srv, wd.path, rate=s.fault_rate),
+                    partial(burst_overflow, srv, wd.path),
+                ]
+            )
     finally:
         wd.close()
     return ok, _table(rows)

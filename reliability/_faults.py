@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,12 @@ class FaultResult:
         if self.problems:
             facts += "; problems: " + "; ".join(self.problems)
         return {"fault": self.name, "held": "yes" if self.ok else "NO", "facts": facts}
+
+
+def run_faults(faults: Iterable[Callable[[], FaultResult]]) -> tuple[bool, list[dict[str, str]]]:
+    """Each fault in turn: whether all held, and their report rows."""
+    results = [fault() for fault in faults]
+    return all(fr.ok for fr in results), [fr.row() for fr in results]
 
 
 def _acked(path: Path) -> set[int]:
