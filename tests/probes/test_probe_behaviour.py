@@ -34,14 +34,17 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return (model(x) - y).square().mean()
 
 
-def _train(model: nn.Module, probe: GradientNoiseProbe, x: Tensor, y: Tensor) -> None:
-    """``x[i, j]``: micro-batch j of step i; each step accumulates loss / k, then steps."""
+def _train(
+    model: nn.Module, probe: GradientNoiseProbe, x: Tensor, y: Tensor, **step: float
+) -> None:
+    """``x[i, j]``: micro-batch j of step i; each step accumulates loss / k, then steps the
+    probe (with ``step``'s keywords)."""
     steps, k, b = x.shape[:3]
     for i in range(steps):
         for j in range(k):
             (_loss(model, x[i, j], y[i, j]) / k).backward()
             probe.micro_step(batch_size=b)
-        probe.step()
+        probe.step(**step)
         model.zero_grad()
 
 
@@ -177,11 +180,7 @@ def test_named_parameter_groups() -> None:
     model = _mlp()
     groups = {"weights": [model[0].weight, model[2].weight]}
     probe = GradientNoiseProbe(model, sink := ListSink(), source="micro", layers=groups)
-    x, y = _data(1, 2, 4)
-    for j in range(2):
-        (_loss(model, x[0, j], y[0, j]) / 2).backward()
-        probe.micro_step(batch_size=4)
-    probe.step()
+    _train(model, probe, *_data(1, 2, 4))
     assert {r["series"] for r in sink.rows} == {"", "weights"}
     assert sink.series("weights")[0]["g_big_sq"] < sink.series("")[0]["g_big_sq"]
 
@@ -216,12 +215,7 @@ def test_non_finite_steps_are_skipped_and_counted() -> None:
     probe = GradientNoiseProbe(model, sink, source="micro")
     x, y = _data(4, 2, 4)
     x[1, 0, 0, 0] = float("nan")
-    for i in range(4):
-        for j in range(2):
-            (_loss(model, x[i, j], y[i, j]) / 2).backward()
-            probe.micro_step(batch_size=4)
-        probe.step()
-        model.zero_grad()
+    _train(model, probe, x, y)
     assert probe.skipped_steps == 1
     assert [r["step"] for r in sink.series("")] == [0, 2, 3]
 
@@ -229,13 +223,7 @@ def test_non_finite_steps_are_skipped_and_counted() -> None:
 def test_every_n_steps_and_examples_counted_on_all_steps() -> None:
     model, sink = _mlp(), ListSink()
     probe = GradientNoiseProbe(model, sink, source="micro", every=2)
-    x, y = _data(5, 2, 4)
-    for i in range(5):
-        for j in range(2):
-            (_loss(model, x[i, j], y[i, j]) / 2).backward()
-            probe.micro_step(batch_size=4)
-        probe.step(loss=1.5, lr=0.01)
-        model.zero_grad()
+    _train(model, probe, *_data(5, 2, 4), loss=1.5, lr=0.01)
     rows = sink.series("")
     assert [r["step"] for r in rows] == [0, 2, 4]
     assert [r["examples"] for r in rows] == [8, 24, 40]
@@ -247,13 +235,7 @@ def test_auto_switches_from_per_example_to_micro_batches() -> None:
     model, sink = _mlp(), ListSink()
     probe = GradientNoiseProbe(model, sink)
     assert probe.source == "per_example"
-    x, y = _data(3, 2, 4)
-    for i in range(3):
-        for j in range(2):
-            (_loss(model, x[i, j], y[i, j]) / 2).backward()
-            probe.micro_step(batch_size=4)
-        probe.step()
-        model.zero_grad()
+    _train(model, probe, *_data(3, 2, 4))
     assert probe.source == "micro"
     assert [r["b_small"] for r in sink.series("")] == [1.0, 4.0, 4.0]
 
