@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 import noisescope
 from noisescope import HTTPTransport, Request, Response
 from noisescope.cli import main as cli_main
 from tests.client._fakes import wait_for
 from tests.client._proxy import FaultProxy
+from tests.support.database import query
 from tests.support.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -43,32 +43,18 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Se
 
 def stored(db_url: str, run_id: str) -> list[tuple[int, int, float, float | None]]:
     """(seq, step, g_small_sq, loss) of every stored sample of a run, by seq."""
-    engine = sa.create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    "SELECT s.seq, s.step, s.g_small_sq, s.loss FROM sample s "
-                    "JOIN run r ON r.id = s.run_id WHERE r.uid = :uid ORDER BY s.seq"
-                ),
-                {"uid": run_id},
-            ).all()
-    finally:
-        engine.dispose()
+    rows = query(
+        db_url,
+        "SELECT s.seq, s.step, s.g_small_sq, s.loss FROM sample s "
+        "JOIN run r ON r.id = s.run_id WHERE r.uid = :uid ORDER BY s.seq",
+        uid=run_id,
+    )
     return [(int(a), int(b), float(c), d) for a, b, c, d in rows]
 
 
 def run_status(db_url: str, run_id: str) -> str:
-    engine = sa.create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            return str(
-                conn.execute(
-                    sa.text("SELECT status FROM run WHERE uid = :u"), {"u": run_id}
-                ).scalar_one()
-            )
-    finally:
-        engine.dispose()
+    [row] = query(db_url, "SELECT status FROM run WHERE uid = :u", u=run_id)
+    return str(row.status)
 
 
 def assert_exactly_once(db_url: str, run_id: str, n: int) -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import sqlalchemy as sa
 
 import noisescope
 from noisescope import _wire
 from tests.client._fakes import FakeServer, wait_for
+from tests.support.database import query
 from tests.support.servers import ServerProcess
 
 
@@ -32,18 +32,12 @@ def test_eval_loss_reaches_the_server_as_an_eval_event(live_server: ServerProces
     events = httpx.get(f"{live_server.url}/api/v1/runs/{run.id}/events", timeout=30).json()
     evals = [(e["step"], e["payload"]) for e in events if e["kind"] == _wire.EVAL_EVENT_KIND]
     assert evals == [(2, {"loss": 0.5, "examples": 128.0}), (4, {"loss": 0.4})]
-    engine = sa.create_engine(live_server.database_url)
-    try:
-        with engine.connect() as conn:
-            losses = conn.execute(
-                sa.text(
-                    "SELECT s.step, s.loss FROM sample s JOIN run r ON r.id = s.run_id "
-                    "WHERE r.uid = :uid ORDER BY s.seq"
-                ),
-                {"uid": run.id},
-            ).all()
-    finally:
-        engine.dispose()
+    losses = query(
+        live_server.database_url,
+        "SELECT s.step, s.loss FROM sample s JOIN run r ON r.id = s.run_id "
+        "WHERE r.uid = :uid ORDER BY s.seq",
+        uid=run.id,
+    )
     assert [tuple(r) for r in losses] == [
         (0, None),
         (1, None),

@@ -1,0 +1,18 @@
+"""Reading what a server stored, straight from its database, for tests that check the rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+
+def query(db_url: str, sql: str, **params: Any) -> list[sa.Row[Any]]:
+    """All rows of one SQL query; the engine is opened and disposed here, so no pooled
+    connection outlives the read while the server keeps writing to the same database."""
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text(sql), params).all())
+    finally:
+        engine.dispose()
