@@ -8,20 +8,15 @@ squared norms summed over the ranks).
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from noisescope.integrations import LightningCallback
-from tests.integrations._lit import DigitsMLP, digits_loader
+from tests.integrations._lit import DigitsMLP, fit_on_two_ranks
 
 
 class ShardedDigits(DigitsMLP):
@@ -42,28 +37,12 @@ class ShardedDigits(DigitsMLP):
 
 
 def main() -> None:
-    url, out = sys.argv[1], Path(sys.argv[2])
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    module = ShardedDigits()
-    callback = LightningCallback(project="integrations", task="digits-fsdp2", url=url, quiet=True)
-    trainer = pl.Trainer(
-        max_steps=3,
-        accumulate_grad_batches=2,
-        gradient_clip_val=None,
-        accelerator="cpu",
-        devices=2,
+    fit_on_two_ranks(
+        ShardedDigits,
+        task="digits-fsdp2",
         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
+        gradient_clip_val=None,
     )
-    trainer.fit(module, digits_loader(8, n=256))
-    if trainer.global_rank == 0:
-        assert callback.run is not None
-        out.write_text(json.dumps({"run_id": callback.run.id, "big_norms_sq": module.big_norms_sq}))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ reading of |G_big|^2 to check the callback's measurement against.
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -14,6 +17,8 @@ import torch
 from sklearn.datasets import load_digits
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from noisescope.integrations import LightningCallback
 
 
 def digits_loader(batch_size: int, n: int = 512, shuffle: bool = False) -> DataLoader[Any]:
@@ -40,3 +45,32 @@ class DigitsMLP(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"], momentum=0.9)
+
+
+def fit_on_two_ranks(
+    module_class: type[DigitsMLP], *, task: str, strategy: Any, gradient_clip_val: float | None
+) -> None:
+    """The 2-process scripts' body: ``argv`` is ``SERVER_URL OUT_JSON``; 3 steps of 2 micro-batches
+    of 8 per rank, then rank 0 writes its run id and the |G_big|^2 its module recorded."""
+    url, out = sys.argv[1], Path(sys.argv[2])
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    module = module_class()
+    callback = LightningCallback(project="integrations", task=task, url=url, quiet=True)
+    trainer = pl.Trainer(
+        max_steps=3,
+        accumulate_grad_batches=2,
+        gradient_clip_val=gradient_clip_val,
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
+    trainer.fit(module, digits_loader(8, n=256))
+    if trainer.global_rank == 0:
+        assert callback.run is not None
+        out.write_text(json.dumps({"run_id": callback.run.id, "big_norms_sq": module.big_norms_sq}))

@@ -23,7 +23,7 @@ from torch import Tensor
 from noisescope.integrations import LightningCallback
 from tests.integrations._lit import DigitsMLP, digits_loader
 from tests.integrations._subprocess import pythonpath as _pythonpath
-from tests.integrations.conftest import stored_run
+from tests.integrations.conftest import Stored, stored_run
 from tests.support.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,13 +211,14 @@ def test_parameters_identical_with_and_without_the_callback(
     assert [k for k in with_cb if not torch.equal(with_cb[k], without[k])] == []
 
 
-@pytest.mark.slow
-def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
-    """Lightning's ``ddp`` strategy, 2 CPU processes: micro-batch per rank vs all-reduced."""
-    out = tmp_path / "ddp.json"
+def _fit_on_two_ranks(
+    server: ServerProcess, tmp_path: Path, script: str
+) -> tuple[dict[str, Any], Stored]:
+    """Runs a 2-process script of this folder against ``server``: rank 0's output and its run."""
+    out = tmp_path / "ranks.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("_lightning_ddp.py")), server.url, str(out)],
+        [sys.executable, str(Path(__file__).with_name(script)), server.url, str(out)],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -225,8 +226,14 @@ def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
         timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    stored = stored_run(server, result["run_id"])
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result, stored_run(server, result["run_id"])
+
+
+@pytest.mark.slow
+def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
+    """Lightning's ``ddp`` strategy, 2 CPU processes: micro-batch per rank vs all-reduced."""
+    result, stored = _fit_on_two_ranks(server, tmp_path, "_lightning_ddp.py")
     # per rank: micro-batches of 8, 2 per step; 2 ranks: B_big = 8 * 2 * 2
     assert [s["step"] for s in stored.samples] == [0, 1, 2]
     assert [(s["b_small"], s["b_big"]) for s in stored.samples] == [(8, 32)] * 3
@@ -243,20 +250,7 @@ def test_model_parallel_fsdp2_two_gloo_processes(server: ServerProcess, tmp_path
     """Lightning's ModelParallelStrategy with ``fully_shard`` in ``configure_model`` (FSDP2),
     2 CPU processes: the probe finds the sharded parameters itself; each rank's micro-batch
     is a G_small, the reduce-scattered gradient (its shards summed over ranks) G_big."""
-    out = tmp_path / "fsdp2.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
-    script = Path(__file__).with_name("_lightning_fsdp2.py")
-    proc = subprocess.run(
-        [sys.executable, str(script), server.url, str(out)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    stored = stored_run(server, result["run_id"])
+    result, stored = _fit_on_two_ranks(server, tmp_path, "_lightning_fsdp2.py")
     assert [s["step"] for s in stored.samples] == [0, 1, 2]
     assert [(s["b_small"], s["b_big"]) for s in stored.samples] == [(8, 32)] * 3
     for sample, recorded in zip(stored.samples, result["big_norms_sq"], strict=True):
