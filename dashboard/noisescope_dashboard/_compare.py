@@ -79,45 +79,40 @@ def compare_section(
         part = points[points["units"] == unit]
         word = _text.units_word(str(unit))
         suffix = f" — {noun} in {word}" if len(units) > 1 else ""
-        chart_with_downloads(
-            _charts.compare_chart(
-                part,
-                x="loss",
-                x_title="training loss (falls to the right)",
-                color=color,
-                color_title=color_title,
-                reverse_x=True,
-                log_x=log_loss,
-                log_y=log_y,
-                y_title=f"B_simple ({word})",
-                title="B_simple against loss" + suffix,
-            ),
-            part,
-            title="B_simple against loss" + suffix,
-            name=f"{key}_b_simple_vs_loss_{word}",
-            key=f"{key}_loss_{word}",
-            caption="The paper's view: the noise scale grows as the loss falls. Click a legend "
-            "entry to highlight it.",
-        )
+        # (name, what B_simple is drawn against, x column, x title, log x, caption)
+        views: list[tuple[str, str, str, str, bool, str | None]] = [
+            (
+                "loss",
+                "loss",
+                "loss",
+                "training loss (falls to the right)",
+                log_loss,
+                "The paper's view: the noise scale grows as the loss falls. Click a legend "
+                "entry to highlight it.",
+            )
+        ]
         if progress:
-            x_title = PROGRESS_AXES[progress_x]
-            if progress_x == "examples":
-                x_title = f"{word} seen"
+            x_title = f"{word} seen" if progress_x == "examples" else PROGRESS_AXES[progress_x]
+            views.append(("progress", "training progress", progress_x, x_title, log_x, None))
+        for name, against, x, x_title, view_log_x, caption in views:
+            title = f"B_simple against {against}{suffix}"
             chart_with_downloads(
                 _charts.compare_chart(
                     part,
-                    x=progress_x,
+                    x=x,
                     x_title=x_title,
                     color=color,
                     color_title=color_title,
-                    log_x=log_x,
+                    reverse_x=x == "loss",
+                    log_x=view_log_x,
                     log_y=log_y,
                     y_title=f"B_simple ({word})",
-                    title="B_simple against training progress" + suffix,
+                    title=title,
                 ),
                 part,
-                title="B_simple against training progress" + suffix,
-                name=f"{key}_b_simple_vs_progress_{word}",
-                key=f"{key}_progress_{word}",
+                title=title,
+                name=f"{key}_b_simple_vs_{name}_{word}",
+                key=f"{key}_{name}_{word}",
+                caption=caption,
             )
     return points
