@@ -4,7 +4,7 @@ under the chart, sizes, and the title kept as the chart's description."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, cast
 
 import altair as alt
@@ -107,6 +107,17 @@ def values_in(frame: pd.DataFrame, *names: str) -> list[float]:
 def wide_legend() -> alt.Legend:
     """A legend under the chart whose labels are never cut (long run and task names)."""
     return alt.Legend(orient="bottom", columns=2, labelLimit=0, symbolLimit=0, symbolOpacity=1)
+
+
+def named_colours(field: str, colours: Mapping[str, str]) -> alt.Color:
+    """One fixed colour per named series (``colours``: name to colour, in legend order), the
+    legend under the chart."""
+    return alt.Color(
+        field,
+        title=None,
+        scale=alt.Scale(domain=list(colours), range=list(colours.values())),
+        legend=wide_legend(),
+    )
 
 
 def finish(chart: Any, title: str, height: int = HEIGHT) -> alt.LayerChart:

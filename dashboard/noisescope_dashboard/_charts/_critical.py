@@ -17,6 +17,7 @@ from noisescope_dashboard._charts._axes import (
     drawable,
     finish,
     log_ticks,
+    named_colours,
     scale_axis,
     values_in,
     wide_legend,
@@ -92,14 +93,8 @@ def bcrit_vs_loss_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerChart:
     y = y_encoding(
         "value", f"batch size ({units})", values_in(data, "value", "lo_shown", "hi_shown"), log=True
     )
-    color = alt.Color(
-        "quantity:N",
-        title=None,
-        scale=alt.Scale(
-            domain=["B_crit (sweep fit)", "B_simple at the same loss"],
-            range=["#d62728", "#1f77b4"],
-        ),
-        legend=wide_legend(),
+    color = named_colours(
+        "quantity:N", {"B_crit (sweep fit)": "#d62728", "B_simple at the same loss": "#1f77b4"}
     )
     tip = [
         alt.Tooltip("quantity:N", title=" "),

@@ -8,9 +8,9 @@ import pandas as pd
 from noisescope_dashboard._charts._axes import (
     TALL,
     finish,
+    named_colours,
     scale_axis,
     values_in,
-    wide_legend,
     x_encoding,
     y_encoding,
 )
@@ -38,14 +38,7 @@ def tradeoff_chart(rows: pd.DataFrame, *, units: str) -> alt.LayerChart:
         alt.Tooltip("examples_ratio:Q", title="E / E_min", format=".3~r"),
         alt.Tooltip("waste:Q", title="compute beyond the minimum", format=".0%"),
     ]
-    color = alt.Color(
-        "past:N",
-        title=None,
-        scale=alt.Scale(
-            domain=["each doubling pays", "past the limit"], range=["#1f77b4", "#9e9e9e"]
-        ),
-        legend=wide_legend(),
-    )
+    color = named_colours("past:N", {"each doubling pays": "#1f77b4", "past the limit": "#9e9e9e"})
     layers = [
         alt.Chart(rows).mark_line(color="#bdbdbd").encode(x=x, y=y, order="devices:Q"),
         alt.Chart(rows).mark_point(filled=True, size=80).encode(x=x, y=y, color=color, tooltip=tip),
@@ -79,13 +72,8 @@ def speedup_chart(rows: pd.DataFrame) -> alt.LayerChart:
         ],
         ignore_index=True,
     )
-    color = alt.Color(
-        "what:N",
-        title=None,
-        scale=alt.Scale(
-            domain=["S-E model", "ideal (speed-up = devices)"], range=["#1f77b4", "#7f7f7f"]
-        ),
-        legend=wide_legend(),
+    color = named_colours(
+        "what:N", {"S-E model": "#1f77b4", "ideal (speed-up = devices)": "#7f7f7f"}
     )
     chart = (
         alt.Chart(long)
