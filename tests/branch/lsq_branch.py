@@ -13,10 +13,13 @@ batch size a branch sweep should measure.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from numpy.typing import NDArray
 
-from noisescope.branch import Branch, BranchPlan
+from noisescope import Run, branch
+from noisescope.branch import Branch, BranchPlan, BranchResult
 from noisescope.estimators import LocalCriticalBatch, local_critical_batch
 
 Array = NDArray[np.float64]
@@ -104,3 +107,28 @@ class DiesAfter(NoisyLeastSquares):
         if len(self.trained) >= self.n:
             raise Killed
         super().train(branch, run)
+
+
+def branch_logged_parent(
+    parent: Run, url: str, project: str, task: str, tmp: Path, *, quiet: bool = False
+) -> BranchResult:
+    """The servers' and the dashboard's fixture: a least-squares parent trained 50 SGD steps,
+    its evaluation logged, then branched at step 50 (4 sizes x 2 seeds) with every branch run
+    logged to ``url`` and linked to ``parent``."""
+    lsq = NoisyLeastSquares()
+    lsq.sgd(8, 0.2, 50, np.random.default_rng(1))
+    parent.log(50, eval_loss=lsq.evaluate())
+    plan = branch.plan(
+        step=50,
+        batch_size=4,
+        lr=0.3,
+        multipliers=(1, 4, 16, 64),
+        budget=2048,
+        lr_rule="constant",
+        seeds=2,
+        epsilon=0.02,
+        parent_run_id=parent.id,
+    )
+    init_kwargs: dict[str, object] = {"dir": tmp / "spool", **({"quiet": True} if quiet else {})}
+    log = branch.LogTo(project, task, url, init_kwargs=init_kwargs)
+    return branch.run(plan, lsq, tmp / "store", log=log)

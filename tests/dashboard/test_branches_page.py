@@ -8,13 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
 import noisescope
-from noisescope import Api, branch
+from noisescope import Api
 from noisescope_dashboard import _branches
-from tests.branch.lsq_branch import NoisyLeastSquares
+from tests.branch.lsq_branch import branch_logged_parent
 from tests.server._data import columns
 from tests.support.servers import ServerProcess
 from tests.support.synthetic_sweep import make_sweep, post
@@ -32,8 +31,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, 
         parent = noisescope.init(
             server.url, project=PROJECT, task=TASK, batch_size=4, dir=tmp / "spool", quiet=True
         )
-        task = NoisyLeastSquares()
-        task.sgd(8, 0.2, 50, np.random.default_rng(1))
         cols = columns(400)
         for i, step in enumerate(cols["step"]):
             parent.log_sample(
@@ -45,22 +42,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, 
             )
         with httpx.Client(base_url=server.url) as c:
             post(c, make_sweep(200.0, (32, 64, 128, 256, 512)), project=PROJECT, task=TASK)
-        parent.log(50, eval_loss=task.evaluate())
-        plan = branch.plan(
-            step=50,
-            batch_size=4,
-            lr=0.3,
-            multipliers=(1, 4, 16, 64),
-            budget=2048,
-            lr_rule="constant",
-            seeds=2,
-            epsilon=0.02,
-            parent_run_id=parent.id,
-        )
-        log = branch.LogTo(
-            PROJECT, TASK, server.url, init_kwargs={"dir": tmp / "spool", "quiet": True}
-        )
-        branch.run(plan, task, tmp / "store", log=log)
+        branch_logged_parent(parent, server.url, PROJECT, TASK, tmp, quiet=True)
         parent.finish()
         kid = next(r.uid for r in Api(server.url).runs(project=PROJECT) if r.parent_uid)
         yield server.url, parent.id, kid

@@ -15,7 +15,7 @@ import pytest
 import noisescope
 from noisescope import branch
 from noisescope.forecast import forecast_report
-from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares
+from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares, branch_logged_parent
 from tests.server._data import columns, run_body
 from tests.support.servers import ServerProcess
 from tests.support.synthetic_sweep import make_sweep, post
@@ -26,22 +26,7 @@ def _parent_with_branches(server: ServerProcess, tmp_path: Path) -> tuple[str, A
     parent = noisescope.init(
         server.url, project=project, task="lsq", batch_size=4, dir=tmp_path / "spool", quiet=True
     )
-    task = NoisyLeastSquares()
-    task.sgd(8, 0.2, 50, np.random.default_rng(1))
-    parent.log(50, eval_loss=task.evaluate())
-    plan = branch.plan(
-        step=50,
-        batch_size=4,
-        lr=0.3,
-        multipliers=(1, 4, 16, 64),
-        budget=2048,
-        lr_rule="constant",
-        seeds=2,
-        epsilon=0.02,
-        parent_run_id=parent.id,
-    )
-    log = branch.LogTo(project, "lsq", server.url, init_kwargs={"dir": tmp_path / "spool"})
-    result = branch.run(plan, task, tmp_path / "store", log=log)
+    result = branch_logged_parent(parent, server.url, project, "lsq", tmp_path)
     parent.finish()
     return parent.id, result, project
 
