@@ -125,6 +125,40 @@ def test_default_targets_are_reached_by_every_batch_size_and_leave_out_stalled_o
     assert max(targets) < min(r.losses[0] for r in runs)
 
 
+def _line(uid: str, batch_size: float, final: float, steps: int = 100) -> sweep.SweepRun:
+    """A run at learning rate 0.1 whose loss falls linearly from 3 to ``final``."""
+    xs = [float(s) for s in range(1, steps + 1)]
+    losses = [3.0 - (3.0 - final) * (s - 1) / (steps - 1) for s in xs]
+    return sweep.SweepRun(uid, uid, batch_size, 0.1, xs, losses)
+
+
+def test_default_targets_are_reached_by_the_median_seed_of_every_batch_size() -> None:
+    # At batch size 128 one lucky seed of three gets to 1.0, the other two stop at 2.0: the
+    # frontier takes the median seed, so a target below 2.0 is not reached at 128.
+    runs = [_line(f"{b}", b, 1.5) for b in (32.0, 64.0)]
+    runs += [_line("lucky", 128.0, 1.0), _line("s1", 128.0, 2.0), _line("s2", 128.0, 2.0)]
+    targets, _ = sweep.default_targets(runs)
+    assert min(targets) > 2.0
+    for t in sweep.analyse(runs, loss_source="eval").targets:
+        assert [p.batch_size for p in t.points] == [32.0, 64.0, 128.0], t.target
+
+
+def test_default_targets_ignore_the_noise_at_the_end_of_a_training_loss() -> None:
+    # The smoothed training loss at a run's last step is that step's raw loss: a dip there is
+    # noise, and a target set from it is "reached" only by that one step.
+    runs = [_line(f"{b}", b, 1.5) for b in (32.0, 64.0)] + [_line("dip", 128.0, 2.0)]
+    dip = runs[-1]
+    raw = [*dip.losses[:-1], 0.5]
+    runs[-1] = sweep.SweepRun("dip", "dip", 128.0, 0.1, dip.steps, sweep.smooth_training_loss(
+        dip.steps, raw
+    ))  # fmt: skip
+    targets, _ = sweep.default_targets(runs, "train")
+    assert min(targets) > 2.0
+    for t in sweep.analyse(runs, loss_source="train").targets:
+        (at_128,) = [r for r in t.runs if r.batch_size == 128.0]
+        assert at_128.steps is not None and at_128.steps < dip.steps[-1] / (1 + sweep.LOSS_WINDOW)
+
+
 def test_smoothing_the_training_loss_is_centred_and_symmetric_at_the_ends() -> None:
     steps = [float(s) for s in range(1, 201)]
     line = [10.0 - 0.01 * s for s in steps]  # linear: a centred mean is exact, ends included

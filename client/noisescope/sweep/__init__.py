@@ -23,7 +23,8 @@ per loss target:
    s*, pooled as sums (ratio last) with the block interval of ``estimators``.
 
 Default targets (``default_targets``) are spread between where the runs start and the best
-loss that *every* batch size reaches, so every target can be fitted. Everything is pure
+loss that *every* batch size reaches at its median seed (the frontier's count), so every
+target can be fitted. Everything is pure
 Python: the server runs it on stored data (``GET /api/v1/tasks/{project}/{task}/critical-batch``)
 and the reproduction study on its own records, so both give the same numbers.
 

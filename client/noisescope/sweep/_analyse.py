@@ -15,7 +15,7 @@ from noisescope.estimators import (
 )
 
 from ._crossings import LOSS_WINDOW
-from ._frontier import b_simple_at_loss, frontier
+from ._frontier import b_simple_at_loss, frontier, lr_key
 from ._report import (
     CriticalBatchReport,
     CurvePoint,
@@ -49,21 +49,42 @@ def _round_near(value: float, tolerance: float) -> float:
     return value
 
 
-def default_targets(runs: Sequence[SweepRun]) -> tuple[list[float], list[str]]:
+def _reachable_loss(run: SweepRun, loss_source: LossSource) -> float:
+    """The lowest loss ``run``'s curve reaches (inf: none). On a smoothed training loss the
+    points whose window the end of the run cuts short (``smooth_training_loss``: at the last
+    point, the raw loss of one step) do not count: their dips are noise, not progress."""
+    points = [(s, x) for s, x in zip(run.steps, run.losses, strict=True) if math.isfinite(x)]
+    if loss_source == "train" and points:
+        last = float(run.steps[-1])
+        whole = [(s, x) for s, x in points if s * (1.0 + LOSS_WINDOW) <= last]
+        points = whole or points
+    return min((x for _, x in points), default=math.inf)
+
+
+def default_targets(
+    runs: Sequence[SweepRun], loss_source: LossSource = "eval"
+) -> tuple[list[float], list[str]]:
     """Loss targets every batch size reaches, and warnings about batch sizes left out.
 
-    The hardest target is just above the worst batch size's best loss (each batch size's best
-    run), the easiest halfway down from where the runs start (their lowest first point), at
-    ``DEFAULT_TARGET_FRACTIONS`` of that range.
+    A batch size reaches a loss as the frontier counts it: when one learning rate's median
+    seed does (``frontier``). The hardest target is just above the loss the worst batch size
+    reaches that way, the easiest halfway down from where the runs start (their lowest first
+    point), at ``DEFAULT_TARGET_FRACTIONS`` of that range.
     """
     curves = [(r, [x for x in r.losses if math.isfinite(x)]) for r in runs]
     curves = [(r, c) for r, c in curves if c]
     if not curves:
         return [], ["no run has a loss curve: log `loss=` (or `eval_loss=`) to fit B_crit"]
     start = min(c[0] for _, c in curves)
+    seeds: dict[tuple[float, object], list[float]] = {}
+    for r, _ in curves:
+        seeds.setdefault((r.batch_size, lr_key(r)), []).append(_reachable_loss(r, loss_source))
     best: dict[float, float] = {}
-    for r, c in curves:
-        best[r.batch_size] = min(best.get(r.batch_size, math.inf), min(c))
+    for (batch_size, _), reached_by in seeds.items():
+        # The median seed: the frontier's median crossing is finite once more than half of
+        # the seeds arrive (all of them, for two).
+        median_seed = sorted(reached_by)[len(reached_by) // 2]
+        best[batch_size] = min(best.get(batch_size, math.inf), median_seed)
     warnings = []
     stalled = sorted(b for b, v in best.items() if not v < start)
     if stalled:
@@ -197,7 +218,7 @@ def analyse(
     notes = list(warnings)
     chosen = [float(t) for t in targets] if targets else []
     if not chosen:
-        chosen, target_notes = default_targets(runs)
+        chosen, target_notes = default_targets(runs, loss_source)
         notes += target_notes
     sizes = sorted({r.batch_size for r in runs})
     if len(sizes) < MIN_BATCH_SIZES:

@@ -12,7 +12,7 @@ from noisescope.estimators import interval_from_blocks, reblock
 from ._crossings import crossing_step
 from ._report import FrontierPoint, SweepRun
 
-__all__ = ["BLOCKS_PER_RUN", "B_SIMPLE_WINDOW", "b_simple_at_loss", "frontier"]
+__all__ = ["BLOCKS_PER_RUN", "B_SIMPLE_WINDOW", "b_simple_at_loss", "frontier", "lr_key"]
 
 #: B_simple "at a loss" pools the noise samples over steps s*/B_SIMPLE_WINDOW .. s* B_SIMPLE_WINDOW.
 B_SIMPLE_WINDOW = 1.25
@@ -21,7 +21,9 @@ B_SIMPLE_WINDOW = 1.25
 BLOCKS_PER_RUN = 8
 
 
-def _lr_key(run: SweepRun) -> object:
+def lr_key(run: SweepRun) -> object:
+    """What groups runs into seeds at one batch size: their learning rate (6 digits), or the
+    run alone when it has none."""
     return run.uid if run.lr is None else float(f"{run.lr:.6g}")
 
 
@@ -37,7 +39,7 @@ def frontier(
     crossing = {r.uid: crossing_step(r.steps, r.losses, target) for r in runs}
     groups: dict[tuple[float, object], list[SweepRun]] = {}
     for run in runs:
-        groups.setdefault((run.batch_size, _lr_key(run)), []).append(run)
+        groups.setdefault((run.batch_size, lr_key(run)), []).append(run)
     best: dict[float, FrontierPoint] = {}
     for (batch_size, _), group in groups.items():
         values = [crossing[r.uid] for r in group]
