@@ -74,6 +74,17 @@ def test_too_few_batch_sizes_reaching_a_target_is_a_warning_not_a_number() -> No
     assert any("a fit needs at least 3" in w for w in t.warnings)
 
 
+def test_a_target_some_batch_sizes_never_reach_says_which() -> None:
+    # The runs at the largest batch stop (loss 1.5) before a target of 1.2 that the others reach.
+    runs = to_sweep_runs(make_sweep(200.0, BATCHES[:-1], final_loss=1.1))
+    runs += to_sweep_runs(make_sweep(200.0, BATCHES[-1:], final_loss=1.5))
+    (t,) = sweep.analyse(runs, [1.2], loss_source="eval").targets
+    assert [p.batch_size for p in t.points] == list(BATCHES[:-1])
+    (warning,) = [w for w in t.warnings if "not reached at batch size" in w]
+    assert "1,024" in warning and f"other {len(BATCHES) - 1} batch sizes" in warning
+    assert t.determined and t.b_crit == pytest.approx(200.0, rel=0.10)  # the fit still stands
+
+
 def test_batch_sizes_all_far_below_b_crit_cannot_locate_it() -> None:
     """S ∝ 1/B throughout: the fitted S_min is ~0 and B_crit is not determined."""
     runs = to_sweep_runs(make_sweep(1e6, (8, 16, 32, 64), rng=random.Random(3)))

@@ -135,6 +135,17 @@ def _target_result(runs: Sequence[SweepRun], target: float, level: float) -> Tar
             + ": pick a target more batch sizes reach, or run more batch sizes"
         )
     else:
+        short = [
+            b
+            for b in sorted({r.batch_size for r in runs})
+            if b not in sizes and b not in {p.batch_size for p in early}
+        ]
+        if short:
+            warnings.append(
+                f"not reached at batch size {', '.join(_fmt(b) for b in short)} (no learning "
+                f"rate's median seed got to loss {target:g}): the fit uses the other "
+                f"{len(sizes)} batch sizes (train those runs longer, or pick a higher target)"
+            )
         fit = fit_critical_batch(sizes, [p.steps for p in points], level=level)
         if fit.reason is not None:
             warnings.append(fit.reason)
