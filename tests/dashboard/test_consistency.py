@@ -49,21 +49,36 @@ def test_runs_table_is_the_apis_current_b_simple(make_app: MakeApp, server: str,
 
 
 def test_run_page_is_the_apis_current_b_simple(make_app: MakeApp, server: str, api: Api) -> None:
-    for uid in (DIGITS64, LM, SHORT):
-        run = api.run(uid)
-        at = make_app(server, "run", run=uid)
+    """Every run with samples (short, long, token and sweep runs, one not yet measurable): the
+    headline, its interval, the ratio and the verdict are the run endpoint's and the
+    recommendation's, or absent together."""
+    runs = [r for r in api.runs() if r.n_samples]
+    assert SHORT in {r.uid for r in runs} and {DIGITS64, LM} <= {r.uid for r in runs}
+    assert any(r.b_simple is None for r in runs) and any(r.b_simple is not None for r in runs)
+    for run in runs:
+        at = make_app(server, "run", run=run.uid)
         assert not at.exception
         metrics = {m.label: m.value for m in at.metric}
         assert metrics["B_simple now"] == _text.count(run.b_simple)
+        rec = api.recommendation(run.uid).recommendation
+        # the endpoint's own number and interval
+        assert (rec.b_simple, rec.b_simple_lo, rec.b_simple_hi) == (
+            run.b_simple,
+            run.b_simple_lo,
+            run.b_simple_hi,
+        )
         if run.b_simple is not None:
             interval = _text.interval(run.b_simple_lo, run.b_simple_hi)
             assert f"90% interval {interval}" in plain(texts(at))
             assert metrics["B / B_simple"] == _text.ratio(run.batch_to_b_simple)
-            rec = api.recommendation(uid)
-            assert rec.recommendation.b_simple == run.b_simple  # the endpoint's own number
-            assert plain(at.info[0].value) == rec.recommendation.verdict
+            assert plain(at.info[0].value) == rec.verdict
         else:
-            assert metrics["B / B_simple"] == "—"
+            assert run.b_simple_reason and "not yet measurable" in run.b_simple_reason
+            assert metrics["B / B_simple"] == "—" and run.batch_to_b_simple is None
+            assert rec.current is None and rec.critical_batch_size is None and not rec.options
+            assert "no verdict" in rec.verdict
+            assert not at.info  # no verdict on the page
+            assert plain(run.b_simple_reason) in plain(texts(at))
 
 
 def test_smoothing_never_moves_b_simple_now(make_app: MakeApp, server: str, api: Api) -> None:
