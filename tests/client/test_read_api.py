@@ -86,6 +86,12 @@ def test_frames_have_one_row_per_item(server: ServerProcess, loaded: dict[str, s
     assert len(frame) == 1 + 3 * 3 and "b_simple" in frame.columns  # the run and the sweep
     points = api.series(loaded["run"], max_points=20).to_frame()
     assert len(points) <= 20 and points["n"].sum() == 800
+    report = api.critical_batch("api", "s")
+    targets = noisescope.to_frame(report.targets)
+    assert targets["b_crit"].tolist() == [t.b_crit for t in report.targets]
+    frontier = noisescope.to_frame(report.targets[0].points)
+    assert frontier["batch_size"].tolist() == [32.0, 128.0, 512.0]
+    assert sorted(noisescope.to_frame(api.tasks(project="api"))["task"]) == ["s", "t"]
 
 
 def test_errors_name_what_is_wrong(server: ServerProcess) -> None:

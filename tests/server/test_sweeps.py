@@ -122,6 +122,14 @@ def test_unknown_tasks_and_bad_targets_are_4xx(client: httpx.Client, sweep_proje
     assert r.status_code == 422
     r = client.get(f"{API}/tasks/{sweep_project}/evals/critical-batch", params={"loss": "x"})
     assert r.status_code == 422
+    url = f"{API}/tasks/{sweep_project}/evals/critical-batch"
+    for bad in ("abc", "inf", "-inf", "1e999", "", "0x10"):
+        r = client.get(url, params={"targets": bad})
+        assert r.status_code == 422 and r.json()["detail"], bad
+    r = client.get(url, params={"targets": [str(i) for i in range(51)]})
+    assert r.status_code == 422 and "at most 50" in r.json()["detail"]
+    for path in ("p%00/t", "%ff%fe/t", "..%2F../t", "x" * 5000 + "/t"):
+        assert client.get(f"{API}/tasks/{path}/critical-batch").status_code in (404, 422), path
 
 
 def test_names_with_slashes_and_odd_characters_are_reachable(client: httpx.Client) -> None:
