@@ -23,10 +23,12 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks._meter import Meter, NoiseGauge, metered
+from tests.support.trainers import QUIET_HF, QUIET_LIGHTNING
 
 TARGET_RATIO = 1.03
 
@@ -117,6 +119,47 @@ def _collate(features: list[Any]) -> dict[str, Any]:
 Step = tuple[float, float, float]
 
 
+def _callback_settings(cfg: dict[str, Any], spool: Path) -> dict[str, Any]:
+    """What both frameworks' callbacks are given: a real run, offline to the spool."""
+    return {
+        "project": "bench",
+        "small_batches": cfg.get("small_batches", "all"),
+        "mode": "offline",
+        "dir": spool,
+        "quiet": True,
+    }
+
+
+def _training_blocks(cfg: dict[str, Any]) -> list[list[int]]:
+    """The byte blocks of one run: every micro-batch of its steps, and one step to spare."""
+    return _byte_blocks(cfg["micro_batch"] * cfg["accumulation"] * (cfg["steps"] + 1))
+
+
+@dataclass
+class _TimedRun:
+    """One training run's meter and spool, and what it records: a stamp per optimizer step
+    and, when the callback alternates (``states`` given), whether each step was measured."""
+
+    meter: Meter
+    spool: Path
+    states: list[bool] | None = None
+    stamps: list[Step] = field(default_factory=list)
+
+    def stamp(self) -> None:
+        self.stamps.append((_clock(), self.meter.net_total(), self.meter.net_hooks()))
+
+    def step_times(self, callback: Any, with_callback: bool, cfg: dict[str, Any]) -> list[Step]:
+        """The run's step times, once a callback that took part is seen to have measured."""
+        if with_callback:
+            alternating = self.states is not None
+            _check_measured(callback, cfg["steps"] // 2 - 1 if alternating else cfg["steps"])
+        return _deltas(self.stamps)
+
+
+#: One framework's training run: (config, with the callback?, its timed run) -> step times.
+StepTimes = Callable[[dict[str, Any], bool, _TimedRun], list[Step]]
+
+
 def _check_measured(callback: Any, steps: int) -> None:
     """A callback that disabled itself (it never raises into training) would time as free."""
     status = callback.run.status() if callback.run is not None else None
@@ -160,41 +203,24 @@ def _deltas(stamps: list[Step]) -> list[Step]:
 # --- Hugging Face Trainer -------------------------------------------------------------------
 
 
-def _hf_step_times(
-    cfg: dict[str, Any],
-    with_callback: bool,
-    spool: Path,
-    meter: Meter,
-    states: list[bool] | None = None,
-) -> list[Step]:
+def _hf_step_times(cfg: dict[str, Any], with_callback: bool, timed: _TimedRun) -> list[Step]:
     from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
     from noisescope.integrations import HuggingFaceCallback
 
-    stamps: list[tuple[float, float, float]] = []
-
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
-            if not stamps:
-                stamps.append((_clock(), meter.net_total(), meter.net_hooks()))
+            if not timed.stamps:
+                timed.stamp()
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            stamps.append((_clock(), meter.net_total(), meter.net_hooks()))
-            if states is not None:
-                _toggle(callback, states)
+            timed.stamp()
+            if timed.states is not None:
+                _toggle(callback, timed.states)
 
-    callbacks: list[Any] = [StepTimer()]
-    callback = HuggingFaceCallback(
-        project="bench",
-        small_batches=cfg.get("small_batches", "all"),
-        mode="offline",
-        dir=spool,
-        quiet=True,
-    )
-    if with_callback:
-        callbacks.append(callback)
-    n = cfg["micro_batch"] * cfg["accumulation"] * (cfg["steps"] + 1)
-    data = [{"input_ids": block} for block in _byte_blocks(n)]
+    callback = HuggingFaceCallback(**_callback_settings(cfg, timed.spool))
+    callbacks: list[Any] = [StepTimer(), callback] if with_callback else [StepTimer()]
+    data = [{"input_ids": block} for block in _training_blocks(cfg)]
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
             output_dir=out,
@@ -204,11 +230,7 @@ def _hf_step_times(
             learning_rate=1e-3,
             max_grad_norm=1.0,
             logging_strategy="no",
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            seed=0,
-            disable_tqdm=True,
+            **QUIET_HF,
         )
         trainer = Trainer(
             model=_model(cfg),
@@ -219,21 +241,13 @@ def _hf_step_times(
         )
         trainer.remove_callback(PrinterCallback)  # keep stdout for the table
         trainer.train()
-    if with_callback:
-        _check_measured(callback, cfg["steps"] if states is None else cfg["steps"] // 2 - 1)
-    return _deltas(stamps)
+    return timed.step_times(callback, with_callback, cfg)
 
 
 # --- Lightning ------------------------------------------------------------------------------
 
 
-def _lightning_step_times(
-    cfg: dict[str, Any],
-    with_callback: bool,
-    spool: Path,
-    meter: Meter,
-    states: list[bool] | None = None,
-) -> list[Step]:
+def _lightning_step_times(cfg: dict[str, Any], with_callback: bool, timed: _TimedRun) -> list[Step]:
     import lightning.pytorch as pl
     import torch
     from torch.utils.data import DataLoader
@@ -251,29 +265,20 @@ def _lightning_step_times(
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    stamps: list[tuple[float, float, float]] = []
-
     class StepTimer(pl.Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-            if len(stamps) <= trainer.global_step:
-                stamps.append((_clock(), meter.net_total(), meter.net_hooks()))
-                if states is not None and trainer.global_step > 0:
-                    _toggle(callback, states)
+            if len(timed.stamps) <= trainer.global_step:
+                timed.stamp()
+                if timed.states is not None and trainer.global_step > 0:
+                    _toggle(callback, timed.states)
 
-    callbacks: list[Any] = [StepTimer()]
     callback = LightningCallback(
-        project="bench",
         units="tokens",
         batch_size_fn=lambda b: b["labels"][:, 1:].numel(),
-        small_batches=cfg.get("small_batches", "all"),
-        mode="offline",
-        dir=spool,
-        quiet=True,
+        **_callback_settings(cfg, timed.spool),
     )
-    if with_callback:
-        callbacks.append(callback)
-    n = cfg["micro_batch"] * cfg["accumulation"] * (cfg["steps"] + 1)
-    blocks: Any = _byte_blocks(n)  # a list is a map-style dataset
+    callbacks: list[Any] = [StepTimer(), callback] if with_callback else [StepTimer()]
+    blocks: Any = _training_blocks(cfg)  # a list is a map-style dataset
     loader: DataLoader[Any] = DataLoader(blocks, batch_size=cfg["micro_batch"], collate_fn=_collate)
     trainer = pl.Trainer(
         max_steps=cfg["steps"],
@@ -281,16 +286,11 @@ def _lightning_step_times(
         gradient_clip_val=1.0,
         accelerator="cpu",
         devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=callbacks,
+        **QUIET_LIGHTNING,
     )
     trainer.fit(LM(), loader)
-    if with_callback:
-        _check_measured(callback, cfg["steps"] if states is None else cfg["steps"] // 2 - 1)
-    return _deltas(stamps)
+    return timed.step_times(callback, with_callback, cfg)
 
 
 # --- driver ---------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def collect(quick: bool) -> dict[str, Any]:
 
 
 def _measure(
-    fn: Callable[..., list[Step]],
+    fn: StepTimes,
     cfg: dict[str, Any],
     spool: Path,
     meter: Meter,
@@ -332,13 +332,13 @@ def _measure(
     inside: list[float] = []
     hooks: list[float] = []
     pair_ratios = []
-    fn(cfg | {"steps": WARMUP_STEPS + 2}, True, spool, meter)  # imports, warm-up
+    fn(cfg | {"steps": WARMUP_STEPS + 2}, True, _TimedRun(meter, spool))  # imports, warm-up
     for pair in range(cfg["pairs"]):
         order = (False, True) if pair % 2 == 0 else (True, False)
         medians = {}
         for with_cb in order:
             gauge.sample(3)
-            steps = fn(cfg, with_cb, spool, meter)
+            steps = fn(cfg, with_cb, _TimedRun(meter, spool))
             times[with_cb] += [step[0] for step in steps]
             if with_cb:
                 inside += [step[1] for step in steps]
@@ -366,12 +366,10 @@ def _measure(
     }
 
 
-def _alternating(
-    fn: Callable[..., list[Step]], cfg: dict[str, Any], spool: Path, meter: Meter
-) -> list[float]:
+def _alternating(fn: StepTimes, cfg: dict[str, Any], spool: Path, meter: Meter) -> list[float]:
     """Step-time ratios (measured / inert) of adjacent steps of one run, the callback toggled."""
     states: list[bool] = []
-    steps = fn(cfg | {"steps": cfg["alternating_steps"]}, True, spool, meter, states)
+    steps = fn(cfg | {"steps": cfg["alternating_steps"]}, True, _TimedRun(meter, spool, states))
     states = states[WARMUP_STEPS:]
     if len(states) != len(steps):
         raise RuntimeError(f"{len(states)} step states for {len(steps)} timed steps")

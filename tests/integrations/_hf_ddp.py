@@ -17,6 +17,7 @@ from transformers import Trainer, TrainingArguments
 
 from noisescope.integrations import HuggingFaceCallback
 from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
+from tests.support.trainers import QUIET_HF
 
 
 def main() -> None:
@@ -33,12 +34,8 @@ def main() -> None:
             learning_rate=1e-3,
             max_grad_norm=0.01,
             logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
             ddp_backend="gloo",
-            seed=0,
-            disable_tqdm=True,
+            **QUIET_HF,
         )
         trainer = Trainer(
             model=tiny_gpt2(),

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from noisescope.integrations import LightningCallback
+from tests.support.trainers import QUIET_LIGHTNING
 
 
 def digits_loader(batch_size: int, n: int = 512, shuffle: bool = False) -> DataLoader[Any]:
@@ -64,11 +65,8 @@ def fit_on_two_ranks(
         accelerator="cpu",
         devices=2,
         strategy=strategy,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[callback],
+        **QUIET_LIGHTNING,
     )
     trainer.fit(module, digits_loader(8, n=256))
     if trainer.global_rank == 0:

@@ -24,6 +24,7 @@ from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
 from tests.integrations.conftest import stored_run
 from tests.integrations.test_hf import DigitsDataset, MeanLossClassifier
 from tests.support.servers import ServerProcess
+from tests.support.trainers import QUIET_HF, QUIET_LIGHTNING
 
 PLAN = {"multipliers": (1, 2, 4), "budget": 32, "seeds": 2, "lr_rule": "sqrt"}
 
@@ -74,11 +75,7 @@ def _hf(
         max_steps=6,
         learning_rate=0.02,  # AdamW with a linear decay: optimizer and scheduler state both
         logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        disable_tqdm=True,
+        **QUIET_HF,
     )
     callback = HuggingFaceCallback(
         project="branching", task="digits", url=server.url, dir=tmp_path / "spool", quiet=True,
@@ -210,8 +207,7 @@ def test_hf_language_model_branches_count_the_runs_tokens(
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
         gradient_accumulation_steps=2, max_steps=2, learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        save_strategy="no", report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
+        lr_scheduler_type="constant", **QUIET_HF,
     )  # fmt: skip
     trainer = Trainer(
         model=tiny_gpt2(), args=args, train_dataset=ByteLMDataset(48),
@@ -278,8 +274,7 @@ def _lit(
     )  # fmt: skip
     trainer = pl.Trainer(
         max_epochs=1, accumulate_grad_batches=2, gradient_clip_val=0.5, accelerator="cpu",
-        devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path, callbacks=[callback],
+        devices=1, default_root_dir=tmp_path, callbacks=[callback], **QUIET_LIGHTNING,
     )  # fmt: skip
     trainer.fit(module, digits_loader(8, n=64, shuffle=True))  # 8 micro-batches, 4 steps
     module.trainer_state = _state(module, trainer.optimizers[0])  # type: ignore[attr-defined]
@@ -367,9 +362,8 @@ def test_lightning_setups_it_cannot_branch_are_refused(
         url=server.url, dir=tmp_path, quiet=True, branch_every=1, branch_eval=_lit_eval()
     )
     trainer = pl.Trainer(
-        max_steps=2, accelerator="cpu", devices=1, precision="bf16-mixed", logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[callback],
+        max_steps=2, accelerator="cpu", devices=1, precision="bf16-mixed", callbacks=[callback],
+        **QUIET_LIGHTNING,
     )  # fmt: skip
     with pytest.raises(RuntimeError, match=r"bf16-mixed.*supports one process on one device"):
         trainer.fit(DigitsMLP(), digits_loader(8, n=32))

@@ -28,6 +28,7 @@ from tests.integrations._subprocess import pythonpath as _pythonpath
 from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
 from tests.integrations.conftest import stored_run
 from tests.support.servers import ServerProcess
+from tests.support.trainers import QUIET_HF
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,11 +43,7 @@ def _args(tmp_path: Path, **overrides: Any) -> TrainingArguments:
         "learning_rate": 1e-3,
         "max_grad_norm": 0.01,
         "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": [],
-        "use_cpu": True,
-        "seed": 0,
-        "disable_tqdm": True,
+        **QUIET_HF,
     }
     settings.update(overrides)
     return TrainingArguments(**settings)

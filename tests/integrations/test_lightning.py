@@ -25,6 +25,7 @@ from tests.integrations._lit import DigitsMLP, digits_loader
 from tests.integrations._subprocess import pythonpath as _pythonpath
 from tests.integrations.conftest import Stored, stored_run
 from tests.support.servers import ServerProcess
+from tests.support.trainers import QUIET_LIGHTNING
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,11 +37,8 @@ def _trainer(callbacks: list[Any], **overrides: Any) -> pl.Trainer:
         "gradient_clip_val": 0.01,
         "accelerator": "cpu",
         "devices": 1,
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
         "callbacks": callbacks,
+        **QUIET_LIGHTNING,
     }
     settings.update(overrides)
     return pl.Trainer(**settings)
