@@ -1,4 +1,4 @@
-"""Shared fixtures: ``db_url`` (SQLite and PostgreSQL) and ``live_server``.
+"""Shared fixtures: ``db_url`` (SQLite and PostgreSQL), ``live_server`` and ``one_torch_thread``.
 
 ``db_url`` is parametrised over a temporary SQLite file and the PostgreSQL server at
 ``NOISESCOPE_TEST_PG`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``). Each
@@ -83,3 +83,15 @@ def live_server() -> Iterator[ServerProcess]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch with one intra-op thread for the test (the cores are shared: one is fastest here),
+    the setting before it restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
