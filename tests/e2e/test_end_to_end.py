@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 import noisescope  # noqa: E402
 from noisescope.torch import GradientNoiseProbe  # noqa: E402
 from noisescope_server import queries  # noqa: E402
+from tests.support.database import query  # noqa: E402
 from tests.support.servers import ServerProcess  # noqa: E402
 
 D, SIGMA = 8, 1.0
@@ -68,18 +69,16 @@ def _train(url: str) -> str:
 
 def test_training_loop_to_dashboard_reads(server: ServerProcess) -> None:
     run_id = _train(server.url)
-    engine = sa.create_engine(server.database_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    "SELECT count(*), count(DISTINCT seq), min(b_small), max(b_big) FROM sample "
-                    "JOIN run ON run.id = sample.run_id WHERE run.uid = :uid"
-                ),
-                {"uid": run_id},
-            ).one()
-        assert tuple(rows) == (STEPS, STEPS, MICRO, MICRO * K)
+    (counts,) = query(
+        server.database_url,
+        "SELECT count(*), count(DISTINCT seq), min(b_small), max(b_big) FROM sample "
+        "JOIN run ON run.id = sample.run_id WHERE run.uid = :uid",
+        uid=run_id,
+    )
+    assert tuple(counts) == (STEPS, STEPS, MICRO, MICRO * K)
 
+    engine = sa.create_engine(server.database_url)  # the server's own read queries take one
+    try:
         series = queries.run_series(engine, run_id, max_points=50)
         n = sum(p.n for p in series.points)
         sum_g_sq = sum(p.sum_g_sq for p in series.points)

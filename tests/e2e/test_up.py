@@ -15,8 +15,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
+from tests.support.database import query
 from tests.support.servers import free_port, wait_for_health
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,15 +110,11 @@ def test_up_runs_server_and_dashboard_and_stops_both(tmp_path: Path) -> None:
 
         db = tmp_path / "noisescope.db"
         assert db.exists(), "noisescope up did not create its database under NOISESCOPE_HOME"
-        engine = sa.create_engine(f"sqlite:///{db}")
-        with engine.connect() as conn:
-            n = conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM sample JOIN run ON run.id = sample.run_id "
-                    "WHERE run.name = 'from-test'"
-                )
-            ).scalar_one()
-        engine.dispose()
+        [(n,)] = query(
+            f"sqlite:///{db}",
+            "SELECT count(*) FROM sample JOIN run ON run.id = sample.run_id "
+            "WHERE run.name = 'from-test'",
+        )
         assert n == 30
     finally:
         up.send_signal(signal.SIGTERM)

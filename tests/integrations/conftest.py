@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
+from tests.support.database import query
 from tests.support.servers import ServerProcess
 
 # Keep the 2-core machine usable for everyone: one intra-op thread per training process.
@@ -46,18 +46,11 @@ class Stored:
 
 
 def stored_run(server: ServerProcess, run_id: str, series: str = "") -> Stored:
-    engine = sa.create_engine(server.database_url)
-    try:
-        with engine.connect() as conn:
-            run = conn.execute(sa.text("SELECT * FROM run WHERE uid = :uid"), {"uid": run_id})
-            run_row = run.mappings().one()
-            rows = conn.execute(
-                sa.text(
-                    "SELECT * FROM sample WHERE run_id = :id AND series = :series ORDER BY step"
-                ),
-                {"id": run_row["id"], "series": series},
-            )
-            samples = [dict(r) for r in rows.mappings()]
-    finally:
-        engine.dispose()
-    return Stored(dict(run_row), samples)
+    (run,) = query(server.database_url, "SELECT * FROM run WHERE uid = :uid", uid=run_id)
+    samples = query(
+        server.database_url,
+        "SELECT * FROM sample WHERE run_id = :id AND series = :series ORDER BY step",
+        id=run.id,
+        series=series,
+    )
+    return Stored(dict(run._mapping), [dict(r._mapping) for r in samples])

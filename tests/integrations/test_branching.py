@@ -12,7 +12,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-import sqlalchemy as sa
 import torch
 from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments, default_data_collator
@@ -23,6 +22,7 @@ from tests.integrations._lit import DigitsMLP, digits_loader
 from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
 from tests.integrations.conftest import stored_run
 from tests.integrations.test_hf import DigitsDataset, MeanLossClassifier
+from tests.support.database import query
 from tests.support.servers import ServerProcess
 from tests.support.trainers import QUIET_HF, QUIET_LIGHTNING
 
@@ -30,15 +30,8 @@ PLAN = {"multipliers": (1, 2, 4), "budget": 32, "seeds": 2, "lr_rule": "sqrt"}
 
 
 def _branch_runs(server: ServerProcess, parent: str) -> list[tuple[str, int, float]]:
-    engine = sa.create_engine(server.database_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                sa.text("SELECT uid, branch_step, batch_size FROM run WHERE parent_uid = :p"),
-                {"p": parent},
-            ).all()
-    finally:
-        engine.dispose()
+    sql = "SELECT uid, branch_step, batch_size FROM run WHERE parent_uid = :p"
+    rows = query(server.database_url, sql, p=parent)
     return sorted((r.uid, r.branch_step, r.batch_size) for r in rows)
 
 

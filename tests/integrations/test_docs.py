@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
+from tests.support.database import query
 from tests.support.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,19 +59,13 @@ def test_doc_script_runs_and_reaches_the_server(
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    engine = sa.create_engine(server.database_url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    "SELECT s.b_small, s.b_big, s.g_small_sq, s.g_big_sq FROM sample s "
-                    "JOIN run r ON r.id = s.run_id JOIN task t ON t.id = r.task_id "
-                    "WHERE t.name = :task AND s.series = ''"
-                ),
-                {"task": task},
-            ).all()
-    finally:
-        engine.dispose()
+    rows = query(
+        server.database_url,
+        "SELECT s.b_small, s.b_big, s.g_small_sq, s.g_big_sq FROM sample s "
+        "JOIN run r ON r.id = s.run_id JOIN task t ON t.id = r.task_id "
+        "WHERE t.name = :task AND s.series = ''",
+        task=task,
+    )
     assert len(rows) >= 20
     assert {(r.b_small, r.b_big) for r in rows} == {(b_small, b_big)}
     assert all(r.g_small_sq > 0 and r.g_big_sq > 0 for r in rows)
