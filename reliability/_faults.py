@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reliability._client import ClientSpec
 from reliability._infra import (
@@ -72,6 +73,21 @@ def _wait(predicate: object, timeout: float) -> bool:
     return False
 
 
+def _fault_client(
+    server: Server, workdir: Path, rid: str, task: str, **options: Any
+) -> tuple[ClientSpec, Path, Path]:
+    """A fault's client run ``rid`` of ``task`` against ``server``: its spec, its own spool
+    folder (made here) and the file its transport logs the acknowledged seqs to."""
+    spool = workdir / f"spool-{task}-{rid}"
+    spool.mkdir()
+    ack_log = workdir / f"acks-{rid}.jsonl"
+    spec = ClientSpec(
+        url=server.url, run_id=rid, project="faults", task=task, spool_dir=str(spool),
+        out=str(workdir / f"{task}-{rid}.json"), ack_log=str(ack_log), **options,
+    )  # fmt: skip
+    return spec, spool, ack_log
+
+
 def _sync_and_check(
     server: Server, spool: Path, rid: str, seed: int, logged: int, problems: list[str]
 ) -> tuple[str, set[int], RunCheck]:
@@ -97,14 +113,10 @@ def client_killed(
     appends) when it dies; the server is restarted before the sync.
     """
     name = "client SIGKILL while " + ("spooling (server down)" if during_outage else "sending")
-    spool = workdir / f"spool-kill-{int(during_outage)}"
-    spool.mkdir()
     rid = uuid.uuid4().hex
-    ack_log = workdir / f"acks-{rid}.jsonl"
-    spec = ClientSpec(
-        url=server.url, run_id=rid, project="faults", task="kill", samples=samples,
-        spool_dir=str(spool), out=str(workdir / f"kill-{rid}.json"), rate=rate, seed=99,
-        ack_log=str(ack_log), batch_max=500, extra={"batch_interval": 0.2},
+    spec, spool, ack_log = _fault_client(
+        server, workdir, rid, "kill", samples=samples, rate=rate, seed=99, batch_max=500,
+        extra={"batch_interval": 0.2},
     )  # fmt: skip
     worker = start_worker(spec, workdir)
     problems: list[str] = []
@@ -150,15 +162,10 @@ def readonly_spool(server: Server, workdir: Path, *, samples: int, rate: float) 
     fits in memory (``memory_max``) until the server is back, and count anything it could not
     keep as dropped; everything it reports as sent must be stored."""
     name = "spool directory made read-only, then server SIGKILLed"
-    spool = workdir / "spool-ro"
-    spool.mkdir()
     rid = uuid.uuid4().hex
-    ack_log = workdir / f"acks-{rid}.jsonl"
-    out = workdir / f"ro-{rid}.json"
-    spec = ClientSpec(
-        url=server.url, run_id=rid, project="faults", task="readonly", samples=samples,
-        spool_dir=str(spool), out=str(out), rate=rate, seed=7, ack_log=str(ack_log),
-        batch_max=500, flush_timeout=60.0, extra={"batch_interval": 0.2},
+    spec, spool, ack_log = _fault_client(
+        server, workdir, rid, "readonly", samples=samples, rate=rate, seed=7, batch_max=500,
+        flush_timeout=60.0, extra={"batch_interval": 0.2},
     )  # fmt: skip
     worker = start_worker(spec, workdir, respect_permissions=True)
     problems: list[str] = []
@@ -171,11 +178,7 @@ def readonly_spool(server: Server, workdir: Path, *, samples: int, rate: float) 
         server.kill()
         time.sleep(2.0)
         server.restart()
-        try:
-            code = worker.proc.wait(600)
-        except Exception:
-            worker.proc.kill()
-            code = -9
+        code = worker.wait(600)
     finally:
         for d in (spool, run_dir):
             d.chmod(0o755)
@@ -300,16 +303,11 @@ def hung_server_kill(
     nor a hole-free prefix; the bound is docs/client.md's 1.75 x batch_interval."""
     name = f"server hung (SIGSTOP {hang_s:g} s), then client SIGKILLed"
     batch_interval = 1.0  # the default, whose bound docs/client.md states
-    spool = workdir / "spool-hung"
-    spool.mkdir()
     rid = uuid.uuid4().hex
-    ack_log = workdir / f"acks-{rid}.jsonl"
     progress = workdir / f"progress-{rid}"
-    spec = ClientSpec(
-        url=server.url, run_id=rid, project="faults", task="hung", samples=int(rate * 600),
-        spool_dir=str(spool), out=str(workdir / f"hung-{rid}.json"), rate=rate, seed=5,
-        ack_log=str(ack_log), progress=str(progress),
-        extra={"batch_interval": batch_interval, "request_timeout": 60.0},
+    spec, spool, ack_log = _fault_client(
+        server, workdir, rid, "hung", samples=int(rate * 600), rate=rate, seed=5,
+        progress=str(progress), extra={"batch_interval": batch_interval, "request_timeout": 60.0},
     )  # fmt: skip
     worker = start_worker(spec, workdir)
     problems: list[str] = []
@@ -352,37 +350,22 @@ def burst_overflow(server: Server, workdir: Path, *, samples: int = 200_000) -> 
     against a hung server (SIGSTOP): none dropped; after the server resumes and ``noisescope
     sync`` runs, every one is stored exactly once with its values."""
     name = f"burst of {samples:,} samples into a hung server (default memory_max)"
-    spool = workdir / "spool-burst"
-    spool.mkdir()
     rid = uuid.uuid4().hex
-    out = workdir / f"burst-{rid}.json"
-    spec = ClientSpec(
-        url=server.url, run_id=rid, project="faults", task="burst", samples=samples,
-        spool_dir=str(spool), out=str(out), rate=0.0, seed=11, flush_timeout=2.0,
+    spec, spool, _ = _fault_client(
+        server, workdir, rid, "burst", samples=samples, rate=0.0, seed=11, flush_timeout=2.0,
         extra={"request_timeout": 60.0},
     )  # fmt: skip
     problems: list[str] = []
     _stop_server(server, signal.SIGSTOP)
     try:
         worker = start_worker(spec, workdir)
-        try:
-            code = worker.proc.wait(300)
-        except Exception:
-            worker.proc.kill()
-            code = -9
+        code = worker.wait(300)
     finally:
         _stop_server(server, signal.SIGCONT)
     result = worker.result()
     if result is None:
         return FaultResult(name, False, {"client exit code": code}, [worker.log()[-500:]])
-    sync_code, output = sync_spool(spool, server.url)
-    if sync_code != 0:
-        problems.append(f"sync failed: {output[-300:]}")
-    engine = engine_for(server.database_url)
-    try:
-        check = check_run(engine, rid, 11, samples)
-    finally:
-        engine.dispose()
+    _, _, check = _sync_and_check(server, spool, rid, 11, samples, problems)
     facts: dict[str, object] = {
         "logged": result["logged"],
         "dropped (counted)": result["dropped"],

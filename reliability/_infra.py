@@ -167,6 +167,15 @@ class Worker:
     proc: subprocess.Popen[bytes]
     log_path: Path
 
+    def wait(self, timeout: float) -> int:
+        """The worker's exit code; -9 when it was still running after ``timeout`` s (killed)."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            return -9
+
     def result(self) -> dict[str, Any] | None:
         try:
             data: dict[str, Any] = json.loads(Path(self.spec.out).read_text())
