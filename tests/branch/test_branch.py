@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from examples.branching import DigitsTrainer
 from noisescope import branch
 from noisescope.estimators import local_critical_batch
 from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares
@@ -107,43 +108,13 @@ def test_a_scheduler_runs_the_plan_in_parallel_and_collects(tmp_path: Path) -> N
     assert partial.local == sequential.local
 
 
-class _TorchTrainer:
-    """A tiny classifier with Adam: the state that must survive the branches is non-trivial."""
+class _TorchTrainer(DigitsTrainer):
+    """docs/branching.md's example trainer with Adam instead of plain SGD: the optimizer state
+    that must survive the branches is non-trivial."""
 
     def __init__(self) -> None:
-        torch.manual_seed(0)
-        self.model = torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
-        )
+        super().__init__(seed=0)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)
-        gen = torch.Generator().manual_seed(0)
-        self.x = torch.randn(256, 8, generator=gen)
-        self.y = (self.x[:, 0] > 0).long() + (self.x[:, 1] > 0).long()
-
-    def step(self, idx: torch.Tensor, lr: float) -> None:
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        self.opt.zero_grad()
-        torch.nn.functional.cross_entropy(self.model(self.x[idx]), self.y[idx]).backward()
-        self.opt.step()
-
-    def save(self) -> Any:
-        return copy.deepcopy((self.model.state_dict(), self.opt.state_dict()))
-
-    def restore(self, state: Any) -> None:
-        model_state, opt_state = copy.deepcopy(state)
-        self.model.load_state_dict(model_state)
-        self.opt.load_state_dict(opt_state)
-
-    def train(self, b: branch.Branch, run: object | None) -> None:
-        gen = torch.Generator().manual_seed(b.seed)
-        order = torch.randint(0, len(self.y), (b.examples,), generator=gen)
-        for i in range(b.steps):
-            self.step(order[i * b.batch_size : (i + 1) * b.batch_size], b.lr)
-
-    def evaluate(self) -> float:
-        with torch.no_grad():
-            return float(torch.nn.functional.cross_entropy(self.model(self.x), self.y))
 
 
 def _continue(t: _TorchTrainer, steps: int) -> None:
