@@ -14,7 +14,7 @@ import noisescope
 from noisescope import Api
 from noisescope_dashboard import _branches
 from tests.branch.lsq_branch import branch_logged_parent
-from tests.server._data import columns
+from tests.server._data import columns, log_sample_args
 from tests.support.servers import ServerProcess
 from tests.support.synthetic_sweep import make_sweep, post
 
@@ -32,14 +32,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, 
             server.url, project=PROJECT, task=TASK, batch_size=4, dir=tmp / "spool", quiet=True
         )
         cols = columns(400)
-        for i, step in enumerate(cols["step"]):
-            parent.log_sample(
-                step,
-                cols["b_small"][i],
-                cols["b_big"][i],
-                cols["g_small_sq"][i],
-                cols["g_big_sq"][i],
-            )
+        for i in range(len(cols["step"])):
+            parent.log_sample(*log_sample_args(cols, i))
         with httpx.Client(base_url=server.url) as c:
             post(c, make_sweep(200.0, (32, 64, 128, 256, 512)), project=PROJECT, task=TASK)
         branch_logged_parent(parent, server.url, PROJECT, TASK, tmp, quiet=True)

@@ -14,7 +14,7 @@ import pytest
 import noisescope
 from noisescope import Api
 from noisescope_dashboard import _sizes
-from tests.server._data import columns
+from tests.server._data import columns, log_sample_args
 from tests.support.servers import ServerProcess
 
 from ._app import chart_data, charts, plain, texts
@@ -40,13 +40,7 @@ def _token_run(url: str, tmp: Path) -> str:
     cols = columns(200)
     for i, step in enumerate(cols["step"]):
         run.log_sample(
-            step,
-            cols["b_small"][i],
-            cols["b_big"][i],
-            cols["g_small_sq"][i],
-            cols["g_big_sq"][i],
-            examples=cols["examples"][i],
-            loss=3.0 / (1.0 + step / 50.0),
+            *log_sample_args(cols, i), examples=cols["examples"][i], loss=3.0 / (1.0 + step / 50.0)
         )
     run.finish()
     return run.id
@@ -142,10 +136,8 @@ def test_runs_without_a_size_or_branches_get_no_chart_and_a_hint(
         url, project=PROJECT, task="bare", name="bare", dir=tmp_path / "spool", quiet=True
     )
     cols = columns(50)
-    for i, step in enumerate(cols["step"]):
-        plain_run.log_sample(
-            step, cols["b_small"][i], cols["b_big"][i], cols["g_small_sq"][i], cols["g_big_sq"][i]
-        )
+    for i in range(len(cols["step"])):
+        plain_run.log_sample(*log_sample_args(cols, i))
     plain_run.finish()
     at = make_app(url, "compare_runs", runs=[plain_run.id])
     assert not at.exception

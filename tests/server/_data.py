@@ -42,6 +42,18 @@ def columns(
     }
 
 
+def log_sample_args(cols: dict[str, list[Any]], i: int) -> tuple[Any, Any, Any, Any, Any]:
+    """Sample ``i`` of ``columns(...)`` as ``Run.log_sample``'s positional arguments: step,
+    b_small, b_big, g_small_sq, g_big_sq (a test logging through the client)."""
+    return (
+        cols["step"][i],
+        cols["b_small"][i],
+        cols["b_big"][i],
+        cols["g_small_sq"][i],
+        cols["g_big_sq"][i],
+    )
+
+
 def expected_sums(cols: dict[str, list[Any]]) -> tuple[float, float]:
     """sum |𝒢|^2 and sum 𝒮 over the samples, straight from the estimator module."""
     g_total = s_total = 0.0
