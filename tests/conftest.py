@@ -77,12 +77,8 @@ def db_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def live_server() -> Iterator[ServerProcess]:
     """A real server (``python -m noisescope_server``) on a temporary SQLite database."""
-    server = ServerProcess()
-    server.start()
-    try:
+    with ServerProcess() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

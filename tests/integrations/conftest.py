@@ -24,12 +24,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     path: Path = tmp_path_factory.mktemp("integrations-db") / "noisescope.db"
-    proc = ServerProcess(database_url=f"sqlite:///{path}")
-    proc.start()
-    try:
+    with ServerProcess(database_url=f"sqlite:///{path}") as proc:
         yield proc
-    finally:
-        proc.close()
 
 
 @pytest.fixture(autouse=True)

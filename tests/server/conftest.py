@@ -38,15 +38,9 @@ def engine(backend_url: str) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def server(backend_url: str) -> Iterator[ServerProcess]:
     """A real server (auth off; 1 MiB body limit so limit tests stay small)."""
-    proc = ServerProcess(
-        database_url=backend_url,
-        env={"NOISESCOPE_MAX_BODY_BYTES": str(1 << 20), "NOISESCOPE_MAX_SAMPLES": "10000"},
-    )
-    proc.start()
-    try:
+    limits = {"NOISESCOPE_MAX_BODY_BYTES": str(1 << 20), "NOISESCOPE_MAX_SAMPLES": "10000"}
+    with ServerProcess(database_url=backend_url, env=limits) as proc:
         yield proc
-    finally:
-        proc.close()
 
 
 @pytest.fixture

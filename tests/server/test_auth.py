@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
 from tests.server._data import columns, run_body
+from tests.support.database import query
 from tests.support.servers import ServerProcess
 
 API = "/api/v1"
@@ -19,12 +19,8 @@ ADMIN = "admin-secret-for-tests"
 
 
 def _server(url: str, auth: str) -> Iterator[ServerProcess]:
-    proc = ServerProcess(database_url=url, auth=auth, env={"NOISESCOPE_ADMIN_TOKEN": ADMIN})
-    proc.start()
-    try:
+    with ServerProcess(database_url=url, auth=auth, env={"NOISESCOPE_ADMIN_TOKEN": ADMIN}) as proc:
         yield proc
-    finally:
-        proc.close()
 
 
 @pytest.fixture(scope="module")
@@ -161,11 +157,8 @@ def test_secrets_are_stored_hashed_and_never_logged(
 ) -> None:
     secret = projects["a"]
     httpx.get(f"{write_server.url}{API}/runs", headers=_bearer(secret))
-    engine = create_engine(backend_url)
-    with engine.connect() as conn:
-        hashes = {r[0] for r in conn.execute(text("SELECT token_hash FROM token"))}
-        dump = " ".join(str(v) for row in conn.execute(text("SELECT * FROM token")) for v in row)
-    engine.dispose()
+    hashes = {r.token_hash for r in query(backend_url, "SELECT token_hash FROM token")}
+    dump = " ".join(str(v) for row in query(backend_url, "SELECT * FROM token") for v in row)
     assert hashlib.sha256(secret.encode()).hexdigest() in hashes
     assert secret not in dump
     assert secret not in write_server.log()

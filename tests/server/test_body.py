@@ -78,11 +78,8 @@ def slow_server() -> Iterator[ServerProcess]:
     """A server with a 2 s read timeout, logging at info level."""
     proc = ServerProcess(env={"NOISESCOPE_READ_TIMEOUT": "2"})
     proc.command = lambda: [*ServerProcess.command(proc)[:-1], "info"]  # type: ignore[method-assign]
-    proc.start()
-    try:
+    with proc:
         yield proc
-    finally:
-        proc.close()
 
 
 def _connect(server: ServerProcess) -> socket.socket:
