@@ -79,10 +79,10 @@ def critical_batch(
             .where(Project.name == project, Task.name == task)
         ).first()
         if found is None:
-            raise NotFound(f"task {project!r}/{task!r} does not exist")
+            raise NotFound(f"task {project!r:.100}/{task!r:.100} does not exist")
         task_id, project_id = int(found[0]), int(found[1])
         if project_scope is not None and project_id != project_scope:
-            raise Forbidden(f"this token does not grant access to project {project!r}")
+            raise Forbidden(f"this token does not grant access to project {project!r:.100}")
         # Branch runs (noisescope.branch) continue another run from its checkpoint: they do not
         # start at initialisation, so they are no points of the sweep.
         n_branches = conn.execute(
