@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,41 +10,26 @@ import numpy as np
 import torch
 from torch import nn
 
+from noisescope._sink import Sink
 from tests.estimators.lsq_truth import LeastSquares
+
+_LOG_SAMPLE = inspect.signature(Sink.log_sample)
 
 
 @dataclass
 class ListSink:
-    """The probe's sink contract (noisescope.Run.log_sample), collecting rows in a list."""
+    """The probe's sink contract (noisescope.Run.log_sample), collecting rows in a list.
+
+    Arguments are bound against ``Sink.log_sample`` itself, so a row has exactly the protocol's
+    fields (its defaults filled in) and a call the protocol would refuse raises ``TypeError``.
+    """
 
     rows: list[dict[str, Any]] = field(default_factory=list)
 
-    def log_sample(
-        self,
-        step: int,
-        b_small: float,
-        b_big: float,
-        g_small_sq: float,
-        g_big_sq: float,
-        *,
-        examples: float | None = None,
-        series: str = "",
-        loss: float | None = None,
-        lr: float | None = None,
-    ) -> None:
-        self.rows.append(
-            {
-                "step": step,
-                "b_small": b_small,
-                "b_big": b_big,
-                "g_small_sq": g_small_sq,
-                "g_big_sq": g_big_sq,
-                "examples": examples,
-                "series": series,
-                "loss": loss,
-                "lr": lr,
-            }
-        )
+    def log_sample(self, *args: Any, **kwargs: Any) -> None:
+        bound = _LOG_SAMPLE.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        self.rows.append({k: v for k, v in bound.arguments.items() if k != "self"})
 
     def series(self, name: str = "") -> list[dict[str, Any]]:
         return [r for r in self.rows if r["series"] == name]
