@@ -14,7 +14,7 @@ from typing import Any, cast
 import altair as alt
 import pandas as pd
 
-from noisescope._results import RunBranches, RunSeries
+from noisescope import RunBranches, RunSeries
 from noisescope.forecast import ForecastReport
 from noisescope_dashboard import _frames, _text
 

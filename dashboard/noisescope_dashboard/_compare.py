@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pandas as pd
 import streamlit as st
 
-from noisescope._results import RunSummary
+from noisescope import RunSummary
 
 from . import _charts, _data, _frames, _state, _text
 from ._ui import chart_with_downloads

@@ -16,11 +16,11 @@ from typing import Literal
 
 import streamlit as st
 
-from noisescope import Api
-from noisescope._api import RecommendationResult
-from noisescope._results import (
+from noisescope import (
+    Api,
     EventRow,
     ParallelismPlan,
+    RecommendationResult,
     RunBranches,
     RunSeries,
     RunSummary,

@@ -18,7 +18,7 @@ from typing import Any, cast
 import altair as alt
 import pandas as pd
 
-from noisescope._results import RunBranches, RunSeries, RunSummary
+from noisescope import RunBranches, RunSeries, RunSummary
 from noisescope_dashboard import _text
 from noisescope_dashboard._charts._axes import SCHEME, TALL, scale_axis, wide_legend
 

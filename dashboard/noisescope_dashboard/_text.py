@@ -13,8 +13,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from noisescope import _format
-from noisescope._results import RunSummary
+from noisescope import RunSummary, _format
 from noisescope.estimators import CURRENT_FRACTION, CURRENT_MAX_REL_WIDTH, CURRENT_MIN_SAMPLES
 
 __all__ = [

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from noisescope._results import EventRow, RunSeries
+from noisescope import EventRow, RunSeries
 from noisescope_dashboard import _text
 
 _SERIES_COLUMNS = [

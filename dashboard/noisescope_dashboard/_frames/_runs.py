@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
-from noisescope._results import RunSeries, RunSummary, TaskSummary
+from noisescope import RunSeries, RunSummary, TaskSummary
 from noisescope_dashboard import _text
 
 

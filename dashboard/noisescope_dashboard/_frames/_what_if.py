@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from noisescope._results import ParallelismPlan
+from noisescope import ParallelismPlan
 from noisescope_dashboard import _text
 
 
