@@ -24,6 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from noisescope import _wire
+
 # SQLite only auto-increments an INTEGER PRIMARY KEY, not a BIGINT one.
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -88,22 +90,16 @@ class Run(Base):
     branch_step: Mapped[int | None] = mapped_column(BigInteger)
 
 
+#: Where the per-sample estimates stand among the wire columns: right after the two squared
+#: norms they are computed from.
+_NORMS_END = _wire.SAMPLE_COLUMNS.index("g_big_sq") + 1
 #: A sample's stored columns after ``run_id``, in table order: the wire columns plus the
 #: per-sample estimates. The insert path and the CSV export both follow it.
 SAMPLE_COLUMNS: Final = (
-    "seq",
-    "step",
-    "examples",
-    "b_small",
-    "b_big",
-    "g_small_sq",
-    "g_big_sq",
+    *_wire.SAMPLE_COLUMNS[:_NORMS_END],
     "g_sq_est",
     "trace_sigma_est",
-    "loss",
-    "lr",
-    "time",
-    "series",
+    *_wire.SAMPLE_COLUMNS[_NORMS_END:],
 )
 
 
