@@ -12,12 +12,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from noisescope_server.cli import server_command
 
 __all__ = ["ServerProcess", "free_port", "wait_for_health"]
 
@@ -83,23 +84,9 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "noisescope_server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            str(self.workers),
-            "--auth",
-            self.auth,
-            "--database-url",
-            self.database_url,
-            "--log-level",
-            "warning",
-        ]
+        return server_command(
+            self.port, auth=self.auth, workers=self.workers, database_url=self.database_url
+        )
 
     def start(self) -> ServerProcess:
         """Start and wait for health. An auto-picked port that another process grabbed in the

@@ -13,7 +13,15 @@ distribution is installed; ``python -m noisescope_server`` runs ``noisescope ser
 from __future__ import annotations
 
 from noisescope_server.cli._parser import main, register
-from noisescope_server.cli._processes import dashboard_command, dashboard_env
+from noisescope_server.cli._processes import dashboard_command, dashboard_env, server_command
 from noisescope_server.cli._serve import bind_socket, serve
 
-__all__ = ["bind_socket", "dashboard_command", "dashboard_env", "main", "register", "serve"]
+__all__ = [
+    "bind_socket",
+    "dashboard_command",
+    "dashboard_env",
+    "main",
+    "register",
+    "serve",
+    "server_command",
+]

@@ -20,6 +20,21 @@ from noisescope_server.cli._serve import port_problem, url_host
 DEFAULT_DASHBOARD_PORT = 8501
 
 
+def server_command(
+    port: int, *, auth: str = "off", workers: int | None = None, database_url: str | None = None
+) -> list[str]:
+    """The command line for a server process on 127.0.0.1 (``noisescope up``'s and the tests'),
+    logging warnings only; settings not given come from its environment."""
+    command = [sys.executable, "-m", "noisescope_server", "--host", "127.0.0.1"]
+    command += ["--port", str(port)]
+    if workers is not None:
+        command += ["--workers", str(workers)]
+    command += ["--auth", auth]
+    if database_url is not None:
+        command += ["--database-url", database_url]
+    return [*command, "--log-level", "warning"]
+
+
 def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
     """The Streamlit command line for the dashboard app shipped with this distribution; the
     server it reads comes from its environment (``dashboard_env``).
@@ -132,22 +147,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         else f"noisescope up: database schema is current (revision {after})"
     )
     env = {**os.environ, **settings.to_env()}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "noisescope_server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(args.port),
-            "--auth",
-            "off",
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-    )
+    server = subprocess.Popen(server_command(args.port), env=env)
     procs = [server]
     try:
         server_url = f"http://127.0.0.1:{args.port}"
