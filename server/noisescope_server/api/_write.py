@@ -1,5 +1,6 @@
-"""The one way a route writes to a run: the id checked before any byte of the body is read,
-the body within the size limit, the database work off the event loop."""
+"""The one way a route writes to a run: the body within the size limit, the database work off
+the event loop. The run id in the URL is checked before routing (``run_ids.RunIdGuard``), so
+no byte of a body is read for an invalid one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import TypeVar
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from noisescope_server import crud
 from noisescope_server.api._body import read_body
 from noisescope_server.settings import Settings
 
@@ -18,10 +18,7 @@ __all__ = ["write_to_run"]
 T = TypeVar("T")
 
 
-async def write_to_run(
-    request: Request, settings: Settings, run_id: str, write: Callable[[bytes], T]
-) -> T:
+async def write_to_run(request: Request, settings: Settings, write: Callable[[bytes], T]) -> T:
     """``write(body)``'s answer, run in the thread pool (it blocks on the database)."""
-    crud.check_run_uid(run_id)
     raw = await read_body(request, settings.max_body_bytes)
     return await run_in_threadpool(write, raw)

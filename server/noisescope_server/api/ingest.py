@@ -47,7 +47,6 @@ async def post_samples(
     return await write_to_run(
         request,
         settings,
-        run_id,
         partial(_ingest_samples, engine, run_id, settings.max_samples, scope),
     )
 
@@ -72,9 +71,7 @@ def _ingest_events(engine: Engine, run_id: str, scope: int | None, raw: bytes) -
 async def post_events(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> IngestResult:
-    return await write_to_run(
-        request, settings, run_id, partial(_ingest_events, engine, run_id, scope)
-    )
+    return await write_to_run(request, settings, partial(_ingest_events, engine, run_id, scope))
 
 
 @router.post(
@@ -88,7 +85,6 @@ async def post_events(
 async def post_heartbeat(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> Response:
-    crud.check_run_uid(run_id)
     if (await read_body(request, 1024)).strip() not in (b"", b"{}"):
         raise HTTPException(422, "a heartbeat has no body: send an empty POST")
     await run_in_threadpool(crud.touch_run, engine, run_id, project_scope=scope)

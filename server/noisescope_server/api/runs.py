@@ -70,9 +70,7 @@ async def put_run(
     settings: SettingsDep,
     scope: WriteScope,
 ) -> RunPutResult:
-    result = await write_to_run(
-        request, settings, run_id, partial(_put, engine, settings, run_id, scope)
-    )
+    result = await write_to_run(request, settings, partial(_put, engine, settings, run_id, scope))
     response.status_code = 201 if result.created else 200
     return result
 
@@ -101,6 +99,4 @@ def _patch(
 async def patch_run(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> RunPutResult:
-    return await write_to_run(
-        request, settings, run_id, partial(_patch, engine, settings, run_id, scope)
-    )
+    return await write_to_run(request, settings, partial(_patch, engine, settings, run_id, scope))
