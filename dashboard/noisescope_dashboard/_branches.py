@@ -17,6 +17,7 @@ import pandas as pd
 from noisescope import RunBranches, RunSeries
 from noisescope.forecast import ForecastReport
 from noisescope_dashboard import _frames, _text
+from noisescope_dashboard._charts._axes import interval_ends, log_extent
 
 __all__ = [
     "B_SIMPLE",
@@ -139,10 +140,8 @@ def chart(b_simple: pd.DataFrame, measured: pd.DataFrame, *, units: str) -> alt.
     band = band[band["lo"] > 0]
     pts = measured[(measured["value"] > 0) & (measured["step"] > 0)].copy()
     values = [*line["value"], *pts["value"], *pts["lo"].dropna(), *pts["hi"].dropna()]
-    finite = [v for v in values if v > 0 and math.isfinite(v)] or [1.0, 10.0]
-    y_lo, y_hi = min(finite) / 2, max(finite) * 2
-    pts["lo_shown"] = [y_lo if v is None or not v > 0 else v for v in pts["lo"]]
-    pts["hi_shown"] = [y_hi if v is None or not math.isfinite(v) else v for v in pts["hi"]]
+    y_lo, y_hi = log_extent(values, 2.0)
+    pts["lo_shown"], pts["hi_shown"] = interval_ends(pts["lo"], pts["hi"], y_lo, y_hi)
     x = alt.X("step:Q", scale=alt.Scale(type="log"), title="step")
     scale = alt.Scale(type="log", domain=[y_lo, y_hi], nice=False, clamp=True)
     y = alt.Y("value:Q", scale=scale, title=f"batch size ({_text.units_word(units)})")

@@ -20,7 +20,14 @@ import pandas as pd
 
 from noisescope import RunBranches, RunSeries, RunSummary
 from noisescope_dashboard import _text
-from noisescope_dashboard._charts._axes import SCHEME, TALL, scale_axis, wide_legend
+from noisescope_dashboard._charts._axes import (
+    SCHEME,
+    TALL,
+    interval_ends,
+    log_extent,
+    scale_axis,
+    wide_legend,
+)
 
 __all__ = ["B_SIMPLE", "LOCAL", "LOWER", "SIZE_KEYS", "TITLE", "chart", "marks", "size_label"]
 
@@ -132,10 +139,8 @@ def chart(
     band = band[band["lo"] > 0]
     pts = ok[ok["quantity"] != B_SIMPLE].copy()
     values = [*ok["value"], *band["lo"], *band["hi"], *pts["lo"].dropna(), *pts["hi"].dropna()]
-    finite = [v for v in values if v > 0 and math.isfinite(v)] or [1.0, 10.0]
-    y_lo, y_hi = min(finite) / 1.5, max(finite) * 1.5
-    pts["lo_shown"] = [y_lo if not (v > 0) else v for v in pts["lo"]]
-    pts["hi_shown"] = [y_hi if not math.isfinite(v) else v for v in pts["hi"]]
+    y_lo, y_hi = log_extent(values, 1.5)
+    pts["lo_shown"], pts["hi_shown"] = interval_ends(pts["lo"], pts["hi"], y_lo, y_hi)
     x_scale, x_axis = scale_axis(list(ok[x]), log_x, reverse=x == "loss")
     x_title = "loss (falls to the right)" if x == "loss" else f"{_text.units_word(units)} seen"
     x_enc = alt.X(f"{x}:Q", title=x_title, scale=x_scale, axis=x_axis)

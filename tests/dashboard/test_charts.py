@@ -10,6 +10,7 @@ import pytest
 
 from noisescope_dashboard import _charts
 from noisescope_dashboard._charts import log_ticks
+from noisescope_dashboard._charts._axes import interval_ends, log_extent
 
 from ._vega import spec_layers
 
@@ -61,6 +62,22 @@ def test_log_ticks_ignore_what_a_log_axis_cannot_draw() -> None:
     assert log_ticks([]) is None
     assert log_ticks([0.0, -1.0, float("nan")]) is None
     assert log_ticks([0.0, 10.0, 20.0]) is not None
+
+
+def test_interval_ends_reach_the_axis_below_and_stay_open_above() -> None:
+    """One rule for every log-axis interval: a lower end missing or <= 0 is drawn at the
+    floor, an upper end missing or infinite at the ceiling; finite ends stay as they are."""
+    nan, inf = float("nan"), math.inf
+    lo, hi = interval_ends(
+        [5.0, 0.0, -2.0, None, nan], [50.0, inf, None, nan, 7.0], floor=1.0, ceiling=100.0
+    )
+    assert lo == [5.0, 1.0, 1.0, 1.0, 1.0]
+    assert hi == [50.0, 100.0, 100.0, 100.0, 7.0]
+
+
+def test_log_extent_pads_the_positive_finite_values() -> None:
+    assert log_extent([4.0, None, -1.0, 0.0, math.inf, 20.0], 2.0) == (2.0, 40.0)
+    assert log_extent([None, 0.0], 2.0) == (0.5, 20.0)
 
 
 def test_b_simple_chart_band_line_batch_and_one_legend() -> None:

@@ -11,7 +11,6 @@ import pytest
 
 from noisescope._results import EventRow, RunSummary
 from noisescope_dashboard import _frames, _text
-from noisescope_dashboard._frames._critical import _clip
 
 
 def _run(**changes: object) -> RunSummary:
@@ -88,10 +87,6 @@ def test_event_marks_leave_out_evaluations_and_notices() -> None:
     assert _frames.event_marks(events, points, "time", t0=1.0)["x"].tolist() == [4.0, 6.0]
     evals = _frames.eval_points(events, points, "step")
     assert evals.to_dict("records") == [{"step": 20, "loss": 0.4, "x": 20.0}]
-
-
-def test_intervals_that_reach_zero_are_drawn_to_the_axis() -> None:
-    assert _clip([0.0, 5.0, None], 1.0, 100.0) == [1.0, 5.0, 100.0]
 
 
 @pytest.mark.parametrize(

@@ -95,6 +95,24 @@ def drawable(frame: pd.DataFrame, columns: Sequence[str], log: bool) -> pd.DataF
     return out
 
 
+def log_extent(values: Iterable[float | None], pad: float) -> tuple[float, float]:
+    """A log axis's extent: the positive finite ``values`` widened by the factor ``pad`` each
+    way (1 to 10, widened, when there are none)."""
+    shown = [v for v in values if v is not None and math.isfinite(v) and v > 0] or [1.0, 10.0]
+    return min(shown) / pad, max(shown) * pad
+
+
+def interval_ends(
+    lo: Iterable[float | None], hi: Iterable[float | None], floor: float, ceiling: float
+) -> tuple[list[float], list[float]]:
+    """Interval ends a log axis can draw: a lower end missing or at or below 0 becomes
+    ``floor`` (the interval reaches the axis), an upper end missing or infinite ``ceiling``
+    (it is open above). Tooltips give the true interval."""
+    lo_shown = [v if v is not None and math.isfinite(v) and v > 0 else floor for v in lo]
+    hi_shown = [v if v is not None and math.isfinite(v) else ceiling for v in hi]
+    return lo_shown, hi_shown
+
+
 def values_in(frame: pd.DataFrame, *names: str) -> list[float]:
     """Every present value of the named columns (those the frame has), to fit an axis to."""
     out: list[float] = []

@@ -3,17 +3,21 @@ B_simple, with interval ends clipped to what a log axis can draw."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 
 from noisescope.sweep import CriticalBatchReport, TargetResult
 from noisescope_dashboard import _text
+from noisescope_dashboard._charts._axes import interval_ends, log_extent
 
 B_CRIT = "B_crit (sweep fit)"
 B_SIMPLE_AT_LOSS = "B_simple at the same loss"
+
+#: The critical-batch charts end their log axis this factor beyond the data (interval ends
+#: past it are drawn at it).
+_PAD = 3.0
 
 
 def frontier_text(target: TargetResult) -> str:
@@ -94,27 +98,6 @@ def sweep_curves(report: CriticalBatchReport) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["target", "batch_size", "steps", "examples"])
 
 
-def _clip(values: Sequence[float | None], floor: float, ceiling: float) -> list[float]:
-    """Interval ends a log axis can draw: a lower end at or below 0 becomes ``floor``, a
-    missing upper end ``ceiling`` (the tooltip still gives the true interval)."""
-    out = []
-    for v in values:
-        if v is None or not math.isfinite(v):
-            out.append(ceiling)
-        elif v <= 0:
-            out.append(floor)
-        else:
-            out.append(v)
-    return out
-
-
-def _bounds(values: Iterable[float | None]) -> tuple[float, float]:
-    pos = [v for v in values if v is not None and math.isfinite(v) and v > 0]
-    if not pos:
-        return 1.0, 10.0
-    return min(pos) / 3.0, max(pos) * 3.0
-
-
 def bcrit_vs_loss(report: CriticalBatchReport) -> pd.DataFrame:
     """B_crit of each determined target and B_simple at each target's loss, with intervals:
     loss, value, lo, hi, lo_shown, hi_shown, quantity, interval."""
@@ -131,9 +114,8 @@ def bcrit_vs_loss(report: CriticalBatchReport) -> pd.DataFrame:
                 | {"quantity": B_SIMPLE_AT_LOSS}
             )
     frame = pd.DataFrame(rows, columns=["loss", "value", "lo", "hi", "quantity"])
-    floor, ceiling = _bounds(r["value"] for r in rows)
-    frame["lo_shown"] = _clip(list(frame["lo"]), floor, ceiling)
-    frame["hi_shown"] = _clip(list(frame["hi"]), floor, ceiling)
+    floor, ceiling = log_extent((r["value"] for r in rows), _PAD)
+    frame["lo_shown"], frame["hi_shown"] = interval_ends(frame["lo"], frame["hi"], floor, ceiling)
     frame["interval"] = [
         _text.interval(lo, hi) or "unknown" for lo, hi in zip(frame["lo"], frame["hi"], strict=True)
     ]
@@ -180,10 +162,11 @@ def tasks_b_simple_vs_b_crit(
     columns = ["task", "target", "units", "b_crit", "b_crit_lo", "b_crit_hi"]
     columns += ["b_simple", "b_simple_lo", "b_simple_hi"]
     frame = pd.DataFrame(points, columns=columns)
-    floor, ceiling = _bounds(list(frame["b_crit"]) + list(frame["b_simple"]))
+    floor, ceiling = log_extent([*frame["b_crit"], *frame["b_simple"]], _PAD)
     for q in ("b_crit", "b_simple"):
-        frame[f"{q}_lo_shown"] = _clip(list(frame[f"{q}_lo"]), floor, ceiling)
-        frame[f"{q}_hi_shown"] = _clip(list(frame[f"{q}_hi"]), floor, ceiling)
+        frame[f"{q}_lo_shown"], frame[f"{q}_hi_shown"] = interval_ends(
+            frame[f"{q}_lo"], frame[f"{q}_hi"], floor, ceiling
+        )
         frame[f"{q}_interval"] = [
             _text.interval(lo, hi) or "unknown"
             for lo, hi in zip(frame[f"{q}_lo"], frame[f"{q}_hi"], strict=True)
