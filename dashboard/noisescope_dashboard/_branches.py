@@ -17,7 +17,7 @@ import pandas as pd
 from noisescope import RunBranches, RunSeries
 from noisescope.forecast import ForecastReport
 from noisescope_dashboard import _frames, _text
-from noisescope_dashboard._charts._axes import interval_ends, log_extent
+from noisescope_dashboard._charts._axes import interval_ends, interval_rule, log_extent
 
 __all__ = [
     "B_SIMPLE",
@@ -170,11 +170,7 @@ def chart(b_simple: pd.DataFrame, measured: pd.DataFrame, *, units: str) -> alt.
             alt.Tooltip("value:Q", title="value", format=",.3~g"),
             alt.Tooltip("interval:N", title="90% interval"),
         ]
-        layers.append(
-            alt.Chart(pts)
-            .mark_rule(strokeWidth=2)
-            .encode(x=x, y=alt.Y("lo_shown:Q", scale=scale), y2="hi_shown:Q", color=color)
-        )
+        layers.append(interval_rule(pts, x, scale, color))
         layers.append(
             alt.Chart(pts)
             .mark_point(filled=True, size=80)

@@ -24,6 +24,7 @@ from noisescope_dashboard._charts._axes import (
     SCHEME,
     TALL,
     interval_ends,
+    interval_rule,
     log_extent,
     scale_axis,
     wide_legend,
@@ -191,11 +192,7 @@ def chart(
             alt.Tooltip("interval:N", title="90% interval"),
         ]
         shown = [q for q in _SHAPES if q in set(pts["quantity"])]
-        layers.append(
-            alt.Chart(pts)
-            .mark_rule(strokeWidth=2)
-            .encode(x=x_enc, y=alt.Y("lo_shown:Q", scale=y_scale), y2="hi_shown:Q", color=color)
-        )
+        layers.append(interval_rule(pts, x_enc, y_scale, color))
         layers.append(
             alt.Chart(pts)
             .mark_point(filled=True, size=90, stroke="black", strokeWidth=0.5)

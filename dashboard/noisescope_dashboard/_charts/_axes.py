@@ -113,6 +113,16 @@ def interval_ends(
     return lo_shown, hi_shown
 
 
+def interval_rule(frame: pd.DataFrame, x: alt.X, scale: alt.Scale, color: alt.Color) -> alt.Chart:
+    """Each point's interval as a vertical rule between its drawable ends (``lo_shown`` and
+    ``hi_shown``, from ``interval_ends``) on the y ``scale``."""
+    rule = alt.Chart(frame).mark_rule(strokeWidth=2)
+    return cast(
+        alt.Chart,
+        rule.encode(x=x, y=alt.Y("lo_shown:Q", scale=scale), y2="hi_shown:Q", color=color),
+    )
+
+
 def values_in(frame: pd.DataFrame, *names: str) -> list[float]:
     """Every present value of the named columns (those the frame has), to fit an axis to."""
     out: list[float] = []
