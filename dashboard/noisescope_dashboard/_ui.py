@@ -149,23 +149,19 @@ def chart_with_downloads(
         st.caption(caption)
     st.altair_chart(chart, width="stretch" if stretch else "content", key=f"chart_{key}")
     row = st.container(horizontal=True)
-    row.download_button(
-        "PNG",
-        data=lambda: _png(chart, title),
-        file_name=f"{name}.png",
-        mime="image/png",
-        key=f"png_{key}",
-        on_click="ignore",
-        icon=":material/image:",
-        width="content",
-    )
-    row.download_button(
-        "CSV",
-        data=_csv(frame),
-        file_name=f"{name}.csv",
-        mime="text/csv",
-        key=f"csv_{key}",
-        on_click="ignore",
-        icon=":material/download:",
-        width="content",
-    )
+    # label, data (the PNG rendered only when clicked), file extension, MIME type, icon
+    downloads: list[tuple[str, Any, str, str, str]] = [
+        ("PNG", lambda: _png(chart, title), "png", "image/png", ":material/image:"),
+        ("CSV", _csv(frame), "csv", "text/csv", ":material/download:"),
+    ]
+    for label, data, ext, mime, icon in downloads:
+        row.download_button(
+            label,
+            data=data,
+            file_name=f"{name}.{ext}",
+            mime=mime,
+            key=f"{ext}_{key}",
+            on_click="ignore",
+            icon=icon,
+            width="content",
+        )
