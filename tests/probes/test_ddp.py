@@ -146,9 +146,11 @@ def ddp_rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-def _direct(cfg: dict[str, int]) -> list[tuple[float, float]]:
-    """Per step: mean over ranks and micro-batches of |local micro gradient|^2, |all-reduced|^2."""
-    p, w = _problem(cfg["d"])
+def _direct(cfg: dict[str, int], w: np.ndarray | None = None) -> list[tuple[float, float]]:
+    """Per step: mean over ranks and micro-batches of |local micro gradient|^2, |all-reduced|^2
+    (at ``w``, default the problem's)."""
+    p, w0 = _problem(cfg["d"])
+    w = w0 if w is None else w
     out = []
     for step in range(cfg["steps"]):
         x, y = _batches(p, step, cfg["k"], cfg["b"])

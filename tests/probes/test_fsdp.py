@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -122,9 +123,13 @@ def fsdp_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-def _direct_per_example(d: int, steps: int, k: int, b: int) -> list[tuple[float, float]]:
-    """Per step: mean over all ranks' examples of |per-example gradient|^2, |reduced|^2."""
-    p, w = _problem(d)
+def _direct_per_example(
+    d: int, steps: int, k: int, b: int, w: np.ndarray | None = None
+) -> list[tuple[float, float]]:
+    """Per step: mean over all ranks' examples of |per-example gradient|^2, |reduced|^2 (at
+    ``w``, default the problem's)."""
+    p, w0 = _problem(d)
+    w = w0 if w is None else w
     out = []
     for step in range(steps):
         x, y = _batches(p, step, k, b)

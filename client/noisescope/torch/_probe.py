@@ -28,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 from noisescope._sink import Sink
 
 from . import _normalise, _rows, _torch_api
+from ._deepspeed import STEP_ORDER, EngineGrads
 from ._instrument import _identity as _not_instrumented
 from ._instrument import current as _instrumentation
 from ._misuse import SINGLE_BATCH_SIZE, STALE_GRAPH, GradWatch, notice
@@ -150,6 +151,20 @@ class GradientNoiseProbe:
         self._first_only = small_batches == "first"
         self._n_micro = 0  # backwards recorded in the current step
         self.layout = detect(model, process_group)
+        #: DeepSpeed: the engine's loss scale, steps and reduced-gradient norm
+        self._engine: EngineGrads | None = None
+        if self.layout.kind == "deepspeed":
+            if layers is not False:
+                raise ValueError(
+                    "layers= is not supported under DeepSpeed: the probe reads the engine's "
+                    "one gradient norm for the whole model"
+                )
+            if scaler is not None:
+                raise ValueError(
+                    "scaler= is not used under DeepSpeed: the engine's fp16 loss scale is read "
+                    "from the engine itself"
+                )
+            self._engine = EngineGrads(self.layout.engine)
         self.process_group = self.layout.process_group
         self.distributed = self.layout.distributed
         self.world_size = self.layout.world_size
@@ -177,8 +192,10 @@ class GradientNoiseProbe:
             self.distributed, deferred,
         )  # fmt: skip
         self._sums = StepSums(
-            self._rows, self._readout, self._slot_matrix, micro_loss, scaler, self.layout.sharded
-        )
+            self._rows, self._readout, self._slot_matrix, micro_loss, scaler, self.layout.sharded,
+            self._engine.reduced_sq if self._engine is not None else None,
+        )  # fmt: skip
+        self._loss_scale = 1.0  # DeepSpeed fp16: the current step's, read at its first backward
 
         self.step_count = 0  # optimizer steps seen (measured or not)
         self.measured_steps = 0
@@ -219,8 +236,9 @@ class GradientNoiseProbe:
         owner = next(m for m in inner.modules() if _owns(m, self.params[0]))
         # a compiled model's own forward runs eagerly; hooks inside it would be traced
         entries = [self.layout.compiled] if self.layout.compiled is not None else [inner, owner]
-        self._watch = GradWatch(entries[-1:], self.params, self._wrap)  # one hook per forward
-        self._watch.armed = self._armed
+        if self._engine is None:  # DeepSpeed: the engine unscales and clips after the norm
+            self._watch = GradWatch(entries[-1:], self.params, self._wrap)  # one per forward
+            self._watch.armed = self._armed
         if self.source == "micro":
             rows, wrap, fail = self._rows, self._wrap, self._fail
             if self.layout.sharded:  # the forward's unsharded parameters get the hooks
@@ -331,8 +349,13 @@ class GradientNoiseProbe:
         """
         if not batch_size > 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self._step_items += float(batch_size)
         first = self._n_micro == 0
+        if self._engine is not None:
+            if self._n_micro and self._engine.pending_step():
+                raise RuntimeError(f"noisescope: {STEP_ORDER}")
+            if first:
+                self._loss_scale = self._engine.loss_scale()
+        self._step_items += float(batch_size)
         self._n_micro += 1
         read_grad, self._read_grad = self._read_grad, False
         armed = self._armed
@@ -384,7 +407,18 @@ class GradientNoiseProbe:
         ``optimizer.step()``. ``batch_size`` is a shorthand for a final ``micro_step``. Returns
         the whole-model sample logged in this call: this step's (immediate readout), the
         previous measured step's (deferred), or None.
+
+        Under DeepSpeed: call after ``engine.step()``, on every micro-batch (``micro_step``
+        after each ``engine.backward``); it closes a step only when the engine took one.
         """
+        if self._engine is not None:
+            if batch_size is not None:
+                raise ValueError(
+                    "under DeepSpeed pass batch_size to probe.micro_step() after each "
+                    "engine.backward(), not to probe.step() (which comes after engine.step())"
+                )
+            if not self._engine.stepped():
+                return None  # accumulating: the engine's step is still to come
         if batch_size is not None:
             self.micro_step(batch_size, grad_scale=grad_scale, item_counts=item_counts)
         armed = self.step_count % self.every == 0  # the schedule: the same on every rank
@@ -405,7 +439,9 @@ class GradientNoiseProbe:
                 logged = self.flush()  # deferred: the last measured step, long computed
                 if self.error is None:
                     try:
-                        reduced, local = self._sums.pack(micros, misuse is not None)
+                        reduced, local = self._sums.pack(
+                            micros, misuse is not None, self._loss_scale
+                        )
                     except Exception as exc:
                         self._fail(exc)
                     else:

@@ -9,6 +9,7 @@ kept on the device, is divided out of both squared norms.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,14 +59,20 @@ class StepSums:
         micro_loss: MicroLoss,
         scaler: Any,
         sharded: bool,
+        reduced_sq: Callable[[torch.device], Tensor] | None = None,
     ) -> None:
         self.rows, self.readout, self.slot_matrix = rows, readout, slot_matrix
         self.micro_loss, self.scaler, self.sharded = micro_loss, scaler, sharded
+        #: where |G_big|^2 comes from when not ``.grad`` (DeepSpeed: the engine's norm)
+        self.reduced_sq = reduced_sq
         self.n_slots = slot_matrix.shape[1]
         self.device = rows.device
 
-    def pack(self, micros: list[Micro], misused: bool) -> tuple[Tensor, Tensor]:
-        """This rank's sums on the device: (summed over ranks, not summed)."""
+    def pack(
+        self, micros: list[Micro], misused: bool, loss_scale: float = 1.0
+    ) -> tuple[Tensor, Tensor]:
+        """This rank's sums on the device: (summed over ranks, not summed). ``loss_scale``:
+        a factor on the backwards' gradients only (DeepSpeed fp16: its norm is unscaled)."""
         scales = _normalise.grad_scales(
             self.micro_loss, [m.batch_size for m in micros], [m.grad_scale for m in micros]
         )
@@ -94,7 +101,8 @@ class StepSums:
                 inv_b_device = inv_b if inv_b_device is None else inv_b_device + inv_b
             per_example = sq_sum if per_example is None else per_example + sq_sum
             small_count += float(n_ex)
-        self.rows.read_grad_into(n_rows)  # the optimizer's gradient: after the backwards' rows
+        if self.reduced_sq is None:  # the optimizer's gradient: after the backwards' rows
+            self.rows.read_grad_into(n_rows)
         sum_c = sum(scales)
         sum_c2_over_b = sum(c * c / m.batch_size for m, c in zip(micros, scales, strict=True))
         n_items = sum(m.batch_size for m in micros)
@@ -104,7 +112,9 @@ class StepSums:
         small = host[:n_rows] @ squares[:n_rows]
         if per_example is not None:
             small = small + per_example.double()
-        big = squares[n_rows]
+        big = squares[n_rows] if self.reduced_sq is None else self.reduced_sq(self.device)
+        if loss_scale != 1.0:
+            small = small / (loss_scale * loss_scale)
         if self.scaler is not None and self.scaler.is_enabled():
             inv_sq = _torch_api.loss_scale(self.scaler, self.device).reciprocal().square()
             small, big = small * inv_sq, big * inv_sq

@@ -11,9 +11,11 @@
   G_small hooks go on the unsharded parameters (found in a forward pre-hook of each module
   that owns parameters, after FSDP's own pre-hook has put them there), and |G_big|^2 is the
   sum over ranks of the local shards' squared norms.
+- DeepSpeed ZeRO stages 1 and 2: whole parameters, hooked as under DDP; |G_big|^2 is the
+  engine's own norm of the reduced gradient (``_deepspeed``).
 
-Wrappers whose gradients cannot be read this way (FSDP1's flat parameters, DeepSpeed ZeRO's
-partitioned buffers, ``nn.DataParallel``) are refused with an error naming what is supported.
+Wrappers whose gradients cannot be read this way (FSDP1's flat parameters, ZeRO stage 3,
+``nn.DataParallel``) are refused with an error naming what is supported.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-Kind = Literal["single", "ddp", "fsdp2"]
+from . import _deepspeed
+
+Kind = Literal["single", "ddp", "fsdp2", "deepspeed"]
 
 SUPPORTED = (
-    "one process, torch.nn.parallel.DistributedDataParallel, or FSDP2 "
-    "(torch.distributed.fsdp.fully_shard over a 1-D device mesh)"
+    "one process, torch.nn.parallel.DistributedDataParallel, FSDP2 "
+    "(torch.distributed.fsdp.fully_shard over a 1-D device mesh), or a DeepSpeed engine "
+    "with ZeRO stage 1 or 2"
 )
 
 try:
@@ -51,6 +56,8 @@ class Layout:
     #: ``torch.compile``'s wrapper, if the model is compiled: its forward runs eagerly, so
     #: hooks that must not be traced (they would break the graph) go there, not on ``inner``
     compiled: nn.Module | None = None
+    #: the DeepSpeed engine around ``inner`` (kind "deepspeed")
+    engine: Any = None
 
     @property
     def distributed(self) -> bool:
@@ -64,13 +71,6 @@ class Layout:
 
 def _refuse(model: nn.Module) -> None:
     """Wrappers whose gradients the probe cannot read: an error, never a wrong number."""
-    name = f"{type(model).__module__}.{type(model).__qualname__}"
-    if name.startswith("deepspeed."):
-        raise TypeError(
-            f"noisescope: {type(model).__name__} (DeepSpeed) is not supported: ZeRO moves "
-            "the gradients out of .grad into its own partitioned buffers, which the probe does "
-            f"not read. Supported: {SUPPORTED}."
-        )
     fsdp1: Any = None
     with contextlib.suppress(ImportError):
         from torch.distributed.fsdp import FullyShardedDataParallel as fsdp1
@@ -115,9 +115,16 @@ def _uncompiled(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
 def detect(model: nn.Module, process_group: Any = None) -> Layout:
     """The layout of ``model``'s gradients (``process_group``: DDP's, default the world)."""
     model, compiled = _uncompiled(model)
-    _refuse(model)
     dist = torch.distributed
     initialized = dist.is_available() and dist.is_initialized()
+    if _deepspeed.is_engine(model):
+        _deepspeed.check(model)
+        engine: Any = model
+        inner, compiled_inner = _uncompiled(engine.module)
+        group = process_group if process_group is not None else _deepspeed.group(model)
+        world = dist.get_world_size(group) if initialized else 1
+        return Layout("deepspeed", inner, group, world, compiled or compiled_inner, model)
+    _refuse(model)
     if isinstance(model, nn.parallel.DistributedDataParallel):
         inner, compiled_inner = _uncompiled(model.module)
         compiled = compiled or compiled_inner
@@ -139,7 +146,7 @@ def detect(model: nn.Module, process_group: Any = None) -> Layout:
 
 def may_all_reduce(model: nn.Module, layout: Layout) -> bool:
     """Could the coming backward overwrite .grad with a reduced gradient?"""
-    if layout.sharded:
+    if layout.sharded or layout.kind == "deepspeed":
         return True
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
