@@ -131,10 +131,13 @@ def test_the_client_core_needs_only_requests() -> None:
 
 
 def test_the_probes_do_not_import_the_integrations() -> None:
+    """Torch only; DeepSpeed, optional, in the one module that reads its engines (imported
+    there only for a model whose class comes from it)."""
     assert not _violations("noisescope", "noisescope.torch", {"noisescope.integrations"})
-    assert _third_party(
-        [i for i in ALL_IMPORTS["noisescope"] if _part(i.module) == "noisescope.torch"]
-    ) <= {"torch"}
+    probes = [i for i in ALL_IMPORTS["noisescope"] if _part(i.module) == "noisescope.torch"]
+    assert _third_party(probes) <= {"torch", "deepspeed"}
+    users = {i.module for i in probes if _top(i.target) == "deepspeed"}
+    assert users <= {"noisescope.torch._deepspeed"}, users
 
 
 def test_the_server_never_imports_torch_probes_or_the_dashboard() -> None:

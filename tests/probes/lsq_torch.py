@@ -57,3 +57,16 @@ class Sampler:
 def mean_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     x, y = batch
     return 0.5 * (model(x).squeeze(-1) - y).square().mean()
+
+
+def finished(probe: Any, sink: ListSink) -> dict[str, Any]:
+    """Remove ``probe``; what a worker process reports of it (JSON): the rows and how the
+    probe saw the model."""
+    probe.remove()
+    return {
+        "rows": sink.rows,
+        "kind": probe.layout.kind,
+        "source": probe.source,
+        "world": probe.world_size,
+        "error": probe.error,
+    }

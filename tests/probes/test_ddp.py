@@ -13,25 +13,19 @@ inside a gradient hook, both ranks stop measuring at that step and train on.
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from noisescope.torch import GradientNoiseProbe, _rows
 from tests.estimators.lsq_truth import LeastSquares
+from tests.probes.gloo import WORLD, on_two_ranks
 from tests.probes.lsq_torch import ListSink, lsq_model
 from tests.probes.test_sources_truth import assert_truth
-from tests.support.servers import free_port
 
-WORLD = 2
 EXACT = {"d": 6, "steps": 5, "k": 2, "b": 8}
 TRUTH_DDP = {"d": 32, "steps": 600, "k": 1, "b": 256}
 TRUTH_COMBINED = {"d": 32, "steps": 300, "k": 2, "b": 128}
@@ -106,26 +100,17 @@ def _train(
     return {"rows": sink.rows, "error": probe.error, "weight": model.weight.flatten().tolist()}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # no hostname lookup (slow offline)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        result = {
-            "exact_ddp": _run_phase(rank, {**EXACT, "k": 1}),
-            "exact_combined": _run_phase(rank, EXACT),
-            "truth_ddp": _run_phase(rank, TRUTH_DDP),
-            "truth_combined": _run_phase(rank, TRUTH_COMBINED),
-            "exact_combined_deferred": _run_phase(rank, EXACT, readout="deferred"),
-            "failure": _train(rank, EXACT, fail=True, lr=0.01),
-            "failure_deferred": _train(rank, EXACT, fail=True, lr=0.01, readout="deferred"),
-            "no_failure": _train(rank, EXACT, lr=0.01),
-        }
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+def _work(rank: int) -> dict[str, Any]:
+    return {
+        "exact_ddp": _run_phase(rank, {**EXACT, "k": 1}),
+        "exact_combined": _run_phase(rank, EXACT),
+        "truth_ddp": _run_phase(rank, TRUTH_DDP),
+        "truth_combined": _run_phase(rank, TRUTH_COMBINED),
+        "exact_combined_deferred": _run_phase(rank, EXACT, readout="deferred"),
+        "failure": _train(rank, EXACT, fail=True, lr=0.01),
+        "failure_deferred": _train(rank, EXACT, fail=True, lr=0.01, readout="deferred"),
+        "no_failure": _train(rank, EXACT, lr=0.01),
+    }
 
 
 def _warm_ddp_imports() -> None:
@@ -135,15 +120,8 @@ def _warm_ddp_imports() -> None:
 
 @pytest.fixture(scope="module")
 def ddp_rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("ddp")
-    # fork: the children inherit the parent's imports (DDP's first use imports torch._dynamo,
-    # many seconds per process on a busy 2-core machine). Nothing here has started threads
-    # that a fork could break: no DataLoader workers, no CUDA.
     _warm_ddp_imports()
-    mp.start_processes(
-        _worker, args=(free_port(), str(out)), nprocs=WORLD, join=True, start_method="fork"
-    )
-    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return on_two_ranks(_work, tmp_path_factory.mktemp("ddp"))
 
 
 def _direct(cfg: dict[str, int], w: np.ndarray | None = None) -> list[tuple[float, float]]:

@@ -15,23 +15,19 @@ stage 0 engines are refused naming what is supported.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from noisescope.torch import GradientNoiseProbe
-from tests.probes.lsq_torch import ListSink, lsq_model
+from tests.probes.gloo import on_two_ranks
+from tests.probes.lsq_torch import ListSink, finished, lsq_model
 from tests.probes.test_ddp import WORLD, _batches, _direct, _problem
 from tests.probes.test_fsdp import _direct_per_example
 from tests.probes.test_sources_truth import assert_truth
-from tests.support.servers import free_port
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when DeepSpeed first picks a device
 deepspeed = pytest.importorskip("deepspeed")
@@ -123,15 +119,7 @@ def _train(
             probe.micro_step(batch_size=b)
             engine.step()
             probe.step()
-    probe.remove()
-    return {
-        "rows": sink.rows,
-        "kind": probe.layout.kind,
-        "source": probe.source,
-        "world": probe.world_size,
-        "error": probe.error,
-        "w": w.tolist(),
-    }
+    return {**finished(probe, sink), "w": w.tolist()}
 
 
 def _misuse(rank: int) -> dict[str, str]:
@@ -173,41 +161,23 @@ def _refused(stage: int) -> str:
     return "not refused"
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(WORLD),
-        LOCAL_WORLD_SIZE=str(WORLD),
-    )
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        result: dict[str, Any] = {
-            f"exact_{stage}_{source}_{k}_{precision}_{variant}": _train(
-                rank, stage, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], precision, variant
-            )
-            for stage, source, k, precision, variant in PHASES
-        }
-        for name, (stage, source, k, steps, b, precision) in TRUTH.items():
-            result[f"truth_{name}"] = _train(rank, stage, source, 32, k, steps, b, precision)
-        result["refused"] = {str(stage): _refused(stage) for stage in (0, 3)}
-        result["misuse"] = _misuse(rank)
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+def _work(rank: int) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        f"exact_{stage}_{source}_{k}_{precision}_{variant}": _train(
+            rank, stage, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], precision, variant
+        )
+        for stage, source, k, precision, variant in PHASES
+    }
+    for name, (stage, source, k, steps, b, precision) in TRUTH.items():
+        result[f"truth_{name}"] = _train(rank, stage, source, 32, k, steps, b, precision)
+    result["refused"] = {str(stage): _refused(stage) for stage in (0, 3)}
+    result["misuse"] = _misuse(rank)
+    return result
 
 
 @pytest.fixture(scope="module")
 def ds_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("deepspeed")
-    mp.start_processes(
-        _worker, args=(free_port(), str(out)), nprocs=WORLD, join=True, start_method="fork"
-    )
-    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return on_two_ranks(_work, tmp_path_factory.mktemp("deepspeed"))
 
 
 @pytest.mark.parametrize(("stage", "source", "k", "precision", "variant"), PHASES)

@@ -13,24 +13,19 @@ examples stated in ``TRUTH``) give |G|^2, tr(Sigma), B_simple within 3% of the c
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
 from noisescope.torch import GradientNoiseProbe
-from tests.probes.lsq_torch import ListSink, lsq_model
+from tests.probes.gloo import on_two_ranks
+from tests.probes.lsq_torch import ListSink, finished, lsq_model
 from tests.probes.test_ddp import WORLD, _batches, _direct, _problem
 from tests.probes.test_sources_truth import assert_truth
-from tests.support.servers import free_port
 
 EXACT = {"d": 6, "steps": 4, "b": 8}
 #: (source, k, steps, b): examples per step = WORLD x k x b
@@ -76,51 +71,32 @@ def _train(
             probe.micro_step(batch_size=b)
         probe.step()
         model.zero_grad()
-    probe.remove()
-    return {
-        "rows": sink.rows,
-        "kind": probe.layout.kind,
-        "source": probe.source,
-        "world": probe.world_size,
-        "error": probe.error,
+    return finished(probe, sink)
+
+
+def _work(rank: int) -> dict[str, Any]:
+    result = {
+        f"exact_{source}_{k}": _train(rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"])
+        for source, k in PHASES
     }
-
-
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        result = {
-            f"exact_{source}_{k}": _train(rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"])
-            for source, k in PHASES
-        }
-        for source, k in SCALED:
-            result[f"exact_{source}_{k}_scaled"] = _train(
-                rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], scaled=True
-            )
-        for source, k in SCALED:  # deferred readout: the same samples
-            result[f"exact_{source}_{k}_deferred"] = _train(
-                rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], readout="deferred"
-            )
-        for name, (source, k, steps, b) in TRUTH.items():
-            result[f"truth_{name}"] = _train(rank, source, 32, k, steps, b)
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
+    for source, k in SCALED:
+        result[f"exact_{source}_{k}_scaled"] = _train(
+            rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], scaled=True
+        )
+    for source, k in SCALED:  # deferred readout: the same samples
+        result[f"exact_{source}_{k}_deferred"] = _train(
+            rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], readout="deferred"
+        )
+    for name, (source, k, steps, b) in TRUTH.items():
+        result[f"truth_{name}"] = _train(rank, source, 32, k, steps, b)
+    return result
 
 
 @pytest.fixture(scope="module")
 def fsdp_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("fsdp")
     import torch._dynamo  # noqa: F401  (imported lazily by FSDP: once, before the fork)
 
-    mp.start_processes(
-        _worker, args=(free_port(), str(out)), nprocs=WORLD, join=True, start_method="fork"
-    )
-    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return on_two_ranks(_work, tmp_path_factory.mktemp("fsdp"))
 
 
 def _direct_per_example(

@@ -41,6 +41,7 @@ from torch.utils.hooks import RemovableHandle
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from noisescope._run import Run
+from noisescope.torch import _deepspeed
 from noisescope.torch._torch_api import queue_after_backward
 from noisescope.torch._wrappers import detect
 
@@ -188,6 +189,8 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             self._disable("the Trainer passed no model to the callback")
             return
         self._model = model
+        if getattr(args, "deepspeed", None) or _truthy(os.environ.get("ACCELERATE_USE_DEEPSPEED")):
+            raise _deepspeed.in_callback("Hugging Face")
         if getattr(args, "n_gpu", 1) > 1:
             self._disable("nn.DataParallel (several GPUs in one process) is not supported; use DDP")
             return
@@ -448,6 +451,11 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         if self._ddp_finder is not None:
             self._ddp_finder.remove()
             self._ddp_finder = None
+
+
+def _truthy(flag: str | None) -> bool:
+    """Accelerate's boolean environment flags ("true", "1", "yes")."""
+    return (flag or "").strip().lower() in ("1", "true", "yes")
 
 
 def _check_branchable(args: TrainingArguments, model: nn.Module | None) -> None:

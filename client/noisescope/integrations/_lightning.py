@@ -28,11 +28,12 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor, nn
 
 from noisescope._run import Run
+from noisescope.torch import _deepspeed
 
 from ._base import _TrackingCallback
 from ._branching import BranchOptions, LossFn, ModuleBranches, loss_output, unsupported
@@ -130,6 +131,8 @@ class LightningCallback(_TrackingCallback, pl.Callback):
     # --- Lightning hooks ---------------------------------------------------------------------
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if isinstance(trainer.strategy, DeepSpeedStrategy):
+            raise _deepspeed.in_callback("Lightning")
         self._begin_training()
         self._optimizer_steps = int(trainer.global_step)
         if self._branch is not None:

@@ -31,6 +31,17 @@ SUPPORTED = (
     "the gradient norm computed (zero_optimization.compute_grad_norm, the default)"
 )
 
+
+def in_callback(framework: str) -> TypeError:
+    """The callbacks close a step before the optimizer steps; DeepSpeed's norm comes after."""
+    return TypeError(
+        f"noisescope: the {framework} callback does not support DeepSpeed: it would read the "
+        "gradients from .grad, which ZeRO empties into its partitions, and log wrong numbers. "
+        "Use GradientNoiseProbe(engine, run) in a DeepSpeed training loop (docs/sources.md). "
+        f"Supported there: {SUPPORTED}."
+    )
+
+
 STEP_ORDER = (
     "under DeepSpeed call probe.step() after engine.step(), on every micro-batch: the "
     "reduced gradient's norm is computed inside engine.step(). The engine took an optimizer "
