@@ -37,10 +37,11 @@ def test_hf_callback_refuses_the_trainers_deepspeed_config(tmp_path: Path) -> No
 def test_hf_callback_refuses_accelerates_deepspeed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    args = _args(tmp_path)  # before the flag: TrainingArguments would set DeepSpeed up
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     with pytest.raises(TypeError) as caught:
         _hf_callback(tmp_path).on_train_begin(
-            _args(tmp_path), TrainerState(), TrainerControl(), model=tiny_gpt2()
+            args, TrainerState(), TrainerControl(), model=tiny_gpt2()
         )
     assert SUPPORTED in str(caught.value)
 
