@@ -189,7 +189,7 @@ def test_b_simple_vs_b_crit_chart_has_both_error_bars_and_the_diagonal() -> None
         {
             "task": ["a/x", "b/y"],
             "target": [0.5, 2.0],
-            "units": ["examples", "tokens"],
+            "units": ["tokens", "tokens"],
             "b_crit": [200.0, 8000.0],
             "b_simple": [100.0, 6000.0],
             "b_crit_lo_shown": [150.0, 7000.0],
@@ -200,11 +200,12 @@ def test_b_simple_vs_b_crit_chart_has_both_error_bars_and_the_diagonal() -> None
             "b_simple_interval": ["90 – 110", "5,000 – 7,000"],
         }
     )
-    spec = _charts.b_simple_vs_b_crit_chart(frame).to_dict()
+    spec = _charts.b_simple_vs_b_crit_chart(frame, units="tokens").to_dict()
     _diagonal, x_bars, y_bars, points = spec_layers(spec)
     assert x_bars["encoding"]["x2"]["field"] == "b_crit_hi_shown"
     assert y_bars["encoding"]["y2"]["field"] == "b_simple_hi_shown"
     assert points["encoding"]["x"]["scale"] == points["encoding"]["y"]["scale"]
+    assert points["encoding"]["y"]["title"] == "B_simple at the same loss (tokens)"
     assert spec["width"] == spec["height"]  # square: y = x at 45 degrees
 
 

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from noisescope._results import EventRow, RunSummary
+from noisescope.sweep import CriticalBatchReport, TargetResult
 from noisescope_dashboard import _frames, _text
 
 
@@ -130,3 +131,47 @@ def test_a_crashed_run_says_when_it_was_last_seen() -> None:
     )
     assert _text.status(_run(status="running", last_seen_at=seen), now=later) == "running"
     assert _frames.runs_table([crashed])["status"][0].startswith("crashed (last seen 2026-01-01")
+
+
+def _report(units: str, b_crit: float, b_simple_lo: float) -> CriticalBatchReport:
+    target = TargetResult(
+        target=1.0,
+        points=[],
+        runs=[],
+        s_min=10.0,
+        e_min=1e4,
+        b_crit=b_crit,
+        b_crit_lo=0.9 * b_crit,
+        b_crit_hi=1.1 * b_crit,
+        determined=True,
+        warnings=[],
+        b_simple=b_crit / 2,
+        b_simple_lo=b_simple_lo,
+        b_simple_hi=b_crit,
+        b_simple_reason=None,
+    )
+    return CriticalBatchReport(
+        project="p",
+        task=units,
+        units=units,
+        level=0.9,
+        loss_source="eval",
+        loss_method="evaluation loss",
+        default_targets=True,
+        batch_sizes=[],
+        n_runs=0,
+        excluded=[],
+        warnings=[],
+        targets=[target],
+    )
+
+
+def test_open_interval_ends_are_drawn_to_their_own_units_axis() -> None:
+    """Tokens and examples get one chart each, so an interval reaching 0 is drawn to the edge
+    of its own chart, not to a floor set by the other unit's far smaller numbers."""
+    points, _ = _frames.tasks_b_simple_vs_b_crit(
+        [_report("examples", 200.0, 90.0), _report("tokens", 8000.0, 0.0)]
+    )
+    tokens = points.set_index("units").loc["tokens"]
+    assert tokens["b_simple_lo_shown"] == pytest.approx(4000.0 / 3.0)  # its own smallest / 3
+    assert tokens["b_simple_interval"] == "0 – 8,000"

@@ -267,23 +267,29 @@ def test_compare_runs_one_chart_per_unit_with_a_clickable_legend(
 def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api: Api) -> None:
     at = make_app(server, "compare_tasks")
     assert not at.exception
-    versus = charts(at)["B_simple against B_crit across tasks"]
-    assert _layer_marks(versus) == ["line", "rule", "rule", "point"]
-    _diagonal, x_bars, y_bars, points = spec_layers(versus)
-    assert x_bars["encoding"]["x2"]["field"] == "b_crit_hi_shown"
-    assert y_bars["encoding"]["y2"]["field"] == "b_simple_hi_shown"
-    assert points["encoding"]["x"]["scale"]["type"] == "log"
-    assert points["encoding"]["y"]["scale"]["type"] == "log"
-    rows = chart_data(at)["B_simple against B_crit across tasks"]
-    shown = max(rows, key=len)
+    specs, data = charts(at), chart_data(at)
     expected = {
-        (f"{r.project}/{r.task}", t.target, t.b_crit, t.b_simple)
+        (f"{r.project}/{r.task}", r.units, t.target, t.b_crit, t.b_simple)
         for r in (api.critical_batch("vision", "digits"), api.critical_batch("nlp", "lm-sweep"))
         for t in r.targets
         if t.determined and t.b_simple is not None
     }
-    got = {(r.task, r.target, r.b_crit, r.b_simple) for r in shown.itertuples()}
+    got = set()
+    for units in ("examples", "tokens"):  # one chart per unit: never both on one axis
+        versus = specs[f"B_simple against B_crit across tasks in {units}"]
+        assert _layer_marks(versus) == ["line", "rule", "rule", "point"]
+        _diagonal, x_bars, y_bars, points = spec_layers(versus)
+        assert x_bars["encoding"]["x2"]["field"] == "b_crit_hi_shown"
+        assert y_bars["encoding"]["y2"]["field"] == "b_simple_hi_shown"
+        assert points["encoding"]["x"]["scale"]["type"] == "log"
+        assert points["encoding"]["y"]["scale"]["type"] == "log"
+        assert points["encoding"]["x"]["title"] == f"B_crit from the sweep fit ({units})"
+        shown = max(data[f"B_simple against B_crit across tasks in {units}"], key=len)
+        assert set(shown["units"]) == {units}
+        got |= {(r.task, r.units, r.target, r.b_crit, r.b_simple) for r in shown.itertuples()}
     assert got == expected
+    subheaders = [s.value for s in at.subheader]
+    assert "Tasks in examples" in subheaders and "Tasks in tokens" in subheaders
     left_out = at.dataframe[0].value
     assert set(left_out["task"]) == {"nlp/lm", f"vision/{HOSTILE_TASK}"}
     assert "B_simple against loss — tasks in tokens" in [s.value for s in at.subheader]

@@ -113,12 +113,13 @@ def bcrit_vs_loss_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerChart:
     return finish(alt.layer(*layers), "B_crit against loss, beside B_simple at the same loss", TALL)
 
 
-def b_simple_vs_b_crit_chart(frame: pd.DataFrame) -> alt.LayerChart:
+def b_simple_vs_b_crit_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerChart:
     """B_simple against B_crit across tasks (McCandlish et al., Fig. 5): one point per task and
     loss target, error bars on both axes, the line y = x for reference.
 
-    ``frame``: task, target, units, b_crit, b_simple and their shown interval ends
-    (``b_crit_lo_shown`` ...), plus ``b_crit_interval``/``b_simple_interval`` text.
+    ``frame``: task, target, b_crit, b_simple and their shown interval ends
+    (``b_crit_lo_shown`` ...), plus ``b_crit_interval``/``b_simple_interval`` text, all in
+    ``units`` ("examples" or "tokens": one chart per unit, never both on one axis).
     """
     values = values_in(
         frame,
@@ -131,13 +132,12 @@ def b_simple_vs_b_crit_chart(frame: pd.DataFrame) -> alt.LayerChart:
     )
     ticks = log_ticks(values)
     both, axis = scale_axis(values, True)
-    x = alt.X("b_crit:Q", title="B_crit from the sweep fit (task units)", scale=both, axis=axis)
-    y = alt.Y("b_simple:Q", title="B_simple at the same loss (task units)", scale=both, axis=axis)
+    x = alt.X("b_crit:Q", title=f"B_crit from the sweep fit ({units})", scale=both, axis=axis)
+    y = alt.Y("b_simple:Q", title=f"B_simple at the same loss ({units})", scale=both, axis=axis)
     color = alt.Color("task:N", title="task", scale=alt.Scale(scheme=SCHEME), legend=wide_legend())
     tip = [
         alt.Tooltip("task:N", title="task"),
         alt.Tooltip("target:Q", title="loss target", format=TIP),
-        alt.Tooltip("units:N", title="units"),
         alt.Tooltip("b_crit:Q", title="B_crit", format=TIP),
         alt.Tooltip("b_crit_interval:N", title="B_crit 90% interval"),
         alt.Tooltip("b_simple:Q", title="B_simple", format=TIP),
@@ -157,12 +157,14 @@ def b_simple_vs_b_crit_chart(frame: pd.DataFrame) -> alt.LayerChart:
         .encode(y="b_simple_lo_shown:Q", y2="b_simple_hi_shown:Q", x="b_crit:Q", color=color),
         alt.Chart(frame)
         .mark_point(filled=True, size=90)
-        .encode(x=x, y=y, color=color, shape=alt.Shape("units:N", title="units"), tooltip=tip),
+        .encode(x=x, y=y, color=color, tooltip=tip),
     ]
     # square, as the paper draws it: y = x runs at 45 degrees
     return cast(
         alt.LayerChart,
         alt.layer(*layers).properties(
-            width=SQUARE, height=SQUARE, description="B_simple against B_crit across tasks"
+            width=SQUARE,
+            height=SQUARE,
+            description=f"B_simple against B_crit across tasks in {units}",
         ),
     )

@@ -162,11 +162,16 @@ def tasks_b_simple_vs_b_crit(
     columns = ["task", "target", "units", "b_crit", "b_crit_lo", "b_crit_hi"]
     columns += ["b_simple", "b_simple_lo", "b_simple_hi"]
     frame = pd.DataFrame(points, columns=columns)
-    floor, ceiling = log_extent([*frame["b_crit"], *frame["b_simple"]], _PAD)
     for q in ("b_crit", "b_simple"):
-        frame[f"{q}_lo_shown"], frame[f"{q}_hi_shown"] = interval_ends(
-            frame[f"{q}_lo"], frame[f"{q}_hi"], floor, ceiling
-        )
+        frame[f"{q}_lo_shown"] = frame[f"{q}_hi_shown"] = 0.0
+    # each unit is its own chart, so open interval ends are drawn to that chart's axis
+    for _, part in frame.groupby("units"):
+        floor, ceiling = log_extent([*part["b_crit"], *part["b_simple"]], _PAD)
+        for q in ("b_crit", "b_simple"):
+            lo, hi = interval_ends(part[f"{q}_lo"], part[f"{q}_hi"], floor, ceiling)
+            frame.loc[part.index, f"{q}_lo_shown"] = lo
+            frame.loc[part.index, f"{q}_hi_shown"] = hi
+    for q in ("b_crit", "b_simple"):
         frame[f"{q}_interval"] = [
             _text.interval(lo, hi) or "unknown"
             for lo, hi in zip(frame[f"{q}_lo"], frame[f"{q}_hi"], strict=True)

@@ -1,12 +1,15 @@
 """Compare tasks, as the paper draws it (McCandlish et al. 2018, Fig. 5 and Fig. 7):
 
 (a) B_simple against B_crit across tasks, one point per task and loss target whose fit is
-determined (``GET /tasks/{project}/{task}/critical-batch``), both intervals, y = x for reference;
+determined (``GET /tasks/{project}/{task}/critical-batch``), both intervals, y = x for reference,
+one chart per unit;
 (b) B_simple against loss, one colour per task, one chart per unit (``GET /series``);
 (c) the per-task summary (``GET /tasks``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import streamlit as st
 
@@ -14,6 +17,15 @@ from noisescope._results import TaskSummary
 from noisescope.sweep import MIN_BATCH_SIZES, CriticalBatchReport
 from noisescope_dashboard import _charts, _data, _frames, _text, _ui
 from noisescope_dashboard._compare import compare_section
+
+VERSUS = "B_simple against B_crit across tasks"
+CAPTION = (
+    "One point per task and loss target whose B_crit fit is determined: B_crit from the task's "
+    "batch-size sweep, B_simple measured at the same loss in the runs the fit used; bars are 90% "
+    "intervals (an interval reaching 0 is drawn to the axis). On the dashed line B_simple "
+    "equals B_crit; the paper finds B_simple within a small factor of B_crit, often below it. "
+    "Tasks counting tokens and tasks counting examples get one chart each."
+)
 
 
 def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary]) -> None:
@@ -31,28 +43,34 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary]) -> None:
                 f"size needs {MIN_BATCH_SIZES} or more",
             ]
     if points.empty:
-        st.subheader("B_simple against B_crit across tasks", anchor=False)
+        st.subheader(VERSUS, anchor=False)
         st.info(
             "No task has a determined critical batch size yet: run a task at 3 or more batch "
             "sizes (each with its learning rate tuned), until its loss falls past the targets. "
             "Why each task or target is left out is listed below."
         )
-    else:
-        _ui.chart_with_downloads(
-            _charts.b_simple_vs_b_crit_chart(points),
-            points,
-            title="B_simple against B_crit across tasks",
-            name="b_simple_vs_b_crit",
-            key="versus",
-            stretch=False,
-            caption="One point per task and loss target whose B_crit fit is determined: B_crit "
-            "from the task's batch-size sweep, B_simple measured at the same loss in the runs "
-            "the fit used; bars are 90% intervals (an interval reaching 0 is drawn to the axis). "
-            "On the dashed line B_simple equals B_crit; the paper finds B_simple within a small "
-            "factor of B_crit, often below it.",
-        )
+    units = sorted(points["units"].unique())
+    places: list[Any] = [st.container()]
+    if len(units) > 1:
+        st.subheader(VERSUS, anchor=False)
+        st.caption(CAPTION)
+        places = st.columns(len(units))
+    for unit, place in zip(units, places, strict=True):
+        part = points[points["units"] == unit]
+        word = _text.units_word(str(unit))
+        with place:
+            _ui.chart_with_downloads(
+                _charts.b_simple_vs_b_crit_chart(part, units=word),
+                part,
+                title=f"Tasks in {word}" if len(units) > 1 else VERSUS,
+                name=f"b_simple_vs_b_crit_{word}",
+                key=f"versus_{word}",
+                stretch=False,
+                caption=None if len(units) > 1 else CAPTION,
+            )
     if not left_out.empty:
-        with st.expander(f"Left out of this chart ({len(left_out)})", expanded=points.empty):
+        these = "these charts" if len(units) > 1 else "this chart"
+        with st.expander(f"Left out of {these} ({len(left_out)})", expanded=points.empty):
             st.dataframe(left_out, hide_index=True, width="stretch")
 
 
