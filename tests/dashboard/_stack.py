@@ -1,9 +1,10 @@
 """A real server on synthetic data and the dashboard reading it, for the browser test and for
 ``scripts/dashboard_screenshots.py``: both drive the same stack through Playwright.
 
-The server is ``tests.support.servers.ServerProcess``; the dashboard is ``streamlit run`` on
-the app with only ``NOISESCOPE_URL`` (and ``NOISESCOPE_TOKEN``) in its environment, as
-``noisescope dashboard`` starts it.
+The server is ``tests.support.servers.ServerProcess``; the dashboard is started with the
+command line and environment ``noisescope dashboard`` uses (``dashboard_command``,
+``dashboard_env``: only ``NOISESCOPE_URL`` and ``NOISESCOPE_TOKEN``), so what the browser sees
+is what a user's ``noisescope up`` serves.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from noisescope_server.cli._processes import dashboard_command, dashboard_env
 from tests.support.browser import CHROMIUM_ARGS
 from tests.support.servers import ServerProcess, free_port
 
 from ._synth import default_runs, insert_runs
 
 __all__ = [
-    "APP",
     "Stack",
     "chromium",
     "dashboard",
@@ -38,7 +38,6 @@ __all__ = [
     "stack",
 ]
 
-APP = Path(__file__).resolve().parents[2] / "dashboard" / "noisescope_dashboard" / "app.py"
 READY = "[data-testid='stApp'][data-test-script-state='notRunning']"
 
 
@@ -67,29 +66,9 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> No
 def dashboard(server_url: str, log: Path, token: str | None = None) -> Iterator[str]:
     """``streamlit run app.py`` reading ``server_url``; yields the dashboard's base URL."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOISESCOPE_")}
-    env["NOISESCOPE_URL"] = server_url
-    if token:
-        env["NOISESCOPE_TOKEN"] = token
-    command = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(APP),
-        "--server.headless",
-        "true",
-        "--server.port",
-        str(port),
-        "--server.address",
-        "127.0.0.1",
-        "--browser.gatherUsageStats",
-        "false",
-        "--server.fileWatcherType",
-        "none",
-        "--client.toolbarMode",
-        "minimal",
-    ]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NOISESCOPE_")}
+    env = dashboard_env(server_url, token, base)
+    command = dashboard_command(port)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

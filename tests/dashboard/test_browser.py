@@ -1,11 +1,12 @@
-"""The dashboard in a real browser: a server on synthetic runs, ``streamlit run`` reading it
-(NOISESCOPE_URL only), every page driven in headless Debian Chromium through Playwright.
+"""The dashboard in a real browser: a server on synthetic runs, the dashboard started as
+``noisescope dashboard`` starts it (NOISESCOPE_URL only), every page driven in headless Debian
+Chromium through Playwright.
 
 Checks what AppTest cannot: ``/runs`` itself opens the Runs page, names made of Markdown and
 HTML render as text (no element, link or script comes of them), unknown runs and tasks say
-"not found", and no request leaves the machine (page icon, fonts, Vega). Screenshots land in
-the test's temporary folder (keep them with ``--basetemp``). Without Chromium the test skips,
-except under CI (``CI=true``) where it fails.
+"not found", no Deploy button shows, and no request leaves the machine (page icon, fonts,
+Vega). Screenshots land in the test's temporary folder (keep them with ``--basetemp``).
+Without Chromium the test skips, except under CI (``CI=true``) where it fails.
 """
 
 from __future__ import annotations
@@ -131,6 +132,9 @@ def test_page_in_chromium(
     body = _body(page)
     assert "Page not found" not in body and "You have requested page" not in body
     assert page.locator("[data-testid='stException']").count() == 0
+    # started as `noisescope dashboard` starts it: no Deploy button, no developer menu
+    assert page.locator("[data-testid='stAppDeployButton']").count() == 0
+    assert page.get_by_role("button", name="Deploy").count() == 0
     _no_markup_from_names(page)
     page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
     assert not dialogs
