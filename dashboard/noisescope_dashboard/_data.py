@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 import streamlit as st
@@ -31,6 +32,7 @@ from noisescope.forecast import ForecastReport
 from noisescope.sweep import CriticalBatchReport
 
 __all__ = [
+    "LIVE_EVERY",
     "TOKEN_ENV",
     "TTL_S",
     "URL_ENV",
@@ -58,6 +60,8 @@ URL_ENV = "NOISESCOPE_URL"
 TOKEN_ENV = "NOISESCOPE_TOKEN"
 #: Cache lifetime of every answer: short, since live runs keep adding samples.
 TTL_S = 5.0
+#: How often a page showing a running run re-reads it: as often as its answers expire.
+LIVE_EVERY = timedelta(seconds=TTL_S)
 #: Seconds to wait for one answer (a critical-batch analysis of a large sweep takes a while).
 TIMEOUT_S = 60.0
 

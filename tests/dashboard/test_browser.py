@@ -208,3 +208,48 @@ def test_chart_tooltips_show_names_as_text(
             break
     assert "checkpoint: path=<b>ckpt</b>" in text
     assert page.locator("#vg-tooltip-element b").count() == 0
+
+
+def _log_steps(run: Any, steps: range, loss: float) -> None:
+    """Two-batch samples of |G|² = 1, tr(Σ) = 100 (B_simple 100) at a fixed loss."""
+    for step in steps:
+        run.log_sample(step, 8.0, 32.0, 1.0 + 100.0 / 8.0, 1.0 + 100.0 / 32.0, loss=loss)
+
+
+def test_the_run_page_follows_a_live_run(
+    stack: _stack.Stack, browser_page: tuple[Any, list[str], list[str]], tmp_path: Path
+) -> None:
+    """While a run is running its page re-reads the server by itself: samples posted after
+    the page opened show on it without a reload. (Last in this module: it adds a run.)"""
+    from playwright.sync_api import expect
+
+    import noisescope
+
+    page, outside, _ = browser_page
+    run = noisescope.init(
+        stack.server.url,
+        project="live",
+        task="follow",
+        name="follow-me",
+        batch_size=8,
+        dir=tmp_path / "spool",
+        quiet=True,
+    )
+    try:
+        _log_steps(run, range(1, 101), loss=2.0)
+        assert run.flush(30)
+        _stack.open_page(page, stack.base + f"/run?run={run.id}", charts=True)
+        loss = (
+            page.locator("[data-testid='stMetric']")
+            .filter(has_text="Loss")
+            .locator("[data-testid='stMetricValue']")
+        )
+        expect(loss).to_have_text(_text.loss(2.0), timeout=30_000)
+        loads = page.evaluate("performance.getEntriesByType('navigation').length")
+        _log_steps(run, range(101, 201), loss=0.5)
+        assert run.flush(30)
+        expect(loss).to_have_text(_text.loss(0.5), timeout=60_000)
+        assert page.evaluate("performance.getEntriesByType('navigation').length") == loads
+    finally:
+        run.finish()
+    assert not outside

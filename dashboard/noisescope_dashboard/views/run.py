@@ -12,7 +12,6 @@ window is the only thing the smoothing control changes. State lives in the query
 from __future__ import annotations
 
 import math
-from datetime import timedelta
 
 import pandas as pd
 import streamlit as st
@@ -22,8 +21,6 @@ from noisescope._results import RunSummary
 from noisescope_dashboard import _branches, _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
 
-#: How often the page re-reads a running run.
-LIVE_EVERY = timedelta(seconds=5)
 #: Layers drawn by default on the per-layer chart.
 DEFAULT_LAYERS = 8
 
@@ -353,7 +350,7 @@ def main(src: _data.Source) -> None:
     st.title("Run")
     picked = _pick_run(src)
 
-    @st.fragment(run_every=LIVE_EVERY if picked.status == "running" else None)
+    @st.fragment(run_every=_data.LIVE_EVERY if picked.status == "running" else None)
     def body() -> None:
         run = _data.run(src, picked.uid)
         st.subheader(md(run.name), anchor=False)

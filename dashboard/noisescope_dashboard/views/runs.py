@@ -8,16 +8,12 @@ the table reruns).
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pandas as pd
 import streamlit as st
 
 from noisescope._results import RunSummary
 from noisescope_dashboard import _data, _frames, _state, _text, _ui
 
-#: How often the table refreshes while some run is still running.
-LIVE_EVERY = timedelta(seconds=5)
 #: Row height of Streamlit's dataframe, and the tallest table before it scrolls.
 TABLE_ROW_PX = 35
 TABLE_MAX_PX = 900
@@ -97,10 +93,10 @@ def main(src: _data.Source) -> None:
         "Live",
         value=any(r.status == "running" for r in runs),
         key="live",
-        help=f"Re-read every {LIVE_EVERY.seconds} s while runs are running",
+        help=f"Re-read every {_data.LIVE_EVERY.seconds} s while runs are running",
     )
 
-    @st.fragment(run_every=LIVE_EVERY if live else None)
+    @st.fragment(run_every=_data.LIVE_EVERY if live else None)
     def runs_table() -> None:
         current = _data.runs(src) if live else runs
         shown = _filtered(current, projects, tasks, tags, statuses, search or "")
