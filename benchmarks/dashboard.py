@@ -341,6 +341,12 @@ def _env(**set_: str) -> dict[str, str]:
     return env
 
 
+def _code_path(root: Path) -> str:
+    """``PYTHONPATH`` for the packages of the checkout at ``root``: each dashboard runs that
+    checkout's code, whatever the virtual environment has installed."""
+    return os.pathsep.join(str(root / d) for d in ("client", "server", "dashboard"))
+
+
 def _check_modules(worker: _Worker, under: Path) -> None:
     for name, path in worker.modules.items():
         if not Path(path).resolve().is_relative_to(under.resolve()):
@@ -478,15 +484,10 @@ def run(quick: bool = False, baseline: str = BASELINE, profile: bool = False) ->
         build_s = _build(url, big_n, n_runs, per_run)
         old_root = tmp / "baseline"
         commit = _export(baseline, old_root)
-        old_env = _env(
-            NOISESCOPE_DATABASE_URL=url,
-            PYTHONPATH=os.pathsep.join(
-                str(old_root / d) for d in ("client", "server", "dashboard")
-            ),
-        )
+        old_env = _env(NOISESCOPE_DATABASE_URL=url, PYTHONPATH=_code_path(old_root))
         with ServerProcess(database_url=url) as server:
             assert server.proc is not None
-            new_env = _env(NOISESCOPE_URL=server.url)
+            new_env = _env(NOISESCOPE_URL=server.url, PYTHONPATH=_code_path(ROOT))
             with (
                 _worker_process(
                     "old", old_root / "dashboard" / VIEWS, old_env, tmp / "old.log"

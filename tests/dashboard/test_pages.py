@@ -300,6 +300,10 @@ def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api
     at.multiselect(key="tasks").set_value(["vision/digits"]).run()
     assert not at.exception
     assert list(at.dataframe[-1].value["task"]) == ["digits"]
+    at.multiselect(key="tasks").set_value(["nlp/lm"]).run()  # no determined B_crit: no chart
+    assert not at.exception
+    assert "No task has a determined critical batch size yet" in at.info[0].value
+    assert not [t for t in charts(at) if t.startswith("B_simple against B_crit")]
 
 
 # --- Critical batch size -----------------------------------------------------------------

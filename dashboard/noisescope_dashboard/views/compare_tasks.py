@@ -50,7 +50,7 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary]) -> None:
             "Why each task or target is left out is listed below."
         )
     units = sorted(points["units"].unique())
-    places: list[Any] = [st.container()]
+    places: list[Any] = [st.container()] if units else []
     if len(units) > 1:
         st.subheader(VERSUS, anchor=False)
         st.caption(CAPTION)
