@@ -28,6 +28,7 @@ __all__ = [
     "plural",
     "ratio",
     "run_label",
+    "sentence",
     "target",
     "task_key",
     "units_word",
@@ -84,6 +85,15 @@ def loss(value: float | None) -> str:
         return "0"
     decimals = max(0, 2 - math.floor(math.log10(abs(value))))
     return f"{value:.{decimals}f}"
+
+
+def sentence(text: str) -> str:
+    """The API's lower-case phrase (a reason, a notice) as a sentence of its own: capital
+    first letter, full stop at the end."""
+    text = text.strip()
+    if not text:
+        return text
+    return text[:1].upper() + text[1:] + ("" if text.endswith((".", "!", "?")) else ".")
 
 
 def target(value: float) -> str:

@@ -78,7 +78,7 @@ def test_run_page_is_the_apis_current_b_simple(make_app: MakeApp, server: str, a
             assert rec.current is None and rec.critical_batch_size is None and not rec.options
             assert "no verdict" in rec.verdict
             assert not at.info  # no verdict on the page
-            assert plain(run.b_simple_reason) in plain(texts(at))
+            assert plain(_text.sentence(run.b_simple_reason)) in plain(texts(at))
 
 
 def test_smoothing_never_moves_b_simple_now(make_app: MakeApp, server: str, api: Api) -> None:

@@ -148,7 +148,10 @@ def test_run_page_not_yet_measurable_shows_no_number_and_no_verdict(
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["B_simple now"] == "—" and metrics["B / B_simple"] == "—"
     (warning,) = at.warning
-    assert "not yet measurable" in plain(warning.value) and "no verdict" in warning.value
+    assert "no verdict" in warning.value
+    # the API's reason as a sentence of its own
+    assert "no verdict. Not yet measurable: 40 samples so far" in plain(warning.value)
+    assert plain(warning.value).endswith(".")
     assert not at.info  # no verdict
 
 

@@ -112,7 +112,7 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
     if not measured:
         st.warning(
             "No B_simple yet, so no ratio and no verdict. "
-            + md(run.b_simple_reason or "not yet measurable")
+            + md(_text.sentence(run.b_simple_reason or "not yet measurable"))
         )
         return
     try:
