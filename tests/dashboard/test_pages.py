@@ -401,6 +401,14 @@ def test_what_if_renders_the_parallelism_plan(make_app: MakeApp, server: str, ap
     ]
 
 
+def test_what_if_judges_a_batch_size_the_task_uses(make_app: MakeApp, server: str) -> None:
+    """Its runs use 16 to 512 (three each); the default batch to judge is one of them, not the
+    mean of the middle two (96)."""
+    at = make_app(server, "what_if", task="vision/digits")
+    assert not at.exception
+    assert at.number_input(key="b").value == 64
+
+
 def test_what_if_median_b_simple_has_no_absolute_steps(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "what_if", task="vision/digits", source="median")
     assert not at.exception

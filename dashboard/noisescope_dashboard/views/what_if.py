@@ -100,7 +100,8 @@ def main(src: _data.Source) -> None:
 
     runs = [r for r in _data.run_list(src) if (r.project, r.task) == (task.project, task.task)]
     in_use = [r.batch_in_use for r in runs if r.batch_in_use is not None]
-    default_batch = int(statistics.median(in_use)) if in_use else int(max(source.b_crit, 1))
+    # a batch some run uses (median_low): the mean of the middle two is often none of them
+    default_batch = int(statistics.median_low(in_use)) if in_use else int(max(source.b_crit, 1))
     smallest = int(min(task.batch_sizes)) if task.batch_sizes else 32
     c1, c2, c3, c4 = st.columns(4)
     per_device = c1.number_input(
