@@ -258,30 +258,72 @@ def test_importing_noisescope_stays_light() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-@pytest.mark.slow
-def test_ddp_two_gloo_processes(server: ServerProcess, tmp_path: Path) -> None:
-    """Trainer under torch.distributed.run: per-rank micro-batches vs the all-reduced gradient.
-
-    ``average_tokens_across_devices`` (the default) makes the Trainer divide by the token count
-    of *both* ranks and multiply by the world size; B_big must still be the real token total.
-    """
+@pytest.fixture(scope="module")
+def two_ranks(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    """``_hf_two_ranks.py`` under torch.distributed.run on 2 gloo processes (its DDP and FSDP2
+    runs, 1 and 2 micro-batches per step): each rank's JSON result."""
     from tests.support.servers import free_port
 
+    out = tmp_path_factory.mktemp("hf-two-ranks")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
-    script = Path(__file__).with_name("_hf_ddp.py")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    command += ["--master_port", str(free_port()), str(script), server.url, str(tmp_path)]
+    command += [
+        "--master_port",
+        str(free_port()),
+        str(Path(__file__).with_name("_hf_two_ranks.py")),
+    ]
+    command += [server.url, str(out)]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    stored = stored_run(server, ranks[0]["run_id"])
-    assert [s["step"] for s in stored.samples] == [0, 1, 2]
-    for step, sample in enumerate(stored.samples):
-        micro = slice(2 * step, 2 * step + 2)
-        n_tokens = [float(n) for r in ranks for n in r["shifted"][0][micro]]
-        trainer_n = sum(float(n) for r in ranks for n in r["unshifted"][0][micro])
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def _assert_token_samples(
+    stored: list[dict[str, Any]], ranks: list[dict[str, Any]], k: int
+) -> None:
+    """Two ranks, k micro-batches per step: B_small and B_big are the real label-token counts
+    of the batches each rank's collator produced, |G_big|^2 the Trainer's pre-clipping norm.
+
+    ``average_tokens_across_devices`` (the default) makes the Trainer divide by the token count
+    of *both* ranks (unshifted) and multiply by the world size; the mean gradient over the real
+    tokens is the Trainer's gradient rescaled.
+    """
+    assert [s["step"] for s in stored] == [0, 1, 2]
+    for step, sample in enumerate(stored):
+        micro = slice(k * step, k * step + k)
+        n_tokens = [float(n) for r in ranks for n in r["shifted"][micro]]
+        trainer_n = sum(float(n) for r in ranks for n in r["unshifted"][micro])
         assert sample["b_big"] == pytest.approx(sum(n_tokens))
-        assert sample["b_small"] == pytest.approx(4 / sum(1 / n for n in n_tokens))
+        assert sample["b_small"] == pytest.approx(2 * k / sum(1 / n for n in n_tokens))
         expected_big = ranks[0]["grad_norms"][step] ** 2 * (trainer_n / sum(n_tokens)) ** 2
         assert sample["g_big_sq"] == pytest.approx(expected_big, rel=1e-4)
         assert sample["g_small_sq"] > 0
+
+
+@pytest.mark.slow
+def test_ddp_two_gloo_processes(server: ServerProcess, two_ranks: list[Any]) -> None:
+    """Trainer under torch.distributed.run: per-rank micro-batches vs the all-reduced gradient
+    (``average_tokens_across_devices`` on: B_big must still be the real token total)."""
+    for k in (1, 2):
+        ranks = [r[f"ddp_k{k}"] for r in two_ranks]
+        assert ranks[0]["wrapped"] == "DistributedDataParallel"
+        _assert_token_samples(stored_run(server, ranks[0]["run_id"]).samples, ranks, k)
+
+
+@pytest.mark.slow
+def test_accelerate_fsdp2_two_gloo_processes(server: ServerProcess, two_ranks: list[Any]) -> None:
+    """Accelerate's FSDP2 plugin (``fsdp_config={"version": 2}``; its CPU gate lifted, see
+    ``_hf_two_ranks.py``), 1 and 2 micro-batches per step: the probe finds the sharded GPT-2
+    itself; each rank's local micro-batch gradient (before the reduce-scatter) is a G_small,
+    the shards' squared norms summed over the ranks |G_big|^2. The same training under DDP
+    gives the same samples."""
+    for k in (1, 2):
+        fsdp2, ddp = ([r[f"{wrapper}_k{k}"] for r in two_ranks] for wrapper in ("fsdp2", "ddp"))
+        assert fsdp2[0]["wrapped"] == "FSDPGPT2LMHeadModel"  # the Trainer trained FSDP2
+        sharded = stored_run(server, fsdp2[0]["run_id"]).samples
+        replicated = stored_run(server, ddp[0]["run_id"]).samples
+        _assert_token_samples(sharded, fsdp2, k)
+        for a, b in zip(sharded, replicated, strict=True):
+            assert (a["b_small"], a["b_big"]) == (b["b_small"], b["b_big"])
+            assert a["g_small_sq"] == pytest.approx(b["g_small_sq"], rel=1e-4)
+            assert a["g_big_sq"] == pytest.approx(b["g_big_sq"], rel=1e-4)

@@ -48,6 +48,7 @@ def _train(
     b: int,
     scaled: bool = False,
     readout: str = "auto",
+    made_in_forward: bool = False,
 ) -> dict[str, Any]:
     p, w = _problem(d)
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0, enabled=scaled)
@@ -55,23 +56,35 @@ def _train(
     # shard the weight's input dimension: both ranks hold half of it
     fully_shard(model, shard_placement_fn=lambda _param: Shard(1))
     sink = ListSink()
-    probe = GradientNoiseProbe(
-        model,
-        sink,
-        source="auto" if source == "micro" else source,  # type: ignore[arg-type]
-        scaler=scaler,
-        readout=readout,  # type: ignore[arg-type]
-    )
+
+    def make_probe(*_: Any) -> GradientNoiseProbe:
+        return GradientNoiseProbe(
+            model,
+            sink,
+            source="auto" if source == "micro" else source,  # type: ignore[arg-type]
+            scaler=scaler,
+            readout=readout,  # type: ignore[arg-type]
+        )
+
+    probes: list[GradientNoiseProbe] = []
+    if made_in_forward:  # as the Hugging Face callback does: before FSDP's own pre-hook
+        first = model.register_forward_pre_hook(
+            lambda *_: probes.append(make_probe()), prepend=True
+        )
+    else:
+        probes.append(make_probe())
     for step in range(steps):
         x, y = (torch.from_numpy(a[rank]) for a in _batches(p, step, k, b))
         for j in range(k):
             model.set_requires_gradient_sync(j == k - 1)  # type: ignore[operator]
             loss = 0.5 * (model(x[j]).squeeze(-1) - y[j]).square().mean() / k
             scaler.scale(loss).backward()
-            probe.micro_step(batch_size=b)
-        probe.step()
+            if made_in_forward and step == j == 0:
+                first.remove()
+            probes[0].micro_step(batch_size=b)
+        probes[0].step()
         model.zero_grad()
-    return finished(probe, sink)
+    return finished(probes[0], sink)
 
 
 def _work(rank: int) -> dict[str, Any]:
@@ -87,6 +100,10 @@ def _work(rank: int) -> dict[str, Any]:
         result[f"exact_{source}_{k}_deferred"] = _train(
             rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], readout="deferred"
         )
+    # the probe made inside the first forward, whose module owns the weight
+    result["exact_micro_2_made_in_forward"] = _train(
+        rank, "micro", EXACT["d"], 2, EXACT["steps"], EXACT["b"], made_in_forward=True
+    )
     for name, (source, k, steps, b) in TRUTH.items():
         result[f"truth_{name}"] = _train(rank, source, 32, k, steps, b)
     return result
@@ -140,6 +157,16 @@ def test_fsdp2_matches_direct_local_and_reduced_norms(
         assert row["g_small_sq"] == pytest.approx(g_small_sq, rel=1e-6)
         assert row["g_big_sq"] == pytest.approx(g_big_sq, rel=1e-6)
     assert rows[-1]["examples"] == EXACT["steps"] * WORLD * k * EXACT["b"]
+
+
+def test_fsdp2_probe_made_inside_the_first_forward_logs_the_same_samples(
+    fsdp_runs: list[dict[str, Any]],
+) -> None:
+    """A probe made in a forward pre-hook, before FSDP unshards (the Hugging Face callback
+    makes it at the first training forward): it still hooks the unsharded weight of the
+    module whose forward is running."""
+    for rank in fsdp_runs:
+        assert rank["exact_micro_2_made_in_forward"]["rows"] == rank["exact_micro_2"]["rows"]
 
 
 @pytest.mark.parametrize("name", list(TRUTH))

@@ -191,6 +191,9 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         self._model = model
         if getattr(args, "deepspeed", None) or _truthy(os.environ.get("ACCELERATE_USE_DEEPSPEED")):
             raise _deepspeed.in_callback("Hugging Face")
+        # FSDP1 (fsdp_config version 1: the Trainer hands over its wrapper) or a model sharded
+        # in part: a TypeError naming what is supported, before any step is measured
+        detect(model)
         if getattr(args, "n_gpu", 1) > 1:
             self._disable("nn.DataParallel (several GPUs in one process) is not supported; use DDP")
             return
@@ -213,8 +216,10 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         except ImportError:  # pragma: no cover - the Trainer itself needs accelerate
             self._gradient_state = None
         self._shifts_labels = _loss_shifts_labels(model)
+        # first: under FSDP2 the probe is made before FSDP's own pre-hook unshards the
+        # parameters, while they are still the DTensor shards it detects FSDP2 by
         self._handles.append(
-            model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+            model.register_forward_pre_hook(self._before_forward, prepend=True, with_kwargs=True)
         )
         self._handles.append(model.register_forward_hook(self._after_forward, with_kwargs=True))
         if self._expect_ddp:

@@ -28,12 +28,13 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor, nn
 
 from noisescope._run import Run
 from noisescope.torch import _deepspeed
+from noisescope.torch._wrappers import fsdp1_refused
 
 from ._base import _TrackingCallback
 from ._branching import BranchOptions, LossFn, ModuleBranches, loss_output, unsupported
@@ -133,6 +134,8 @@ class LightningCallback(_TrackingCallback, pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if isinstance(trainer.strategy, DeepSpeedStrategy):
             raise _deepspeed.in_callback("Lightning")
+        if isinstance(trainer.strategy, FSDPStrategy):  # FSDP1: before any step is measured
+            raise fsdp1_refused()
         self._begin_training()
         self._optimizer_steps = int(trainer.global_step)
         if self._branch is not None:

@@ -69,18 +69,23 @@ class Layout:
         return self.kind == "fsdp2"
 
 
+def fsdp1_refused() -> TypeError:
+    """FSDP1's flat parameters: the error naming what to use instead."""
+    return TypeError(
+        "noisescope: FSDP1 (FullyShardedDataParallel, e.g. Lightning's FSDPStrategy) is not "
+        "supported: its flat parameters hide each parameter's gradient. Use FSDP2 "
+        "(torch.distributed.fsdp.fully_shard; Lightning's ModelParallelStrategy, "
+        f"Accelerate's fsdp_version=2). Supported: {SUPPORTED}."
+    )
+
+
 def _refuse(model: nn.Module) -> None:
     """Wrappers whose gradients the probe cannot read: an error, never a wrong number."""
     fsdp1: Any = None
     with contextlib.suppress(ImportError):
         from torch.distributed.fsdp import FullyShardedDataParallel as fsdp1
     if fsdp1 is not None and any(isinstance(m, fsdp1) for m in model.modules()):
-        raise TypeError(
-            "noisescope: FSDP1 (FullyShardedDataParallel, e.g. Lightning's FSDPStrategy) is not "
-            "supported: its flat parameters hide each parameter's gradient. Use FSDP2 "
-            "(torch.distributed.fsdp.fully_shard; Lightning's ModelParallelStrategy, "
-            f"Accelerate's fsdp_version=2). Supported: {SUPPORTED}."
-        )
+        raise fsdp1_refused()
     if isinstance(model, nn.DataParallel):
         raise TypeError(
             "noisescope: nn.DataParallel (several devices in one process) is not supported; "
@@ -198,11 +203,15 @@ class UnshardedHooks:
             if own:
                 pre_hook = wrap(self._pre_hook(own), False)
                 self._handles.append(module.register_forward_pre_hook(pre_hook))
+                # and after the forward (before its backward): a probe made inside a forward
+                # (the Hugging Face callback makes it at the first one) missed that module's
+                # pre-hook; the root module keeps its parameters unsharded until the backward
+                self._handles.append(module.register_forward_hook(pre_hook))
 
-    def _pre_hook(self, own: list[tuple[str, int]]) -> Callable[[nn.Module, Any], None]:
+    def _pre_hook(self, own: list[tuple[str, int]]) -> Callable[..., None]:
         hooked = self._hooked
 
-        def pre_hook(module: nn.Module, args: Any) -> None:
+        def pre_hook(module: nn.Module, *args: Any) -> None:
             for name, i in own:
                 key = (id(module), name)
                 current = getattr(module, name)
