@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch import nn
+from torch._dynamo.utils import counters
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
@@ -37,6 +39,8 @@ TRUTH = {
 PHASES = [("micro", 1), ("micro", 2), ("per_example", 1), ("per_example", 2)]
 #: the same with a GradScaler's scaled loss (fp16 AMP's loss scale): divided out
 SCALED = [("micro", 2), ("per_example", 1)]
+#: the same with the sharded model compiled (inductor)
+COMPILED = [("micro", 2), ("per_example", 1)]
 
 
 def _train(
@@ -87,6 +91,39 @@ def _train(
     return finished(probes[0], sink)
 
 
+def _mlp_steps(rank: int, source: str, k: int, compiled: bool, probe: bool) -> dict[str, Any]:
+    """A sharded 2-layer MLP, eager or with its forward compiled (inductor) after
+    ``fully_shard``; with or without the probe: its rows, dynamo's graph breaks and the graphs
+    it compiled. ``torch.compile(model)`` of a sharded root compiles nothing in torch 2.13:
+    FSDP2's hooks are excluded from tracing and the whole call falls back to eager (one graph
+    break, no graph), so the forward method is compiled, FSDP's hooks staying outside."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1)).double()
+    fully_shard(model)
+    if compiled:
+        model.forward = torch.compile(model.forward)  # type: ignore[method-assign]
+    sink = ListSink()
+    made = GradientNoiseProbe(model, sink, source=source) if probe else None  # type: ignore[arg-type]
+    p, _ = _problem(6)
+    for step in range(EXACT["steps"]):
+        x, y = (torch.from_numpy(a[rank]) for a in _batches(p, step, k, EXACT["b"]))
+        for j in range(k):
+            model.set_requires_gradient_sync(j == k - 1)  # type: ignore[operator]
+            loss = 0.5 * (model(x[j]).squeeze(-1) - y[j]).square().mean() / k
+            loss.backward()
+            if made is not None:
+                made.micro_step(batch_size=EXACT["b"])
+        if made is not None:
+            made.step()
+        model.zero_grad()
+    result = finished(made, sink) if made is not None else {}
+    result["graph_breaks"] = sum(counters["graph_break"].values())
+    result["graphs"] = counters["stats"]["unique_graphs"]
+    return result
+
+
 def _work(rank: int) -> dict[str, Any]:
     result = {
         f"exact_{source}_{k}": _train(rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"])
@@ -104,6 +141,13 @@ def _work(rank: int) -> dict[str, Any]:
     result["exact_micro_2_made_in_forward"] = _train(
         rank, "micro", EXACT["d"], 2, EXACT["steps"], EXACT["b"], made_in_forward=True
     )
+    for source, k in COMPILED:
+        variants = [(False, True), (True, True)] + ([(True, False)] if source == "micro" else [])
+        for compiled, probe in variants:
+            name = f"mlp_{source}_{k}_{'compiled' if compiled else 'eager'}"
+            result[name + ("" if probe else "_unprobed")] = _mlp_steps(
+                rank, source, k, compiled, probe
+            )
     for name, (source, k, steps, b) in TRUTH.items():
         result[f"truth_{name}"] = _train(rank, source, 32, k, steps, b)
     return result
@@ -167,6 +211,28 @@ def test_fsdp2_probe_made_inside_the_first_forward_logs_the_same_samples(
     module whose forward is running."""
     for rank in fsdp_runs:
         assert rank["exact_micro_2_made_in_forward"]["rows"] == rank["exact_micro_2"]["rows"]
+
+
+@pytest.mark.parametrize(("source", "k"), COMPILED)
+def test_fsdp2_compiled_logs_the_eager_samples(
+    fsdp_runs: list[dict[str, Any]], source: str, k: int
+) -> None:
+    """The sharded MLP's forward compiled (inductor): the eager samples. The micro source adds
+    no graph break (its hooks sit on the unsharded parameters and on the module call, which
+    runs eagerly). Per-example hooks sit inside the forward: at most one break per Linear."""
+    for rank in fsdp_runs:
+        eager, compiled = rank[f"mlp_{source}_{k}_eager"], rank[f"mlp_{source}_{k}_compiled"]
+        assert compiled["kind"] == "fsdp2" and compiled["error"] is None
+        assert len(compiled["rows"]) == EXACT["steps"]
+        for row, eager_row in zip(compiled["rows"], eager["rows"], strict=True):
+            for key in ("b_small", "b_big", "g_small_sq", "g_big_sq"):
+                assert row[key] == pytest.approx(eager_row[key], rel=1e-9)
+        assert compiled["graphs"] >= 1  # the MLP's body was compiled
+        if source == "micro":
+            unprobed = rank[f"mlp_{source}_{k}_compiled_unprobed"]
+            assert compiled["graph_breaks"] == unprobed["graph_breaks"] == 0
+        else:
+            assert compiled["graph_breaks"] <= 2
 
 
 @pytest.mark.parametrize("name", list(TRUTH))

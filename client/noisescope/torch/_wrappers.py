@@ -112,9 +112,16 @@ def _dtensor_group(params: list[nn.Parameter]) -> Any:
 
 
 def _uncompiled(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
-    """``torch.compile(model)`` -> (model, its compiled wrapper)."""
+    """``torch.compile(model)`` -> (model, its compiled wrapper). A model whose forward
+    method alone is compiled (``model.forward = torch.compile(model.forward)``, the way to
+    compile an FSDP2 root, whose hooks dynamo does not trace) is its own eager wrapper: its
+    module call, with the hooks on it, runs outside the graph."""
     orig = getattr(model, "_orig_mod", None)
-    return (orig, model) if isinstance(orig, nn.Module) else (model, None)
+    if isinstance(orig, nn.Module):
+        return orig, model
+    if getattr(model.__dict__.get("forward"), "_torchdynamo_orig_callable", None) is not None:
+        return model, model
+    return model, None
 
 
 def detect(model: nn.Module, process_group: Any = None) -> Layout:
