@@ -8,8 +8,10 @@ filters, axis choices) in the query string, so a URL shared is the view seen.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import streamlit as st
+from streamlit.navigation.page import StreamlitPage
 
 _HERE = Path(__file__).parent
 
@@ -23,34 +25,37 @@ ICON = (
 
 st.set_page_config(page_title="noisescope", page_icon=ICON, layout="wide")
 
-RUNS = _HERE / "views/runs.py"
+
+def _page(
+    view: str,
+    title: str,
+    icon: str,
+    *,
+    url_path: str | None = None,
+    default: bool = False,
+    visibility: Literal["visible", "hidden"] = "visible",
+) -> StreamlitPage:
+    """The page ``views/<view>.py`` under a Material ``icon``, at ``/<view>`` with hyphens for
+    underscores (``/compare-runs``) unless ``url_path`` names another."""
+    return st.Page(
+        _HERE / "views" / f"{view}.py",
+        title=title,
+        icon=f":material/{icon}:",
+        url_path=url_path or view.replace("_", "-"),
+        default=default,
+        visibility=visibility,
+    )
+
 
 PAGES = [
     # Streamlit serves the default page at "/" only; the hidden twin below answers "/runs".
-    st.Page(RUNS, title="Runs", icon=":material/list:", url_path="home", default=True),
-    st.Page(RUNS, title="Runs", icon=":material/list:", url_path="runs", visibility="hidden"),
-    st.Page(_HERE / "views/run.py", title="Run", icon=":material/show_chart:", url_path="run"),
-    st.Page(
-        _HERE / "views/compare_runs.py",
-        title="Compare runs",
-        icon=":material/compare_arrows:",
-        url_path="compare-runs",
-    ),
-    st.Page(
-        _HERE / "views/compare_tasks.py",
-        title="Compare tasks",
-        icon=":material/stacked_line_chart:",
-        url_path="compare-tasks",
-    ),
-    st.Page(
-        _HERE / "views/critical_batch.py",
-        title="Critical batch size",
-        icon=":material/functions:",
-        url_path="critical-batch",
-    ),
-    st.Page(
-        _HERE / "views/what_if.py", title="What-if", icon=":material/tune:", url_path="what-if"
-    ),
+    _page("runs", "Runs", "list", url_path="home", default=True),
+    _page("runs", "Runs", "list", visibility="hidden"),
+    _page("run", "Run", "show_chart"),
+    _page("compare_runs", "Compare runs", "compare_arrows"),
+    _page("compare_tasks", "Compare tasks", "stacked_line_chart"),
+    _page("critical_batch", "Critical batch size", "functions"),
+    _page("what_if", "What-if", "tune"),
 ]
 
 st.navigation(PAGES, position="top").run()
