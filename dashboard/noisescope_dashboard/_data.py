@@ -1,6 +1,6 @@
 """The dashboard's only source of numbers: the server's HTTP API through ``noisescope.Api``.
 
-Every value a page shows is an answer of the API (the dataclasses of ``noisescope._results``,
+Every value a page shows is an answer of the API (the result classes of ``noisescope``,
 ``noisescope.sweep`` and ``noisescope.recommend``), so a notebook calling ``noisescope.Api``
 reads exactly what the pages show. One ``Api`` (a keep-alive HTTP session) per server and
 token for the whole Streamlit process; answers are cached for ``TTL_S`` seconds, since live

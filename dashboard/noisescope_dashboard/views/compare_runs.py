@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from noisescope._results import RunSummary
+from noisescope import RunSummary
 from noisescope_dashboard import _data, _frames, _sizes, _state, _text, _ui
 from noisescope_dashboard._compare import compare_section
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import streamlit as st
 
-from noisescope._results import TaskSummary
+from noisescope import TaskSummary
 from noisescope.sweep import MIN_BATCH_SIZES, CriticalBatchReport
 from noisescope_dashboard import _charts, _data, _frames, _text, _ui
 from noisescope_dashboard._compare import compare_section

@@ -16,8 +16,7 @@ import math
 import pandas as pd
 import streamlit as st
 
-from noisescope import ApiError, NotFoundError, _wire
-from noisescope._results import RunSummary
+from noisescope import ApiError, NotFoundError, RunSummary, _wire
 from noisescope_dashboard import _branches, _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
 

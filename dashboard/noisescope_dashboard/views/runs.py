@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from noisescope._results import RunSummary
+from noisescope import RunSummary
 from noisescope_dashboard import _data, _frames, _state, _text, _ui
 
 #: Row height of Streamlit's dataframe, and the tallest table before it scrolls.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from noisescope._results import TaskSummary
+from noisescope import TaskSummary
 from noisescope.sweep import MIN_BATCH_SIZES
 from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
