@@ -17,6 +17,18 @@ from noisescope_dashboard._compare import compare_section
 #: Runs compared when the URL names none.
 DEFAULT_RUNS = 5
 
+#: The table's columns, in the order shown, with their headers.
+COLUMNS = {
+    "name": st.column_config.TextColumn("Run"),
+    "task": st.column_config.TextColumn("Task"),
+    "batch": st.column_config.TextColumn("Batch in use"),
+    "units": st.column_config.TextColumn("Units"),
+    "b_simple": st.column_config.TextColumn("B_simple now", help=_text.CURRENT_RULE),
+    "interval": st.column_config.TextColumn("90% interval"),
+    "ratio": st.column_config.TextColumn("B / B_simple"),
+    "why": st.column_config.TextColumn("No B_simple because"),
+}
+
 
 def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
     """The chosen runs by model size (docs/dashboard.md): shown when a run names its size in
@@ -113,17 +125,8 @@ def main(src: _data.Source) -> None:
         table,
         hide_index=True,
         width="stretch",
-        column_order=["name", "task", "batch", "units", "b_simple", "interval", "ratio", "why"],
-        column_config={
-            "name": st.column_config.TextColumn("Run"),
-            "task": st.column_config.TextColumn("Task"),
-            "batch": st.column_config.TextColumn("Batch in use"),
-            "units": st.column_config.TextColumn("Units"),
-            "b_simple": st.column_config.TextColumn("B_simple now", help=_text.CURRENT_RULE),
-            "interval": st.column_config.TextColumn("90% interval"),
-            "ratio": st.column_config.TextColumn("B / B_simple"),
-            "why": st.column_config.TextColumn("No B_simple because"),
-        },
+        column_order=list(COLUMNS),
+        column_config=COLUMNS,
     )
 
 
