@@ -121,19 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                 report.TaskResult(spec, crit, runs, records, fig, resent_total.get(name))
             )
             for t in crit.targets:
-                if t.determined and t.b_crit is not None and t.b_simple is not None:
-                    summary.append(
-                        {
-                            "task": name,
-                            "target": t.target,
-                            "b_crit": t.b_crit,
-                            "b_crit_lo": t.b_crit_lo,
-                            "b_crit_hi": t.b_crit_hi,
-                            "b_simple": t.b_simple,
-                            "b_simple_lo": t.b_simple_lo,
-                            "b_simple_hi": t.b_simple_hi,
-                        }
-                    )
+                point = t.b_simple_vs_b_crit()
+                if point is not None:
+                    summary.append({"task": name, **point})
                 interval = (
                     f" [{t.b_crit_lo:.3g}, {t.b_crit_hi:.3g}]"
                     if t.b_crit_lo is not None and t.b_crit_hi is not None

@@ -3,6 +3,7 @@ the frontier, the fit and its interval, B_simple at the same loss, default targe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -185,3 +186,34 @@ def test_crossing_step_interpolates_between_points() -> None:
     assert sweep.crossing_step([0, 10, 20], [3.0, 2.0, 1.0], 1.5) == pytest.approx(15.0)
     assert sweep.crossing_step([0, 10], [3.0, 2.0], 1.0) is None
     assert sweep.crossing_step([5, 10], [1.0, 0.5], 2.0) == 5.0
+
+
+def test_a_target_is_a_point_of_b_simple_against_b_crit_only_when_both_are_known() -> None:
+    t = sweep.TargetResult(
+        target=1.2,
+        points=[],
+        runs=[],
+        s_min=50.0,
+        e_min=1e4,
+        b_crit=200.0,
+        b_crit_lo=150.0,
+        b_crit_hi=260.0,
+        determined=True,
+        warnings=[],
+        b_simple=120.0,
+        b_simple_lo=100.0,
+        b_simple_hi=None,
+        b_simple_reason=None,
+    )
+    assert t.b_simple_vs_b_crit() == {
+        "target": 1.2,
+        "b_crit": 200.0,
+        "b_crit_lo": 150.0,
+        "b_crit_hi": 260.0,
+        "b_simple": 120.0,
+        "b_simple_lo": 100.0,
+        "b_simple_hi": None,
+    }
+    assert dataclasses.replace(t, determined=False).b_simple_vs_b_crit() is None
+    assert dataclasses.replace(t, b_crit=None).b_simple_vs_b_crit() is None
+    assert dataclasses.replace(t, b_simple=None).b_simple_vs_b_crit() is None

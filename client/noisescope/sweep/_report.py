@@ -117,6 +117,24 @@ class TargetResult:
     #: The fitted hyperbola from a quarter of the smallest to 4x the largest batch (for charts).
     curve: list[CurvePoint] = field(default_factory=list)
 
+    def b_simple_vs_b_crit(self) -> dict[str, float | None] | None:
+        """This target as one point of B_simple against B_crit (McCandlish et al. 2018, Fig. 7;
+        docs/science.md): ``target``, ``b_crit``, ``b_crit_lo``, ``b_crit_hi``, ``b_simple``,
+        ``b_simple_lo`` and ``b_simple_hi``. None unless the fit is determined and B_simple at
+        this loss was measured: an undetermined B_crit is no point of that comparison. The one
+        row the dashboard's Compare tasks chart and the reproduction's summary figure draw."""
+        if not (self.determined and self.b_crit is not None and self.b_simple is not None):
+            return None
+        return {
+            "target": self.target,
+            "b_crit": self.b_crit,
+            "b_crit_lo": self.b_crit_lo,
+            "b_crit_hi": self.b_crit_hi,
+            "b_simple": self.b_simple,
+            "b_simple_lo": self.b_simple_lo,
+            "b_simple_hi": self.b_simple_hi,
+        }
+
 
 @dataclass(frozen=True)
 class ExcludedRun:

@@ -132,28 +132,17 @@ def tasks_b_simple_vs_b_crit(
     for rep in reports:
         key = _text.task_key(rep.project, rep.task)
         for t in rep.targets:
+            point = t.b_simple_vs_b_crit()
+            if point is not None:
+                points.append({"task": key, "units": rep.units, **point})
+                continue
             why = []
             if not (t.determined and t.b_crit is not None):
                 why += t.warnings or ["B_crit is not determined"]
             if t.b_simple is None:
                 why.append(f"B_simple at this loss: {t.b_simple_reason or 'not measured'}")
-            if why:
-                left_out.append(
-                    {"task": key, "loss target": _text.target(t.target), "why": " · ".join(why)}
-                )
-                continue
-            points.append(
-                {
-                    "task": key,
-                    "target": t.target,
-                    "units": rep.units,
-                    "b_crit": t.b_crit,
-                    "b_crit_lo": t.b_crit_lo,
-                    "b_crit_hi": t.b_crit_hi,
-                    "b_simple": t.b_simple,
-                    "b_simple_lo": t.b_simple_lo,
-                    "b_simple_hi": t.b_simple_hi,
-                }
+            left_out.append(
+                {"task": key, "loss target": _text.target(t.target), "why": " · ".join(why)}
             )
         if not rep.targets:
             left_out.append(
