@@ -124,16 +124,11 @@ def main(argv: list[str] | None = None) -> int:
                 point = t.b_simple_vs_b_crit()
                 if point is not None:
                     summary.append({"task": name, **point})
-                interval = (
-                    f" [{t.b_crit_lo:.3g}, {t.b_crit_hi:.3g}]"
-                    if t.b_crit_lo is not None and t.b_crit_hi is not None
-                    else ""
-                )
                 progress.line(
                     f"{name} loss {t.target:g}: B_crit "
                     + (
-                        f"{t.b_crit:.3g}{interval}"
-                        if t.determined and t.b_crit is not None
+                        report.b_crit_text(t)
+                        if t.determined
                         else f"not determined ({'; '.join(t.warnings)})"
                     )
                     + ", B_simple "

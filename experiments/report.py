@@ -13,7 +13,7 @@ from experiments.analysis import b_simple_per_batch, run_name
 from experiments.tasks import TaskSpec
 from noisescope import sweep
 
-__all__ = ["TaskResult", "ratio", "render"]
+__all__ = ["TaskResult", "b_crit_text", "ratio", "render"]
 
 
 @dataclass
@@ -39,7 +39,9 @@ def ratio(t: sweep.TargetResult) -> float | None:
     return t.b_simple / t.b_crit
 
 
-def _crit_cell(t: sweep.TargetResult) -> str:
+def b_crit_text(t: sweep.TargetResult) -> str:
+    """B_crit with its interval ("200 [150–260]"), as the report's table and the run's progress
+    lines write it; "not determined" (with the fit's value, if any) otherwise."""
     if t.determined and t.b_crit_lo is not None and t.b_crit_hi is not None:
         return f"{_fmt(t.b_crit)} [{_fmt(t.b_crit_lo)}–{_fmt(t.b_crit_hi)}]"
     if t.b_crit is not None:
@@ -132,7 +134,7 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
         rt = ratio(t)
         line = (
             f"| {t.target:g} | {len(t.points)} | {_fmt(t.s_min)} | {_fmt(t.e_min)} | "
-            f"{_crit_cell(t)} | {simple} | {_fmt(rt, 2)} |"
+            f"{b_crit_text(t)} | {simple} | {_fmt(rt, 2)} |"
         )
         if truth:
             line += (
