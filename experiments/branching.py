@@ -289,7 +289,11 @@ def run_task(
             progress.line(
                 f"{setup.key} step {step} (loss {loss:.3g}): local B_crit "
                 + (f"{local.b_crit:.3g}" if local and local.b_crit else "-")
-                + f" [{local.b_crit_lo if local else None}, {local.b_crit_hi if local else None}]"
+                + (
+                    f" [{local.b_crit_lo:.3g}–{local.b_crit_hi:.3g}]"
+                    if local and local.b_crit_lo is not None and local.b_crit_hi is not None
+                    else ""
+                )
                 + (f" ({result.reused} branches reused)" if result.reused else "")
             )
             pending.append((step, loss, result))
