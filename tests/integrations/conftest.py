@@ -50,3 +50,15 @@ def stored_run(server: ServerProcess, run_id: str, series: str = "") -> Stored:
         series=series,
     )
     return Stored(dict(run._mapping), [dict(r._mapping) for r in samples])
+
+
+def assert_same_samples(
+    expected: list[dict[str, Any]], actual: list[dict[str, Any]], rel: float
+) -> None:
+    """The same training measured twice (eager and compiled): equal batch sizes, equal
+    squared norms and losses within ``rel``."""
+    assert len(actual) == len(expected)
+    for want, got in zip(expected, actual, strict=True):
+        assert (got["b_small"], got["b_big"]) == (want["b_small"], want["b_big"])
+        for key in ("g_small_sq", "g_big_sq", "loss"):
+            assert got[key] == pytest.approx(want[key], rel=rel)

@@ -23,7 +23,8 @@ from torch import Tensor
 from noisescope.integrations import LightningCallback
 from tests.integrations._lit import DigitsMLP, digits_loader
 from tests.integrations._subprocess import pythonpath as _pythonpath
-from tests.integrations.conftest import Stored, stored_run
+from tests.integrations.conftest import Stored, assert_same_samples, stored_run
+from tests.support.dynamo import compiled_counts
 from tests.support.servers import ServerProcess
 from tests.support.trainers import QUIET_LIGHTNING
 
@@ -103,6 +104,45 @@ def test_small_batches_first_measures_the_first_micro_batch_only(
         LightningCallback(small_batches="some")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="units"):
         LightningCallback(units="pixels")
+
+
+class _CallsItself(DigitsMLP):
+    """``training_step`` calls the module (``self(x)``): under Lightning's compile, which
+    compiles ``forward`` and ``training_step``, the module call and its hooks are traced."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)  # type: ignore[no-any-return]
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+
+def test_compiled_module_logs_the_eager_samples_without_a_graph_break(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """``trainer.fit(torch.compile(module))`` as Lightning documents it (inductor): the
+    accumulation test's seeded training, 2 epochs of cycles of 3 and 2 micro-batches, logs
+    the eager samples (float32: rel 1e-6) and dynamo reports no graph break."""
+    samples = {}
+    for compile_ in (False, True):
+        torch.manual_seed(0)
+        module = _CallsItself()
+        callback = LightningCallback(
+            project="integrations", task="digits", url=server.url, dir=tmp_path, quiet=True
+        )
+        with compiled_counts() as counts:
+            _trainer([callback]).fit(
+                torch.compile(module) if compile_ else module,  # type: ignore[arg-type]
+                digits_loader(16, n=80),
+            )
+        assert callback.run is not None
+        samples[compile_] = stored_run(server, callback.run.id).samples
+    assert module._compiler_ctx is not None  # Lightning compiled forward and training_step
+    assert counts.graphs >= 1
+    assert counts.graph_breaks == {}, counts.graph_breaks
+    assert len(samples[False]) == 4
+    assert_same_samples(samples[False], samples[True], rel=1e-6)
 
 
 class _CrashingMLP(DigitsMLP):

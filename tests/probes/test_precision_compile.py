@@ -20,6 +20,7 @@ from noisescope.torch import GradientNoiseProbe
 from tests.estimators.lsq_truth import LeastSquares
 from tests.probes.lsq_torch import ListSink, lsq_model
 from tests.probes.test_sources_truth import assert_truth
+from tests.support.dynamo import compiled_counts
 
 STEPS = 400
 #: source -> (micro-batches per step, examples per micro-batch)
@@ -75,31 +76,21 @@ def test_bf16_matches_closed_form(source: str, mode: str) -> None:
     assert_truth(sink.rows, p.truth(w))
 
 
-def _graph_breaks() -> dict[str, Any]:
-    from torch._dynamo.utils import counters
-
-    return dict(counters["graph_break"])
-
-
 @pytest.mark.parametrize("source", list(SHAPES))
 def test_compiled_model_logs_the_eager_samples(source: str) -> None:
     """Inductor on the CPU: the same samples as eager. The micro source's hooks are on the
     parameters (outside the graph): no graph break. Per-example hooks sit inside the forward:
     one graph break per hooked layer (docs/sources.md says so; the cost is benchmarked)."""
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-
     p, w = _problem(8)
     rows: dict[bool, list[dict[str, Any]]] = {}
     for compiled in (False, True):
-        torch._dynamo.reset()
-        counters.clear()
         model, sink = lsq_model(p, w), ListSink()
         forward = torch.compile(model) if compiled else None
-        _train(model, sink, p, source, 6, torch.float64, autocast=False, forward=forward)  # type: ignore[arg-type]
+        with compiled_counts() as counts:
+            _train(model, sink, p, source, 6, torch.float64, autocast=False, forward=forward)  # type: ignore[arg-type]
         rows[compiled] = sink.rows
         if compiled:
-            breaks = _graph_breaks()
+            breaks = counts.graph_breaks
             if source == "micro":
                 assert breaks == {}, breaks
             else:

@@ -101,7 +101,10 @@ class GradWatch:
         ]
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not self.armed or not torch.is_grad_enabled():
+        """Inside a compiled caller (Lightning compiles ``training_step`` too) the hook is
+        traced: it does nothing there, since its gradient hook's end-of-backward callback
+        would break the graph; the step goes unwatched."""
+        if torch.compiler.is_compiling() or not self.armed or not torch.is_grad_enabled():
             return
         out = _first_grad_tensor(output)
         if out is not None:

@@ -277,6 +277,8 @@ class GradientNoiseProbe:
         incoming gradient: micro_step reads all of them with one batched norm instead of one
         hook call per parameter. Otherwise, and for every later backward, the hooks stay.
         """
+        if torch.compiler.is_compiling():
+            return  # traced (inside a compiled caller): the hooks stay, the graph unbroken
         if self._n_micro or self._decided or not self._armed or not torch.is_grad_enabled():
             return
         self._decided = True
