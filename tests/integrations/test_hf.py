@@ -26,7 +26,8 @@ from transformers import Trainer, TrainingArguments, default_data_collator
 from noisescope.integrations import HuggingFaceCallback
 from tests.integrations._subprocess import pythonpath as _pythonpath
 from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
-from tests.integrations.conftest import stored_run
+from tests.integrations.conftest import assert_same_samples, stored_run
+from tests.support.dynamo import compiled_counts
 from tests.support.servers import ServerProcess
 from tests.support.trainers import QUIET_HF
 
@@ -185,6 +186,40 @@ def test_mean_loss_model_in_examples_with_a_short_last_cycle(
         # mean loss / k: the accumulated gradient is the step's mean gradient
         assert sample["g_big_sq"] == pytest.approx(norm**2, rel=1e-4)
         assert sample["g_small_sq"] > 0
+
+
+def test_torch_compile_logs_the_eager_samples_without_a_graph_break(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """``torch_compile=True`` (inductor): Accelerate hands the Trainer ``torch.compile(model)``,
+    whose module call runs eagerly and the model's own call inside the graph. The same seeded
+    training as the short-last-cycle test logs the eager samples (float32: rel 1e-6), and
+    dynamo reports no graph break in the compiled forward, with the callback's hooks on."""
+    samples = {}
+    for compile_ in (False, True):
+        callback = _callback(server, tmp_path, task="digits-mlp")
+        args = _args(
+            tmp_path,
+            gradient_accumulation_steps=4,
+            max_steps=-1,
+            num_train_epochs=1,
+            torch_compile=compile_,
+        )
+        trainer = Trainer(
+            model=MeanLossClassifier(),
+            args=args,
+            train_dataset=DigitsDataset(24),
+            callbacks=[callback],
+        )
+        with compiled_counts() as counts:
+            trainer.train()
+        assert callback.run is not None
+        samples[compile_] = stored_run(server, callback.run.id).samples
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"  # the Trainer compiled it
+    assert counts.graphs >= 1
+    assert counts.graph_breaks == {}, counts.graph_breaks
+    assert len(samples[False]) == 2
+    assert_same_samples(samples[False], samples[True], rel=1e-6)
 
 
 def test_small_batches_first_measures_the_first_micro_batch_only(

@@ -154,6 +154,8 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         self._state: TrainerState | None = None
         self._model: nn.Module | None = None
         self._ddp: nn.Module | None = None
+        #: ``torch_compile=True``: the Trainer's compiled wrapper of the model, once called
+        self._compiled: nn.Module | None = None
         self._expect_ddp = False
         self._optimizer: Any = None
         self._scheduler: Any = None
@@ -161,6 +163,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         self._shifts_labels = False
         self._handles: list[RemovableHandle] = []
         self._ddp_finder: RemovableHandle | None = None
+        self._compiled_finder: RemovableHandle | None = None
         self._micro: _Micro | None = None
         self._n_items_cache: tuple[int, float] | None = None
         self._token_scale = 1.0
@@ -179,6 +182,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
     ) -> None:
         """Install the model hooks; the run and probe start at the first training forward."""
         self._remove_hooks()
+        self._compiled = None
         self._begin_training()
         self._args, self._state = args, state
         self._optimizer, self._scheduler = optimizer, lr_scheduler
@@ -226,6 +230,10 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             self._ddp_finder = nn.modules.module.register_module_forward_pre_hook(
                 self._find_ddp_wrapper
             )
+        if getattr(args, "torch_compile", False):
+            self._compiled_finder = nn.modules.module.register_module_forward_pre_hook(
+                self._find_compiled_wrapper
+            )
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -256,6 +264,34 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         """Global forward pre-hook, only until found: the DDP wrapper the Trainer built."""
         if isinstance(module, nn.parallel.DistributedDataParallel) and module.module is self._model:
             self._ddp = module
+
+    def _find_compiled_wrapper(self, module: nn.Module, args: Any) -> None:
+        """Global forward pre-hook, only until the first forward: the wrapper
+        ``torch_compile=True`` built (``torch.compile`` of the model, or of its DDP wrapper).
+
+        Its module call runs eagerly, the model's own call inside the compiled graph: the
+        callback's hooks move from the model to the wrapper before the first trace, so dynamo
+        never traces them (no graph break, no hook in the graph). The wrapper's pre-hooks for
+        this call are already chosen, so one forward hook does both hooks' work.
+        """
+        orig = getattr(module, "_orig_mod", None)
+        if orig is None or self._model is None:
+            return
+        ddp = orig if isinstance(orig, nn.parallel.DistributedDataParallel) else None
+        if orig is not self._model and (ddp is None or ddp.module is not self._model):
+            return
+        self._remove_hooks()
+        self._compiled, self._ddp = module, ddp
+        self._handles.append(
+            module.register_forward_hook(self._after_compiled_forward, with_kwargs=True)
+        )
+
+    def _after_compiled_forward(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        assert self._model is not None
+        self._before_forward(self._model, args, kwargs)
+        self._after_forward(module, args, kwargs, output)
 
     def _before_forward(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -388,14 +424,13 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
                 "measuring each process on its own",
                 stacklevel=2,
             )
-        if self._ddp_finder is not None:
-            self._ddp_finder.remove()  # only needed until the first forward
-            self._ddp_finder = None
+        self._remove_finders()  # only needed until the first forward
         run = self.run
         if run is None:
             run = self._init_run(**self._run_defaults(args, module, units, labels))
+        wrapper = self._compiled if self._compiled is not None else self._ddp
         self._attach_probe(
-            self._ddp if self._ddp is not None else module,
+            wrapper if wrapper is not None else module,
             run,
             units=units,
             micro_loss="mean/k",  # used when the model gets no num_items_in_batch
@@ -453,9 +488,13 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        if self._ddp_finder is not None:
-            self._ddp_finder.remove()
-            self._ddp_finder = None
+        self._remove_finders()
+
+    def _remove_finders(self) -> None:
+        for finder in (self._ddp_finder, self._compiled_finder):
+            if finder is not None:
+                finder.remove()
+        self._ddp_finder = self._compiled_finder = None
 
 
 def _truthy(flag: str | None) -> bool:
