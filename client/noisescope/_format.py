@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["count", "ratio"]
+__all__ = ["count", "ratio", "ratio_interval", "whole"]
 
 
 def count(value: float) -> str:
@@ -29,10 +29,39 @@ def count(value: float) -> str:
     return f"{value:.2g}"
 
 
-def ratio(value: float) -> str:
-    """A ratio such as B / B_simple: 0.3, 1.2, 75, 1,200."""
+def whole(value: float) -> str:
+    """A count read as a whole number, such as devices or a batch: 6, 98, 1,235, 2.1M."""
+    return count(round(value)) if math.isfinite(value) else count(value)
+
+
+def _significant(value: float, digits: int) -> str:
+    """``value`` to ``digits`` significant digits, trailing zeros dropped, never an exponent."""
+    if value == 0:
+        return "0"
+    rounded = float(f"{value:.{digits}g}")
+    if abs(rounded) >= 100:
+        return f"{rounded:,.0f}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(rounded))))
+    text = f"{rounded:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def ratio(value: float, digits: int = 2) -> str:
+    """A ratio such as B / B_simple, to two significant digits: 0.064, 0.64, 1.2, 75, 1,200."""
     if not math.isfinite(value):
         return "∞"
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.2g}" if abs(value) >= 1 else f"{value:.1g}"
+    return _significant(value, digits)
+
+
+def ratio_interval(lo: float, hi: float, head: float | None = None) -> tuple[str, str]:
+    """An interval's two ends as ratios, with the fewest significant digits (2 to 4) that keep
+    ends of different values apart from each other and from ``ratio(head)``: a tight interval
+    around 0.64 reads "0.638 to 0.645", never "0.64 to 0.64"."""
+    head_text = None if head is None else ratio(head)
+    for digits in (2, 3, 4):
+        lo_text, hi_text = ratio(lo, digits), ratio(hi, digits)
+        if (lo_text != hi_text or lo == hi) and all(
+            text != head_text or end == head for text, end in ((lo_text, lo), (hi_text, hi))
+        ):
+            break
+    return lo_text, hi_text

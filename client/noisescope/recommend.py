@@ -99,18 +99,19 @@ class Recommendation:
 
     def summary(self) -> str:
         """One line a training script can print."""
+        count = _format.count
         if self.b_simple is None or self.current is None:
-            return f"batch {self.batch_size:g}: {self.reason or 'not yet measurable'}"
+            return f"batch {count(self.batch_size)}: {self.reason or 'not yet measurable'}"
         interval = ""
         if self.b_simple_lo is not None and self.b_simple_hi is not None:
-            interval = f" [{self.b_simple_lo:.3g}, {self.b_simple_hi:.3g}]"
+            interval = f" [{count(self.b_simple_lo)}, {count(self.b_simple_hi)}]"
         line = (
-            f"B_simple {self.b_simple:.3g}{interval}; batch {self.batch_size:g}: "
-            f"{self.current.steps_ratio:.2f}x min steps, "
-            f"{self.current.examples_ratio:.2f}x min examples"
+            f"B_simple {count(self.b_simple)}{interval}; batch {count(self.batch_size)}: "
+            f"{_format.ratio(self.current.steps_ratio)}× min steps, "
+            f"{_format.ratio(self.current.examples_ratio)}× min examples"
         )
         if self.goodput_batch_size is not None:
-            line += f"; goodput-optimal batch {self.goodput_batch_size:g}"
+            line += f"; goodput-optimal batch {count(self.goodput_batch_size)}"
         return line
 
 
@@ -127,9 +128,11 @@ def verdict(
     """The batch in use read against B_crit ≈ ``reference_value`` (docs/science.md's S-E model).
 
     Compares the batch with doubling or halving it through ``steps_ratio`` and
-    ``examples_ratio``: "batch 256 is ~0.3× B_simple (90% interval 0.2× to 0.5×): doubling it
+    ``examples_ratio``: "batch 256 is ~0.3× B_simple (90% interval 0.2× to 0.49×): doubling it
     would cut steps by ~38% for ~23% more examples." When the interval reaches across the
     balance point (B = B_crit/2 .. 2 B_crit), the sentence says the advice is only a direction.
+    Ratios read with two significant digits, the interval's ends with as many more as keep
+    them apart (``_format.ratio_interval``).
     """
     if reference_value is None or not reference_value > 0 or not batch_size > 0:
         return f"{reference} is not yet measurable, so there is no verdict on the batch size yet."
@@ -140,9 +143,10 @@ def verdict(
     r_lo = batch_size / hi if hi is not None and hi > 0 else None
     r_hi = batch_size / lo if lo is not None and lo > 0 else (math.inf if lo == 0 else None)
     if r_lo is not None and r_hi is not None:
+        lo_text, hi_text = _format.ratio_interval(r_lo, r_hi, head=r)
         head += (
             f" ({level:.0%} interval " if level is not None else " (interval "
-        ) + f"{_format.ratio(r_lo)}× to {_format.ratio(r_hi)}×)"
+        ) + f"{lo_text}× to {hi_text}×)"
     s_now = steps_ratio(batch_size, value)
     e_now = examples_ratio(batch_size, value)
     if r < 0.5:
@@ -163,8 +167,8 @@ def verdict(
         sure = r_lo is None or r_lo > 2.0
     else:
         text = (
-            f"{head}: near the balance point, at ~{s_now:.2g}× the minimum steps and "
-            f"~{e_now:.2g}× the minimum {units}."
+            f"{head}: near the balance point, at ~{_format.ratio(s_now)}× the minimum steps and "
+            f"~{_format.ratio(e_now)}× the minimum {units}."
         )
         sure = True
     if not sure:

@@ -85,7 +85,7 @@ def test_runs_table_shows_every_run_and_why_some_have_no_number(
     assert lm["tags"] == "<script>alert(1)</script>, **bold**"
     assert lm["batch"] == "8,192"  # the batch-size change, written as people write it
     digits = table.loc[DIGITS64]
-    assert digits["b_simple"] == "100" and digits["ratio"] == "0.6×"
+    assert digits["b_simple"] == "100" and digits["ratio"] == "0.64×"
     assert digits["why"] == ""
     for uid in (SHORT, NOTICE):  # not measurable: no number, no ratio, and why
         row = table.loc[uid]
@@ -119,7 +119,7 @@ def test_run_page_headline_and_verdict(make_app: MakeApp, server: str, api: Api)
     assert metrics == {
         "B_simple now": "100",
         "Batch in use": "64 examples",
-        "B / B_simple": "0.6×",
+        "B / B_simple": "0.64×",
         "Loss": "0.153",
     }
     run = api.run(DIGITS64)
@@ -128,7 +128,7 @@ def test_run_page_headline_and_verdict(make_app: MakeApp, server: str, api: Api)
     assert "the same value as the Runs table and the API" in caption
     verdict = api.recommendation(DIGITS64).recommendation.verdict
     assert plain(at.info[0].value) == verdict
-    assert verdict.startswith("batch 64 is ~0.6× B_simple")
+    assert verdict.startswith("batch 64 is ~0.64× B_simple")
 
 
 def test_run_page_unknown_run_is_not_found(make_app: MakeApp, server: str) -> None:

@@ -17,7 +17,7 @@ from noisescope.estimators import (
     scaled_lr,
     statistical_efficiency,
 )
-from noisescope.recommend import NoiseTracker, default_candidates, recommend
+from noisescope.recommend import NoiseTracker, default_candidates, recommend, verdict
 
 
 def test_efficiency_is_pollux_and_the_examples_ratio_of_the_s_e_model() -> None:
@@ -57,7 +57,16 @@ def test_recommendation_matches_hand_computed_values() -> None:
     assert by_b[400].examples_ratio == 5.0
     assert rec.critical_batch_size == 100.0
     assert rec.goodput_batch_size is None  # no throughput given
-    assert "B_simple 100 [80, 130]" in rec.summary()
+    assert rec.summary() == "B_simple 100 [80, 130]; batch 50: 3× min steps, 1.5× min examples"
+
+
+def test_a_tight_interval_reads_as_two_ends_apart_from_the_ratio() -> None:
+    # B / B_simple = 64/100 with ends 64/100.5 and 64/99.5: at two digits all three read 0.64
+    text = verdict(64, 100.0, lo=99.5, hi=100.5, level=0.9)
+    assert text == (
+        "batch 64 is ~0.64× B_simple (90% interval 0.637× to 0.643×): near the balance point, "
+        "at ~2.6× the minimum steps and ~1.6× the minimum examples."
+    )
 
 
 def test_goodput_optimal_batch_from_measured_throughput() -> None:
