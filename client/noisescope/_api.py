@@ -252,12 +252,15 @@ class Api:
         max_devices: int | None = None,
         units: str = "examples",
         batch_size: float | None = None,
+        reference: str = "B_crit",
     ) -> ParallelismPlan:
         """How many devices pay off at ``b_crit``: each doubling's speed-up and waste (and,
-        with ``batch_size``, a verdict on that batch)."""
+        with ``batch_size``, a verdict on that batch). ``reference`` names what ``b_crit`` is,
+        "B_crit" (a sweep fit) or "B_simple" (taken as B_crit), for the sentences."""
         query = {
             "units": units,
             "batch_size": batch_size,
+            "reference": reference,
             "b_crit": b_crit,
             "per_device_batch": per_device_batch,
             "s_min": s_min,

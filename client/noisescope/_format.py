@@ -30,8 +30,9 @@ def count(value: float) -> str:
 
 
 def whole(value: float) -> str:
-    """A count read as a whole number, such as devices or a batch: 6, 98, 1,235, 2.1M."""
-    return count(round(value)) if math.isfinite(value) else count(value)
+    """A count read as a whole number, such as devices or a batch: 6, 98, 1,235, 2.1M (below
+    one, as ``count``: 0.4 is not "0")."""
+    return count(round(value)) if math.isfinite(value) and abs(value) >= 1 else count(value)
 
 
 def _significant(value: float, digits: int) -> str:

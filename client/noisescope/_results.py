@@ -201,9 +201,11 @@ class ParallelismPlan:
     step_time: float | None
     rows: list[ParallelismRow]
     summary: str
-    #: For a chosen batch size: the sentence ``recommend.verdict`` gives against B_crit.
+    #: For a chosen batch size: the sentence ``recommend.verdict`` gives against ``b_crit``.
     batch_size: float | None = None
     verdict: str | None = None
+    #: What ``b_crit`` is: "B_crit" (a sweep fit) or "B_simple" (taken as B_crit ≈ B_simple).
+    reference: str = "B_crit"
 
 
 @dataclass(frozen=True)

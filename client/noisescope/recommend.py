@@ -21,7 +21,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from noisescope import _format
 from noisescope._results import ParallelismPlan, ParallelismRow
@@ -43,9 +43,11 @@ from noisescope.estimators import (
 )
 
 __all__ = [
+    "REFERENCES",
     "BatchOption",
     "NoiseTracker",
     "Recommendation",
+    "Reference",
     "default_candidates",
     "parallelism_plan",
     "recommend",
@@ -375,6 +377,12 @@ class NoiseTracker:
         )
 
 
+#: What a parallelism plan's critical batch size is: the sweep fit's B_crit, or a B_simple taken
+#: as B_crit (docs/science.md: B_crit ≈ B_simple, which may underestimate it).
+Reference = Literal["B_crit", "B_simple"]
+REFERENCES: tuple[Reference, ...] = get_args(Reference)
+
+
 def parallelism_plan(
     b_crit: float,
     per_device_batch: float,
@@ -385,6 +393,7 @@ def parallelism_plan(
     max_devices: int | None = None,
     units: str = "examples",
     batch_size: float | None = None,
+    reference: Reference = "B_crit",
 ) -> ParallelismPlan:
     """How far data parallelism pays at ``b_crit`` (docs/science.md's S-E model, ideal scaling).
 
@@ -393,8 +402,11 @@ def parallelism_plan(
     doubling, and the share of the compute beyond the minimum. With ``s_min`` (from a sweep
     fit) the rows give absolute steps, and with ``step_time`` (seconds per step, taken as
     independent of the device count) hours as well. ``batch_size`` adds the ``verdict`` on
-    that batch against B_crit.
+    that batch. ``reference`` (one of ``REFERENCES``) names what ``b_crit`` is, so the
+    sentences say "B_crit" for a sweep fit and "B_simple" for a B_simple used in its place.
     """
+    if reference not in REFERENCES:
+        raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     for name, value in (("b_crit", b_crit), ("per_device_batch", per_device_batch)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a finite positive number, got {value}")
@@ -429,18 +441,22 @@ def parallelism_plan(
         devices *= 2
     limit_batch = limit * per_device_batch
     waste = compute_waste(limit_batch, b_crit)
+    name = "B_crit" if reference == "B_crit" else "B_crit ≈ B_simple"
+    basis = f"{name} = {_format.count(b_crit)}"
     if limit < 1:
         summary = (
             f"Even one device at {_format.count(per_device_batch)} {units} per step is past the "
-            f"point where doubling pays {min_speedup:g}×: B_crit is {_format.count(b_crit)} "
-            f"{units}, so a smaller batch per device would waste less compute."
+            f"point where doubling pays {min_speedup:g}×: {basis} {units}, so a smaller batch per "
+            "device would waste less compute."
         )
     else:
+        # the limit read in whole devices, the batch there in whole examples: both approximate
+        devices_text = _format.whole(limit)
         summary = (
-            f"Past ~{limit:,.0f} devices ({_format.count(limit_batch)} {units} per "
-            f"step) each doubling of devices speeds training up by less than {min_speedup:g}×, "
-            f"and {waste:.0%} of the compute already goes beyond the minimum "
-            f"(B_crit = {_format.count(b_crit)} {units})."
+            f"Past ~{devices_text} {'device' if devices_text == '1' else 'devices'} "
+            f"(~{_format.whole(limit_batch)} {units} per step) each doubling of devices speeds "
+            f"training up by less than {min_speedup:g}×, and {waste:.0%} of the compute already "
+            f"goes beyond the minimum ({basis} {units})."
         )
     return ParallelismPlan(
         b_crit=b_crit,
@@ -456,5 +472,6 @@ def parallelism_plan(
         batch_size=batch_size,
         verdict=None
         if batch_size is None
-        else verdict(batch_size, b_crit, units=units, reference="B_crit"),
+        else verdict(batch_size, b_crit, units=units, reference=reference),
+        reference=reference,
     )

@@ -193,6 +193,7 @@ def parallelism(
     min_speedup: float,
     units: str,
     batch_size: float | None,
+    reference: str,
 ) -> ParallelismPlan:
     return api(src).parallelism(
         b_crit,
@@ -202,4 +203,5 @@ def parallelism(
         min_speedup=min_speedup,
         units=units,
         batch_size=batch_size,
+        reference=reference,
     )

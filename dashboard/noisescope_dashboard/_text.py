@@ -63,6 +63,11 @@ def count(value: float | None) -> str:
     return _format.count(value) if value is not None else DASH
 
 
+def whole(value: float | None) -> str:
+    """A count read as a whole number ("6" devices, "98" examples); a dash when there is none."""
+    return _format.whole(value) if value is not None else DASH
+
+
 def ratio(value: float | None) -> str:
     """A ratio such as B / B_simple ("0.3×"); a dash when there is none."""
     return f"{_format.ratio(value)}×" if value is not None else DASH

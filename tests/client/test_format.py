@@ -45,6 +45,8 @@ def test_an_interval_s_ends_read_apart_from_each_other_and_from_the_head(
     assert _format.ratio_interval(lo, hi, head=head) == texts
 
 
-@pytest.mark.parametrize(("value", "text"), [(97.8, "98"), (6.1, "6"), (1234.6, "1,235")])
+@pytest.mark.parametrize(
+    ("value", "text"), [(97.8, "98"), (6.1, "6"), (1234.6, "1,235"), (2.4e6, "2.4M"), (0.4, "0.4")]
+)
 def test_whole_counts(value: float, text: str) -> None:
     assert _format.whole(value) == text

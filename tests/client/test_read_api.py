@@ -75,6 +75,10 @@ def test_every_read_decodes_into_the_shared_dataclasses(
     assert rec.recommendation.batch_size == 64.0 and rec.batch_size_source == "event"
     plan = api.parallelism(2000, 32, batch_size=256)
     assert plan.rows[0].devices == 1 and plan.verdict is not None
+    assert plan.reference == "B_crit" and "× B_crit" in plan.verdict
+    plan = api.parallelism(2000, 32, batch_size=256, reference="B_simple")
+    assert plan.reference == "B_simple" and plan.verdict is not None
+    assert "× B_simple" in plan.verdict and "B_crit ≈ B_simple = 2,000" in plan.summary
     assert api.samples_csv(loaded["run"]).count("\n") == 801
     assert "api" in api.projects()
 
@@ -102,6 +106,8 @@ def test_errors_name_what_is_wrong(server: ServerProcess) -> None:
         api.critical_batch("api", "no-such-task")
     with pytest.raises(noisescope.ApiError, match="422"):
         api.parallelism(100, 1, min_speedup=3)
+    with pytest.raises(noisescope.ApiError, match="'B_crit' or 'B_simple'"):
+        api.parallelism(100, 1, reference="B_noise")
     with pytest.raises(noisescope.ApiError, match="no answer"):
         noisescope.Api("http://127.0.0.1:9", timeout=2).runs()
 

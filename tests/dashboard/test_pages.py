@@ -384,6 +384,7 @@ def test_what_if_renders_the_parallelism_plan(make_app: MakeApp, server: str, ap
         min_speedup=1.5,
         units="examples",
         batch_size=512,
+        reference="B_crit",
     )
     assert plain(at.info[0].value) == plan.summary
     assert plan.verdict is not None and plain(at.markdown[0].value).endswith(plan.verdict)
@@ -414,6 +415,24 @@ def test_what_if_median_b_simple_has_no_absolute_steps(make_app: MakeApp, server
     assert not at.exception
     assert "median current B_simple" in plain(at.caption[0].value)
     assert set(at.dataframe[0].value["steps"]) == {""}
+
+
+def test_what_if_names_b_simple_when_the_source_is_b_simple(
+    make_app: MakeApp, server: str, api: Api
+) -> None:
+    """A B_simple source is read against B_simple (taken as B_crit), never called B_crit."""
+    targets = api.critical_batch("vision", "digits").targets
+    at_loss = next(t for t in targets if t.b_simple is not None)
+    fit = next(t for t in targets if t.determined)
+    for source in ("median", f"bsimple:{at_loss.target:g}"):
+        at = make_app(server, "what_if", task="vision/digits", b="512", source=source)
+        assert not at.exception
+        summary, verdict = plain(at.info[0].value), plain(at.markdown[0].value)
+        assert "(B_crit ≈ B_simple = " in summary and "(B_crit = " not in summary, source
+        assert "× B_simple" in verdict and "B_crit" not in verdict, source
+    at = make_app(server, "what_if", task="vision/digits", b="512", source=f"bcrit:{fit.target:g}")
+    assert "(B_crit = " in plain(at.info[0].value)
+    assert "× B_crit" in plain(at.markdown[0].value)
 
 
 def test_what_if_unknown_task_is_not_found(make_app: MakeApp, server: str) -> None:

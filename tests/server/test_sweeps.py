@@ -160,7 +160,33 @@ def test_parallelism_answers_the_device_question(client: httpx.Client) -> None:
     assert rows[32]["doubling_speedup"] > 1.5 > rows[64]["doubling_speedup"]
     assert rows[1]["steps"] == pytest.approx(1000 * (1 + 2000 / 32))
     assert rows[1]["hours"] == pytest.approx(rows[1]["steps"] * 0.5 / 3600)
-    assert "Past ~31 devices" in plan["summary"]
+    # read at the limit, in whole devices and whole examples: 31.25 devices, 1,000 examples
+    assert plan["summary"] == (
+        "Past ~31 devices (~1,000 examples per step) each doubling of devices speeds training "
+        "up by less than 1.5×, and 33% of the compute already goes beyond the minimum "
+        "(B_crit = 2,000 examples)."
+    )
+    assert plan["reference"] == "B_crit"
     for bad in ({"b_crit": 0, "per_device_batch": 1}, {"b_crit": 5, "per_device_batch": 1,
                 "min_speedup": 2}, {"b_crit": "nan", "per_device_batch": 1}):  # fmt: skip
         assert client.get(f"{API}/parallelism", params=bad).status_code == 422
+
+
+def test_parallelism_names_the_quantity_it_was_given(client: httpx.Client) -> None:
+    """A B_simple passed as the critical batch size is called B_simple, taken as B_crit."""
+    params = {"b_crit": 100, "per_device_batch": 16, "batch_size": 64, "reference": "B_simple"}
+    r = client.get(f"{API}/parallelism", params=params)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["reference"] == "B_simple"
+    assert plan["summary"] == (
+        "Past ~3 devices (~50 examples per step) each doubling of devices speeds training up "
+        "by less than 1.5×, and 33% of the compute already goes beyond the minimum "
+        "(B_crit ≈ B_simple = 100 examples)."
+    )
+    assert plan["verdict"].startswith("batch 64 is ~0.64× B_simple: near the balance point")
+    one = client.get(f"{API}/parallelism", params={**params, "per_device_batch": 64}).json()
+    assert "doubling pays 1.5×: B_crit ≈ B_simple = 100 examples, so" in one["summary"]
+    r = client.get(f"{API}/parallelism", params={**params, "reference": "b_simple"})
+    assert r.status_code == 422, r.text
+    assert "'B_crit' or 'B_simple'" in r.text

@@ -20,12 +20,14 @@ from noisescope_dashboard._text import md
 
 @dataclass(frozen=True)
 class Estimate:
-    """Where the critical batch size comes from, in words, and its value (and S_min)."""
+    """Where the critical batch size comes from, in words, its value (and S_min), and which
+    quantity it is (``recommend.REFERENCES``), for the API's sentences."""
 
     label: str
     b_crit: float
     s_min: float | None
     explain: str
+    reference: str = "B_crit"
 
 
 def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
@@ -55,6 +57,7 @@ def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
             f"B_simple = {_text.count(task.b_simple_median)} {units}, the median current "
             f"B_simple of the task's {task.n_measured} measured runs, as the estimate of B_crit "
             "(it may underestimate it); no S_min, so steps are relative to the minimum.",
+            "B_simple",
         )
     for t in targets:
         if t.b_simple is not None:
@@ -65,6 +68,7 @@ def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
                 f"B_simple = {_text.count(t.b_simple)} {units} measured at loss "
                 f"{_text.target(t.target)} as the estimate of B_crit (it may underestimate "
                 "it); no S_min, so steps are relative to the minimum.",
+                "B_simple",
             )
     return out
 
@@ -147,13 +151,16 @@ def main(src: _data.Source) -> None:
         min_speedup=float(min_speedup),
         units=units,
         batch_size=float(batch),
+        reference=source.reference,
     )
     st.info(md(plan.summary), icon=":material/speed:")
     if plan.verdict:
         st.markdown(f"**Batch {_text.count(batch)}:** " + md(plan.verdict))
     m1, m2, m3 = st.columns(3)
-    m1.metric("Device limit", f"~{plan.device_limit:,.0f}" if plan.device_limit >= 1 else "< 1")
-    m2.metric("Batch at the limit", f"{_text.count(plan.limit_batch_size)} {word}")
+    # read as the summary reads them: whole devices, whole examples (tokens)
+    limit = f"~{_text.whole(plan.device_limit)}" if plan.device_limit >= 1 else "< 1"
+    m1.metric("Device limit", limit)
+    m2.metric("Batch at the limit", f"~{_text.whole(plan.limit_batch_size)} {word}")
     m3.metric("Extra compute at the limit", _text.percent(plan.limit_waste))
     st.dataframe(
         _frames.parallelism_table(plan, units),

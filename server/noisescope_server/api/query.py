@@ -24,7 +24,7 @@ from noisescope._results import (
     SeriesInfo,
     TaskSummary,
 )
-from noisescope.recommend import parallelism_plan
+from noisescope.recommend import Reference, parallelism_plan
 from noisescope.sweep import CriticalBatchReport
 from noisescope_server import queries, sweeps
 from noisescope_server.api.deps import EngineDep, ReadScope, SettingsDep
@@ -284,6 +284,10 @@ def get_parallelism(
     batch_size: Annotated[
         float | None, Query(gt=0, le=1e18, description="a batch to give a verdict on")
     ] = None,
+    reference: Annotated[
+        Reference,
+        Query(description="what b_crit is: a sweep fit's B_crit or a B_simple taken as B_crit"),
+    ] = "B_crit",
 ) -> Response:
     with value_errors_as_bad_input():  # e.g. more devices than max_devices allows
         plan = parallelism_plan(
@@ -295,5 +299,6 @@ def get_parallelism(
             max_devices=max_devices,
             units=units,
             batch_size=batch_size,
+            reference=reference,
         )
     return _json(plan)
