@@ -8,7 +8,7 @@ chart with its labels never cut, a click on a legend entry highlights it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 import streamlit as st
@@ -35,9 +35,10 @@ def compare_section(
     key: str,
     progress: bool = True,
     noun: str = "runs",
+    colours: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
-    """Controls and charts for ``runs``; ``color`` is ``run_name`` or ``task``. Returns the
-    points drawn."""
+    """Controls and charts for ``runs``; ``color`` is ``run_name`` or ``task``, ``colours``
+    the page's fixed name-to-colour mapping, if it has one. Returns the points drawn."""
     c1, c2, c3 = st.columns([1.4, 1.2, 1])
     progress_x = "progress"
     if progress:
@@ -108,6 +109,7 @@ def compare_section(
                     log_y=log_y,
                     y_title=f"B_simple ({word})",
                     title=title,
+                    colours=colours,
                 ),
                 part,
                 title=title,

@@ -291,6 +291,24 @@ def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api
         assert set(shown["units"]) == {units}
         got |= {(r.task, r.units, r.target, r.b_crit, r.b_simple) for r in shown.itertuples()}
     assert got == expected
+    # one colour per task across every chart of the page (each chart lists its own tasks)
+    colour_of: dict[str, set[str]] = {}
+    by_chart: dict[str, list[str]] = {}
+    for title, spec in specs.items():
+        for layer in spec_layers(spec):
+            colour = layer.get("encoding", {}).get("color", {})
+            if colour.get("field") != "task":
+                continue
+            scale = colour["scale"]
+            assert len(scale["domain"]) == len(scale["range"]), title
+            by_chart[title] = scale["domain"]
+            for task, value in zip(scale["domain"], scale["range"], strict=True):
+                colour_of.setdefault(task, set()).add(value)
+    assert len(by_chart) == 4  # against B_crit and against loss, each in examples and tokens
+    assert all(len(values) == 1 for values in colour_of.values()), colour_of
+    assert len({next(iter(v)) for v in colour_of.values()}) == len(colour_of)  # tasks apart
+    assert "vision/digits" in by_chart["B_simple against B_crit across tasks in examples"]
+    assert "nlp/lm-sweep" in by_chart["B_simple against B_crit across tasks in tokens"]
     subheaders = [s.value for s in at.subheader]
     assert "Tasks in examples" in subheaders and "Tasks in tokens" in subheaders
     left_out = at.dataframe[0].value

@@ -15,7 +15,7 @@ its Vega-Lite ``description`` (read by screen readers and by the tests). Log axe
 
 from __future__ import annotations
 
-from noisescope_dashboard._charts._axes import AXIS_FORMAT, log_ticks
+from noisescope_dashboard._charts._axes import AXIS_FORMAT, log_ticks, palette_colours
 from noisescope_dashboard._charts._comparison import compare_chart
 from noisescope_dashboard._charts._critical import (
     b_simple_vs_b_crit_chart,
@@ -34,6 +34,7 @@ __all__ = [
     "layers_chart",
     "log_ticks",
     "metric_chart",
+    "palette_colours",
     "speedup_chart",
     "sweep_chart",
     "tradeoff_chart",

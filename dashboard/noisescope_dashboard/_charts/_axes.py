@@ -19,6 +19,11 @@ TIP = ",.4~r"
 PAD = 1.04
 #: Categorical colours that stay apart (runs, tasks, layers, targets).
 SCHEME: Final = "tableau10"
+#: SCHEME's colours in its order, for names that keep one colour across a page's charts.
+PALETTE: Final = (
+    "#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b",
+    "#eeca3b", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac",
+)  # fmt: skip
 
 #: Chart heights in pixels: most charts, the tall ones with a long legend, the square one.
 HEIGHT = 300
@@ -137,15 +142,28 @@ def wide_legend() -> alt.Legend:
     return alt.Legend(orient="bottom", columns=2, labelLimit=0, symbolLimit=0, symbolOpacity=1)
 
 
-def named_colours(field: str, colours: Mapping[str, str]) -> alt.Color:
+def named_colours(field: str, colours: Mapping[str, str], title: str | None = None) -> alt.Color:
     """One fixed colour per named series (``colours``: name to colour, in legend order), the
     legend under the chart."""
     return alt.Color(
         field,
-        title=None,
+        title=title,
         scale=alt.Scale(domain=list(colours), range=list(colours.values())),
         legend=wide_legend(),
     )
+
+
+def palette_colours(names: Iterable[str]) -> dict[str, str]:
+    """One ``PALETTE`` colour per name, in order (repeating past ten): a page builds this once
+    so a name keeps its colour in every chart, whichever names each chart draws."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(dict.fromkeys(names))}
+
+
+def drawn_colours(colours: Mapping[str, str], drawn: Iterable[object]) -> dict[str, str]:
+    """The part of ``colours`` a chart draws, in ``colours``' order: its legend lists only its
+    own names, each in the page's colour."""
+    here = {str(name) for name in drawn}
+    return {name: colour for name, colour in colours.items() if name in here}
 
 
 def finish(chart: Any, title: str, height: int = HEIGHT) -> alt.LayerChart:

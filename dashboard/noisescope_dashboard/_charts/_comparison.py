@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import altair as alt
 import pandas as pd
 
@@ -10,7 +12,9 @@ from noisescope_dashboard._charts._axes import (
     TALL,
     TIP,
     drawable,
+    drawn_colours,
     finish,
+    named_colours,
     values_in,
     wide_legend,
     x_encoding,
@@ -30,9 +34,12 @@ def compare_chart(
     log_y: bool = True,
     reverse_x: bool = False,
     y_title: str = "B_simple (batch size)",
+    colours: Mapping[str, str] | None = None,
 ) -> alt.LayerChart:
     """B_simple of several runs, one colour per ``color`` (a run or a task), one line per run
-    (``run`` column); clicking a legend entry highlights it (Altair ``bind="legend"``)."""
+    (``run`` column); clicking a legend entry highlights it (Altair ``bind="legend"``).
+    ``colours`` (name to colour, ``palette_colours``) keeps each name's colour across a page's
+    charts; without it the colours follow this chart's names."""
     data = drawable(frame, [x, "b_simple"], log_y)
     if log_x:
         data = data[data[x] > 0]
@@ -48,6 +55,10 @@ def compare_chart(
                 title=color_title,
                 scale=alt.Scale(scheme=SCHEME),
                 legend=wide_legend(),
+            )
+            if colours is None
+            else named_colours(
+                f"{color}:N", drawn_colours(colours, data[color]), title=color_title
             ),
             detail=alt.Detail("run:N"),
             opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.12)),

@@ -3,6 +3,7 @@ against B_crit across tasks."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import altair as alt
@@ -15,9 +16,11 @@ from noisescope_dashboard._charts._axes import (
     TALL,
     TIP,
     drawable,
+    drawn_colours,
     finish,
     log_ticks,
     named_colours,
+    palette_colours,
     scale_axis,
     values_in,
     wide_legend,
@@ -113,13 +116,16 @@ def bcrit_vs_loss_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerChart:
     return finish(alt.layer(*layers), "B_crit against loss, beside B_simple at the same loss", TALL)
 
 
-def b_simple_vs_b_crit_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerChart:
+def b_simple_vs_b_crit_chart(
+    frame: pd.DataFrame, *, units: str, colours: Mapping[str, str] | None = None
+) -> alt.LayerChart:
     """B_simple against B_crit across tasks (McCandlish et al., Fig. 5): one point per task and
     loss target, error bars on both axes, the line y = x for reference.
 
     ``frame``: task, target, b_crit, b_simple and their shown interval ends
     (``b_crit_lo_shown`` ...), plus ``b_crit_interval``/``b_simple_interval`` text, all in
     ``units`` ("examples" or "tokens": one chart per unit, never both on one axis).
+    ``colours``: task to colour for the whole page (``palette_colours``; default: these tasks').
     """
     values = values_in(
         frame,
@@ -134,7 +140,10 @@ def b_simple_vs_b_crit_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerCha
     both, axis = scale_axis(values, True)
     x = alt.X("b_crit:Q", title=f"B_crit from the sweep fit ({units})", scale=both, axis=axis)
     y = alt.Y("b_simple:Q", title=f"B_simple at the same loss ({units})", scale=both, axis=axis)
-    color = alt.Color("task:N", title="task", scale=alt.Scale(scheme=SCHEME), legend=wide_legend())
+    tasks = frame["task"]
+    color = named_colours(
+        "task:N", drawn_colours(colours or palette_colours(tasks), tasks), title="task"
+    )
     tip = [
         alt.Tooltip("task:N", title="task"),
         alt.Tooltip("target:Q", title="loss target", format=TIP),

@@ -9,6 +9,7 @@ one chart per unit;
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import streamlit as st
@@ -28,7 +29,7 @@ CAPTION = (
 )
 
 
-def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary]) -> None:
+def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping[str, str]) -> None:
     swept = [t for t in tasks if len(t.batch_sizes) >= MIN_BATCH_SIZES]
     reports: list[CriticalBatchReport] = [
         _data.critical_batch(src, t.project, t.task) for t in swept
@@ -60,7 +61,7 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary]) -> None:
         word = _text.units_word(str(unit))
         with place:
             _ui.chart_with_downloads(
-                _charts.b_simple_vs_b_crit_chart(part, units=word),
+                _charts.b_simple_vs_b_crit_chart(part, units=word, colours=colours),
                 part,
                 title=f"Tasks in {word}" if len(units) > 1 else VERSUS,
                 name=f"b_simple_vs_b_crit_{word}",
@@ -85,10 +86,14 @@ def main(src: _data.Source) -> None:
         st.info("Pick one or more tasks above.")
         st.stop()
     chosen = [keys[k] for k in chosen_keys]
-    _versus_b_crit(src, chosen)
+    # one colour per task in every chart of the page, whichever tasks each chart draws
+    colours = _charts.palette_colours(chosen_keys)
+    _versus_b_crit(src, chosen, colours)
     wanted = {(t.project, t.task) for t in chosen}
     runs = [r for r in _data.run_list(src) if (r.project, r.task) in wanted]
-    compare_section(src, runs, color="task", key="tasks", progress=False, noun="tasks")
+    compare_section(
+        src, runs, color="task", key="tasks", progress=False, noun="tasks", colours=colours
+    )
     st.subheader("Summary per task", anchor=False)
     summary = _frames.task_table(chosen)
     st.dataframe(
