@@ -1,14 +1,17 @@
 """The read side's several-runs query on both backends: exact sums per bucket, block and
-sample sources agreeing, unknown runs and other projects left out."""
+sample sources agreeing, unknown runs and other projects left out; a long run's current window
+read from its blocks."""
 
 from __future__ import annotations
 
 import math
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
+from noisescope.estimators import CURRENT_FRACTION, current_window
 from noisescope_server import crud, db, queries
-from noisescope_server.models import BLOCK_SIZE
+from noisescope_server.models import BLOCK_SIZE, SampleBlock
+from noisescope_server.queries._current import CURRENT_RAW_LIMIT
 from tests.server._data import columns, expected_sums
 
 
@@ -55,3 +58,49 @@ def test_bucket_sums_leave_out_runs_outside_the_project_scope(db_url: str) -> No
     scoped = queries.bucket_sums(engine, ["a", "c"], max_points=5, project_scope=project_p)
     assert {b.run_uid for b in scoped} == {"a"}
     assert queries.bucket_sums(engine, [], max_points=5) == []
+
+
+def test_a_long_run_s_current_window_is_its_trailing_whole_blocks_when_blocks_are_partial(
+    db_url: str,
+) -> None:
+    """A window past ``CURRENT_RAW_LIMIT`` samples is whole 64-sample blocks, read newest first
+    a page at a time: with blocks holding 16 to 64 samples (gaps in seq) and layer samples in
+    between, it is still ``estimators.current_window`` over all of the run's blocks."""
+    engine = db.make_engine(db_url)
+    db.upgrade(engine)
+    crud.upsert_run(engine, "long", crud.RunIn(project="p", task="t", batch_size=32))
+    cols = columns(80_000, seed=3)
+    keep = [
+        i
+        for i, seq in enumerate(cols["seq"])
+        if seq % BLOCK_SIZE < (16, 40, 64)[seq // BLOCK_SIZE % 3]
+    ]
+    whole = {name: [values[i] for i in keep] for name, values in cols.items()}
+    layer = columns(2_000, seed=4, series="layer0")
+    for part in (whole, layer):
+        for lo in range(0, len(part["seq"]), 10_000):
+            chunk = {name: values[lo : lo + 10_000] for name, values in part.items()}
+            crud.ingest_samples(engine, "long", crud.validate_samples({"columns": chunk}))
+    with engine.connect() as conn:  # every block of the whole-model series, oldest first
+        where = SampleBlock.series == ""
+        blocks = conn.execute(select(SampleBlock).where(where).order_by(SampleBlock.block)).all()
+    assert CURRENT_FRACTION * len(keep) > CURRENT_RAW_LIMIT  # read as blocks
+    assert len({b.n for b in blocks}) > 2  # partial blocks of several sizes
+    k, interval = current_window(
+        [float(b.n) for b in blocks],
+        [b.sum_g_sq for b in blocks],
+        [b.sum_trace_sigma for b in blocks],
+    )
+    run = queries.get_run(engine, "long")
+    assert interval.b_simple is not None and k < len(blocks)
+    assert run.window_samples == sum(b.n for b in blocks[-k:])
+    assert (run.b_simple, run.b_simple_lo, run.b_simple_hi) == (
+        interval.b_simple.value,
+        interval.b_simple.lo,
+        interval.b_simple.hi,
+    )
+    assert (run.window_first_step, run.window_last_step) == (
+        blocks[-k].step_min,
+        blocks[-1].step_max,
+    )
+    assert queries.list_runs(engine) == [run]

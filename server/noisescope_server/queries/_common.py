@@ -69,9 +69,12 @@ def scoped_run(
     return row
 
 
-def fetch_tuples(conn: Connection, stmt: Any) -> list[Any]:
-    """A statement's rows as plain DBAPI tuples (no per-row result objects)."""
-    cursor = conn.execute(stmt).cursor
+def fetch_tuples(
+    conn: Connection, stmt: Any, parameters: dict[str, Any] | None = None
+) -> list[Any]:
+    """A statement's rows (with its bound ``parameters``) as plain DBAPI tuples (no per-row
+    result objects)."""
+    cursor = conn.execute(stmt, parameters).cursor
     assert cursor is not None
     return list(cursor.fetchall())
 

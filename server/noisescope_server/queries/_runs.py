@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, or_, select
+from sqlalchemy import Connection, Engine, bindparam, func, or_, select
 
 from noisescope import _wire
 from noisescope._results import RunSummary
@@ -87,16 +87,20 @@ def _positive(value: Any) -> float | None:
     return number if number is not None and number > 0 else None
 
 
+#: The loss of a run's newest sample that has one, built once (read for every listed run).
+_LAST_LOSS = (
+    select(Sample.loss)
+    .where(Sample.run_id == bindparam("run_id"), Sample.loss.is_not(None))
+    .order_by(Sample.seq.desc())
+    .limit(1)
+)
+
+
 def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = True) -> RunSummary:
     run_id = int(row.id)
     n_samples = facts.n_samples.get(run_id, 0)
     last = facts.last.get(run_id)
-    last_loss = conn.execute(
-        select(Sample.loss)
-        .where(Sample.run_id == run_id, Sample.loss.is_not(None))
-        .order_by(Sample.seq.desc())
-        .limit(1)
-    ).scalar()
+    last_loss = conn.execute(_LAST_LOSS, {"run_id": run_id}).scalar()
     evaluation = facts.events.get((run_id, _wire.EVAL_EVENT_KIND))
     change = facts.events.get((run_id, BATCH_SIZE_EVENT))
     notice = facts.events.get((run_id, _wire.NOTICE_EVENT_KIND))
