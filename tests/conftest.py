@@ -19,6 +19,11 @@ import pytest
 from tests.support import postgres
 from tests.support.servers import ServerProcess
 
+# Inductor compiles in this process, not in a worker pool: the 2-rank tests fork this process,
+# and a child inherits a pool whose threads did not survive the fork, so its first compilation
+# waits forever (tests/probes/test_fsdp.py after any compiling test, with a cold cache).
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 PG_URL = os.environ.get("NOISESCOPE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 

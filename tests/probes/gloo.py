@@ -41,11 +41,19 @@ def on_two_ranks(work: Callable[[int], dict[str, Any]], out_dir: Path) -> list[d
     """fork: the children inherit the parent's imports (import what the wrappers import lazily
     before calling: torch._dynamo takes many seconds per process on a busy 2-core machine).
     Nothing here has started threads that a fork could break: no DataLoader workers, no CUDA."""
-    mp.start_processes(
+    context = mp.start_processes(
         _worker,
         args=(free_port(), str(out_dir), work),
         nprocs=WORLD,
-        join=True,
+        join=False,
         start_method="fork",
     )
+    assert context is not None
+    try:
+        while not context.join():
+            pass
+    finally:  # a test timeout in the parent must not leave two hung ranks behind
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
     return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(WORLD)]
