@@ -11,9 +11,11 @@ Two mistakes silently give wrong numbers:
   grows (+300% in the issue's example). Seen as a changed in-place version counter of the
   gradients between the end of the last backward and ``step()``.
 
-The end of a backward is caught with one gradient hook per forward, on the output of the
-measured model, that queues a callback to run after the backward (and after DDP's and FSDP's
-end-of-backward work); the callback notes a few gradients' version counters.
+The end of a backward is caught with a gradient hook that queues a callback to run after the
+backward (and after DDP's and FSDP's end-of-backward work); the callback notes a few gradients'
+version counters. The hook sits on the first measured parameter, registered once: it fires in
+every backward that reaches the parameter. Under FSDP2 the backward never reaches the sharded
+parameters, so there it goes on the output of each forward of the measured model instead.
 """
 
 from __future__ import annotations
@@ -87,7 +89,12 @@ class GradWatch:
     whether they changed (or were unscaled) before ``step()``."""
 
     def __init__(
-        self, modules: Iterable[nn.Module], params: list[nn.Parameter], wrap: Wrap
+        self,
+        modules: Iterable[nn.Module],
+        params: list[nn.Parameter],
+        wrap: Wrap,
+        *,
+        sharded: bool = False,
     ) -> None:
         self.armed = False
         self._on_grad_hook = wrap(self._on_grad, True)
@@ -95,10 +102,12 @@ class GradWatch:
         self._params = params[:_WATCHED]
         self._marks: list[tuple[nn.Parameter, Tensor, int]] | None = None
         self._pending = False  # a backward is running, its callback not yet run
-        self._handles: list[RemovableHandle] = [
-            m.register_forward_hook(wrap(self._after_forward, False))
-            for m in dict.fromkeys(modules)
-        ]
+        self._handles: list[RemovableHandle] = []
+        if sharded:  # FSDP2: the backward reaches the forward's unsharded parameters only
+            for m in dict.fromkeys(modules):
+                self._handles.append(m.register_forward_hook(wrap(self._after_forward, False)))
+        else:  # once, not per forward: a forward hook and a tensor hook per forward cost more
+            self._handles.append(params[0].register_hook(self._on_grad_hook))  # type: ignore[no-untyped-call]
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         """Inside a compiled caller (Lightning compiles ``training_step`` too) the hook is
@@ -111,18 +120,17 @@ class GradWatch:
             out.register_hook(self._on_grad_hook)  # type: ignore[no-untyped-call]
 
     def _on_grad(self, grad: Tensor) -> None:
-        if not self._pending:
+        if self.armed and not self._pending:
             self._pending = True
             queue_after_backward(self._record_hook)
 
     def _record(self) -> None:
         self._pending = False
-        marks = []
-        for p in self._params:
-            g = p.grad
-            if g is not None and (v := version(g)) is not None:
-                marks.append((p, g, v))
-        self._marks = marks
+        self._marks = [
+            (p, g, v)
+            for p in self._params
+            if (g := p.grad) is not None and (v := version(g)) is not None
+        ]
 
     def check(self, scaler: Any) -> str | None:
         """Why this step's gradients are not the backwards' own (None: they are)."""

@@ -237,7 +237,9 @@ class GradientNoiseProbe:
         # a compiled model's own forward runs eagerly; hooks inside it would be traced
         entries = [self.layout.compiled] if self.layout.compiled is not None else [inner, owner]
         if self._engine is None:  # DeepSpeed: the engine unscales and clips after the norm
-            self._watch = GradWatch(entries[-1:], self.params, self._wrap)  # one per forward
+            self._watch = GradWatch(
+                entries[-1:], self.params, self._wrap, sharded=self.layout.sharded
+            )
             self._watch.armed = self._armed
         if self.source == "micro":
             rows, wrap, fail = self._rows, self._wrap, self._fail
