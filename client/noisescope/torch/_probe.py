@@ -443,14 +443,16 @@ class GradientNoiseProbe:
                 logged = self.flush()  # deferred: the last measured step, long computed
                 if self.error is None:
                     try:
-                        reduced, local = self._sums.pack(
+                        values, n_reduced = self._sums.pack(
                             micros, misuse is not None, self._loss_scale
                         )
                     except Exception as exc:
                         self._fail(exc)
                     else:
                         seen = self.examples_seen
-                        pending = Pending(step, loss, lr, seen, misuse, None, reduced, local, None)
+                        pending = Pending(
+                            step, loss, lr, seen, misuse, None, values, n_reduced, None
+                        )
                         self._readout.launch(pending)
                         if not self._readout.deferred:
                             logged = self.flush()

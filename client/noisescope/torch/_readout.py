@@ -20,6 +20,7 @@ never waits for it.
 
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +41,8 @@ class Pending:
     examples_before: float  # examples seen before this step (the step's own added on reading)
     misuse: str | None  # this rank's reason to drop the step, if any
     work: Any  # the all-reduce's handle (CPU, async), or None
-    reduced: Tensor  # the summed part
-    local: Tensor  # the part that is not summed
+    values: Tensor  # the packed vector: the summed part, then the part that is not summed
+    n_reduced: int  # the length of the summed part
     event: Any  # off the CPU: recorded after the copy into the host buffer
 
 
@@ -62,22 +63,22 @@ class Readout:
 
     def to_device(self, values: list[float]) -> Tensor:
         """Host numbers to the device without waiting for it (pinned, non-blocking)."""
-        if self.device.type == "cpu":
-            return torch.tensor(values, dtype=torch.float64)
+        if self.device.type == "cpu":  # from a buffer: no per-item type checks, as torch.tensor
+            return torch.frombuffer(array.array("d", values), dtype=torch.float64)
         staged = torch.tensor(values, dtype=torch.float64, pin_memory=self.device.type == "cuda")
         return staged.to(self.device, non_blocking=True)
 
     def launch(self, pending: Pending) -> None:
         """Start the collective and the copy to the host; read now unless deferred."""
         if self.distributed:
-            pending.work = torch.distributed.all_reduce(
-                pending.reduced, group=self.group, async_op=True
-            )
+            values, n = pending.values, pending.n_reduced
+            reduced = values if n == len(values) else values[:n]  # a view: summed in place
+            pending.work = torch.distributed.all_reduce(reduced, group=self.group, async_op=True)
         if self.device.type != "cpu":
             if pending.work is not None:
                 pending.work.wait()  # the device stream waits for the collective, not the host
                 pending.work = None
-            self.host.copy_(torch.cat([pending.reduced, pending.local]), non_blocking=True)
+            self.host.copy_(pending.values, non_blocking=True)
             pending.event = _record_event(self.device)
         self.pending = pending
 
@@ -91,7 +92,7 @@ class Readout:
         else:
             if pending.work is not None:
                 pending.work.wait()
-            self.host.copy_(torch.cat([pending.reduced, pending.local]))
+            self.host.copy_(pending.values)
         return pending, self.host.tolist()
 
 

@@ -70,9 +70,10 @@ class StepSums:
 
     def pack(
         self, micros: list[Micro], misused: bool, loss_scale: float = 1.0
-    ) -> tuple[Tensor, Tensor]:
-        """This rank's sums on the device: (summed over ranks, not summed). ``loss_scale``:
-        a factor on the backwards' gradients only (DeepSpeed fp16: its norm is unscaled)."""
+    ) -> tuple[Tensor, int]:
+        """This rank's sums on the device, in ``_readout``'s layout, and how many of them lead
+        that are summed over ranks. ``loss_scale``: a factor on the backwards' gradients only
+        (DeepSpeed fp16: its norm is unscaled)."""
         scales = _normalise.grad_scales(
             self.micro_loss, [m.batch_size for m in micros], [m.grad_scale for m in micros]
         )
@@ -122,8 +123,9 @@ class StepSums:
         if inv_b_device is not None:  # tokens: sum 1/n_i of the examples, on the device
             tail = torch.cat([tail[:1], tail[1:2] + inv_b_device.view(1), tail[2:]])
         if self.sharded:  # FSDP: the shards' squares add over ranks
-            return torch.cat([small, big, tail]), big.new_zeros(0)
-        return torch.cat([small, tail]), big
+            packed = torch.cat([small, big, tail])
+            return packed, len(packed)
+        return torch.cat([small, tail, big]), len(small) + len(tail)
 
     def stopped(self) -> Tensor:
         """What a rank that stopped after an error sends in place of its sums: the flag."""
