@@ -18,15 +18,27 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+#: Integer keys: BIGINT on PostgreSQL; INTEGER on SQLite, whose autoincrementing rowid alias
+#: must be spelt exactly INTEGER PRIMARY KEY.
+KEY = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _id() -> sa.Column[int]:
+    return sa.Column("id", KEY, autoincrement=True, nullable=False)
+
+
+def _cascade(table: str, parent: str) -> sa.ForeignKeyConstraint:
+    """``table.<parent>_id`` references ``parent.id``; deleting the parent deletes the rows."""
+    column = f"{parent}_id"
+    return sa.ForeignKeyConstraint(
+        [column], [f"{parent}.id"], name=op.f(f"fk_{table}_{column}_{parent}"), ondelete="CASCADE"
+    )
+
+
 def upgrade() -> None:
     op.create_table(
         "project",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
+        _id(),
         sa.Column("name", sa.String(length=200), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_project")),
@@ -34,63 +46,32 @@ def upgrade() -> None:
     )
     op.create_table(
         "task",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
-        sa.Column(
-            "project_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
-        ),
+        _id(),
+        sa.Column("project_id", KEY, nullable=False),
         sa.Column("name", sa.String(length=200), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["project_id"],
-            ["project.id"],
-            name=op.f("fk_task_project_id_project"),
-            ondelete="CASCADE",
-        ),
+        _cascade("task", "project"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_task")),
         sa.UniqueConstraint("project_id", "name", name="uq_task_project_name"),
     )
     op.create_table(
         "token",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
-        sa.Column(
-            "project_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
-        ),
+        _id(),
+        sa.Column("project_id", KEY, nullable=False),
         sa.Column("name", sa.String(length=200), nullable=False),
         sa.Column("token_hash", sa.String(length=64), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["project_id"],
-            ["project.id"],
-            name=op.f("fk_token_project_id_project"),
-            ondelete="CASCADE",
-        ),
+        _cascade("token", "project"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_token")),
         sa.UniqueConstraint("token_hash", name=op.f("uq_token_token_hash")),
     )
     op.create_index("ix_token_project", "token", ["project_id"], unique=False)
     op.create_table(
         "run",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
+        _id(),
         sa.Column("uid", sa.String(length=64), nullable=False),
-        sa.Column(
-            "project_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
-        ),
-        sa.Column("task_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("project_id", KEY, nullable=False),
+        sa.Column("task_id", KEY, nullable=False),
         sa.Column("name", sa.String(length=200), nullable=False),
         sa.Column("config", sa.JSON(), nullable=False),
         sa.Column("tags", sa.JSON(), nullable=False),
@@ -100,15 +81,8 @@ def upgrade() -> None:
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("last_seen_at", sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["project_id"],
-            ["project.id"],
-            name=op.f("fk_run_project_id_project"),
-            ondelete="CASCADE",
-        ),
-        sa.ForeignKeyConstraint(
-            ["task_id"], ["task.id"], name=op.f("fk_run_task_id_task"), ondelete="CASCADE"
-        ),
+        _cascade("run", "project"),
+        _cascade("run", "task"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_run")),
         sa.UniqueConstraint("uid", name=op.f("uq_run_uid")),
     )
@@ -116,28 +90,21 @@ def upgrade() -> None:
     op.create_index("ix_run_started_at", "run", ["started_at"], unique=False)
     op.create_table(
         "event",
-        sa.Column(
-            "id",
-            sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-            autoincrement=True,
-            nullable=False,
-        ),
-        sa.Column("run_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        _id(),
+        sa.Column("run_id", KEY, nullable=False),
         sa.Column("seq", sa.BigInteger(), nullable=True),
         sa.Column("step", sa.BigInteger(), nullable=False),
         sa.Column("kind", sa.String(length=64), nullable=False),
         sa.Column("payload", sa.JSON(), nullable=False),
         sa.Column("time", sa.Double(), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["run_id"], ["run.id"], name=op.f("fk_event_run_id_run"), ondelete="CASCADE"
-        ),
+        _cascade("event", "run"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_event")),
         sa.UniqueConstraint("run_id", "seq", name="uq_event_run_seq"),
     )
     op.create_index("ix_event_run_step", "event", ["run_id", "step"], unique=False)
     op.create_table(
         "sample",
-        sa.Column("run_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("run_id", KEY, nullable=False),
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("step", sa.BigInteger(), nullable=False),
         sa.Column("examples", sa.Double(), nullable=True),
@@ -151,15 +118,13 @@ def upgrade() -> None:
         sa.Column("lr", sa.Double(), nullable=True),
         sa.Column("time", sa.Double(), nullable=True),
         sa.Column("series", sa.String(length=200), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["run_id"], ["run.id"], name=op.f("fk_sample_run_id_run"), ondelete="CASCADE"
-        ),
+        _cascade("sample", "run"),
         sa.PrimaryKeyConstraint("run_id", "seq", name=op.f("pk_sample")),
         sqlite_with_rowid=False,
     )
     op.create_table(
         "sample_block",
-        sa.Column("run_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("run_id", KEY, nullable=False),
         sa.Column("series", sa.String(length=200), nullable=False),
         sa.Column("block", sa.BigInteger(), nullable=False),
         sa.Column("n", sa.BigInteger(), nullable=False),
@@ -176,9 +141,7 @@ def upgrade() -> None:
         sa.Column("time_min", sa.Double(), nullable=True),
         sa.Column("time_max", sa.Double(), nullable=True),
         sa.Column("b_big_max", sa.Double(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["run_id"], ["run.id"], name=op.f("fk_sample_block_run_id_run"), ondelete="CASCADE"
-        ),
+        _cascade("sample_block", "run"),
         sa.PrimaryKeyConstraint("run_id", "series", "block", name=op.f("pk_sample_block")),
         sqlite_with_rowid=False,
     )
