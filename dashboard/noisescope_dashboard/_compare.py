@@ -51,23 +51,21 @@ def compare_section(
                 container=c1,
             )
         )
-    fraction = c2.number_input(
+    fraction = _state.number(
         "Smoothing window (fraction of each run)",
+        key="win",
+        value=0.1,
         min_value=0.0,
         max_value=1.0,
-        value=0.1,
         step=0.05,
-        key="win",
-        bind="query-params",
         help="Each point sums the trailing window of this share of its run's steps "
         "(ratio last); 0: each bucket alone",
+        container=c2,
     )
     with c3:
-        log_y = st.checkbox("log B_simple", value=True, key="logy", bind="query-params")
-        log_loss = st.checkbox("log loss", value=False, key="logloss", bind="query-params")
-        log_x = progress and st.checkbox(
-            "log progress", value=False, key="logx", bind="query-params"
-        )
+        log_y = _state.checkbox("log B_simple", key="logy", value=True)
+        log_loss = _state.checkbox("log loss", key="logloss")
+        log_x = progress and _state.checkbox("log progress", key="logx")
     by_uid = {r.uid: r for r in runs}
     series = _data.compare(src, tuple(by_uid), float(fraction))
     points = _frames.compare_points(series, by_uid)

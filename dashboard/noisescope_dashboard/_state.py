@@ -3,18 +3,22 @@
 Streamlit's ``bind="query-params"`` stores a select widget's *formatted label* in the URL
 (``?run=vision+%2F+digits+%2F+...``), which is long and breaks when a run is renamed. Selects
 here store the raw option (a run id, ``step``) instead: read on load, written back after the
-widget, and removed when equal to the default to keep URLs short. Plain inputs (checkboxes,
-numbers, free text, multiselects of plain names) use ``bind="query-params"`` directly.
+widget, and removed when equal to the default to keep URLs short. Numbers and checkboxes
+(``number``, ``checkbox``) and free text and multiselects of plain names use Streamlit's
+``bind="query-params"``, whose URL value is the raw one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 import streamlit as st
 
-__all__ = ["multiselect", "select"]
+__all__ = ["checkbox", "multiselect", "number", "radio", "select"]
+
+#: Streamlit keeps these widgets' values in the URL itself.
+BOUND: Final = "query-params"
 
 T = TypeVar("T")
 
@@ -90,3 +94,48 @@ def multiselect(
     else:
         st.query_params[key] = [_encode(v) for v in value]
     return list(value)
+
+
+def radio(label: str, labels: Mapping[str, str], *, key: str, container: Any = None) -> str:
+    """A horizontal radio over ``labels`` (raw value: label); the raw value lives in ``?key=``."""
+    value = select(
+        label,
+        list(labels),
+        key=key,
+        format_func=labels.__getitem__,
+        widget="radio",
+        horizontal=True,
+        container=container,
+    )
+    return str(value)
+
+
+def number(
+    label: str,
+    *,
+    key: str,
+    value: float,
+    min_value: float,
+    step: float,
+    max_value: float | None = None,
+    help: str | None = None,
+    container: Any = None,
+) -> float:
+    """A number input in ``?key=``; ints in, ints out (Streamlit types it by ``value``)."""
+    host = container if container is not None else st
+    result: float = host.number_input(
+        label,
+        min_value=min_value,
+        max_value=max_value,
+        value=value,
+        step=step,
+        key=key,
+        help=help,
+        bind=BOUND,
+    )
+    return result
+
+
+def checkbox(label: str, *, key: str, value: bool = False) -> bool:
+    """A checkbox in ``?key=``."""
+    return bool(st.checkbox(label, value=value, key=key, bind=BOUND))

@@ -51,15 +51,8 @@ def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
         for r in chosen
     ]
     frame = _sizes.marks(chosen, series, branched)
-    x = str(
-        _state.select(
-            "Model sizes against",
-            ["loss", "examples"],
-            key="sx",
-            format_func={"loss": "loss", "examples": "examples or tokens seen"}.__getitem__,
-            widget="radio",
-            horizontal=True,
-        )
+    x = _state.radio(
+        "Model sizes against", {"loss": "loss", "examples": "examples or tokens seen"}, key="sx"
     )
     log_x = bool(st.session_state.get("logloss" if x == "loss" else "logx", False))
     units = sorted(set(frame["units"]))
@@ -108,16 +101,9 @@ def main(src: _data.Source) -> None:
     if not chosen_uids:
         st.info("Pick two or more runs above to compare their noise scales.")
         st.stop()
-    color = _state.select(
-        "Colour by",
-        ["run_name", "task"],
-        key="color",
-        format_func={"run_name": "run", "task": "task"}.__getitem__,
-        widget="radio",
-        horizontal=True,
-    )
+    color = _state.radio("Colour by", {"run_name": "run", "task": "task"}, key="color")
     chosen = [r for r in runs if r.uid in set(chosen_uids)]
-    compare_section(src, chosen, color=str(color), key="runs")
+    compare_section(src, chosen, color=color, key="runs")
     _sizes_section(src, chosen)
     st.subheader("These runs now", anchor=False)
     table = _frames.runs_table(chosen)

@@ -23,8 +23,6 @@ from noisescope_dashboard._text import md
 #: Layers drawn by default on the per-layer chart.
 DEFAULT_LAYERS = 8
 
-X_AXES = ("step", "examples", "time")
-
 
 #: The shortest default window: the server gives a window its interval only from 32 samples
 #: on (``queries.MIN_INTERVAL_SAMPLES``), and the B_simple chart is about its interval.
@@ -139,33 +137,21 @@ def _no_samples(run: RunSummary) -> None:
 
 def _charts_section(src: _data.Source, run: RunSummary) -> None:
     c1, c2, c3 = st.columns([1.4, 1.2, 1])
-    x = _state.select(
-        "x axis",
-        list(X_AXES),
-        format_func=lambda v: {
-            "step": "step",
-            "examples": _text.units_word(run.units),
-            "time": "wall time",
-        }[v],
-        horizontal=True,
-        key="x",
-        widget="radio",
-        container=c1,
-    )
-    x = str(x)
-    window = c2.number_input(
+    axes = {"step": "step", "examples": _text.units_word(run.units), "time": "wall time"}
+    x = _state.radio("x axis", axes, key="x", container=c1)
+    window = _state.number(
         "Smoothing window (steps; 0: none)",
-        min_value=0,
-        value=default_window(run.last_step),
-        step=max(1, default_window(run.last_step) // 2),
         key="window",
-        bind="query-params",
+        value=default_window(run.last_step),
+        min_value=0,
+        step=max(1, default_window(run.last_step) // 2),
         help="A trailing window of this many steps: sums of the per-sample estimates, ratio "
         "last. It changes the curves only, never B_simple now.",
+        container=c2,
     )
     with c3:
-        log_y = st.checkbox("log y (B_simple)", value=True, key="logy", bind="query-params")
-        log_x = st.checkbox("log x", value=False, key="logx", bind="query-params")
+        log_y = _state.checkbox("log y (B_simple)", key="logy", value=True)
+        log_x = _state.checkbox("log x", key="logx")
 
     series = _data.series(src, run.uid, x=x, window=float(window))  # type: ignore[arg-type]
     points = _frames.series_points(series)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import streamlit as st
 
@@ -73,6 +74,14 @@ def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
     return out
 
 
+def _batch_input(label: str, key: str, default: int, container: Any) -> int:
+    """A whole, positive batch size in ``?key=``."""
+    value = _state.number(
+        label, key=key, value=max(1, default), min_value=1, step=1, container=container
+    )
+    return int(value)
+
+
 def main(src: _data.Source) -> None:
     st.title("What-if")
     tasks = {_text.task_key(t.project, t.task): t for t in _data.tasks(src)}
@@ -108,40 +117,26 @@ def main(src: _data.Source) -> None:
     default_batch = int(statistics.median_low(in_use)) if in_use else int(max(source.b_crit, 1))
     smallest = int(min(task.batch_sizes)) if task.batch_sizes else 32
     c1, c2, c3, c4 = st.columns(4)
-    per_device = c1.number_input(
-        f"Batch per device ({word})",
-        min_value=1,
-        value=max(1, smallest),
-        step=1,
-        key="per_device",
-        bind="query-params",
-    )
-    step_time = c2.number_input(
+    per_device = _batch_input(f"Batch per device ({word})", "per_device", smallest, c1)
+    step_time = _state.number(
         "Step time (seconds; 0: unknown)",
-        min_value=0.0,
-        value=0.0,
-        step=0.1,
         key="step_time",
-        bind="query-params",
+        value=0.0,
+        min_value=0.0,
+        step=0.1,
         help="Seconds per optimizer step, taken as the same on any number of devices",
+        container=c2,
     )
-    min_speedup = c3.number_input(
+    min_speedup = _state.number(
         "Minimum speed-up per doubling",
+        key="min_speedup",
+        value=1.5,
         min_value=1.05,
         max_value=1.95,
-        value=1.5,
         step=0.05,
-        key="min_speedup",
-        bind="query-params",
+        container=c3,
     )
-    batch = c4.number_input(
-        f"A batch size to judge ({word})",
-        min_value=1,
-        value=max(1, default_batch),
-        step=1,
-        key="b",
-        bind="query-params",
-    )
+    batch = _batch_input(f"A batch size to judge ({word})", "b", default_batch, c4)
     plan = _data.parallelism(
         src,
         source.b_crit,
