@@ -10,7 +10,7 @@ showing a traceback. User text goes through ``_text.md`` (or a dataframe), never
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import altair as alt
@@ -29,6 +29,7 @@ __all__ = [
     "explain_api_error",
     "not_found",
     "run_page",
+    "table",
 ]
 
 #: What a user adds to a training loop; shown wherever there is nothing to display yet.
@@ -113,6 +114,15 @@ def run_page(main: Callable[[_data.Source], None]) -> None:
         )
     except ApiError as exc:
         explain_api_error(exc, src)
+
+
+def table(data: Any, columns: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+    """A full-width table without the row index. ``columns`` (a table's ``COLUMNS``: name to
+    column config) says which columns show and in what order; ``kwargs`` go to
+    ``st.dataframe``."""
+    if columns is not None:
+        kwargs |= {"column_order": list(columns), "column_config": columns}
+    return st.dataframe(data, hide_index=True, width="stretch", **kwargs)
 
 
 def _png(chart: alt.TopLevelMixin, title: str) -> bytes:

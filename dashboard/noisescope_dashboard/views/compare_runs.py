@@ -107,13 +107,7 @@ def main(src: _data.Source) -> None:
     _sizes_section(src, chosen)
     st.subheader("These runs now", anchor=False)
     table = _frames.runs_table(chosen)
-    st.dataframe(
-        table,
-        hide_index=True,
-        width="stretch",
-        column_order=list(COLUMNS),
-        column_config=COLUMNS,
-    )
+    _ui.table(table, COLUMNS)
 
 
 _ui.run_page(main)

@@ -72,7 +72,7 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping
     if not left_out.empty:
         these = "these charts" if len(units) > 1 else "this chart"
         with st.expander(f"Left out of {these} ({len(left_out)})", expanded=points.empty):
-            st.dataframe(left_out, hide_index=True, width="stretch")
+            _ui.table(left_out)
 
 
 def main(src: _data.Source) -> None:
@@ -96,10 +96,8 @@ def main(src: _data.Source) -> None:
     )
     st.subheader("Summary per task", anchor=False)
     summary = _frames.task_table(chosen)
-    st.dataframe(
+    _ui.table(
         summary,
-        hide_index=True,
-        width="stretch",
         column_config={
             "runs": st.column_config.TextColumn("runs", width="small"),
             "running": st.column_config.TextColumn("running", width="small"),

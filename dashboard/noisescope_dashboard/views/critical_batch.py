@@ -62,7 +62,7 @@ def _targets(src: _data.Source, project: str, task: str, loss: str) -> CriticalB
 def _results(report: CriticalBatchReport) -> None:
     units = _text.units_word(report.units)
     st.subheader("Per loss target", anchor=False)
-    st.dataframe(_frames.target_table(report), hide_index=True, width="stretch")
+    _ui.table(_frames.target_table(report))
     for t in report.targets:
         notes = _frames.target_warnings(t)
         if not notes:
@@ -112,11 +112,7 @@ def _results(report: CriticalBatchReport) -> None:
         )
     if report.excluded:
         st.subheader("Runs left out", anchor=False)
-        st.dataframe(
-            [{"run": e.name, "why": e.reason} for e in report.excluded],
-            hide_index=True,
-            width="stretch",
-        )
+        _ui.table([{"run": e.name, "why": e.reason} for e in report.excluded])
 
 
 def main(src: _data.Source) -> None:

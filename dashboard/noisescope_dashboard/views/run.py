@@ -328,7 +328,7 @@ def _branches_section(src: _data.Source, run: RunSummary) -> None:
             else f" Plateau: {md(answer.plateau_reason or '')}"
         ),
     )
-    st.dataframe(_branches.table(answer, forecast), hide_index=True)
+    _ui.table(_branches.table(answer, forecast))
 
 
 def main(src: _data.Source) -> None:

@@ -136,16 +136,13 @@ def main(src: _data.Source) -> None:
         if shown.empty:
             st.info("No run matches these filters. Clear the search or the filters above.")
             return
-        event = st.dataframe(
+        event = _ui.table(
             shown,
-            hide_index=True,
-            width="stretch",
+            COLUMNS,
             height=min(TABLE_ROW_PX * (len(shown) + 1) + 3, TABLE_MAX_PX),
             on_select="rerun",
             selection_mode="single-row",
             key="runs_table",
-            column_order=list(COLUMNS),
-            column_config=COLUMNS,
         )
         rows = event.selection.rows if event is not None else []
         if rows:

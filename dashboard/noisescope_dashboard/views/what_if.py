@@ -157,10 +157,8 @@ def main(src: _data.Source) -> None:
     m1.metric("Device limit", limit)
     m2.metric("Batch at the limit", f"~{_text.whole(plan.limit_batch_size)} {word}")
     m3.metric("Extra compute at the limit", _text.percent(plan.limit_waste))
-    st.dataframe(
+    _ui.table(
         _frames.parallelism_table(plan, units),
-        hide_index=True,
-        width="stretch",
         column_config={
             "S / S_min": st.column_config.TextColumn(
                 "S / S_min", help="Optimizer steps relative to the fewest possible"
