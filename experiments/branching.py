@@ -42,10 +42,10 @@ class BranchTask:
     lr_rule: str
     steps: int  # parent run length
     branch_steps: tuple[int, ...]
-    multipliers: tuple[int, ...]
     budget: int  # units per branch
-    seeds: int
-    epsilon: float
+    multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)
+    seeds: int = 3
+    epsilon: float = 0.01
 
 
 #: The lr rule decides much of what a branch sweep measures, so digits runs with two: linear
@@ -58,10 +58,7 @@ _DIGITS = BranchTask(
     lr_rule="linear",
     steps=700,
     branch_steps=(10, 40, 150, 600),
-    multipliers=(1, 2, 4, 8, 16),
     budget=2048,
-    seeds=3,
-    epsilon=0.01,
 )
 BRANCH_TASKS: dict[str, BranchTask] = {
     t.key: t
@@ -76,10 +73,7 @@ BRANCH_TASKS: dict[str, BranchTask] = {
             lr_rule="sqrt",
             steps=1200,
             branch_steps=(20, 100, 400, 1100),
-            multipliers=(1, 2, 4, 8, 16),
             budget=32768,
-            seeds=3,
-            epsilon=0.01,
         ),
     )
 }

@@ -59,22 +59,22 @@ class Trainer(Protocol):
 class TaskSpec:
     """A task's sweep: batch sizes (in examples/sequences), lr grid, loss targets, budgets.
 
-    ``quick`` holds the overrides used by ``--quick``. Loss targets are fixed before running
-    and the same analysis is applied to every task.
+    ``quick`` holds the overrides used by ``--quick``, which also runs one seed. Loss targets
+    are fixed before running and the same analysis is applied to every task.
     """
 
     name: str
     title: str
-    units: str
-    tokens_per_example: int
     batch_sizes: tuple[int, ...]
     lrs: tuple[float, ...]
     loss_targets: tuple[float, ...]
     max_steps: int
     max_examples: int
-    micro_batches: int
     optimizer: str
     description: str
+    units: str = "examples"
+    tokens_per_example: int = 1
+    micro_batches: int = 4
     seeds: int = 1
     quick: dict[str, object] = field(default_factory=dict)
 
@@ -83,7 +83,7 @@ class TaskSpec:
             return self
         from dataclasses import replace
 
-        return replace(self, quick={}, **self.quick)  # type: ignore[arg-type]
+        return replace(self, quick={}, **{"seeds": 1, **self.quick})  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,14 +360,11 @@ TASKS: dict[str, TaskSpec] = {
     "digits": TaskSpec(
         name="digits",
         title="MLP on scikit-learn digits",
-        units="examples",
-        tokens_per_example=1,
         batch_sizes=(4, 8, 16, 32, 64, 128, 256),
         lrs=(1.6, 0.8, 0.4, 0.2, 0.1, 0.05),
         loss_targets=(1.0, 0.5, 0.3, 0.2, 0.15),
         max_steps=6000,
         max_examples=200_000,
-        micro_batches=4,
         optimizer="SGD",
         seeds=3,
         description="64-64-10 tanh MLP, plain SGD, 1437 training images sampled with "
@@ -377,20 +374,16 @@ TASKS: dict[str, TaskSpec] = {
             "lrs": (0.8, 0.2),
             "loss_targets": (1.0, 0.5),
             "max_steps": 1500,
-            "seeds": 1,
         },
     ),
     "lsq": TaskSpec(
         name="lsq",
         title="Noisy least squares",
-        units="examples",
-        tokens_per_example=1,
         batch_sizes=(4, 8, 16, 32, 64, 128, 256, 512),
         lrs=(1.6, 0.8, 0.4, 0.2, 0.1, 0.05, 0.025, 0.0125),
         loss_targets=(1.0, 0.75, 0.6, 0.55),
         max_steps=20_000,
         max_examples=2_000_000,
-        micro_batches=4,
         optimizer="SGD",
         seeds=3,
         description=f"d={LSQ_D}, S = diag(geomspace(1, 1/{LSQ_KAPPA:g})), σ={LSQ_SIGMA:g}, "
@@ -400,7 +393,6 @@ TASKS: dict[str, TaskSpec] = {
             "lrs": (0.8, 0.2, 0.05),
             "loss_targets": (1.0, 0.75),
             "max_steps": 3000,
-            "seeds": 1,
         },
     ),
     "charlm": TaskSpec(
@@ -413,7 +405,6 @@ TASKS: dict[str, TaskSpec] = {
         loss_targets=(2.5, 2.3, 2.15, 2.0),
         max_steps=5000,
         max_examples=80_000,
-        micro_batches=4,
         optimizer="Adam",
         description="2 layers, d=64, 4 heads, context 64 bytes, Adam; "
         f"{len(LM_FILES)} stdlib files split 90/10; loss = held-out cross-entropy (nats/byte)",
