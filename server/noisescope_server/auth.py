@@ -3,30 +3,14 @@ request so a revoke takes effect at once on every worker; secrets are never logg
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from noisescope_server.crud import hash_token
-from noisescope_server.models import Project, Token
+from noisescope_server.tokens import TokenRow, live_token
 
-__all__ = ["TokenInfo", "resolve_token"]
-
-
-@dataclass(frozen=True)
-class TokenInfo:
-    id: int
-    name: str
-    project_id: int
-    project: str
+__all__ = ["resolve_token"]
 
 
-def resolve_token(engine: Engine, secret: str) -> TokenInfo | None:
+def resolve_token(engine: Engine, secret: str) -> TokenRow | None:
     """The live (not revoked) token with this secret, or None."""
-    with engine.connect() as conn:
-        row = conn.execute(
-            select(Token.id, Token.name, Token.project_id, Project.name)
-            .join(Project, Project.id == Token.project_id)
-            .where(Token.token_hash == hash_token(secret), Token.revoked_at.is_(None))
-        ).first()
-    return None if row is None else TokenInfo(int(row[0]), str(row[1]), int(row[2]), str(row[3]))
+    return live_token(engine, hash_token(secret))

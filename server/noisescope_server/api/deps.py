@@ -14,8 +14,9 @@ from fastapi import Depends, HTTPException, Request
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
-from noisescope_server.auth import TokenInfo, resolve_token
+from noisescope_server.auth import resolve_token
 from noisescope_server.settings import Settings
+from noisescope_server.tokens import TokenRow
 
 __all__ = ["AdminDep", "EngineDep", "ReadScope", "SettingsDep", "TokenDep", "WriteScope"]
 
@@ -51,7 +52,7 @@ def _bearer(request: Request) -> str | None:
     return secret.strip()
 
 
-async def get_token(request: Request, engine: EngineDep, settings: SettingsDep) -> TokenInfo | None:
+async def get_token(request: Request, engine: EngineDep, settings: SettingsDep) -> TokenRow | None:
     """The caller's token (None when none was sent, or when auth is off)."""
     if settings.auth == "off":
         return None
@@ -64,7 +65,7 @@ async def get_token(request: Request, engine: EngineDep, settings: SettingsDep) 
     return token
 
 
-TokenDep = Annotated[TokenInfo | None, Depends(get_token)]
+TokenDep = Annotated[TokenRow | None, Depends(get_token)]
 
 
 async def write_scope(token: TokenDep, settings: SettingsDep) -> int | None:
