@@ -15,6 +15,7 @@ import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from typing import Any
 
 from noisescope_server import crud
@@ -129,15 +130,13 @@ def default_runs() -> list[SynthRun]:
     """The sweeps, a live token run named with HTML/Markdown, a short run, a run that measured
     nothing and said why (a notice), under a task named like a Markdown link."""
     runs = sweep_runs()
+    lm_run = partial(SynthRun, project="nlp", task="lm", units="tokens")
     runs.append(
-        SynthRun(
+        lm_run(
             uid=LM,
-            project="nlp",
-            task="lm",
             name="<b>lm</b> **run**",
             batch_size=4096.0,
             steps=400,
-            units="tokens",
             status="running",
             tags=["<script>alert(1)</script>", "**bold**"],
             config={"model": "<i>tiny</i>", "layers": 2, "note": "[a](javascript:alert(1))"},
@@ -152,18 +151,7 @@ def default_runs() -> list[SynthRun]:
             evals=True,
         )
     )
-    runs.append(
-        SynthRun(
-            uid=SHORT,
-            project="nlp",
-            task="lm",
-            name="lm-short",
-            batch_size=2048.0,
-            steps=40,
-            units="tokens",
-            b_simple=2000.0,
-        )
-    )
+    runs.append(lm_run(uid=SHORT, name="lm-short", batch_size=2048.0, steps=40, b_simple=2000.0))
     runs.append(
         SynthRun(
             uid=NOTICE,

@@ -75,7 +75,8 @@ def _clear_streamlit_caches() -> Iterator[None]:
 
 @pytest.fixture
 def make_app(monkeypatch: pytest.MonkeyPatch) -> MakeApp:
-    """A fresh session on ``url``: the whole app, or one page opened by URL with its query.
+    """A fresh session on ``url``: the whole app, or one page opened by URL with its query,
+    run once without an exception.
 
     A page opened with query parameters is the page script itself started with them, as a
     shared link starts a new session (AppTest clears query parameters on ``switch_page``).
@@ -99,6 +100,7 @@ def make_app(monkeypatch: pytest.MonkeyPatch) -> MakeApp:
         for key, value in query.items():
             at.query_params[key] = value
         at.run()
+        assert not at.exception, [e.message for e in at.exception]  # no page ever raises
         return at
 
     return make

@@ -32,7 +32,6 @@ def _layer_marks(spec: dict[str, object]) -> list[str]:
 @pytest.mark.parametrize("page", PAGES)
 def test_no_server_configured_says_what_to_do(make_app: MakeApp, page: str) -> None:
     at = make_app(None, page)
-    assert not at.exception
     (warning,) = at.warning
     assert "noisescope up" in warning.value and "NOISESCOPE_URL" in warning.value
     assert not at.get("vega_lite_chart")
@@ -41,7 +40,6 @@ def test_no_server_configured_says_what_to_do(make_app: MakeApp, page: str) -> N
 @pytest.mark.parametrize("page", PAGES)
 def test_unreachable_server_says_what_to_do(make_app: MakeApp, page: str) -> None:
     at = make_app(f"http://127.0.0.1:{free_port()}", page)
-    assert not at.exception
     (error,) = at.error
     assert "Cannot reach the noisescope server" in error.value
     assert "noisescope up" in error.value
@@ -49,7 +47,6 @@ def test_unreachable_server_says_what_to_do(make_app: MakeApp, page: str) -> Non
 
 def test_empty_server_shows_the_lines_to_add(make_app: MakeApp, empty_server: str) -> None:
     at = make_app(empty_server)
-    assert not at.exception
     assert "No runs yet" in at.info[0].value
     code = at.code[0].value
     assert "noisescope.init(" in code and "GradientNoiseProbe(model, run)" in code
@@ -77,7 +74,6 @@ def test_runs_table_shows_every_run_and_why_some_have_no_number(
     make_app: MakeApp, server: str
 ) -> None:
     at = make_app(server, "runs")
-    assert not at.exception
     table = at.dataframe[0].value.set_index("uid")
     assert len(table) == len(default_runs())
     lm = table.loc[LM]
@@ -112,7 +108,6 @@ def test_runs_table_filters_search_and_sort(make_app: MakeApp, server: str) -> N
 
 def test_run_page_headline_and_verdict(make_app: MakeApp, server: str, api: Api) -> None:
     at = make_app(server, "run", run=DIGITS64)
-    assert not at.exception
     assert at.selectbox(key="_qp_run").value == DIGITS64
     assert at.query_params["run"] == DIGITS64
     metrics = {m.label: m.value for m in at.metric}
@@ -133,7 +128,6 @@ def test_run_page_headline_and_verdict(make_app: MakeApp, server: str, api: Api)
 
 def test_run_page_unknown_run_is_not_found(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "run", run="no-such-run")
-    assert not at.exception
     (error,) = at.error
     assert "no-such-run" in plain(error.value) and "not found" in error.value
     assert not at.metric and not at.get("vega_lite_chart")
@@ -144,7 +138,6 @@ def test_run_page_not_yet_measurable_shows_no_number_and_no_verdict(
     make_app: MakeApp, server: str
 ) -> None:
     at = make_app(server, "run", run=SHORT)
-    assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["B_simple now"] == "—" and metrics["B / B_simple"] == "—"
     (warning,) = at.warning
@@ -157,7 +150,6 @@ def test_run_page_not_yet_measurable_shows_no_number_and_no_verdict(
 
 def test_run_page_without_samples_says_why_and_what_to_do(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "run", run=NOTICE)
-    assert not at.exception
     assert NOTICE_MESSAGE in plain(at.warning[0].value)
     assert "accumulate_grad_batches" in at.markdown[0].value
     assert not at.metric and not at.get("vega_lite_chart")
@@ -170,7 +162,6 @@ def test_run_page_smoothing_changes_the_curves_not_the_headline(
     curves = []
     for window in ("0", "200"):
         at = make_app(server, "run", run=LM, window=window)
-        assert not at.exception
         assert at.number_input(key="window").value == int(window)
         metrics.append({m.label: m.value for m in at.metric})
         (frame,) = [f for f in chart_data(at)[B_CHART] if "what" in f and len(f)][:1]
@@ -186,7 +177,6 @@ def test_run_page_default_window_is_about_five_percent(make_app: MakeApp, server
 
 def test_run_page_charts_legend_events_evals_and_units(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "run", run=LM, x="examples")
-    assert not at.exception
     specs = charts(at)
     main = specs[B_CHART]
     assert _layer_marks(main) == ["area", "line", "line", "rule"]
@@ -233,7 +223,6 @@ def test_run_page_widgets_update_the_url(make_app: MakeApp, server: str) -> None
 
 def test_user_text_is_shown_literally(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "run", run=LM)
-    assert not at.exception
     # escaped Markdown: no tag, bold or link survives as markup
     assert at.subheader[0].value == r"\<b\>lm\</b\> \*\*run\*\*"
     caption = at.caption[0].value
@@ -250,7 +239,6 @@ def test_compare_runs_one_chart_per_unit_with_a_clickable_legend(
     make_app: MakeApp, server: str
 ) -> None:
     at = make_app(server, "compare_runs", runs=[DIGITS64, LM], color="task")
-    assert not at.exception
     assert at.multiselect(key="_qp_runs").value == [DIGITS64, LM]
     subheaders = [s.value for s in at.subheader]
     assert "B_simple against loss — runs in examples" in subheaders
@@ -269,7 +257,6 @@ def test_compare_runs_one_chart_per_unit_with_a_clickable_legend(
 
 def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api: Api) -> None:
     at = make_app(server, "compare_tasks")
-    assert not at.exception
     specs, data = charts(at), chart_data(at)
     expected = {
         (f"{r.project}/{r.task}", r.units, t.target, t.b_crit, t.b_simple)
@@ -334,7 +321,6 @@ DIGITS = quote("vision/digits", safe="")
 
 def test_critical_batch_page_renders_the_report(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "critical_batch", task="vision/digits")
-    assert not at.exception
     assert "evaluation loss" in at.markdown[0].value
     table = at.dataframe[0].value
     assert len(table) == 4  # the report's default targets
@@ -352,7 +338,6 @@ def test_critical_batch_page_renders_the_report(make_app: MakeApp, server: str) 
 
 def test_critical_batch_targets_live_in_the_url(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "critical_batch", task="vision/digits", targets="1.0, 0.05, x")
-    assert not at.exception
     table = at.dataframe[0].value
     assert table["loss target"].tolist() == ["1", "0.05"]
     row = table.set_index("loss target").loc["0.05"]
@@ -366,7 +351,6 @@ def test_critical_batch_targets_live_in_the_url(make_app: MakeApp, server: str) 
 
 def test_critical_batch_unknown_task_is_not_found(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "critical_batch", task="vision/nope")
-    assert not at.exception
     (error,) = at.error
     assert "vision/nope" in plain(error.value) and "not found" in error.value
     assert not at.dataframe
@@ -374,13 +358,11 @@ def test_critical_batch_unknown_task_is_not_found(make_app: MakeApp, server: str
 
 def test_critical_batch_too_few_batch_sizes(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "critical_batch", task="nlp/lm")
-    assert not at.exception
     assert "3 or more batch sizes" in at.warning[0].value
 
 
 def test_critical_batch_hostile_task_name_is_text(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "critical_batch", task=f"vision/{HOSTILE_TASK}")
-    assert not at.exception
     assert at.selectbox(key="_qp_task").value == f"vision/{HOSTILE_TASK}"
 
 
@@ -389,7 +371,6 @@ def test_critical_batch_hostile_task_name_is_text(make_app: MakeApp, server: str
 
 def test_what_if_renders_the_parallelism_plan(make_app: MakeApp, server: str, api: Api) -> None:
     at = make_app(server, "what_if", task="vision/digits", b="512", step_time="0.3")
-    assert not at.exception
     report = api.critical_batch("vision", "digits")
     first = next(t for t in report.targets if t.determined)
     assert at.selectbox(key="_qp_source").value == f"bcrit:{first.target:g}"
@@ -424,13 +405,11 @@ def test_what_if_judges_a_batch_size_the_task_uses(make_app: MakeApp, server: st
     """Its runs use 16 to 512 (three each); the default batch to judge is one of them, not the
     mean of the middle two (96)."""
     at = make_app(server, "what_if", task="vision/digits")
-    assert not at.exception
     assert at.number_input(key="b").value == 64
 
 
 def test_what_if_median_b_simple_has_no_absolute_steps(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "what_if", task="vision/digits", source="median")
-    assert not at.exception
     assert "median current B_simple" in plain(at.caption[0].value)
     assert set(at.dataframe[0].value["steps"]) == {""}
 
@@ -444,7 +423,6 @@ def test_what_if_names_b_simple_when_the_source_is_b_simple(
     fit = next(t for t in targets if t.determined)
     for source in ("median", f"bsimple:{at_loss.target:g}"):
         at = make_app(server, "what_if", task="vision/digits", b="512", source=source)
-        assert not at.exception
         summary, verdict = plain(at.info[0].value), plain(at.markdown[0].value)
         assert "(B_crit ≈ B_simple = " in summary and "(B_crit = " not in summary, source
         assert "× B_simple" in verdict and "B_crit" not in verdict, source
@@ -474,7 +452,6 @@ def test_a_project_token_shows_only_that_project(make_app: MakeApp, auth_server:
     assert answer.status_code == 201, answer.text
     token = answer.json()["token"]
     at = make_app(auth_server, "runs", token=token)
-    assert not at.exception
     assert set(at.dataframe[0].value["project"]) == {"vision"}
     at = make_app(auth_server, "run", token=token, run=LM)  # another project's run
     assert "not found" in at.error[0].value
