@@ -31,9 +31,10 @@ __all__ = ["BRANCH_TASKS", "BranchTask", "main"]
 SECTION = "branching"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BranchTask:
-    """One parent run of a task and its branch points; sizes in the task's units."""
+    """One parent run of a task and its branch points; sizes in the task's units. Its repr
+    names the parent run and the branch store, so fields keep their order."""
 
     key: str
     task: str
@@ -42,8 +43,8 @@ class BranchTask:
     lr_rule: str
     steps: int  # parent run length
     branch_steps: tuple[int, ...]
-    budget: int  # units per branch
     multipliers: tuple[int, ...] = (1, 2, 4, 8, 16)
+    budget: int  # units per branch
     seeds: int = 3
     epsilon: float = 0.01
 
