@@ -83,3 +83,15 @@ def test_integers_are_numbers_and_times_stay_lax(client: httpx.Client) -> None:
     r = client.post(f"{API}/runs/{rid}/events", json={"events": [event]})
     assert r.json() == {"received": 1, "inserted": 1}
     assert client.patch(f"{API}/runs/{rid}", json={"ended_at": 1_700_000_100}).status_code == 200
+
+
+def test_a_run_put_body_maps_field_for_field_onto_crud_run_in() -> None:
+    """``PUT /runs/{id}`` builds ``crud.RunIn`` from the body's fields (``parent_run_id`` is
+    stored as ``parent_uid``): a field added on one side only would fail every PUT."""
+    import dataclasses
+
+    from noisescope_server import crud
+    from noisescope_server.api.schemas import RunPut
+
+    wire = (set(RunPut.model_fields) - {"parent_run_id"}) | {"parent_uid"}
+    assert wire == {f.name for f in dataclasses.fields(crud.RunIn)}

@@ -34,24 +34,9 @@ def _put(
     engine: Engine, settings: Settings, run_id: str, scope: int | None, raw: bytes
 ) -> RunPutResult:
     body = parse_model(RunPut, raw)
-    ref, created = crud.upsert_run(
-        engine,
-        run_id,
-        crud.RunIn(
-            project=body.project,
-            task=body.task,
-            name=body.name,
-            config=body.config,
-            tags=body.tags,
-            batch_size=body.batch_size,
-            units=body.units,
-            status=body.status,
-            started_at=body.started_at,
-            parent_uid=body.parent_run_id,
-            branch_step=body.branch_step,
-        ),
-        project_scope=scope,
-    )
+    # field for field the body, but for the parent's name: its column is the parent's uid
+    run = crud.RunIn(**body.model_dump(exclude={"parent_run_id"}), parent_uid=body.parent_run_id)
+    ref, created = crud.upsert_run(engine, run_id, run, project_scope=scope)
     return _answer(settings, ref, created=created)
 
 
