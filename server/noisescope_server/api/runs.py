@@ -64,14 +64,7 @@ def _patch(
     engine: Engine, settings: Settings, run_id: str, scope: int | None, raw: bytes
 ) -> RunPutResult:
     body = parse_model(RunPatch, raw)
-    ref = crud.patch_run(
-        engine,
-        run_id,
-        status=body.status,
-        ended_at=body.ended_at,
-        batch_size=body.batch_size,
-        project_scope=scope,
-    )
+    ref = crud.patch_run(engine, run_id, **body.model_dump(), project_scope=scope)
     return _answer(settings, ref, created=False)
 
 
