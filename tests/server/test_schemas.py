@@ -85,18 +85,20 @@ def test_integers_are_numbers_and_times_stay_lax(client: httpx.Client) -> None:
     assert client.patch(f"{API}/runs/{rid}", json={"ended_at": 1_700_000_100}).status_code == 200
 
 
-def test_run_bodies_map_field_for_field_onto_crud() -> None:
+def test_bodies_map_field_for_field_onto_crud() -> None:
     """``PUT /runs/{id}`` builds ``crud.RunIn`` from the body's fields (``parent_run_id`` is
-    stored as ``parent_uid``) and ``PATCH`` passes its fields to ``crud.patch_run``: a field
-    added on one side only would fail every such request."""
+    stored as ``parent_uid``), an event body's items are ``crud.EventIn``s and ``PATCH`` passes
+    its fields to ``crud.patch_run``: a field added on one side only would fail every such
+    request."""
     import dataclasses
     import inspect
 
     from noisescope_server import crud
-    from noisescope_server.api.schemas import RunPatch, RunPut
+    from noisescope_server.api.schemas import EventItem, RunPatch, RunPut
 
     wire = (set(RunPut.model_fields) - {"parent_run_id"}) | {"parent_uid"}
     assert wire == {f.name for f in dataclasses.fields(crud.RunIn)}
+    assert set(EventItem.model_fields) == {f.name for f in dataclasses.fields(crud.EventIn)}
     keywords = inspect.signature(crud.patch_run).parameters
     patchable = {n for n, p in keywords.items() if p.kind is p.KEYWORD_ONLY} - {"project_scope"}
     assert set(RunPatch.model_fields) == patchable

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from sqlalchemy import Engine
@@ -15,6 +17,7 @@ from noisescope_server.api.deps import EngineDep, SettingsDep, WriteScope
 from noisescope_server.api.schemas import SAMPLES_BODY_SCHEMA, EventsBody, IngestResult
 
 router = APIRouter(tags=["ingest"])
+_Route = TypeVar("_Route", bound=Callable[..., Awaitable[Any]])
 
 _ERRORS = {
     400: {"description": "malformed JSON or gzip"},
@@ -26,6 +29,18 @@ _ERRORS = {
 }
 
 
+def _ingest_route(what: str, body: Any, summary: str) -> Callable[[_Route], _Route]:
+    """``POST /runs/{run_id}/<what>`` of a ``body``: every ingest answers an ``IngestResult``
+    and documents the same errors."""
+    return router.post(
+        f"/runs/{{run_id}}/{what}",
+        response_model=IngestResult,
+        openapi_extra=openapi_body(body),
+        responses=_ERRORS,  # type: ignore[arg-type]
+        summary=summary,
+    )
+
+
 def _ingest_samples(
     engine: Engine, run_id: str, max_samples: int, scope: int | None, raw: bytes
 ) -> IngestResult:
@@ -34,12 +49,10 @@ def _ingest_samples(
     return IngestResult(received=batch.n, inserted=inserted)
 
 
-@router.post(
-    "/runs/{run_id}/samples",
-    response_model=IngestResult,
-    openapi_extra=openapi_body(SAMPLES_BODY_SCHEMA),
-    responses=_ERRORS,  # type: ignore[arg-type]
-    summary="Add gradient-noise samples to a run (columnar, idempotent on seq)",
+@_ingest_route(
+    "samples",
+    SAMPLES_BODY_SCHEMA,
+    "Add gradient-noise samples to a run (columnar, idempotent on seq)",
 )
 async def post_samples(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
@@ -53,21 +66,12 @@ async def post_samples(
 
 def _ingest_events(engine: Engine, run_id: str, scope: int | None, raw: bytes) -> IngestResult:
     body = parse_model(EventsBody, raw)
-    events = [
-        crud.EventIn(step=e.step, kind=e.kind, payload=e.payload, time=e.time, seq=e.seq)
-        for e in body.events
-    ]
+    events = [crud.EventIn(**e.model_dump()) for e in body.events]
     inserted = crud.ingest_events(engine, run_id, events, project_scope=scope)
     return IngestResult(received=len(events), inserted=inserted)
 
 
-@router.post(
-    "/runs/{run_id}/events",
-    response_model=IngestResult,
-    openapi_extra=openapi_body(EventsBody),
-    responses=_ERRORS,  # type: ignore[arg-type]
-    summary="Add events (batch-size changes, marks) to a run",
-)
+@_ingest_route("events", EventsBody, "Add events (batch-size changes, marks) to a run")
 async def post_events(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> IngestResult:
