@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from noisescope_server import crud
@@ -41,14 +39,6 @@ def _ingest_route(what: str, body: Any, summary: str) -> Callable[[_Route], _Rou
     )
 
 
-def _ingest_samples(
-    engine: Engine, run_id: str, max_samples: int, scope: int | None, raw: bytes
-) -> IngestResult:
-    batch = crud.validate_samples(json_body(raw), max_samples=max_samples)
-    inserted = crud.ingest_samples(engine, run_id, batch, project_scope=scope)
-    return IngestResult(received=batch.n, inserted=inserted)
-
-
 @_ingest_route(
     "samples",
     SAMPLES_BODY_SCHEMA,
@@ -57,25 +47,24 @@ def _ingest_samples(
 async def post_samples(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> IngestResult:
-    return await write_to_run(
-        request,
-        settings,
-        partial(_ingest_samples, engine, run_id, settings.max_samples, scope),
-    )
+    def ingest(raw: bytes) -> IngestResult:
+        batch = crud.validate_samples(json_body(raw), max_samples=settings.max_samples)
+        inserted = crud.ingest_samples(engine, run_id, batch, project_scope=scope)
+        return IngestResult(received=batch.n, inserted=inserted)
 
-
-def _ingest_events(engine: Engine, run_id: str, scope: int | None, raw: bytes) -> IngestResult:
-    body = parse_model(EventsBody, raw)
-    events = [crud.EventIn(**e.model_dump()) for e in body.events]
-    inserted = crud.ingest_events(engine, run_id, events, project_scope=scope)
-    return IngestResult(received=len(events), inserted=inserted)
+    return await write_to_run(request, settings, ingest)
 
 
 @_ingest_route("events", EventsBody, "Add events (batch-size changes, marks) to a run")
 async def post_events(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> IngestResult:
-    return await write_to_run(request, settings, partial(_ingest_events, engine, run_id, scope))
+    def ingest(raw: bytes) -> IngestResult:
+        events = [crud.EventIn(**e.model_dump()) for e in parse_model(EventsBody, raw).events]
+        inserted = crud.ingest_events(engine, run_id, events, project_scope=scope)
+        return IngestResult(received=len(events), inserted=inserted)
+
+    return await write_to_run(request, settings, ingest)
 
 
 @router.post(

@@ -6,10 +6,7 @@ Both answers carry the run's dashboard link when the server knows its dashboard
 
 from __future__ import annotations
 
-from functools import partial
-
 from fastapi import APIRouter, Request, Response
-from sqlalchemy import Engine
 
 from noisescope_server import crud
 from noisescope_server.api._body import openapi_body, parse_model
@@ -30,16 +27,6 @@ def _answer(settings: Settings, ref: crud.RunRef, *, created: bool) -> RunPutRes
     )
 
 
-def _put(
-    engine: Engine, settings: Settings, run_id: str, scope: int | None, raw: bytes
-) -> RunPutResult:
-    body = parse_model(RunPut, raw)
-    # field for field the body, but for the parent's name: its column is the parent's uid
-    run = crud.RunIn(**body.model_dump(exclude={"parent_run_id"}), parent_uid=body.parent_run_id)
-    ref, created = crud.upsert_run(engine, run_id, run, project_scope=scope)
-    return _answer(settings, ref, created=created)
-
-
 @router.put(
     "/runs/{run_id}",
     response_model=RunPutResult,
@@ -55,17 +42,18 @@ async def put_run(
     settings: SettingsDep,
     scope: WriteScope,
 ) -> RunPutResult:
-    result = await write_to_run(request, settings, partial(_put, engine, settings, run_id, scope))
+    def put(raw: bytes) -> RunPutResult:
+        body = parse_model(RunPut, raw)
+        # the body field for field, but the parent's name: its column holds the parent's uid
+        run = crud.RunIn(
+            **body.model_dump(exclude={"parent_run_id"}), parent_uid=body.parent_run_id
+        )
+        ref, created = crud.upsert_run(engine, run_id, run, project_scope=scope)
+        return _answer(settings, ref, created=created)
+
+    result = await write_to_run(request, settings, put)
     response.status_code = 201 if result.created else 200
     return result
-
-
-def _patch(
-    engine: Engine, settings: Settings, run_id: str, scope: int | None, raw: bytes
-) -> RunPutResult:
-    body = parse_model(RunPatch, raw)
-    ref = crud.patch_run(engine, run_id, **body.model_dump(), project_scope=scope)
-    return _answer(settings, ref, created=False)
 
 
 @router.patch(
@@ -77,4 +65,9 @@ def _patch(
 async def patch_run(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
 ) -> RunPutResult:
-    return await write_to_run(request, settings, partial(_patch, engine, settings, run_id, scope))
+    def patch(raw: bytes) -> RunPutResult:
+        body = parse_model(RunPatch, raw)
+        ref = crud.patch_run(engine, run_id, **body.model_dump(), project_scope=scope)
+        return _answer(settings, ref, created=False)
+
+    return await write_to_run(request, settings, patch)
