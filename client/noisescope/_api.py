@@ -35,6 +35,7 @@ from noisescope._results import (
     TaskSummary,
 )
 from noisescope._transport import HTTPTransport, Request, Transport, TransportError
+from noisescope.estimators import MIN_SPEEDUP
 from noisescope.forecast import ForecastReport
 from noisescope.recommend import Recommendation
 from noisescope.sweep import CriticalBatchReport
@@ -248,7 +249,7 @@ class Api:
         *,
         s_min: float | None = None,
         step_time: float | None = None,
-        min_speedup: float = 1.5,
+        min_speedup: float = MIN_SPEEDUP,
         max_devices: int | None = None,
         units: str = "examples",
         batch_size: float | None = None,

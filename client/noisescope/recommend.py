@@ -28,6 +28,7 @@ from noisescope._results import ParallelismPlan, ParallelismRow
 from noisescope._sink import Sink
 from noisescope.estimators import (
     EMA,
+    MIN_SPEEDUP,
     NoiseScale,
     NoiseScaleInterval,
     compute_waste,
@@ -389,7 +390,7 @@ def parallelism_plan(
     *,
     s_min: float | None = None,
     step_time: float | None = None,
-    min_speedup: float = 1.5,
+    min_speedup: float = MIN_SPEEDUP,
     max_devices: int | None = None,
     units: str = "examples",
     batch_size: float | None = None,

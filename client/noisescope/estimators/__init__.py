@@ -19,6 +19,7 @@ from __future__ import annotations
 from .._public import report_all_as_public
 from ._branching import LocalCriticalBatch, local_critical_batch
 from ._critical import (
+    MIN_SPEEDUP,
     CriticalBatchFit,
     compute_waste,
     doubling_speedup,
@@ -67,6 +68,7 @@ __all__ = [
     "CURRENT_MIN_SAMPLES",
     "EMA",
     "INTERVAL_BLOCKS",
+    "MIN_SPEEDUP",
     "CriticalBatchFit",
     "Interval",
     "LocalCriticalBatch",

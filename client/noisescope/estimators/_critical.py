@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ._stats import fieller
 
 __all__ = [
+    "MIN_SPEEDUP",
     "CriticalBatchFit",
     "compute_waste",
     "doubling_speedup",
@@ -144,7 +145,13 @@ def compute_waste(batch_size: float, b_crit: float) -> float:
     return batch_size / (batch_size + b_crit)
 
 
-def parallelism_limit(b_crit: float, per_device_batch: float, min_speedup: float = 1.5) -> float:
+#: The default for "a doubling of the devices still pays": 1.5x faster (at N* b = B_crit/2).
+MIN_SPEEDUP = 1.5
+
+
+def parallelism_limit(
+    b_crit: float, per_device_batch: float, min_speedup: float = MIN_SPEEDUP
+) -> float:
     """Devices N* past which doubling the devices speeds training up by less than
     ``min_speedup`` (between 1 and 2).
 

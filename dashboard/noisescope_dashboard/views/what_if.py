@@ -14,6 +14,7 @@ from typing import Any
 import streamlit as st
 
 from noisescope import TaskSummary
+from noisescope.estimators import MIN_SPEEDUP
 from noisescope.sweep import MIN_BATCH_SIZES
 from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
@@ -130,7 +131,7 @@ def main(src: _data.Source) -> None:
     min_speedup = _state.number(
         "Minimum speed-up per doubling",
         key="min_speedup",
-        value=1.5,
+        value=MIN_SPEEDUP,
         min_value=1.05,
         max_value=1.95,
         step=0.05,

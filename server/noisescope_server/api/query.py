@@ -24,6 +24,7 @@ from noisescope._results import (
     SeriesInfo,
     TaskSummary,
 )
+from noisescope.estimators import MIN_SPEEDUP
 from noisescope.recommend import Reference, parallelism_plan
 from noisescope.sweep import CriticalBatchReport
 from noisescope_server import queries, sweeps
@@ -278,7 +279,7 @@ def get_parallelism(
     step_time: Annotated[float | None, Query(gt=0, le=1e9, description="seconds per step")] = (
         None
     ),
-    min_speedup: Annotated[float, Query(gt=1, lt=2)] = 1.5,
+    min_speedup: Annotated[float, Query(gt=1, lt=2)] = MIN_SPEEDUP,
     max_devices: Annotated[int | None, Query(ge=1, le=2**24)] = None,
     units: Annotated[str, Query(pattern="^(examples|tokens)$")] = "examples",
     batch_size: Annotated[
