@@ -112,7 +112,6 @@ def compare_section(
                 part,
                 title=title,
                 name=f"{key}_b_simple_vs_{name}_{word}",
-                key=f"{key}_{name}_{word}",
                 caption=caption,
             )
     return points

@@ -148,16 +148,16 @@ def chart_with_downloads(
     *,
     title: str,
     name: str,
-    key: str,
     caption: str | None = None,
     stretch: bool = True,
 ) -> None:
     """A titled chart (the title above it, where it wraps instead of being clipped) with PNG
-    (rendered offline by vl-convert, on click) and CSV downloads of the data drawn."""
+    (rendered offline by vl-convert, on click) and CSV downloads of the data drawn, as
+    ``name.png`` and ``name.csv``; ``name`` (unique on its page) also keys the widgets."""
     st.subheader(title, anchor=False)
     if caption:
         st.caption(caption)
-    st.altair_chart(chart, width="stretch" if stretch else "content", key=f"chart_{key}")
+    st.altair_chart(chart, width="stretch" if stretch else "content", key=f"chart_{name}")
     row = st.container(horizontal=True)
     # label, data (the PNG rendered only when clicked), file extension, MIME type, icon
     downloads: list[tuple[str, Any, str, str, str]] = [
@@ -170,7 +170,7 @@ def chart_with_downloads(
             data=data,
             file_name=f"{name}.{ext}",
             mime=mime,
-            key=f"{ext}_{key}",
+            key=f"{ext}_{name}",
             on_click="ignore",
             icon=icon,
             width="content",

@@ -77,7 +77,6 @@ def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
             part,
             title=title,
             name=f"by_model_size_{word}",
-            key=f"sizes_{word}",
             caption="Colour: the model size, from the run's config `n_params` (parameters), "
             f"else `model_size`, else the run's name. Lines: B_simple {where}, smoothed over "
             "the same fraction of the run as above, with its 90% band (GET /runs/{id}/series). "

@@ -65,7 +65,6 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping
                 part,
                 title=f"Tasks in {word}" if len(units) > 1 else VERSUS,
                 name=f"b_simple_vs_b_crit_{word}",
-                key=f"versus_{word}",
                 stretch=False,
                 caption=None if len(units) > 1 else CAPTION,
             )

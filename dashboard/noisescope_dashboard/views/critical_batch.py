@@ -90,7 +90,6 @@ def _results(report: CriticalBatchReport) -> None:
             if units == "examples"
             else "Steps and tokens to reach each loss target",
             name="steps_vs_examples",
-            key="sweep",
             caption="Each run's steps and "
             + units
             + " to reach each target. Filled: the fastest learning rate at each batch size "
@@ -105,7 +104,6 @@ def _results(report: CriticalBatchReport) -> None:
             versus,
             title="B_crit against loss, beside B_simple at the same loss",
             name="b_crit_vs_loss",
-            key="bcrit",
             caption="Bars: 90% intervals (an interval reaching 0 is drawn to the axis). "
             "B_simple is expected to track B_crit within a small factor and may underestimate "
             "it (Merrill et al. 2025).",

@@ -179,7 +179,6 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
         points.rename(columns={"x": x}),
         title="B_simple with its 90% interval and the batch in use",
         name=f"b_simple_{slug}",
-        key="b_simple",
         caption=f"{smoothing}, sums of the per-sample estimates with the ratio taken last; the "
         "band is that window's 90% interval. The smoothing changes only these curves, never "
         "B_simple now above."
@@ -211,7 +210,6 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
             points[["step", "x", y]].rename(columns={"x": f"{x} (chart)"}),
             title=title,
             name=f"{y}_{slug}",
-            key=y,
         )
 
     left, right = st.columns(2)
@@ -280,7 +278,6 @@ def _layers(
         per_layer[["layer", "step", "x", "b_simple", "b_simple_lo", "b_simple_hi"]],
         title="B_simple per layer",
         name=f"b_simple_layers_{run.uid[:8]}",
-        key="layers_chart",
         caption="Each layer's own B_simple, smoothed like the chart above.",
     )
 
@@ -317,7 +314,6 @@ def _branches_section(src: _data.Source, run: RunSummary) -> None:
         measured,
         title=_branches.TITLE,
         name=f"branches_{run.uid[:8]}",
-        key="branches",
         caption=f"B_simple: trailing windows of {window:,} steps with their 90% band. "
         "The local critical batch size at each branch step is the largest batch whose "
         "loss after the branch budget stays within ε of the smallest batch's. "

@@ -186,7 +186,6 @@ def main(src: _data.Source) -> None:
         rows,
         title="Time against compute as devices double",
         name="tradeoff",
-        key="tradeoff",
         caption="S/S_min = 1 + B_crit/B against E/E_min = 1 + B/B_crit (docs/science.md) at "
         "B = devices × batch per device; grey points are past the device limit.",
     )
@@ -195,7 +194,6 @@ def main(src: _data.Source) -> None:
         rows,
         title="Speed-up against devices",
         name="speedup",
-        key="speedup",
         caption="The S-E model's speed-up over one device beside ideal scaling.",
     )
 
