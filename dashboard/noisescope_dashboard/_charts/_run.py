@@ -78,6 +78,35 @@ def event_names(events: pd.DataFrame | None, x: str) -> list[str]:
     return names + (["other event"] if kinds - {"batch_size"} else [])
 
 
+def _b_simple_axes(
+    frame: pd.DataFrame,
+    x: str,
+    x_title: str,
+    y_title: str,
+    log_x: bool,
+    log_y: bool,
+    more_y: Sequence[float] = (),
+) -> tuple[pd.DataFrame, pd.DataFrame, alt.X, alt.Y]:
+    """B_simple's band and line rows (those these axes can draw) and the axes that hold both,
+    and ``more_y``."""
+    band = drawable(frame, [x, "b_simple_lo", "b_simple_hi"], log_y)
+    line = drawable(frame, [x, "b_simple"], log_y)
+    y_values = values_in(line, "b_simple") + values_in(band, "b_simple_lo", "b_simple_hi")
+    x_enc = x_encoding(x, x_title, values_in(frame, x), log=log_x)
+    y_enc = y_encoding("b_simple", y_title, [*y_values, *more_y], log=log_y)
+    return band, line, x_enc, y_enc
+
+
+def _band(band: pd.DataFrame, x_enc: alt.X, color: alt.Color, *, opacity: float) -> alt.Chart:
+    """The 90% interval of B_simple, ``b_simple_lo`` to ``b_simple_hi``, as an area."""
+    area: alt.Chart = (
+        alt.Chart(band)
+        .mark_area(opacity=opacity)
+        .encode(x=x_enc, y=alt.Y("b_simple_lo:Q"), y2=alt.Y2("b_simple_hi:Q"), color=color)
+    )
+    return area
+
+
 def b_simple_chart(
     frame: pd.DataFrame,
     *,
@@ -94,20 +123,15 @@ def b_simple_chart(
     One legend names every layer: "B_simple", "90% interval", "batch in use" and, when there are
     any, "batch-size change". ``frame`` is ``_frames.series_points`` of a run's series.
     """
-    band = drawable(frame, [x, "b_simple_lo", "b_simple_hi"], log_y)
-    line = drawable(frame, [x, "b_simple"], log_y)
     batch = drawable(frame, [x, "batch_size"], log_y)
+    band, line, x_enc, y_enc = _b_simple_axes(
+        frame, x, x_title, y_title, log_x, log_y, more_y=values_in(batch, "batch_size")
+    )
     names = ["B_simple", "90% interval", "batch in use", *event_names(events, x)]
-    y_values = values_in(line, "b_simple") + values_in(band, "b_simple_lo", "b_simple_hi")
-    y_values += values_in(batch, "batch_size")
-    x_enc = x_encoding(x, x_title, values_in(frame, x), log=log_x)
-    y_enc = y_encoding("b_simple", y_title, y_values, log=log_y)
     color = _legend(B_LEGEND, names)
     tip_x = alt.Tooltip(f"{x}:Q", title=x_title, format=TIP)
     layers: list[Any] = [
-        alt.Chart(band.assign(what="90% interval"))
-        .mark_area(opacity=0.45)
-        .encode(x=x_enc, y=alt.Y("b_simple_lo:Q"), y2=alt.Y2("b_simple_hi:Q"), color=color),
+        _band(band.assign(what="90% interval"), x_enc, color, opacity=0.45),
         alt.Chart(line.assign(what="B_simple"))
         .mark_line(interpolate="monotone", strokeWidth=2)
         .encode(
@@ -203,18 +227,12 @@ def layers_chart(
     y_title: str = "B_simple (batch size)",
 ) -> alt.LayerChart:
     """B_simple per layer (``layer`` column), each over its own light band."""
-    band = drawable(frame, [x, "b_simple_lo", "b_simple_hi"], log_y)
-    line = drawable(frame, [x, "b_simple"], log_y)
-    y_values = values_in(line, "b_simple") + values_in(band, "b_simple_lo", "b_simple_hi")
-    x_enc = x_encoding(x, x_title, values_in(frame, x), log=log_x)
-    y_enc = y_encoding("b_simple", y_title, y_values, log=log_y)
+    band, line, x_enc, y_enc = _b_simple_axes(frame, x, x_title, y_title, log_x, log_y)
     color = alt.Color(
         "layer:N", title="layer", scale=alt.Scale(scheme=SCHEME), legend=wide_legend()
     )
     layers = [
-        alt.Chart(band)
-        .mark_area(opacity=0.15)
-        .encode(x=x_enc, y=alt.Y("b_simple_lo:Q"), y2=alt.Y2("b_simple_hi:Q"), color=color),
+        _band(band, x_enc, color, opacity=0.15),
         alt.Chart(line)
         .mark_line(interpolate="monotone")
         .encode(
