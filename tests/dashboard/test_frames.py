@@ -175,3 +175,15 @@ def test_open_interval_ends_are_drawn_to_their_own_units_axis() -> None:
     tokens = points.set_index("units").loc["tokens"]
     assert tokens["b_simple_lo_shown"] == pytest.approx(4000.0 / 3.0)  # its own smallest / 3
     assert tokens["b_simple_interval"] == "0 – 8,000"
+
+
+def test_the_what_if_table_reads_steps_as_whole_numbers() -> None:
+    """S = S_min (1 + B_crit/B) is a step count: 68.4 steps reads as "68", never "68.4"."""
+    from noisescope.recommend import parallelism_plan
+
+    plan = parallelism_plan(100.0, 25.0, s_min=34.2, max_devices=8)
+    steps = {r.devices: r.steps for r in plan.rows}
+    assert steps[4] == pytest.approx(68.4)
+    table = _frames.parallelism_table(plan, "examples")
+    assert list(table["steps"]) == [_text.whole(s) for s in steps.values()]
+    assert table["steps"][2] == "68"

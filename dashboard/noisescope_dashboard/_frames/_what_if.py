@@ -46,7 +46,7 @@ def parallelism_table(plan: ParallelismPlan, units: str) -> pd.DataFrame:
                 if r.doubling_speedup is not None
                 else "",
                 "extra compute": _text.percent(r.waste),
-                "steps": _text.count(r.steps) if r.steps is not None else "",
+                "steps": _text.whole(r.steps) if r.steps is not None else "",
                 "time": _text.hours(r.hours) if r.hours is not None else "",
             }
             for r in plan.rows
