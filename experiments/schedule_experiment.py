@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.tasks import TASKS, TaskSpec, make_trainer
+from noisescope import _format
 from noisescope.estimators import examples_ratio, fit_critical_batch, steps_ratio
 from noisescope.schedule import BatchSizeScheduler
 
@@ -384,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fmt(s: dict[str, float]) -> str:
-    return f"{s['median']:.4g} [{s['min']:.4g}–{s['max']:.4g}]"
+    """A count's median [min–max] as the dashboard writes counts ("15,872", never "1.587e+04")."""
+    return f"{_format.count(s['median'])} [{_format.count(s['min'])}–{_format.count(s['max'])}]"
 
 
 def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
@@ -448,13 +450,13 @@ def _frontier_fit(row: dict[str, Any]) -> str:
     lo, hi = row.get("b_crit_lo"), row.get("b_crit_hi")
     level = row.get("b_crit_level", 0.9)
     interval = (
-        f" [{lo:.3g}–{hi:.3g}, {level:.0%}]"
+        f" [{_format.count(lo)}–{_format.count(hi)}, {level:.0%}]"
         if lo is not None and hi is not None
         else f" (interval unbounded at {level:.0%})"
     )
     return (
-        head + f"S_min={row['s_min']:.4g}, E_min={row['e_min']:.4g}, "
-        f"B_crit={row['b_crit']:.3g}{interval}"
+        head + f"S_min={_format.count(row['s_min'])}, E_min={_format.count(row['e_min'])}, "
+        f"B_crit={_format.count(row['b_crit'])}{interval}"
     )
 
 
