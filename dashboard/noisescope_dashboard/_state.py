@@ -4,8 +4,8 @@ Streamlit's ``bind="query-params"`` stores a select widget's *formatted label* i
 (``?run=vision+%2F+digits+%2F+...``), which is long and breaks when a run is renamed. Selects
 here store the raw option (a run id, ``step``) instead: read on load, written back after the
 widget, and removed when equal to the default to keep URLs short. Numbers and checkboxes
-(``number``, ``checkbox``) and free text and multiselects of plain names use Streamlit's
-``bind="query-params"``, whose URL value is the raw one.
+(``number``, ``checkbox``), free text and multiselects of plain names are bound by Streamlit
+itself (``bind=BOUND``), whose URL value is the raw one.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import streamlit as st
 
 from noisescope import TaskSummary
 from noisescope.sweep import MIN_BATCH_SIZES, CriticalBatchReport
-from noisescope_dashboard import _charts, _data, _frames, _text, _ui
+from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._compare import compare_section
 
 VERSUS = "B_simple against B_crit across tasks"
@@ -79,7 +79,7 @@ def main(src: _data.Source) -> None:
     tasks = _data.tasks(src)
     keys = {_text.task_key(t.project, t.task): t for t in tasks}
     chosen_keys = st.multiselect(
-        "Tasks (project/task)", list(keys), default=list(keys), key="tasks", bind="query-params"
+        "Tasks (project/task)", list(keys), default=list(keys), key="tasks", bind=_state.BOUND
     )
     if not chosen_keys:
         st.info("Pick one or more tasks above.")

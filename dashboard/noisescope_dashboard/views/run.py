@@ -254,7 +254,7 @@ def _layers(
     if not layers:
         return
     chosen = st.multiselect(
-        "Layers", layers, default=layers[:DEFAULT_LAYERS], key="layers", bind="query-params"
+        "Layers", layers, default=layers[:DEFAULT_LAYERS], key="layers", bind=_state.BOUND
     )
     if not chosen:
         st.caption("Pick layers to compare their noise scales.")

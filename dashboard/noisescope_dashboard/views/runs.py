@@ -94,25 +94,25 @@ def main(src: _data.Source) -> None:
     runs = _data.runs(src)
     f1, f2, f3, f4 = st.columns(4)
     projects = f1.multiselect(
-        "Project", sorted({r.project for r in runs}), key="project", bind="query-params"
+        "Project", sorted({r.project for r in runs}), key="project", bind=_state.BOUND
     )
     tasks = f2.multiselect(
         "Task",
         sorted({r.task for r in runs if not projects or r.project in projects}),
         key="task",
-        bind="query-params",
+        bind=_state.BOUND,
     )
     tags = f3.multiselect(
-        "Tag", sorted({t for r in runs for t in r.tags}), key="tag", bind="query-params"
+        "Tag", sorted({t for r in runs for t in r.tags}), key="tag", bind=_state.BOUND
     )
     statuses = f4.multiselect(
-        "Status", sorted({r.status for r in runs}), key="status", bind="query-params"
+        "Status", sorted({r.status for r in runs}), key="status", bind=_state.BOUND
     )
     s1, s2, s3 = st.columns([3, 1, 1])
     search = s1.text_input(
         "Search names, tasks, tags and config",
         key="q",
-        bind="query-params",
+        bind=_state.BOUND,
         placeholder="e.g. lr=0.1",
     )
     sort = _state.select(
