@@ -214,8 +214,11 @@ class BranchPointResult:
     final evaluation losses (``estimators.local_critical_batch``; docs/branching.md).
 
     ``mean_loss`` is per batch size (None for a batch size whose branches diverged);
-    ``b_crit`` is None (with ``reason``) while branches are missing an evaluation or every
-    batch stayed within ε (then ``b_crit_lo`` is the largest batch tried, a lower bound).
+    ``b_crit`` is None (with ``reason``) while branches are missing an evaluation, when every
+    batch stayed within ε (then ``b_crit_lo`` is the largest batch tried, a lower bound), or
+    when the batch-size grid does not resolve the crossing (a bracket: ``b_crit_lo`` and
+    ``b_crit_hi`` the grid points around it; ``b_crit_interpolated`` the log-linear reading,
+    not a measurement). A number's interval spans at least the grid cell around it.
     ``parent_loss`` is the parent's last evaluation at or before the branch step;
     ``parent_examples`` the most examples (tokens) its samples at or before that step report
     (None when they report none).
@@ -235,6 +238,7 @@ class BranchPointResult:
     b_crit_hi: float | None
     reason: str | None
     parent_examples: float | None = None
+    b_crit_interpolated: float | None = None
 
 
 @dataclass(frozen=True)

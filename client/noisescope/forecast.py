@@ -255,21 +255,26 @@ def forecast_report(report: Any, losses: Sequence[float] = ()) -> ForecastReport
 class Plateau:
     """Where a run's local critical batch size stops growing: from ``step`` on, every later
     measurement's interval overlaps the one at ``step``. ``step`` is None (with ``reason``)
-    while it is still rising or there are too few measurements."""
+    while it is still rising or there are too few measurements. ``b_crit`` is the measurement
+    at ``step``: None when that one is a bracket (``estimators.local_critical_batch``), whose
+    ends are then ``b_crit_lo`` and ``b_crit_hi``."""
 
     step: int | None
     b_crit: float | None
     reason: str | None = None
+    b_crit_lo: float | None = None
+    b_crit_hi: float | None = None
 
 
 def plateau(
     steps: Sequence[int],
-    b_crits: Sequence[float],
+    b_crits: Sequence[float | None],
     b_crit_lo: Sequence[float | None],
     b_crit_hi: Sequence[float | None],
 ) -> Plateau:
     """The earliest branch point from which the local critical batch no longer grows
-    significantly. A missing upper end counts as unbounded, a missing lower end as 0."""
+    significantly. A missing upper end counts as unbounded, a missing lower end as 0; a
+    bracket (``b_crits`` None) takes part by its ends."""
     n = len(steps)
     if not n == len(b_crits) == len(b_crit_lo) == len(b_crit_hi):
         raise ValueError("steps, b_crits, b_crit_lo and b_crit_hi must have the same length")
@@ -281,7 +286,14 @@ def plateau(
     for k in range(n - 1):
         if all(lo[j] <= hi[k] and lo[k] <= hi[j] for j in range(k + 1, n)):  # type: ignore[operator]
             i = order[k]
-            return Plateau(int(steps[i]), float(b_crits[i]))
+            value = b_crits[i]
+            return Plateau(
+                int(steps[i]),
+                None if value is None else float(value),
+                None,
+                b_crit_lo[i],
+                b_crit_hi[i],
+            )
     return Plateau(
         None,
         None,

@@ -92,13 +92,32 @@ def _branch_config(config: Any) -> dict[str, Any]:
     return branch if isinstance(branch, dict) else {}
 
 
+def _epsilon(config: Any) -> float | None:
+    """A branch run's ε: its config's, ``DEFAULT_EPSILON`` when the config names none, None
+    when the stored value is no positive finite number (rows written before the write path
+    checked it): such a run is left out with a note, the read never fails on it."""
+    raw = _branch_config(config).get("epsilon")
+    if raw is None:
+        return DEFAULT_EPSILON
+    value = finite_number(raw)
+    return value if value is not None and value > 0 and not isinstance(raw, bool) else None
+
+
 def _point(
     step: int, parent_loss: float | None, kids: list[Any], outcomes: dict[int, dict[str, Any]]
 ) -> BranchPointResult:
-    epsilons = Counter(
-        finite_number(_branch_config(k.config).get("epsilon")) or DEFAULT_EPSILON for k in kids
-    )
-    epsilon = epsilons.most_common(1)[0][0]
+    every_kid = kids
+    bad = [k for k in kids if _epsilon(k.config) is None]
+    bad_note = None
+    if bad:
+        shown = sorted({repr(_branch_config(k.config).get("epsilon")) for k in bad})
+        bad_note = (
+            f"{len(bad)} of {len(kids)} branch runs have an ε that is no positive number "
+            f"({', '.join(shown)}) and are left out"
+        )
+        kids = [k for k in kids if _epsilon(k.config) is not None]
+    epsilons = Counter(_epsilon(k.config) or DEFAULT_EPSILON for k in kids)
+    epsilon = epsilons.most_common(1)[0][0] if epsilons else DEFAULT_EPSILON
     by_batch: dict[float, list[tuple[float, float]]] = defaultdict(list)  # (seed, loss)
     pending = 0
     for k in kids:
@@ -126,29 +145,43 @@ def _point(
         batch_sizes=sizes,
         mean_loss=means,
         seeds=min((len(r) for r in losses), default=0),
-        n_runs=len(kids),
-        run_ids=sorted(str(k.uid) for k in kids),
+        n_runs=len(every_kid),
+        run_ids=sorted(str(k.uid) for k in every_kid),
         b_crit=None,
         b_crit_lo=None,
         b_crit_hi=None,
         reason=None,
     )
-    mixed = None
+    mixed = bad_note
     if len(epsilons) > 1:
-        mixed = f"branch runs of this step disagree on ε ({sorted(epsilons)}); used {epsilon:g}"
+        mixed = "; ".join(
+            r
+            for r in (
+                bad_note,
+                f"branch runs of this step disagree on ε ({sorted(epsilons)}); used {epsilon:g}",
+            )
+            if r
+        )
+
+    def noted(msg: str) -> BranchPointResult:
+        return replace(base, reason="; ".join(r for r in (mixed, msg) if r))
+
+    if not kids:
+        return replace(base, reason=bad_note)
     if pending:
         msg = f"{pending} of {len(kids)} branch runs have no outcome yet (running or crashed)"
-        return replace(base, reason=msg)
+        return noted(msg)
     if len(sizes) < 2:
-        return replace(base, reason="fewer than 2 batch sizes have an outcome")
+        return noted("fewer than 2 batch sizes have an outcome")
     if any(not math.isfinite(v) for v in losses[0]):
-        return replace(base, reason="the smallest batch's branches diverged: no reference loss")
+        return noted("the smallest batch's branches diverged: no reference loss")
     local = local_critical_batch(sizes, losses, epsilon=epsilon, level=LEVEL)
     return replace(
         base,
         b_crit=local.b_crit,
         b_crit_lo=local.b_crit_lo,
         b_crit_hi=local.b_crit_hi,
+        b_crit_interpolated=local.b_crit_interpolated,
         reason="; ".join(r for r in (mixed, local.reason) if r) or None,
     )
 
@@ -185,10 +218,11 @@ def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = No
             )
             point = replace(point, reason="; ".join(r for r in (point.reason, left_out) if r))
         points.append(point)
-    measured = [p for p in points if p.b_crit is not None]
+    # numbers and brackets (both ends known) take part; a lower bound alone does not
+    measured = [p for p in points if p.b_crit is not None or p.b_crit_hi is not None]
     flat = plateau(
         [p.step for p in measured],
-        [p.b_crit for p in measured if p.b_crit is not None],
+        [p.b_crit for p in measured],
         [p.b_crit_lo for p in measured],
         [p.b_crit_hi for p in measured],
     )

@@ -80,7 +80,7 @@ def test_a_killed_and_resumed_logged_sweep_leaves_no_orphan_branch_runs(
     branch.run(plan, NoisyLeastSquares(), tmp_path, log=log)
     parent.finish()
     (point,) = noisescope.Api(server.url).branches(parent.id).points
-    assert point.n_runs == 6 and point.b_crit is not None, point.reason
+    assert point.n_runs == 6 and point.b_crit_lo is not None, point.reason
 
 
 def test_a_run_without_branches_and_an_unknown_run(server: ServerProcess, run_id: str) -> None:
@@ -209,3 +209,45 @@ def test_each_branch_point_gives_the_examples_its_parent_had_seen(
         bare_points = noisescope.Api(server.url).branches(bare).points
     assert [p.parent_examples for p in points] == [50 * 32.0, 70 * 32.0, 99 * 32.0]
     assert [p.parent_examples for p in bare_points] == [None, None, None]
+
+
+def _branch_kid(
+    c: httpx.Client, parent: str, size: int, seed: int, loss: float, epsilon: object
+) -> None:
+    kid = uuid.uuid4().hex
+    body = run_body(batch_size=size, parent_run_id=parent, branch_step=9)
+    body["config"] = {"branch": {"epsilon": epsilon, "seed": seed}}
+    assert c.put(f"/api/v1/runs/{kid}", json=body).is_success
+    event = {"seq": 0, "step": 4, "kind": "branch", "payload": {"loss": loss}}
+    assert c.post(f"/api/v1/runs/{kid}/events", json={"events": [event]}).is_success
+
+
+def test_a_crossing_the_grid_does_not_resolve_is_served_as_a_bracket(
+    server: ServerProcess, run_id: str
+) -> None:
+    """The first doubling already overshoots by ~30 ε: between 16 and 32, not "16.3"."""
+    with httpx.Client(base_url=server.url) as c:
+        assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
+        for size, factor in ((16, 1.0), (32, 1.3), (64, 1.6)):
+            for seed, base in enumerate((1.0, 1.2)):
+                _branch_kid(c, run_id, size, seed, base * factor + 1e-4 * seed, 0.01)
+    (point,) = noisescope.Api(server.url).branches(run_id).points
+    assert point.b_crit is None and (point.b_crit_lo, point.b_crit_hi) == (16.0, 32.0)
+    assert point.b_crit_interpolated is not None and 16 < point.b_crit_interpolated < 17
+    assert point.reason is not None and "between 16 and 32" in point.reason
+
+
+def test_stored_branch_runs_with_a_bad_epsilon_are_left_out_with_a_note(
+    server: ServerProcess, run_id: str
+) -> None:
+    """Issue 29: rows accepted with ε = -1 (or 0) made GET /runs/{parent}/branches a 500."""
+    with httpx.Client(base_url=server.url) as c:
+        assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
+        for size, loss in ((8, 1.0), (16, 1.5)):
+            _branch_kid(c, run_id, size, 0, loss, -1)
+        _branch_kid(c, run_id, 32, 0, 1.0, 0)
+        answer = c.get(f"/api/v1/runs/{run_id}/branches")
+    assert answer.status_code == 200, answer.text
+    (point,) = answer.json()["points"]
+    assert point["b_crit"] is None and point["n_runs"] == 3
+    assert "3 of 3 branch runs have an ε that is no positive number" in point["reason"]

@@ -17,7 +17,7 @@ parallelism), ``_efficiency`` (statistical efficiency, goodput, learning-rate ru
 from __future__ import annotations
 
 from .._public import report_all_as_public
-from ._branching import LocalCriticalBatch, local_critical_batch
+from ._branching import MAX_RESOLVED_JUMP, LocalCriticalBatch, local_critical_batch
 from ._critical import (
     MIN_SPEEDUP,
     CriticalBatchFit,
@@ -68,6 +68,7 @@ __all__ = [
     "CURRENT_MIN_SAMPLES",
     "EMA",
     "INTERVAL_BLOCKS",
+    "MAX_RESOLVED_JUMP",
     "MIN_SPEEDUP",
     "CriticalBatchFit",
     "Interval",
