@@ -9,12 +9,24 @@ estimated on n - 2 degrees of freedom, and Student-t quantiles give the interval
 on the prediction at any loss. A prediction at a loss outside the fitted ones is marked as an
 extrapolation.
 
+The targets of one sweep are not independent points: every target is read off the same runs,
+so a run that is slow at one loss is slow at all of them, and the targets' errors move
+together. The residual scatter about the line then says nothing about how far the whole line
+may be off, and the least-squares interval alone came out many times narrower than the
+targets' own (±0.4% between targets measured to ±30% on a synthetic sweep whose seeds share
+their speed across losses; it missed the truth in 40 of 40 sweeps). So a prediction's interval
+is never narrower than the measurements': at a loss between two fitted targets, its relative
+half-widths below and above (in log B) are at least those of the targets around it,
+interpolated in log L; beyond the fitted losses, those of the nearest target (the fit's own
+interval widens there anyway). docs/science.md states the rule.
+
 ``plateau`` reads the branch measurements of one run (``noisescope.branch``) over its steps: the
 local critical batch size rises fast early and then plateaus (Merrill et al. 2025).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -74,6 +86,23 @@ class CriticalBatchLaw:
     x_mean: float
     sxx: float
     reason: str | None = None
+    #: The fitted measurements' (log L, half-width below, half-width above) in log B, by log L:
+    #: the floor under every prediction's interval (the module docstring).
+    widths: tuple[tuple[float, float, float], ...] = ()
+
+    def _floor(self, x0: float) -> tuple[float, float]:
+        """The measurements' half-widths (below, above) in log B at log L = ``x0``, linear in
+        log L between fitted losses, the nearest one's beyond them; (0, 0) without any."""
+        w = self.widths
+        if not w:
+            return 0.0, 0.0
+        if x0 <= w[0][0]:
+            return w[0][1], w[0][2]
+        for (xa, la, ha), (xb, lb, hb) in itertools.pairwise(w):
+            if x0 <= xb:
+                f = (x0 - xa) / (xb - xa)
+                return la + f * (lb - la), ha + f * (hb - ha)
+        return w[-1][1], w[-1][2]
 
     def predict(self, loss: float) -> CriticalBatchForecast:
         """B_crit at ``loss`` (must be positive and finite), with the fit's interval."""
@@ -83,9 +112,15 @@ class CriticalBatchLaw:
         y0 = self.log_b_star + self.slope * x0
         se = math.sqrt(self.s2 * (1.0 / self.w_sum + (x0 - self.x_mean) ** 2 / self.sxx))
         t = student_t_quantile(0.5 + self.level / 2.0, self.n_points - 2)
+        below, above = self._floor(x0)
         outside = not (self.loss_min <= loss <= self.loss_max)
         return CriticalBatchForecast(
-            loss, math.exp(y0), math.exp(y0 - t * se), math.exp(y0 + t * se), self.level, outside
+            loss,
+            math.exp(y0),
+            math.exp(y0 - max(t * se, below)),
+            math.exp(y0 + max(t * se, above)),
+            self.level,
+            outside,
         )
 
 
@@ -135,6 +170,7 @@ def fit_critical_batch_law(
     t = student_t_quantile(0.5 + level / 2.0, n - 2)
     se_slope = math.sqrt(s2 / sxx)
     common = (level, n, min(losses), max(losses), icept, slope, s2, w_sum, x_mean, sxx)
+    widths = _widths(xs, ys, lows, highs)
     if slope >= 0:
         return CriticalBatchLaw(
             math.exp(icept),
@@ -144,6 +180,7 @@ def fit_critical_batch_law(
             *common,
             reason=f"B_crit does not grow as the loss falls (fitted exponent {slope:.3g} >= 0): "
             "no power law B* L^(-1/alpha_B) to forecast with",
+            widths=widths,
         )
     alpha = -1.0 / slope
     k_lo, k_hi = slope - t * se_slope, slope + t * se_slope
@@ -156,7 +193,28 @@ def fit_critical_batch_law(
         )
     else:
         a_lo, a_hi = -1.0 / k_lo, -1.0 / k_hi
-    return CriticalBatchLaw(math.exp(icept), alpha, a_lo, a_hi, *common, reason=reason)
+    return CriticalBatchLaw(
+        math.exp(icept), alpha, a_lo, a_hi, *common, reason=reason, widths=widths
+    )
+
+
+def _widths(
+    xs: Sequence[float],
+    ys: Sequence[float],
+    lows: Sequence[float | None],
+    highs: Sequence[float | None],
+) -> tuple[tuple[float, float, float], ...]:
+    """Each measurement's (log L, half-width below, half-width above) in log B, sorted by log L
+    and averaged over measurements at one loss; those without both ends are left out (their
+    weight in the fit is the median's, their width unknown)."""
+    by_x: dict[float, list[tuple[float, float]]] = {}
+    for x, y, lo, hi in zip(xs, ys, lows, highs, strict=True):
+        if lo is not None and hi is not None and 0 < lo <= math.exp(y) <= hi < math.inf:
+            by_x.setdefault(x, []).append((y - math.log(lo), math.log(hi) - y))
+    return tuple(
+        (x, sum(b for b, _ in v) / len(v), sum(a for _, a in v) / len(v))
+        for x, v in sorted(by_x.items())
+    )
 
 
 def law_from_report(report: object, *, level: float | None = None) -> CriticalBatchLaw | None:
