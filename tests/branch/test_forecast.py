@@ -23,7 +23,7 @@ LRS = ((0.1, 0.55), (0.3, 1.0), (1.0, 0.7))
 
 
 def _true_b_crit(loss: float) -> float:
-    return B_STAR * loss**-K
+    return float(B_STAR * loss**-K)
 
 
 def _power_law_sweep(seed: int, seeds: int = 2, spread: float = 0.15) -> list[sweep.SweepRun]:
