@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from noisescope import Run, branch
-from noisescope.branch import Branch, BranchPlan, BranchResult
+from noisescope.branch import Branch, BranchPlan, BranchSweep
 from noisescope.estimators import LocalCriticalBatch, local_critical_batch
 
 Array = NDArray[np.float64]
@@ -111,7 +111,7 @@ class DiesAfter(NoisyLeastSquares):
 
 def branch_logged_parent(
     parent: Run, url: str, project: str, task: str, tmp: Path, *, quiet: bool = False
-) -> BranchResult:
+) -> BranchSweep:
     """The servers' and the dashboard's fixture: a least-squares parent trained 50 SGD steps,
     its evaluation logged, then branched at step 50 (4 sizes x 2 seeds) with every branch run
     logged to ``url`` and linked to ``parent``."""

@@ -124,7 +124,7 @@ class _TorchTrainer(DigitsTrainer):
 
     def __init__(self) -> None:
         super().__init__(seed=0)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)  # type: ignore[assignment]
 
 
 def _continue(t: _TorchTrainer, steps: int) -> None:
