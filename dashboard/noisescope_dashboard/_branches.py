@@ -20,6 +20,7 @@ from noisescope_dashboard import _frames, _text
 from noisescope_dashboard._charts._axes import interval_ends, interval_rule, log_extent
 
 __all__ = [
+    "BRACKET",
     "B_SIMPLE",
     "LOCAL",
     "LOWER",
@@ -36,12 +37,14 @@ TITLE = "Critical batch size: B_simple, branch measurements, sweep"
 B_SIMPLE = "B_simple (this run, 90% band)"
 LOCAL = "local B_crit (branches, 90%)"
 LOWER = "local B_crit above (all branches within ε)"
+BRACKET = "local B_crit between two batch sizes (the grid does not resolve it)"
 SWEEP = "sweep B_crit at the parent's loss (90%)"
 SWEEP_EXTRAPOLATED = "sweep B_crit at the parent's loss, extrapolated (90%)"
 _COLORS = {
     B_SIMPLE: "#7f7f7f",
     LOCAL: "#1f77b4",
     LOWER: "#9ecae1",
+    BRACKET: "#6baed6",
     SWEEP: "#d62728",
     SWEEP_EXTRAPOLATED: "#ff9896",
 }
@@ -65,6 +68,13 @@ def marks(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFram
             rows.append(
                 {"step": p.step, "value": p.b_crit, "lo": p.b_crit_lo, "hi": p.b_crit_hi}
                 | {"quantity": LOCAL}
+            )
+        elif p.b_crit_lo is not None and p.b_crit_hi is not None:
+            # a bracket: drawn as its span, the point at its middle in log B (no measurement)
+            mid = math.sqrt(p.b_crit_lo * p.b_crit_hi)
+            rows.append(
+                {"step": p.step, "value": mid, "lo": p.b_crit_lo, "hi": p.b_crit_hi}
+                | {"quantity": BRACKET}
             )
         elif p.b_crit_lo is not None:
             rows.append(
@@ -106,6 +116,16 @@ def _open_interval(lo: float | None, hi: float | None) -> str:
     return f"{lo_text} – {hi_text}"
 
 
+def _local_text(p: Any) -> str:
+    """A number, "between lo and hi" (a bracket: the grid does not resolve the crossing),
+    "> lo" (every batch within ε) or "–"."""
+    if p.b_crit is not None:
+        return _text.count(p.b_crit)
+    if p.b_crit_lo is not None and p.b_crit_hi is not None:
+        return f"between {_text.count(p.b_crit_lo)} and {_text.count(p.b_crit_hi)}"
+    return f"> {_text.count(p.b_crit_lo)}" if p.b_crit_lo is not None else "–"
+
+
 def table(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFrame:
     """The branch points as a table: what was measured, and why not where it was not."""
     rows = []
@@ -115,10 +135,10 @@ def table(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFram
             {
                 "step": p.step,
                 "parent loss": _text.loss(p.parent_loss),
-                "local B_crit": _text.count(p.b_crit)
-                if p.b_crit is not None
-                else (f"> {_text.count(p.b_crit_lo)}" if p.b_crit_lo is not None else "–"),
-                "90% interval": _open_interval(p.b_crit_lo, p.b_crit_hi) if p.b_crit else "",
+                "local B_crit": _local_text(p),
+                "90% interval": _open_interval(p.b_crit_lo, p.b_crit_hi)
+                if p.b_crit is not None or p.b_crit_hi is not None
+                else "",
                 "sweep B_crit at this loss": "–"
                 if at is None
                 else _text.count(at.b_crit) + (" (extrapolated)" if at.extrapolation else ""),

@@ -30,7 +30,17 @@ from noisescope_dashboard._charts._axes import (
     wide_legend,
 )
 
-__all__ = ["B_SIMPLE", "LOCAL", "LOWER", "SIZE_KEYS", "TITLE", "chart", "marks", "size_label"]
+__all__ = [
+    "BRACKET",
+    "B_SIMPLE",
+    "LOCAL",
+    "LOWER",
+    "SIZE_KEYS",
+    "TITLE",
+    "chart",
+    "marks",
+    "size_label",
+]
 
 TITLE = "Across model sizes: B_simple and the local critical batch size against loss"
 #: The title on the examples (tokens) axis, with "examples" or "tokens".
@@ -40,7 +50,8 @@ SIZE_KEYS = ("n_params", "model_size")
 B_SIMPLE = "B_simple (90% band)"
 LOCAL = "local B_crit (branches, 90%)"
 LOWER = "local B_crit above (all branches within ε)"
-_SHAPES = {LOCAL: "circle", LOWER: "triangle-up"}
+BRACKET = "local B_crit between two batch sizes (the grid does not resolve it)"
+_SHAPES = {LOCAL: "circle", LOWER: "triangle-up", BRACKET: "diamond"}
 _COLUMNS = ["run", "size", "n_params", "units", "quantity", "loss", "examples", "value"]
 _COLUMNS += ["lo", "hi", "step"]
 
@@ -104,6 +115,10 @@ def marks(
         for b in answer.points:
             if b.b_crit is not None:
                 value, lo, hi, quantity = b.b_crit, b.b_crit_lo, b.b_crit_hi, LOCAL
+            elif b.b_crit_lo is not None and b.b_crit_hi is not None:
+                # a bracket: its span, the point at its middle in log B (no measurement)
+                mid = math.sqrt(b.b_crit_lo * b.b_crit_hi)
+                value, lo, hi, quantity = mid, b.b_crit_lo, b.b_crit_hi, BRACKET
             elif b.b_crit_lo is not None:
                 value, lo, hi, quantity = b.b_crit_lo, b.b_crit_lo, None, LOWER
             else:

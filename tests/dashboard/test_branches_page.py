@@ -53,10 +53,13 @@ def test_the_run_page_draws_proxy_local_and_sweep_on_one_chart(
     measured = next(f for f in frames if "interval" in f.columns)
     answer = Api(url).branches(parent)
     (point,) = answer.points
-    local = measured[measured["quantity"] == _branches.LOCAL]
-    assert list(local["value"]) == pytest.approx([point.b_crit])
+    # the fixture's grid (x4 steps) does not resolve its crossing: a bracket, drawn as its span
+    assert point.b_crit is None and point.b_crit_lo is not None and point.b_crit_hi is not None
+    local = measured[measured["quantity"] == _branches.BRACKET]
+    assert list(local["lo"]) == pytest.approx([point.b_crit_lo])
+    assert list(local["hi"]) == pytest.approx([point.b_crit_hi])
     assert set(measured["quantity"]) <= {
-        _branches.LOCAL,
+        _branches.BRACKET,
         _branches.SWEEP,
         _branches.SWEEP_EXTRAPOLATED,
     }
@@ -105,3 +108,35 @@ def test_marks_and_table_say_why_when_there_is_no_number() -> None:
     assert list(frame["quantity"]) == [_branches.LOWER] and list(frame["value"]) == [16.0]
     row = _branches.table(answer, None).iloc[0]
     assert row["local B_crit"] == "> 16" and "stayed within" in row["note"]
+
+
+def test_a_bracket_is_drawn_and_written_as_its_two_grid_points() -> None:
+    from dataclasses import replace
+
+    from noisescope._results import BranchPointResult, RunBranches
+
+    bracket = BranchPointResult(
+        step=10,
+        parent_loss=None,
+        epsilon=0.01,
+        level=0.9,
+        batch_sizes=[16.0, 32.0, 64.0],
+        mean_loss=[1.0, 1.3, 1.6],
+        seeds=3,
+        n_runs=9,
+        run_ids=[],
+        b_crit=None,
+        b_crit_lo=16.0,
+        b_crit_hi=32.0,
+        reason="between 16 and 32: the first step of the grid (x2) already leaves the tolerance",
+        b_crit_interpolated=16.3,
+    )
+    number = replace(bracket, step=20, b_crit=40.0, b_crit_lo=32.0, b_crit_hi=64.0, reason=None)
+    answer = RunBranches(str(uuid.uuid4()), "examples", [bracket, number], None, None, "")
+    frame = _branches.marks(answer, None)
+    assert list(frame["quantity"]) == [_branches.BRACKET, _branches.LOCAL]
+    assert list(frame["lo"]) == [16.0, 32.0] and list(frame["hi"]) == [32.0, 64.0]
+    assert 16.0 < frame["value"][0] < 32.0  # drawn across its span, never at 16.3
+    rows = _branches.table(answer, None)
+    assert list(rows["local B_crit"]) == ["between 16 and 32", "40"]
+    assert list(rows["90% interval"]) == ["16 – 32", "32 – 64"]
