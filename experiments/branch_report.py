@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import altair as alt
 import pandas as pd
@@ -28,6 +28,8 @@ def _iv(value: float | None, lo: float | None, hi: float | None) -> str:
 def _local_cell(local: Any) -> str:
     if local is None:
         return "missing branches"
+    if local.b_crit is None and local.b_crit_hi is not None:
+        return f"between {_g(local.b_crit_lo)} and {_g(local.b_crit_hi)} (not resolved)"
     if local.b_crit is None:
         return f"> {_g(local.b_crit_lo)}"
     return _iv(local.b_crit, local.b_crit_lo, local.b_crit_hi)
@@ -42,7 +44,7 @@ def _verdict(point: Any) -> str:
     local, bs = point.sweep.local, point.b_simple
     if local is None or bs is None:
         return "–"
-    if local.b_crit is None:
+    if local.b_crit is None and local.b_crit_hi is None:
         return "below" if bs.hi < local.b_crit_lo else "not comparable (local is a lower bound)"
     lo, hi = local.b_crit_lo or 0.0, local.b_crit_hi or math.inf
     if bs.hi < lo:
@@ -70,6 +72,16 @@ def chart(res: Any) -> alt.LayerChart:
                     "lo": local.b_crit_lo if local.b_crit_lo is not None else local.b_crit,
                     "hi": local.b_crit_hi if local.b_crit_hi is not None else local.b_crit,
                     "what": "local B_crit (branches, 90%; open ends to the top)",
+                }
+            )
+        elif local is not None and local.b_crit_hi is not None:
+            marks.append(
+                {
+                    "step": max(p.step, 1),
+                    "value": math.sqrt(local.b_crit_lo * local.b_crit_hi),
+                    "lo": local.b_crit_lo,
+                    "hi": local.b_crit_hi,
+                    "what": "local B_crit: between two batch sizes (grid does not resolve it)",
                 }
             )
         elif local is not None:
@@ -126,7 +138,7 @@ def chart(res: Any) -> alt.LayerChart:
             .mark_point(filled=True, size=60)
             .encode(x=x, y=y, color=color, shape=alt.Shape("what:N", legend=None))
         )
-    return alt.layer(*layers).properties(
+    return cast(alt.LayerChart, alt.layer(*layers)).properties(
         width=420,
         height=260,
         title=f"{res.setup.key}: B_simple (gray, parent run, 90% band) vs measured B_crit",
@@ -152,7 +164,14 @@ def _summary(results: Sequence[Any]) -> list[str]:
             local_counts[v if v in local_counts else "other"] += 1
             f, bs, lc = p.global_b_crit, p.b_simple, p.sweep.local
             sweep_counts[_compare(bs and (bs.lo, bs.hi), f and (f.b_crit_lo, f.b_crit_hi))] += 1
-            local_iv = lc and lc.b_crit is not None and (lc.b_crit_lo, lc.b_crit_hi)
+            local_iv = (
+                lc
+                and (lc.b_crit is not None or lc.b_crit_hi is not None)
+                and (
+                    lc.b_crit_lo,
+                    lc.b_crit_hi,
+                )
+            )
             pair_counts[_compare(local_iv, f and (f.b_crit_lo, f.b_crit_hi))] += 1
 
         def cell(c: dict[str, int]) -> str:
@@ -192,7 +211,10 @@ def render(results: Sequence[Any], docs: Path, command: str) -> str:
         "budget of examples (tokens), the learning rate rescaled by the stated rule, with 3 "
         "paired data seeds; the *local* critical batch size is where the mean loss after the "
         "budget crosses (1 + ε) times the smallest batch's (interpolated in log B; 90% interval "
-        "from the seeds' paired differences, `noisescope.estimators.local_critical_batch`; "
+        "from the seeds' paired differences, never narrower than the grid cell around the "
+        "crossing; *between b and b'* where the grid does not resolve it: the crossing in the "
+        "first cell, or a jump across its cell of more than 4x the step before; "
+        "`noisescope.estimators.local_critical_batch`; "
         'docs/science.md, "Measuring the critical batch size directly (branching)"). '
         "B_simple is the parent run's own measurement over steps s ± max(s/4, 32) (block "
         'jackknife, 90%; "not measurable" where |G|² is not significantly above zero '
@@ -257,7 +279,13 @@ def render(results: Sequence[Any], docs: Path, command: str) -> str:
             "",
             "Plateau of the local critical batch size (`noisescope.forecast.plateau`): "
             + (
-                f"from step {plateau.step} (local B_crit {_g(plateau.b_crit)})."
+                f"from step {plateau.step} (local B_crit "
+                + (
+                    _g(plateau.b_crit)
+                    if plateau.b_crit is not None
+                    else f"between {_g(plateau.b_crit_lo)} and {_g(plateau.b_crit_hi)}"
+                )
+                + ")."
                 if plateau.step is not None
                 else f"none found ({plateau.reason})."
             ),

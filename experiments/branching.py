@@ -284,6 +284,7 @@ def run_task(
             progress.line(
                 f"{setup.key} step {step} (loss {loss:.3g}): local B_crit "
                 + (f"{local.b_crit:.3g}" if local and local.b_crit else "-")
+                + (" (bracket)" if local and local.bracketed else "")
                 + (
                     f" [{local.b_crit_lo:.3g}–{local.b_crit_hi:.3g}]"
                     if local and local.b_crit_lo is not None and local.b_crit_hi is not None
@@ -333,7 +334,13 @@ def run_task(
         points.append(
             BranchPoint(step, loss, result, b_simple, reason, law.predict(loss) if law else None)
         )
-    locals_ = [p for p in points if p.sweep.local and p.sweep.local.b_crit is not None]
+    # numbers and brackets (both ends known) take part in the plateau; a lower bound does not
+    locals_ = [
+        p
+        for p in points
+        if p.sweep.local
+        and (p.sweep.local.b_crit is not None or p.sweep.local.b_crit_hi is not None)
+    ]
     flat = forecast.plateau(
         [p.step for p in locals_],
         [p.sweep.local.b_crit for p in locals_],
