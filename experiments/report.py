@@ -41,11 +41,11 @@ def ratio(t: sweep.TargetResult) -> float | None:
 
 def b_crit_text(t: sweep.TargetResult) -> str:
     """B_crit with its interval ("200 [150–260]"), as the report's table and the run's progress
-    lines write it; "not determined" (with the fit's value, if any) otherwise."""
+    lines write it; "not determined" (with the fit's estimate, if any, named as such) otherwise."""
     if t.determined and t.b_crit_lo is not None and t.b_crit_hi is not None:
         return f"{_fmt(t.b_crit)} [{_fmt(t.b_crit_lo)}–{_fmt(t.b_crit_hi)}]"
-    if t.b_crit is not None:
-        return f"not determined (fit: {_fmt(t.b_crit)})"
+    if t.b_crit_estimate is not None:
+        return f"not determined (fit's estimate: {_fmt(t.b_crit_estimate)})"
     return "not determined"
 
 
@@ -67,19 +67,6 @@ def _truth_at(records: Sequence[dict[str, Any]], t: sweep.TargetResult, key: str
 
 def _determined(res: TaskResult) -> list[sweep.TargetResult]:
     return [t for t in res.report.targets if t.determined and t.b_crit is not None]
-
-
-def _grid_edges(res: TaskResult) -> list[str]:
-    """Per target, the frontier batch sizes whose fastest lr is the grid's largest or smallest."""
-    lo, hi = min(res.spec.lrs), max(res.spec.lrs)
-    out = []
-    for t in res.report.targets:
-        for lr, which in ((hi, "largest"), (lo, "smallest")):
-            at = [p.batch_size for p in t.points if p.lr is not None and math.isclose(p.lr, lr)]
-            if at and len(res.spec.lrs) > 1:
-                sizes = ", ".join(f"{b:g}" for b in at)
-                out.append(f"loss {t.target:g}: B = {sizes} at lr {lr:g} ({which})")
-    return out
 
 
 def task_section(res: TaskResult) -> tuple[str, list[str]]:
@@ -155,13 +142,8 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
             misses.append(f"{spec.name} @ {t.target:g}: B_simple/B_crit = {rt:.2f}")
     if notes:
         lines += ["", "Notes from the analysis (`noisescope.sweep`):", "", *notes]
-    edges = _grid_edges(res)
-    if edges:
-        lines += [
-            "",
-            "Frontier learning rates at an edge of the grid (the best one may lie beyond it, and "
-            "the steps there be overestimated): " + "; ".join(edges) + ".",
-        ]
+    # A frontier learning rate at an edge of the grid is among the notes above: the product's
+    # rule (noisescope.sweep.lr_grid_warnings) says it in the report's own warnings.
     targets = res.report.targets
     b_simples = [t.b_simple for t in targets if t.b_simple is not None]
     rising = len(b_simples) >= 2 and all(b2 > b1 for b1, b2 in itertools.pairwise(b_simples))

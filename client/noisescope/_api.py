@@ -214,10 +214,16 @@ class Api:
         *,
         targets: Sequence[float] | None = None,
         loss: Literal["auto", "eval", "train"] = "auto",
+        include_diverged: bool = False,
     ) -> CriticalBatchReport:
-        """B_crit per loss target from the task's batch-size sweep (``noisescope.sweep``)."""
+        """B_crit per loss target from the task's batch-size sweep (``noisescope.sweep``).
+
+        A target's ``b_crit`` is None unless ``determined`` (its ``warnings`` say why);
+        ``include_diverged`` keeps the runs whose loss diverged, left out by default."""
         path = f"/tasks/{_seg(project)}/{_seg(task)}/critical-batch"
-        query = {"targets": list(targets or []), "loss": loss}
+        query: dict[str, Any] = {"targets": list(targets or []), "loss": loss}
+        if include_diverged:
+            query["include_diverged"] = "true"
         result: CriticalBatchReport = _decode(CriticalBatchReport, self._get(path, query))
         return result
 
@@ -244,7 +250,7 @@ class Api:
 
     def parallelism(
         self,
-        b_crit: float,
+        b_crit: float | None,
         per_device_batch: float,
         *,
         s_min: float | None = None,
@@ -257,7 +263,15 @@ class Api:
     ) -> ParallelismPlan:
         """How many devices pay off at ``b_crit``: each doubling's speed-up and waste (and,
         with ``batch_size``, a verdict on that batch). ``reference`` names what ``b_crit`` is,
-        "B_crit" (a sweep fit) or "B_simple" (taken as B_crit), for the sentences."""
+        "B_crit" (a sweep fit) or "B_simple" (taken as B_crit), for the sentences.
+
+        Raises ``ValueError`` for a ``b_crit`` that is None: a sweep target's ``b_crit`` is None
+        unless it is ``determined``, and no plan is built on a number that is not one."""
+        if b_crit is None:
+            raise ValueError(
+                "b_crit is None: this target's B_crit is not determined (see its warnings), so "
+                "there is no plan to give; check TargetResult.determined first"
+            )
         query = {
             "units": units,
             "batch_size": batch_size,

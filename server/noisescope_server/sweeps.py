@@ -12,7 +12,9 @@ S-E fit and its interval, B_simple at the same loss, default targets) lives once
 - its loss curve: the evaluation losses it logged (``eval`` events), or its training loss
   bucketed along steps, for all runs alike (``loss``: ``auto`` takes evaluations when every
   run has at least two);
-- its noise samples, as exact bucket sums along steps.
+- its noise samples, as exact bucket sums along steps;
+- whether it diverged: ``noisescope.sweep`` judges that on the same curve and leaves such runs
+  out (``include_diverged`` keeps them).
 """
 
 from __future__ import annotations
@@ -65,10 +67,13 @@ def critical_batch(
     loss: LossChoice = "auto",
     project_scope: int | None = None,
     crash_after: float = _wire.CRASH_AFTER,
+    include_diverged: bool = False,
 ) -> sweep.CriticalBatchReport:
     """The critical batch size of ``project/task`` per loss target (``noisescope.sweep``).
 
-    Raises ``NotFound`` for an unknown task and ``Forbidden`` outside ``project_scope``.
+    Runs whose loss diverged (``sweep.divergence`` on the curve the targets are crossed on)
+    are left out, under ``excluded``, unless ``include_diverged``. Raises ``NotFound`` for an
+    unknown task and ``Forbidden`` outside ``project_scope``.
     """
     if loss not in LOSS_CHOICES:
         raise BadInput(f"loss must be one of {', '.join(LOSS_CHOICES)}, got {loss!r}")
@@ -204,4 +209,5 @@ def critical_batch(
         excluded=excluded,
         warnings=notes,
         level=LEVEL,
+        keep_diverged=include_diverged,
     )

@@ -3,6 +3,7 @@ server on SQLite and PostgreSQL: which loss, which runs, the answer and its warn
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from typing import Any
@@ -11,7 +12,7 @@ import httpx
 import pytest
 
 import noisescope
-from tests.support.synthetic_sweep import make_sweep, post
+from tests.support.synthetic_sweep import L0, SynthRun, make_sweep, post
 
 API = "/api/v1"
 BATCHES = (16, 32, 64, 128, 256, 512)
@@ -53,6 +54,10 @@ def test_b_crit_from_evaluation_losses_is_within_ten_percent(
         assert t["b_simple"] == pytest.approx(B_CRIT / 2, rel=0.01)  # wobble: odd windows
         frontier = {u for p in t["points"] for u in p["run_uids"]}
         assert {r["uid"] for r in t["runs"] if r["frontier"]} == frontier
+        assert t["b_crit_estimate"] == t["b_crit"]
+        # a clean sweep (best lr inside the grid, 2 seeds, nothing diverged) raises no check
+        assert not [w for w in t["warnings"] if "learning rate" in w or "seed" in w]
+    assert not [w for w in report["warnings"] if "diverged" in w]
 
 
 def test_b_crit_from_a_noisy_training_loss_is_within_ten_percent(
@@ -100,6 +105,66 @@ def test_runs_that_cannot_be_on_the_curve_are_left_out_with_their_reason(
     for t in report["targets"]:  # two batch sizes left: warnings, no confident number
         assert not t["determined"]
         assert any("a fit needs at least 3" in w for w in t["warnings"])
+        assert (t["b_crit"], t["b_crit_lo"], t["b_crit_hi"]) == (None, None, None)
+
+
+def test_an_undetermined_b_crit_is_null_with_the_estimate_named_as_such(
+    client: httpx.Client,
+) -> None:
+    project = f"above-{uuid.uuid4().hex[:8]}"
+    post(
+        client, make_sweep(B_CRIT, (2048, 4096, 8192), lrs=((0.3, 1.0),)), project=project, task="t"
+    )
+    report = critical(client, project, "t")
+    assert report["targets"]
+    for t in report["targets"]:
+        assert not t["determined"] and t["warnings"]
+        assert (t["b_crit"], t["b_crit_lo"], t["b_crit_hi"]) == (None, None, None)
+        assert t["b_crit_estimate"] > 0
+    api = noisescope.Api(str(client.base_url))
+    decoded = api.critical_batch(project, "t")
+    assert decoded.targets[0].b_crit is None
+    assert decoded.targets[0].b_crit_estimate == report["targets"][0]["b_crit_estimate"]
+    with pytest.raises(ValueError, match="not determined"):  # no plan on a number that is none
+        api.parallelism(decoded.targets[0].b_crit, per_device_batch=32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BlowUp(SynthRun):
+    """A run whose loss falls like the model's until 40% of its steps, then climbs above where
+    it started."""
+
+    def loss(self, step: float) -> float:
+        turn = 0.4 * self.steps
+        if step <= turn:
+            return super().loss(step)
+        return super().loss(turn) + (step - turn) / (self.steps - turn) * L0
+
+
+def test_diverged_runs_edges_of_the_grid_and_single_seeds_are_said_by_the_api(
+    client: httpx.Client,
+) -> None:
+    project = f"checks-{uuid.uuid4().hex[:8]}"
+    rising = ((0.1, 0.55), (0.3, 0.8), (1.0, 1.0))  # the largest lr is the fastest
+    runs = make_sweep(B_CRIT, (32, 128, 512), lrs=rising)
+    blow_up = _BlowUp(**dataclasses.asdict(make_sweep(B_CRIT, (512,), lrs=((3.0, 1.0),))[0]))
+    post(client, [*runs, blow_up], project=project, task="t")
+    report = critical(client, project, "t")
+    (out,) = report["excluded"]
+    assert out["uid"] == blow_up.uid
+    assert out["reason"].startswith("diverged: its loss rose from")
+    (said,) = [w for w in report["warnings"] if "diverged" in w]
+    assert f"1 of {len(runs) + 1} runs diverged" in said and "B512-lr3" in said
+    assert report["targets"]
+    for t in report["targets"]:
+        said = " | ".join(t["warnings"])
+        # lr 1 is the largest tried at 32 and 128; at 512 the diverged lr 3 was tried above it
+        assert "at batch sizes 32, 128 the fastest learning rate is the largest tried" in said
+        assert "every frontier point comes from a single seed" in said
+        assert all(r["uid"] != blow_up.uid for r in t["runs"])
+    kept = critical(client, project, "t", include_diverged="true")
+    assert kept["excluded"] == []
+    assert any("kept in the analysis" in w for w in kept["warnings"])
 
 
 def test_some_runs_with_evaluations_fall_back_to_training_loss_for_all(

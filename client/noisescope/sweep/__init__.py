@@ -22,6 +22,11 @@ per loss target:
    samples over steps ``[s*/B_SIMPLE_WINDOW, s* * B_SIMPLE_WINDOW]`` around each one's crossing
    s*, pooled as sums (ratio last) with the block interval of ``estimators``.
 
+Before step 2, runs whose loss diverged (``divergence``: far above its minimum at the end, or
+not finite) are left out, listed under ``excluded``. With step 3 come the checks a researcher
+would make (``_checks``): a frontier learning rate at an edge of the grid tried
+(``lr_grid_warnings``) and frontier points from a single seed (``seed_warning``).
+
 Default targets (``default_targets``) are spread between where the runs start and the best
 loss that *every* batch size reaches at its median seed (the frontier's count), so every
 target can be fitted. Everything is pure
@@ -29,7 +34,8 @@ Python: the server runs it on stored data (``GET /api/v1/tasks/{project}/{task}/
 and the reproduction study on its own records, so both give the same numbers.
 
 One module per part: ``_report`` (the inputs and the report's classes), ``_crossings`` (step
-1), ``_frontier`` (steps 2 and 4), ``_analyse`` (the targets, step 3 and the whole analysis).
+1), ``_frontier`` (steps 2 and 4), ``_checks`` (divergence, grid edges, seeds), ``_analyse``
+(the targets, step 3 and the whole analysis).
 Import from here: ``from noisescope.sweep import analyse``.
 """
 
@@ -43,6 +49,14 @@ from ._analyse import (
     MIN_BATCH_SIZES,
     analyse,
     default_targets,
+)
+from ._checks import (
+    DIVERGED_GIVE_BACK,
+    DIVERGED_MIN_RISE,
+    DIVERGED_TAIL,
+    divergence,
+    lr_grid_warnings,
+    seed_warning,
 )
 from ._crossings import LOSS_WINDOW, crossing_step, smooth_training_loss
 from ._frontier import B_SIMPLE_WINDOW, BLOCKS_PER_RUN, b_simple_at_loss, frontier
@@ -63,6 +77,9 @@ __all__ = [
     "B_SIMPLE_WINDOW",
     "CURVE_POINTS",
     "DEFAULT_TARGET_FRACTIONS",
+    "DIVERGED_GIVE_BACK",
+    "DIVERGED_MIN_RISE",
+    "DIVERGED_TAIL",
     "LOSS_WINDOW",
     "MIN_BATCH_SIZES",
     "CriticalBatchReport",
@@ -78,7 +95,10 @@ __all__ = [
     "b_simple_at_loss",
     "crossing_step",
     "default_targets",
+    "divergence",
     "frontier",
+    "lr_grid_warnings",
+    "seed_warning",
     "smooth_training_loss",
 ]
 

@@ -14,6 +14,7 @@ from noisescope.estimators import (
     steps_ratio,
 )
 
+from ._checks import divergence, lr_grid_warnings, seed_warning
 from ._crossings import LOSS_WINDOW
 from ._frontier import b_simple_at_loss, frontier, lr_key
 from ._report import (
@@ -102,7 +103,11 @@ def default_targets(
     return sorted(set(targets), reverse=True), warnings
 
 
-def _target_result(runs: Sequence[SweepRun], target: float, level: float) -> TargetResult:
+def _target_result(
+    runs: Sequence[SweepRun], target: float, level: float, grid: Sequence[SweepRun]
+) -> TargetResult:
+    """One target's frontier, fit and warnings; ``grid`` holds every run tried (with those
+    left out as diverged), which bounds the learning rates tried per batch size."""
     points, crossing = frontier(runs, target)
     on_frontier = {uid for p in points for uid in p.run_uids}
     per_run = []
@@ -122,6 +127,10 @@ def _target_result(runs: Sequence[SweepRun], target: float, level: float) -> Tar
             f"below loss {target:g}, so the steps to reach it are not measured (pick a lower "
             "target)"
         )
+    warnings += lr_grid_warnings(grid, points)
+    seeds = seed_warning(points)
+    if seeds is not None:
+        warnings.append(seeds)
     b_simple = b_simple_at_loss([r for r in runs if r.uid in on_frontier], crossing, level=level)
     sizes = [p.batch_size for p in points]
     fit = None
@@ -181,9 +190,10 @@ def _target_result(runs: Sequence[SweepRun], target: float, level: float) -> Tar
         runs=per_run,
         s_min=None if fit is None else fit.s_min,
         e_min=None if fit is None else fit.e_min,
-        b_crit=None if fit is None else fit.b_crit,
-        b_crit_lo=None if fit is None else fit.b_crit_lo,
-        b_crit_hi=None if fit is None else fit.b_crit_hi,
+        # an undetermined B_crit is no number: the fit's value is kept as b_crit_estimate
+        b_crit=fit.b_crit if determined and fit is not None else None,
+        b_crit_lo=fit.b_crit_lo if determined and fit is not None else None,
+        b_crit_hi=fit.b_crit_hi if determined and fit is not None else None,
         determined=determined,
         warnings=warnings,
         b_simple=b_simple[0],
@@ -191,6 +201,7 @@ def _target_result(runs: Sequence[SweepRun], target: float, level: float) -> Tar
         b_simple_hi=b_simple[2],
         b_simple_reason=b_simple[3],
         curve=_curve(fit, sizes),
+        b_crit_estimate=None if fit is None else fit.b_crit,
     )
 
 
@@ -224,9 +235,37 @@ def analyse(
     excluded: Sequence[ExcludedRun] = (),
     warnings: Sequence[str] = (),
     level: float = 0.9,
+    keep_diverged: bool = False,
 ) -> CriticalBatchReport:
-    """The critical batch size per loss target (``default_targets`` when none are given)."""
+    """The critical batch size per loss target (``default_targets`` when none are given).
+
+    Runs whose loss diverged (``divergence``) are left out of the frontier and of the default
+    targets, listed under ``excluded`` with the loss they rose to, unless ``keep_diverged``: a
+    learning rate that blows up is no tuned one, and its early crossings would put an unstable
+    run on the frontier. Either way a warning names them.
+    """
     notes = list(warnings)
+    grid = list(runs)
+    blown = {r.uid: why for r in grid if (why := divergence(r.steps, r.losses)) is not None}
+    left_out = list(excluded)
+    if blown:
+        names = "; ".join(f"{r.name} ({blown[r.uid]})" for r in grid if r.uid in blown)
+        if keep_diverged:
+            notes.append(
+                f"{len(blown)} of {len(grid)} runs diverged and are kept in the analysis, as "
+                f"asked: {names}"
+            )
+        else:
+            runs = [r for r in grid if r.uid not in blown]
+            left_out += [
+                ExcludedRun(r.uid, r.name, f"diverged: {blown[r.uid]}")
+                for r in grid
+                if r.uid in blown
+            ]
+            notes.append(
+                f"{len(blown)} of {len(grid)} runs diverged (loss far above its minimum, or not "
+                f"finite) and are left out of the frontier and the default targets: {names}"
+            )
     chosen = [float(t) for t in targets] if targets else []
     if not chosen:
         chosen, target_notes = default_targets(runs, loss_source)
@@ -257,7 +296,7 @@ def analyse(
         default_targets=not targets,
         batch_sizes=sizes,
         n_runs=len(runs),
-        excluded=list(excluded),
+        excluded=left_out,
         warnings=notes,
-        targets=[_target_result(runs, t, level) for t in chosen],
+        targets=[_target_result(runs, t, level, grid) for t in chosen],
     )

@@ -96,8 +96,15 @@ class TargetResult:
     """One loss target: the frontier, the fit and B_simple at that loss.
 
     ``determined`` is True only when B_crit has a bounded interval that excludes 0 and lies
-    inside the batch sizes tried; otherwise ``warnings`` say why and ``b_crit`` (if any) is not
-    to be trusted.
+    inside the batch sizes tried. Otherwise ``b_crit``, ``b_crit_lo`` and ``b_crit_hi`` are
+    None, ``warnings`` say why, and the fit's point value is only ``b_crit_estimate`` (for
+    charts and diagnosis, never an answer): a number in ``b_crit`` is always one to use.
+
+    ``warnings`` also carry what a determined answer should be read with (docs/science.md,
+    "What the sweep checks"): a frontier learning rate at an edge of the grid tried, or a
+    frontier point from a single seed. Those leave ``determined`` as it is (the fit's
+    statistics are sound; the steps it went through may be biased or their spread unmeasured)
+    and say which batch sizes and what to run.
     """
 
     target: float
@@ -114,8 +121,12 @@ class TargetResult:
     b_simple_lo: float | None
     b_simple_hi: float | None
     b_simple_reason: str | None
-    #: The fitted hyperbola from a quarter of the smallest to 4x the largest batch (for charts).
+    #: The fitted hyperbola from a quarter of the smallest to 4x the largest batch (for charts;
+    #: drawn from ``b_crit_estimate``, so it is an answer only where ``determined``).
     curve: list[CurvePoint] = field(default_factory=list)
+    #: The fit's B_crit whether or not it is determined (None: no fit): what ``b_crit`` would
+    #: be; read ``determined`` and ``warnings`` before using it.
+    b_crit_estimate: float | None = None
 
     def b_simple_vs_b_crit(self) -> dict[str, float | None] | None:
         """This target as one point of B_simple against B_crit (McCandlish et al. 2018, Fig. 7;
@@ -138,6 +149,8 @@ class TargetResult:
 
 @dataclass(frozen=True)
 class ExcludedRun:
+    """A run the analysis left out, and why (e.g. its batch size changed, or it diverged)."""
+
     uid: str
     name: str
     reason: str

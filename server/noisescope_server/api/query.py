@@ -222,6 +222,10 @@ def get_critical_batch(
         sweeps.LossChoice,
         Query(description="cross targets on eval losses, training losses, or auto"),
     ] = "auto",
+    include_diverged: Annotated[
+        bool,
+        Query(description="keep runs whose loss diverged (default: left out, under excluded)"),
+    ] = False,
 ) -> Response:
     chosen = _loss_targets(targets)
     project, task = _task_path(request, project, task)
@@ -234,6 +238,7 @@ def get_critical_batch(
             loss=loss,
             project_scope=scope,
             crash_after=settings.crash_after,
+            include_diverged=include_diverged,
         )
     )
 
