@@ -142,8 +142,8 @@ class _Observer:
 #: "fast-sqrt": "fast" with the square-root learning-rate rule (an ablation of the lr rule).
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "fast": {"warmup_steps": 10, "cooldown_steps": 10, "beta": 0.9},
-    "fast-sqrt": {"warmup_steps": 10, "cooldown_steps": 10, "beta": 0.9, "lr_rule": "sqrt"},
+    "fast": {"warmup_steps": 10, "cooldown_steps": 10},
+    "fast-sqrt": {"warmup_steps": 10, "cooldown_steps": 10, "lr_rule": "sqrt"},
     # Follows the branch-measured local critical batch size instead of B_simple
     # (experiments.branching.branch_hook): no B_simple, no warm-up or cool-down.
     "branch": {"warmup_steps": 0, "cooldown_steps": 0},

@@ -33,11 +33,13 @@ __all__ = [
 class RunSummary:
     """One run: metadata, progress, the batch in use, and its *current* B_simple.
 
-    The current B_simple follows one rule everywhere (``estimators.current_window``): a
-    trailing window of at least ``CURRENT_FRACTION`` of the run's samples and at least
-    ``CURRENT_MIN_SAMPLES``, grown until its ``level`` interval is no wider than
-    ``CURRENT_MAX_REL_WIDTH`` times the value. ``b_simple`` is None, with
-    ``b_simple_reason``, while not yet measurable; there is then no ratio and no verdict.
+    The current B_simple follows one rule everywhere (``estimators.current_noise_scale``,
+    docs/science.md "The current B_simple"): a trailing window of at least
+    ``CURRENT_FRACTION`` of the run's samples (and ``CURRENT_MIN_SAMPLES``), grown while its
+    ``level`` interval is wider than ``CURRENT_MAX_REL_WIDTH`` times the value, but never past
+    ``CURRENT_MAX_FRACTION`` of the run nor across a significant change of |G|^2 or tr(Sigma).
+    ``b_simple`` is None, with ``b_simple_reason`` (and ``b_simple_lower`` where a lower bound
+    is known), when that window gives no bounded interval; there is then no ratio.
     """
 
     uid: str
@@ -74,6 +76,12 @@ class RunSummary:
     window_samples: int
     window_first_step: int | None
     window_last_step: int | None
+    #: While ``b_simple`` is None: a ``level`` lower bound on it, where one is known (the
+    #: window's |G|^2 is not significantly positive but its tr(Sigma) is).
+    b_simple_lower: float | None
+    #: Why the window stopped growing while its interval was still wide (a change of regime,
+    #: or the reach cap); None when it did not need to.
+    window_limit: str | None
     #: batch_in_use / b_simple (None when either is missing).
     batch_to_b_simple: float | None
     #: Why the run measures nothing, when its training loop said so (a ``notice`` event).

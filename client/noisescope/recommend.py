@@ -7,9 +7,9 @@ model, Pollux's efficiency and goodput); this module only assembles them:
   statistical efficiency of the batch in use, S/S_min and E/E_min at the batch in use and at
   candidate batch sizes (B_crit ≈ B_simple), and, given measured throughput at a few batch
   sizes, the goodput-maximising batch.
-- ``NoiseTracker``: a probe sink that forwards every sample to the run and keeps running
-  averages (an EMA and a window of per-step estimates for the interval), so a training job can
-  ask for a recommendation locally at any step without the server.
+- ``NoiseTracker``: a probe sink that forwards every sample to the run and keeps its per-step
+  estimates (``estimators.NoiseSamples``), so a training job can ask for a recommendation
+  locally at any step without the server, from the same current window the server uses.
 
 The server's ``GET /api/v1/runs/{run_id}/recommendation`` builds the same object from stored
 samples.
@@ -18,7 +18,6 @@ samples.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
@@ -27,8 +26,9 @@ from noisescope import _format
 from noisescope._results import ParallelismPlan, ParallelismRow
 from noisescope._sink import Sink
 from noisescope.estimators import (
-    EMA,
     MIN_SPEEDUP,
+    CurrentNoiseScale,
+    NoiseSamples,
     NoiseScale,
     NoiseScaleInterval,
     compute_waste,
@@ -36,7 +36,6 @@ from noisescope.estimators import (
     examples_ratio,
     goodput_optimal_batch,
     interpolate_throughput,
-    interval_from_steps,
     parallelism_limit,
     statistical_efficiency,
     steps_ratio,
@@ -49,6 +48,7 @@ __all__ = [
     "NoiseTracker",
     "Recommendation",
     "Reference",
+    "bound_verdict",
     "default_candidates",
     "parallelism_plan",
     "recommend",
@@ -94,8 +94,11 @@ class Recommendation:
     #: The critical-batch point B ≈ B_simple: 2x the minimum steps and 2x the minimum examples.
     critical_batch_size: float | None
     reason: str | None = None
-    #: The batch in use against B_simple in one sentence (``verdict``).
+    #: The batch in use against B_simple in one sentence (``verdict``, or ``bound_verdict``
+    #: when only a lower bound is known).
     verdict: str = ""
+    #: While ``b_simple`` is None: a ``level`` lower bound on it, where one is known.
+    b_simple_lower: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,6 +107,8 @@ class Recommendation:
         """One line a training script can print."""
         count = _format.count
         if self.b_simple is None or self.current is None:
+            if self.b_simple_lower is not None:
+                return f"B_simple ≥ {count(self.b_simple_lower)}; {self.verdict}"
             return f"batch {count(self.batch_size)}: {self.reason or 'not yet measurable'}"
         interval = ""
         if self.b_simple_lo is not None and self.b_simple_hi is not None:
@@ -179,6 +184,39 @@ def verdict(
     return text
 
 
+def bound_verdict(
+    batch_size: float,
+    lower: float,
+    *,
+    level: float | None = None,
+    units: str = "examples",
+) -> str:
+    """The batch in use read against a lower bound only: B_simple ≥ ``lower``.
+
+    Doubling the batch cuts steps by 1 - S(2B)/S(B) (docs/science.md's S-E model), which grows
+    with B_crit, so at B_simple ≥ ``lower`` the cut is at least its value at the bound; nothing
+    is said about a larger batch being wasteful, since B_simple is not resolved above it.
+    """
+    if not (lower > 0 and batch_size > 0):
+        return verdict(batch_size, None, units=units)
+    r_max = batch_size / lower
+    conf = f" at {level:.0%} confidence" if level is not None else ""
+    head = (
+        f"batch {_format.count(batch_size)} is at most ~{_format.ratio(r_max)}× B_simple "
+        f"(B_simple ≥ {_format.count(lower)}{conf})"
+    )
+    if r_max < 0.5:
+        s_now, s_2x = steps_ratio(batch_size, lower), steps_ratio(2 * batch_size, lower)
+        return (
+            f"{head}: a larger batch is likely useful; doubling it would cut steps by at least "
+            f"~{(1 - s_2x / s_now) * 100:.0f}%."
+        )
+    return (
+        f"{head}: nothing says it is too large, and whether a larger one would pay is not yet "
+        "measurable (the gradient signal is below the noise)."
+    )
+
+
 def default_candidates(batch_size: float, b_simple: float | None) -> list[float]:
     """Powers of two from batch/8 through 8x max(batch, B_simple): where the choice lies."""
     top = max(batch_size, b_simple or 0.0) * 8.0
@@ -212,7 +250,7 @@ def _option(
 
 
 def recommend(
-    noise: NoiseScaleInterval | NoiseScale | float | None,
+    noise: CurrentNoiseScale | NoiseScaleInterval | NoiseScale | float | None,
     batch_size: float,
     *,
     candidates: Sequence[float] | None = None,
@@ -223,8 +261,8 @@ def recommend(
     """A ``Recommendation`` from a noise-scale estimate and the batch in use.
 
     Args:
-        noise: ``NoiseScaleInterval`` (window with interval), ``NoiseScale`` (e.g. ``EMA.value``)
-            or a plain B_simple.
+        noise: ``CurrentNoiseScale`` or ``NoiseScaleInterval`` (a window with its interval,
+            or a lower bound), ``NoiseScale`` (e.g. ``EMA.value``) or a plain B_simple.
         batch_size: the batch in use, in the units of the noise samples.
         candidates: batch sizes to predict for (default: powers of two around the batch and
             B_simple).
@@ -240,14 +278,16 @@ def recommend(
             if not (b > 0 and t > 0):
                 raise ValueError(f"throughput needs positive batch sizes and values, got {b}: {t}")
     b_simple: float | None
-    lo = hi = level = None
+    lo = hi = level = lower = None
     reason: str | None = None
+    if isinstance(noise, CurrentNoiseScale):
+        noise = noise.interval
     if isinstance(noise, NoiseScaleInterval):
         level = noise.level
         if noise.b_simple is not None:
             b_simple, lo, hi = noise.b_simple.value, noise.b_simple.lo, noise.b_simple.hi
         else:
-            b_simple, reason = None, noise.reason
+            b_simple, reason, lower = None, noise.reason, noise.b_simple_lower
     elif isinstance(noise, NoiseScale):
         b_simple, reason = noise.b_simple, noise.reason
     elif noise is None:
@@ -259,9 +299,14 @@ def recommend(
     if b_simple is not None and b_simple <= 0:
         b_simple, reason = None, "not yet measurable: B_simple is zero (no gradient noise seen)"
     if b_simple is None:
+        said = (
+            verdict(batch_size, None, units=units)
+            if lower is None
+            else bound_verdict(batch_size, lower, level=level, units=units)
+        )
         return Recommendation(
             batch_size, None, lo, hi, level, reference_batch, None, (), None, None,
-            reason or "not yet measurable", verdict(batch_size, None, units=units),
+            reason or "not yet measurable", said, lower,
         )  # fmt: skip
     pool = set(candidates if candidates is not None else default_candidates(batch_size, b_simple))
     if throughput:
@@ -288,32 +333,21 @@ def recommend(
 
 
 class NoiseTracker:
-    """A probe sink that forwards to the run and keeps the running averages for ``recommend``.
+    """A probe sink that forwards to the run and keeps the per-step estimates for ``recommend``.
 
     ``probe = GradientNoiseProbe(model, NoiseTracker(run))``; then at any step
     ``tracker.recommendation(batch_size=..., throughput={...})``. Only the whole-model series
-    ("") is tracked. The interval comes from the last ``window`` steps in ``n_blocks``
-    contiguous blocks (``estimators.interval_from_steps``); the EMA is the point estimate the
-    scheduler also uses.
+    ("") is tracked. B_simple comes from the current window, by the rule the server's pages
+    use (``estimators.current_noise_scale``, docs/science.md "The current B_simple"), so the
+    training job and the dashboard read the same number from the same samples.
     """
 
-    def __init__(
-        self,
-        run: Sink | None = None,
-        *,
-        window: int = 1000,
-        beta: float = 0.99,
-        level: float = 0.9,
-        n_blocks: int = 20,
-    ) -> None:
-        if window < 2:
-            raise ValueError(f"window must be >= 2 steps, got {window}")
+    def __init__(self, run: Sink | None = None, *, level: float = 0.9) -> None:
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"level must be in (0, 1), got {level}")
         self.run = run
-        self.ema = EMA(beta)
         self.level = level
-        self.n_blocks = n_blocks
-        self._g_sq: deque[float] = deque(maxlen=window)
-        self._trace_sigma: deque[float] = deque(maxlen=window)
+        self.samples = NoiseSamples()
         self.batch_size: float | None = None
 
     def log_sample(
@@ -338,20 +372,18 @@ class NoiseTracker:
             return
         try:  # on the training thread: a bad sample is skipped, never raised
             g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)
-            if not (math.isfinite(g_sq) and math.isfinite(trace_sigma)):
-                return
-        except (ValueError, TypeError, ZeroDivisionError):
+            self.samples.add(float(step), g_sq, trace_sigma)
+        except (ValueError, TypeError, ZeroDivisionError, OverflowError):
             return
-        self.ema.update(g_sq, trace_sigma)
-        self._g_sq.append(g_sq)
-        self._trace_sigma.append(trace_sigma)
         self.batch_size = b_big
 
+    def current(self) -> CurrentNoiseScale:
+        """The current window: B_simple with its ``level`` interval, or a lower bound."""
+        return self.samples.current(self.level)
+
     def interval(self) -> NoiseScaleInterval:
-        """B_simple over the window with its ``level`` interval (block jackknife + Fieller)."""
-        return interval_from_steps(
-            list(self._g_sq), list(self._trace_sigma), level=self.level, n_blocks=self.n_blocks
-        )
+        """The current window's intervals (block jackknife + Fieller)."""
+        return self.current().interval
 
     def recommendation(
         self,
@@ -361,16 +393,12 @@ class NoiseTracker:
         throughput: Mapping[float, float] | None = None,
         reference_batch: float = 0.0,
     ) -> Recommendation:
-        """``recommend`` on the window (interval) or, while that is not measurable, the EMA."""
+        """``recommend`` on the current window."""
         batch = batch_size if batch_size is not None else self.batch_size
         if batch is None:
             raise ValueError("no batch size yet: pass batch_size= or log a sample first")
-        window = self.interval()
-        noise: NoiseScaleInterval | NoiseScale = window
-        if window.b_simple is None and self.ema.value.b_simple is not None:
-            noise = self.ema.value
         return recommend(
-            noise,
+            self.current(),
             batch,
             candidates=candidates,
             throughput=throughput,

@@ -9,8 +9,10 @@ critical-batch point at which a step costs 2x the minimum steps and 2x the minim
 AdaptDL/Pollux act on the same signal.
 
 Why it does not oscillate (a Schmitt trigger):
-- the noise scale is a debiased EMA of the unbiased two-batch estimates, ratio taken last
-  (``estimators.EMA``), never a single step's ratio;
+- the noise scale is the run's current B_simple by the one rule every page uses
+  (``estimators.current_noise_scale``: a ratio of sums over a trailing window that keeps to the
+  present regime), never a single step's ratio; where that window only gives a lower bound,
+  the bound is the target (B_simple is at least that);
 - nothing changes before ``warmup_steps`` measured steps;
 - a change needs the target to leave a band: above ``batch · (1 + hysteresis)`` to grow, below
   ``batch / (1 + hysteresis)²`` to shrink (shrinking is off by default; the wider band because
@@ -33,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
-from noisescope.estimators import EMA, scaled_lr, two_batch_estimates
+from noisescope.estimators import NoiseSamples, scaled_lr, two_batch_estimates
 
 __all__ = ["BatchDecision", "BatchSizeScheduler", "LRRule", "NormsSample", "scaled_lr"]
 
@@ -120,9 +122,8 @@ class BatchSizeScheduler:
             schedule approaches a far target geometrically, so one noisy spike of the estimate
             (large while the batch is much smaller than B_simple) cannot jump to the maximum.
         cooldown_steps: minimum steps between two changes.
-        warmup_steps: measured steps before the first change (the EMA must settle; early in
-            training B_simple is small and noisy, see docs/adaptive_batch.md).
-        beta: EMA factor for the noise-scale averages (``estimators.EMA``).
+        warmup_steps: measured steps before the first change (early in training B_simple is
+            small and noisy, see docs/adaptive_batch.md).
         allow_shrink: also shrink the batch when the noise scale falls (off: the noise scale
             rising with falling loss is the expected course, and dips are usually noise).
         run: where to log each change as an event (``noisescope.Run``); optional.
@@ -143,7 +144,6 @@ class BatchSizeScheduler:
         max_step_factor: float = 2.0,
         cooldown_steps: int = 50,
         warmup_steps: int = 50,
-        beta: float = 0.98,
         allow_shrink: bool = False,
         run: EventSink | None = None,
     ) -> None:
@@ -191,7 +191,9 @@ class BatchSizeScheduler:
         self.warmup_steps = warmup_steps
         self.allow_shrink = allow_shrink
         self.run = run
-        self.ema = EMA(beta)
+        self.samples = NoiseSamples()
+        self._noise_scale: float | None = None
+        self._evaluated_at = 0
         self.decisions: list[BatchDecision] = []
         self._last_change_step: int | None = None
         self._observed = 0
@@ -218,8 +220,19 @@ class BatchSizeScheduler:
 
     @property
     def noise_scale(self) -> float | None:
-        """The smoothed B_simple (None until measurable)."""
-        return self.ema.value.b_simple
+        """The current B_simple, or its lower bound while only that is known (None until
+        either is), as of the last evaluation of the window."""
+        return self._noise_scale
+
+    def _current_noise_scale(self) -> float | None:
+        """The current rule on the samples so far, re-evaluated once they have grown by 1%
+        (the window is at least 10% of them, so it moves by at most a tenth between
+        evaluations) and so costing the training loop O(1) per step on average."""
+        n = len(self.samples)
+        if n - self._evaluated_at >= max(1, n // 100):
+            self._noise_scale = self.samples.current().point
+            self._evaluated_at = n
+        return self._noise_scale
 
     def _lr_for(self, batch_size: int) -> float | None:
         if self.base_lr is None:
@@ -261,8 +274,8 @@ class BatchSizeScheduler:
                 self._warned = True
                 logger.warning("noisescope: scheduler skips a step: %s", exc)
             return None
-        self.ema.update(g_sq, trace_sigma)
-        return self._decide(step, self.ema.value.b_simple)
+        self.samples.add(float(step), g_sq, trace_sigma)
+        return self._decide(step, self._current_noise_scale())
 
     def update(self, step: int, noise_scale: float | None) -> BatchDecision | None:
         """Decide from an already smoothed noise scale (e.g. from the server or a tracker)."""
@@ -329,12 +342,13 @@ class BatchSizeScheduler:
     # -- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a resumed job needs to continue the schedule exactly (JSON-safe)."""
-        ema = self.ema
         return {
             "accum_steps": self.accum_steps,
             "last_change_step": self._last_change_step,
             "observed": self._observed,
-            "ema": [ema._g_sq, ema._trace_sigma, ema._weight, ema.count],
+            "samples": self.samples.state(),
+            "evaluated_at": self._evaluated_at,
+            "noise_scale": self._noise_scale,
             "decisions": [d.payload() for d in self.decisions],
         }
 
@@ -342,7 +356,11 @@ class BatchSizeScheduler:
         self.accum_steps = int(state["accum_steps"])
         self._last_change_step = state["last_change_step"]
         self._observed = int(state["observed"])
-        g_sq, trace_sigma, weight, count = state["ema"]
-        self.ema._g_sq, self.ema._trace_sigma = float(g_sq), float(trace_sigma)
-        self.ema._weight, self.ema.count = float(weight), int(count)
+        # a checkpoint from before the current rule holds an EMA instead: it starts afresh
+        self.samples = (
+            NoiseSamples.from_state(state["samples"]) if "samples" in state else (NoiseSamples())
+        )
+        self._evaluated_at = int(state.get("evaluated_at", 0))
+        noise_scale = state.get("noise_scale")
+        self._noise_scale = None if noise_scale is None else float(noise_scale)
         self.decisions = [BatchDecision(**d) for d in state["decisions"]]

@@ -14,11 +14,17 @@ from datetime import datetime, timezone
 from typing import Any
 
 from noisescope import RunSummary, _format
-from noisescope.estimators import CURRENT_FRACTION, CURRENT_MAX_REL_WIDTH, CURRENT_MIN_SAMPLES
+from noisescope.estimators import (
+    CURRENT_FRACTION,
+    CURRENT_MAX_FRACTION,
+    CURRENT_MAX_REL_WIDTH,
+    CURRENT_MIN_SAMPLES,
+)
 
 __all__ = [
     "CURRENT_RULE",
     "DASH",
+    "at_least",
     "count",
     "hours",
     "interval",
@@ -37,12 +43,14 @@ __all__ = [
 #: What a cell shows where there is no number.
 DASH = "—"
 
-#: The one rule for "B_simple now" (``estimators.current_window``), in words.
+#: The one rule for "B_simple now" (``estimators.current_noise_scale``), in words.
 CURRENT_RULE = (
     f"The run's current B_simple: its last {CURRENT_FRACTION:.0%} of samples (at least "
-    f"{CURRENT_MIN_SAMPLES}), widened until the 90% interval is no wider than "
-    f"{CURRENT_MAX_REL_WIDTH:g}× the value. The same number on the Runs table, the Run page "
-    "and the API."
+    f"{CURRENT_MIN_SAMPLES}), widened while the 90% interval is wider than "
+    f"{CURRENT_MAX_REL_WIDTH:g}× the value, but never past the last "
+    f"{CURRENT_MAX_FRACTION:.0%} of the run nor into older steps whose |G|² or tr(Σ) differ "
+    "significantly. Without a bounded interval it shows a lower bound (≥) where one is known. "
+    "The same number on the Runs table, the Run page and the API."
 )
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=\"'])")
@@ -61,6 +69,11 @@ def _finite(value: float | None) -> bool:
 def count(value: float | None) -> str:
     """A batch size, step or example count ("1,860", "2.1M"); a dash when there is none."""
     return _format.count(value) if value is not None else DASH
+
+
+def at_least(bound: float | None) -> str:
+    """A lower bound on a count ("≥ 380"); empty when there is none."""
+    return f"≥ {count(bound)}" if bound is not None else ""
 
 
 def whole(value: float | None) -> str:

@@ -45,6 +45,8 @@ def _run(**changes: object) -> RunSummary:
         "window_samples": 100,
         "window_first_step": 901,
         "window_last_step": 1000,
+        "b_simple_lower": None,
+        "window_limit": None,
         "batch_to_b_simple": 0.3,
         "notice": None,
     }

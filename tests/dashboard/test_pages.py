@@ -119,7 +119,7 @@ def test_run_page_headline_and_verdict(make_app: MakeApp, server: str, api: Api)
     }
     run = api.run(DIGITS64)
     caption = plain(texts(at))
-    assert f"Over the last {run.window_samples} samples, steps " in caption
+    assert f"From the last {run.window_samples} samples, steps " in caption
     assert "the same value as the Runs table and the API" in caption
     verdict = api.recommendation(DIGITS64).recommendation.verdict
     assert plain(at.info[0].value) == verdict

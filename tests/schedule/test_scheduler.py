@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from noisescope.estimators import CURRENT_MIN_SAMPLES
+
 from noisescope.schedule import BatchDecision, BatchSizeScheduler
 
 
@@ -206,8 +208,11 @@ def test_observe_accepts_probe_samples_and_skips_none() -> None:
     # a step with a single batch size (b_small == b_big) is skipped, never raised
     assert sched.observe(Sample(0, 16, 16, 2.0, 2.0)) is None
     assert sched.observe_norms(0, 8, 16, float("nan"), 1.0) is None
-    # exact norms: |G|^2 = 1, tr(Sigma) = 400 -> B_simple = 400
-    decision = sched.observe(Sample(0, 8, 16, 1 + 400 / 8, 1 + 400 / 16))
+    # exact norms: |G|^2 = 1, tr(Sigma) = 400 -> B_simple = 400, once the current window has
+    # its fewest samples (the first decision comes with the first measurable window)
+    for step in range(CURRENT_MIN_SAMPLES):
+        assert sched.noise_scale is None
+        decision = sched.observe(Sample(step, 8, 16, 1 + 400 / 8, 1 + 400 / 16))
     assert sched.noise_scale == pytest.approx(400.0)
     assert decision is not None
     assert decision.batch_size == 32

@@ -18,7 +18,7 @@ def test_loop_grows_accumulation_and_the_probe_measures_the_new_batch() -> None:
     w_true = torch.randn(d, generator=gen)
     model = torch.nn.Linear(d, 1, bias=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    tracker = NoiseTracker(window=200)
+    tracker = NoiseTracker()
     probe = GradientNoiseProbe(model, tracker, source="micro", micro_loss="mean/k")
     sched = BatchSizeScheduler(
         micro_batch_size=4,
@@ -51,4 +51,8 @@ def test_loop_grows_accumulation_and_the_probe_measures_the_new_batch() -> None:
     assert sched.batch_size > 8
     assert all(d.direction == "grow" for d in sched.decisions)
     assert opt.param_groups[0]["lr"] == pytest.approx(sched.lr)
-    assert tracker.recommendation().b_simple is not None
+    # near the noise floor the signal fades: a number, or at least a lower bound above the batch
+    rec = tracker.recommendation()
+    assert rec.b_simple is not None or (
+        rec.b_simple_lower is not None and rec.b_simple_lower > sched.batch_size
+    )

@@ -177,7 +177,8 @@ def test_list_runs_filters_and_current_b_simple(client: httpx.Client) -> None:
     # its B_simple the ratio of the sums over exactly those last samples
     cols = columns(600, seed=1)
     g_sq, trace_sigma = zip(*(two_batch_estimates(*row) for row in _norms(cols)), strict=True)
-    k, interval = current_window([1.0] * 600, list(g_sq), list(trace_sigma))
+    k, window = current_window([1.0] * 600, list(g_sq), list(trace_sigma))
+    interval = window.interval
     assert interval.b_simple is not None
     assert run["window_samples"] == k >= 64
     assert (run["window_first_step"], run["window_last_step"]) == (600 - k, 599)

@@ -86,11 +86,12 @@ def test_a_long_run_s_current_window_is_its_trailing_whole_blocks_when_blocks_ar
         blocks = conn.execute(select(SampleBlock).where(where).order_by(SampleBlock.block)).all()
     assert CURRENT_FRACTION * len(keep) > CURRENT_RAW_LIMIT  # read as blocks
     assert len({b.n for b in blocks}) > 2  # partial blocks of several sizes
-    k, interval = current_window(
+    k, window = current_window(
         [float(b.n) for b in blocks],
         [b.sum_g_sq for b in blocks],
         [b.sum_trace_sigma for b in blocks],
     )
+    interval = window.interval
     run = queries.get_run(engine, "long")
     assert interval.b_simple is not None and k < len(blocks)
     assert run.window_samples == sum(b.n for b in blocks[-k:])

@@ -1,76 +1,207 @@
-"""The current B_simple of a run: one window rule for every page and endpoint."""
+"""The current B_simple of a run: one window rule for every page, endpoint and training loop."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
-from ._intervals import NoiseScaleInterval, interval_from_blocks
+from .._format import count
+from ._intervals import BlockMoments, NoiseScaleInterval, block_moments, interval_from_blocks
+from ._stats import student_t_quantile
 
 __all__ = [
+    "CURRENT_BLOCK",
     "CURRENT_FRACTION",
+    "CURRENT_MAX_FRACTION",
     "CURRENT_MAX_REL_WIDTH",
     "CURRENT_MIN_SAMPLES",
+    "CURRENT_RAW_LIMIT",
+    "CURRENT_SHIFT_LEVEL",
+    "CurrentNoiseScale",
+    "NoiseSamples",
+    "Trailing",
     "current_noise_scale",
     "current_window",
 ]
 
 # --- The current B_simple of a run -------------------------------------------------------
 #
-# One definition, used by every page and endpoint that says "B_simple now": the trailing window
-# of a run's samples that holds at least ``CURRENT_FRACTION`` of them and at least
-# ``CURRENT_MIN_SAMPLES``, grown (doubling, back toward the start of the run) until its
-# ``level`` interval is no wider than ``CURRENT_MAX_REL_WIDTH`` times the estimate, or until it
-# holds the whole run. The fraction keeps the window recent while the noise scale moves; the
-# width bound keeps it long enough to say something. Below ``CURRENT_MIN_SAMPLES`` samples, or
-# when even the final window's |G|^2 is not significantly positive, there is no number.
+# One definition of "B_simple now" (docs/science.md, "The current B_simple"), used by the
+# server's pages and endpoints, ``NoiseTracker`` and ``BatchSizeScheduler`` alike. The window
+# starts as the trailing ``CURRENT_FRACTION`` of a run's samples (at least
+# ``CURRENT_MIN_SAMPLES``) and doubles back toward the start while its ``level`` interval is
+# wider than ``CURRENT_MAX_REL_WIDTH`` times the estimate, under two limits that keep it *now*:
+#
+# - it never reaches back past the trailing ``CURRENT_MAX_FRACTION`` of the run;
+# - it never takes in samples whose |𝒢|^2 or 𝒮 differ significantly (``CURRENT_SHIFT_LEVEL``,
+#   a two-sample t test on block-jackknife means) from the window's own: the noise scale of a
+#   real run grows 10-100x as the loss falls, and a ratio of sums over such a span is ruled by
+#   its oldest steps, where |𝒢|^2 is largest.
+#
+# When the window it ends with has no bounded interval, the answer is what is known instead of
+# a number borrowed from the past: a lower bound when 𝒮 is significantly positive but |𝒢|^2 is
+# not (Fieller's set for B_simple >= 0 is then [bound, inf)), else "not yet measurable".
 
 #: Share of a run's samples the current window holds at least (the most recent ones).
 CURRENT_FRACTION = 0.1
+#: Share of a run's samples the current window holds at most (unless that is below
+#: ``CURRENT_MIN_SAMPLES``).
+CURRENT_MAX_FRACTION = 0.5
 #: Fewest samples the current B_simple is ever computed from.
 CURRENT_MIN_SAMPLES = 64
 #: The window grows until (hi - lo) / B_simple of its interval is at most this.
 CURRENT_MAX_REL_WIDTH = 1.0
+#: Confidence at which older samples count as a different regime (and the window stops).
+CURRENT_SHIFT_LEVEL = 0.95
+#: A window of up to this many samples is read sample by sample; a longer one in blocks of
+#: ``CURRENT_BLOCK`` consecutive samples (the server's storage blocks: then at least 64 of
+#: them, and the interval's 30 blocks are as fine either way).
+CURRENT_RAW_LIMIT = 4096
+CURRENT_BLOCK = 64
 
-
-#: The trailing blocks of a run that hold at least a given number of samples (oldest first).
+#: The trailing blocks of a run that hold at least a given number of samples (oldest first):
+#: counts, sums of |𝒢|^2 and sums of 𝒮.
 Trailing = Callable[[int], tuple[Sequence[float], Sequence[float], Sequence[float]]]
+
+
+@dataclass(frozen=True)
+class CurrentNoiseScale:
+    """A run's current window and what it says of B_simple.
+
+    ``interval.b_simple`` is the number, or None with ``interval.reason``; then
+    ``interval.b_simple_lower`` is a lower bound where one is known. ``limit`` says why the
+    window stopped growing while its interval was still wider than asked (a change of regime,
+    or the reach cap); None when it did not need to grow, or reached the run's start.
+    """
+
+    n: float
+    interval: NoiseScaleInterval
+    limit: str | None = None
+
+    @property
+    def b_simple(self) -> float | None:
+        return None if self.interval.b_simple is None else self.interval.b_simple.value
+
+    @property
+    def lower_bound(self) -> float | None:
+        """The lower bound on B_simple while there is no number (None otherwise)."""
+        return None if self.interval.b_simple is not None else self.interval.b_simple_lower
+
+    @property
+    def point(self) -> float | None:
+        """What a decision can act on: the value, else the lower bound (B_simple is at least
+        that), else None."""
+        return self.b_simple if self.b_simple is not None else self.lower_bound
+
+
+def _narrow(interval: NoiseScaleInterval) -> bool:
+    b_iv = interval.b_simple
+    return (
+        b_iv is not None
+        and b_iv.value > 0
+        and b_iv.hi - b_iv.lo <= CURRENT_MAX_REL_WIDTH * b_iv.value
+    )
+
+
+def _split(
+    blocks: tuple[Sequence[float], Sequence[float], Sequence[float]], newer: float
+) -> tuple[BlockMoments, BlockMoments]:
+    """Moments of a window's older blocks and of its trailing blocks holding ``newer`` samples."""
+    block_n, block_g, block_s = blocks
+    k, held = 0, 0.0
+    while k < len(block_n) and held < newer:
+        k += 1
+        held += block_n[-k]
+    cut = len(block_n) - k
+    return (
+        block_moments(block_n[:cut], block_g[:cut], block_s[:cut]),
+        block_moments(block_n[cut:], block_g[cut:], block_s[cut:]),
+    )
+
+
+def _shift(older: BlockMoments, newer: BlockMoments) -> str | None:
+    """Whether the older samples' |𝒢|^2 or 𝒮 differ significantly from the newer ones' (a
+    two-sample t test at ``CURRENT_SHIFT_LEVEL``); None when they do not, or cannot be told."""
+    if older.n_blocks < 2 or newer.n_blocks < 2:
+        return None
+    df = min(older.n_blocks, newer.n_blocks) - 1
+    t = student_t_quantile(0.5 + CURRENT_SHIFT_LEVEL / 2.0, df)
+    for name, old, new, var_old, var_new in (
+        ("|G|^2", older.g_sq, newer.g_sq, older.var_g_sq, newer.var_g_sq),
+        ("tr(Sigma)", older.trace_sigma, newer.trace_sigma, older.var_trace_sigma,
+         newer.var_trace_sigma),
+    ):  # fmt: skip
+        if abs(old - new) > t * math.sqrt(var_old + var_new):
+            return (
+                f"the {count(older.n)} samples before the window have a different {name} "
+                f"({old:.3g} against {new:.3g} in the window, {CURRENT_SHIFT_LEVEL:.0%} "
+                "confidence): the run changed regime there, so the window does not reach back"
+            )
+    return None
+
+
+def _unbounded_reason(result: CurrentNoiseScale, level: float) -> CurrentNoiseScale:
+    """The reason a window without a number gives: the lower bound where one is known."""
+    interval = result.interval
+    bound = interval.b_simple_lower
+    if interval.b_simple is not None or bound is None:
+        return result
+    reason = (
+        f"B_simple ≥ {count(bound)} ({level:.0%} confidence): over the last {count(result.n)} "
+        "samples the gradient signal |G|^2 is not significantly above the noise, so only a "
+        "lower bound is known; a larger batch is likely useful"
+    )
+    return replace(result, interval=replace(interval, reason=reason))
 
 
 def current_noise_scale(
     n_total: float, trailing: Trailing, *, level: float = 0.9
-) -> tuple[float, NoiseScaleInterval]:
+) -> CurrentNoiseScale:
     """The current B_simple of a run of ``n_total`` samples, by the rule above.
 
     ``trailing(target)`` gives the run's last blocks (counts and sums of |𝒢|^2 and 𝒮, oldest
-    first) holding at least ``target`` samples, or all of them: raw samples (blocks of one)
-    or storage blocks, whichever the caller has. Returns the samples the window holds and its
-    interval (``b_simple`` None, with ``reason``, when not yet measurable).
+    first) holding at least ``target`` samples, or all of them: raw samples (blocks of one),
+    storage blocks or ``NoiseSamples``' blocks, whichever the caller has; fine enough (tens of
+    blocks or more) for the window to be split at a doubling.
     """
     if n_total < CURRENT_MIN_SAMPLES:
-        return 0.0, NoiseScaleInterval(
-            level,
-            n_total,
-            0,
-            None,
-            None,
-            None,
-            f"not yet measurable: {n_total:,.0f} samples so far; the current B_simple needs at "
-            f"least {CURRENT_MIN_SAMPLES}",
+        return CurrentNoiseScale(
+            0.0,
+            NoiseScaleInterval(
+                level,
+                n_total,
+                0,
+                None,
+                None,
+                None,
+                f"not yet measurable: {n_total:,.0f} samples so far; the current B_simple needs "
+                f"at least {CURRENT_MIN_SAMPLES}",
+            ),
         )
     target = max(math.ceil(CURRENT_FRACTION * n_total), CURRENT_MIN_SAMPLES)
-    while True:
-        block_n, block_g, block_s = trailing(target)
-        interval = interval_from_blocks(block_n, block_g, block_s, level=level)
-        used = float(sum(block_n))
-        b_iv = interval.b_simple
-        if used >= n_total or (
-            b_iv is not None
-            and b_iv.value > 0
-            and (b_iv.hi - b_iv.lo) <= CURRENT_MAX_REL_WIDTH * b_iv.value
-        ):
-            return used, interval
-        target *= 2
+    cap = max(math.ceil(CURRENT_MAX_FRACTION * n_total), target)
+    blocks = trailing(target)
+    used = float(sum(blocks[0]))
+    interval = interval_from_blocks(*blocks, level=level)
+    limit: str | None = None
+    while not _narrow(interval) and used < n_total:
+        if target >= cap:
+            limit = (
+                f"the window reaches back at most {CURRENT_MAX_FRACTION:.0%} of the run "
+                f"({count(cap)} samples)"
+            )
+            break
+        wider = trailing(min(2 * target, cap))
+        limit = _shift(*_split(wider, used))
+        if limit is not None:
+            break
+        target = min(2 * target, cap)
+        blocks, used = wider, float(sum(wider[0]))
+        interval = interval_from_blocks(*blocks, level=level)
+    return _unbounded_reason(CurrentNoiseScale(used, interval, limit), level)
 
 
 def current_window(
@@ -79,21 +210,99 @@ def current_window(
     block_sum_trace_sigma: Sequence[float],
     *,
     level: float = 0.9,
-) -> tuple[int, NoiseScaleInterval]:
+) -> tuple[int, CurrentNoiseScale]:
     """``current_noise_scale`` over a run's blocks in a list (oldest first): how many trailing
     blocks the window takes (whole blocks, from the end, until their samples reach the
-    window's target) and its interval."""
+    window's target) and the window."""
     if not len(block_n) == len(block_sum_g_sq) == len(block_sum_trace_sigma):
         raise ValueError("block_n, block_sum_g_sq and block_sum_trace_sigma differ in length")
-    taken = [0]
+    taken: dict[float, int] = {}
 
     def trailing(target: int) -> tuple[Sequence[float], Sequence[float], Sequence[float]]:
-        k, count = 0, 0.0
-        while k < len(block_n) and count < target:
+        k, held = 0, 0.0
+        while k < len(block_n) and held < target:
             k += 1
-            count += block_n[-k]
-        taken[0] = k
+            held += block_n[-k]
+        taken[held] = k
         return block_n[-k:], block_sum_g_sq[-k:], block_sum_trace_sigma[-k:]
 
-    _, interval = current_noise_scale(float(sum(block_n)), trailing, level=level)
-    return taken[0], interval
+    result = current_noise_scale(float(sum(block_n)), trailing, level=level)
+    return taken.get(result.n, 0), result
+
+
+class NoiseSamples:
+    """A run's per-sample |𝒢|^2 and 𝒮 estimates in memory, read by the current rule.
+
+    For a training loop (``NoiseTracker``, ``BatchSizeScheduler``): prefix sums in flat arrays
+    (24 bytes a sample), so any trailing window is cut into blocks without touching the
+    samples, and ``current()`` costs at most a few milliseconds at step 100 or 10^7.
+    """
+
+    def __init__(self) -> None:
+        self._cum_g = array("d", [0.0])
+        self._cum_s = array("d", [0.0])
+        self._steps = array("d")
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(self, step: float, g_sq: float, trace_sigma: float) -> None:
+        """One sample's unbiased estimates (``two_batch_estimates``); non-finite ones are
+        skipped (docs/science.md, Pitfalls)."""
+        if not (math.isfinite(g_sq) and math.isfinite(trace_sigma) and math.isfinite(step)):
+            return
+        self._cum_g.append(self._cum_g[-1] + g_sq)
+        self._cum_s.append(self._cum_s[-1] + trace_sigma)
+        self._steps.append(step)
+
+    def trailing(self, target: int) -> tuple[list[float], list[float], list[float]]:
+        """The last ``target`` samples (or all), oldest first, read as the server reads a
+        stored run: up to ``CURRENT_RAW_LIMIT`` as single samples, a longer window as whole
+        ``CURRENT_BLOCK``-sample blocks aligned on the sample index (the storage blocks), so a
+        training loop and the server give the same window and the same interval."""
+        n = len(self._steps)
+        if target <= CURRENT_RAW_LIMIT:
+            edges = list(range(n - min(max(target, 0), n), n + 1))
+        else:
+            first = n
+            while first > 0 and n - first < target:
+                first = ((first - 1) // CURRENT_BLOCK) * CURRENT_BLOCK
+            edges = [first, *range(first - first % CURRENT_BLOCK + CURRENT_BLOCK, n, CURRENT_BLOCK)]
+            edges.append(n)
+        pairs = list(itertools.pairwise(edges))
+        return (
+            [float(b - a) for a, b in pairs],
+            [self._cum_g[b] - self._cum_g[a] for a, b in pairs],
+            [self._cum_s[b] - self._cum_s[a] for a, b in pairs],
+        )
+
+    def current(self, level: float = 0.9) -> CurrentNoiseScale:
+        """The current B_simple of these samples (``current_noise_scale``)."""
+        return current_noise_scale(float(len(self._steps)), self.trailing, level=level)
+
+    def steps(self, window: CurrentNoiseScale) -> tuple[float, float] | None:
+        """The first and last step of a window ``current()`` returned (None: empty)."""
+        k = int(window.n)
+        if k <= 0 or k > len(self._steps):
+            return None
+        return self._steps[-k], self._steps[-1]
+
+    def state(self) -> dict[str, list[float]]:
+        """JSON-safe state for a checkpoint: the steps and the prefix sums themselves, so
+        ``from_state`` restores them bit for bit."""
+        return {
+            "step": list(self._steps),
+            "cum_g_sq": list(self._cum_g),
+            "cum_trace_sigma": list(self._cum_s),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, list[float]]) -> NoiseSamples:
+        steps, cum_g, cum_s = state["step"], state["cum_g_sq"], state["cum_trace_sigma"]
+        if not len(cum_g) == len(cum_s) == len(steps) + 1:
+            raise ValueError("a NoiseSamples state needs one more prefix sum than steps")
+        samples = cls()
+        samples._steps = array("d", map(float, steps))
+        samples._cum_g = array("d", map(float, cum_g))
+        samples._cum_s = array("d", map(float, cum_s))
+        return samples

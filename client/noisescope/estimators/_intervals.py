@@ -7,13 +7,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._stats import fieller, student_t_quantile
+from ._stats import fieller, fieller_lower_bound, student_t_quantile
 from ._two_batch import NoiseScale
 
 __all__ = [
     "INTERVAL_BLOCKS",
+    "BlockMoments",
     "Interval",
     "NoiseScaleInterval",
+    "block_moments",
     "interval_from_blocks",
     "interval_from_steps",
     "reblock",
@@ -56,6 +58,10 @@ class NoiseScaleInterval:
     trace_sigma: Interval | None
     b_simple: Interval | None
     reason: str | None = None
+    #: While ``b_simple`` is None: the ``level`` lower confidence bound on B_simple when 𝒮 is
+    #: significantly positive but |𝒢|^2 is not (Fieller's set cut to B_simple >= 0 is then
+    #: [bound, inf)); None when nothing is known.
+    b_simple_lower: float | None = None
 
     @property
     def measurable(self) -> bool:
@@ -110,6 +116,54 @@ def reblock(
 INTERVAL_BLOCKS = 30
 
 
+@dataclass(frozen=True)
+class BlockMoments:
+    """A window's means of |𝒢|^2 and 𝒮 and the variances of those means (delete-one-block
+    jackknife over ``n_blocks`` contiguous blocks, Busing et al. 1999), for intervals and for
+    comparing two windows."""
+
+    n: float
+    n_blocks: int
+    g_sq: float
+    trace_sigma: float
+    var_g_sq: float
+    var_trace_sigma: float
+    cov: float
+
+
+def block_moments(
+    block_n: Sequence[float],
+    block_sum_g_sq: Sequence[float],
+    block_sum_trace_sigma: Sequence[float],
+    max_blocks: int | None = None,
+) -> BlockMoments:
+    """``BlockMoments`` of contiguous per-block sums, merged first into at most ``max_blocks``
+    (default ``INTERVAL_BLOCKS``) blocks; empty and non-finite blocks are left out. Means and
+    variances are 0 (and ``n_blocks`` < 2) when there are too few blocks to tell."""
+    merged = reblock(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks or INTERVAL_BLOCKS)
+    rows = [
+        (n_b, g_b, s_b)
+        for n_b, g_b, s_b in zip(*merged, strict=True)
+        if n_b > 0 and math.isfinite(g_b) and math.isfinite(s_b)
+    ]
+    n_total = float(sum(r[0] for r in rows))
+    m = len(rows)
+    if m < 2:
+        return BlockMoments(n_total, m, 0.0, 0.0, 0.0, 0.0, 0.0)
+    g_mean = sum(r[1] for r in rows) / n_total
+    s_mean = sum(r[2] for r in rows) / n_total
+    # Delete-one-block jackknife for a (weighted) mean: var = (1/m) sum n_j/(N-n_j) (x_j - x)^2
+    var_g = var_s = cov_gs = 0.0
+    for n_b, g_b, s_b in rows:
+        w = n_b / (n_total - n_b)
+        dg = g_b / n_b - g_mean
+        ds = s_b / n_b - s_mean
+        var_g += w * dg * dg
+        var_s += w * ds * ds
+        cov_gs += w * dg * ds
+    return BlockMoments(n_total, m, g_mean, s_mean, var_g / m, var_s / m, cov_gs / m)
+
+
 def interval_from_blocks(
     block_n: Sequence[float],
     block_sum_g_sq: Sequence[float],
@@ -126,14 +180,8 @@ def interval_from_blocks(
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    merged = reblock(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks or INTERVAL_BLOCKS)
-    rows = [
-        (n_b, g_b, s_b)
-        for n_b, g_b, s_b in zip(*merged, strict=True)
-        if n_b > 0 and math.isfinite(g_b) and math.isfinite(s_b)
-    ]
-    n_total = float(sum(r[0] for r in rows))
-    m = len(rows)
+    mom = block_moments(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks)
+    n_total, m = mom.n, mom.n_blocks
     if m < 2:
         return NoiseScaleInterval(
             level,
@@ -144,20 +192,8 @@ def interval_from_blocks(
             None,
             f"not yet measurable: an interval needs at least 2 blocks of steps, got {m}",
         )
-    g_mean = sum(r[1] for r in rows) / n_total
-    s_mean = sum(r[2] for r in rows) / n_total
-    # Delete-one-block jackknife for a (weighted) mean: var = (1/m) sum n_j/(N-n_j) (x_j - x)^2
-    var_g = var_s = cov_gs = 0.0
-    for n_b, g_b, s_b in rows:
-        w = n_b / (n_total - n_b)
-        dg = g_b / n_b - g_mean
-        ds = s_b / n_b - s_mean
-        var_g += w * dg * dg
-        var_s += w * ds * ds
-        cov_gs += w * dg * ds
-    var_g /= m
-    var_s /= m
-    cov_gs /= m
+    g_mean, s_mean = mom.g_sq, mom.trace_sigma
+    var_g, var_s, cov_gs = mom.var_g_sq, mom.var_trace_sigma, mom.cov
     t = student_t_quantile(0.5 + level / 2.0, m - 1)
     se_g, se_s = math.sqrt(var_g), math.sqrt(var_s)
     # Both true quantities are >= 0, so clipping the lower ends at 0 never loses coverage.
@@ -165,7 +201,8 @@ def interval_from_blocks(
     s_iv = Interval(s_mean, max(0.0, s_mean - t * se_s), max(0.0, s_mean + t * se_s))
     point = NoiseScale.from_means(g_mean, s_mean, n_total)
     if point.b_simple is None:
-        return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, None, point.reason)
+        bound = fieller_lower_bound(s_mean, g_mean, var_s, var_g, cov_gs, level, m - 1)
+        return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, None, point.reason, bound)
     # Fieller: {rho : (s - rho g)^2 <= t^2 (var_s - 2 rho cov + rho^2 var_g)}
     lo, hi = fieller(s_mean, g_mean, var_s, var_g, cov_gs, level, m - 1)
     if lo is None or hi is None:
@@ -178,6 +215,7 @@ def interval_from_blocks(
             None,
             f"not yet measurable: the |G|^2 estimate ({g_mean:.3g}) is not significantly above "
             f"zero at {level:.0%} confidence (gradient signal below the noise; widen the window)",
+            fieller_lower_bound(s_mean, g_mean, var_s, var_g, cov_gs, level, m - 1),
         )
     return NoiseScaleInterval(level, n_total, m, g_iv, s_iv, Interval(point.b_simple, lo, hi), None)
 

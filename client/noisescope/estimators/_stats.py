@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import math
 
-__all__ = ["fieller", "student_t_quantile"]
+__all__ = ["fieller", "fieller_lower_bound", "student_t_quantile"]
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -101,3 +101,25 @@ def fieller(
     lo = (half_b - math.sqrt(disc)) / a
     hi = (half_b + math.sqrt(disc)) / a
     return max(0.0, min(lo, ratio)), max(hi, ratio)
+
+
+def fieller_lower_bound(
+    num: float, den: float, var_num: float, var_den: float, cov: float, level: float, df: float
+) -> float | None:
+    """The lower end of Fieller's ``level`` set for num/den >= 0 when that set is unbounded
+    above (the denominator not significantly positive) but excludes 0 (the numerator
+    significantly positive): the set cut to [0, inf) is then [bound, inf). None otherwise.
+
+    The set is {r : a r^2 - 2 b r + c <= 0} with a = den^2 - t^2 var_den,
+    b = num den - t^2 cov, c = num^2 - t^2 var_num; a <= 0 makes it unbounded, c > 0 keeps 0 out.
+    """
+    t = student_t_quantile(0.5 + level / 2.0, df)
+    a = den * den - t * t * var_den
+    half_b = num * den - t * t * cov
+    c = num * num - t * t * var_num
+    if c <= 0.0 or num <= 0.0 or a > 0.0:
+        return None
+    if a == 0.0:
+        return c / (2.0 * half_b) if half_b > 0.0 else None
+    # a < 0 < c: one negative and one positive root, and the set is [positive root, inf)
+    return (half_b - math.sqrt(half_b * half_b - a * c)) / a

@@ -12,8 +12,9 @@ from noisescope_dashboard import _text
 
 def runs_table(runs: Iterable[RunSummary]) -> pd.DataFrame:
     """The Runs table: the API's fields as text people read ("1,860", "0.3×"), with the raw
-    numbers beside them (``_``-prefixed, hidden) for sorting. A run whose B_simple is not yet
-    measurable has no number and no ratio, and says why."""
+    numbers beside them (``_``-prefixed, hidden) for sorting. A run whose current window gives
+    no B_simple has no number and no ratio, says why, and shows "≥ N" where a lower bound is
+    known."""
     rows = []
     for r in runs:
         measured = r.b_simple is not None
@@ -27,7 +28,9 @@ def runs_table(runs: Iterable[RunSummary]) -> pd.DataFrame:
                 "tags": ", ".join(r.tags),
                 "batch": _text.count(r.batch_in_use),
                 "units": r.units,
-                "b_simple": _text.count(r.b_simple) if measured else "",
+                "b_simple": _text.count(r.b_simple)
+                if measured
+                else _text.at_least(r.b_simple_lower),
                 "interval": _text.interval(r.b_simple_lo, r.b_simple_hi) if measured else "",
                 "ratio": _text.ratio(r.batch_to_b_simple)
                 if measured and r.batch_to_b_simple is not None

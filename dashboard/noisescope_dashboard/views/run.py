@@ -75,21 +75,34 @@ def _pick_run(src: _data.Source) -> RunSummary:
 
 
 def _headline(src: _data.Source, run: RunSummary) -> None:
-    """B_simple now, batch in use, B / B_simple, loss; then the verdict, or why there is none."""
+    """B_simple now (or its lower bound), batch in use, B / B_simple, loss; the steps the number
+    comes from; then the verdict, or why there is none."""
     units = _text.units_word(run.units)
     measured = run.b_simple is not None
+    bounded = not measured and run.b_simple_lower is not None
     m1, m2, m3, m4 = st.columns(4)
-    m1.metric("B_simple now", _text.count(run.b_simple), help=_text.CURRENT_RULE)
-    if measured:
+    m1.metric(
+        "B_simple now",
+        _text.count(run.b_simple) if measured else _text.at_least(run.b_simple_lower) or "—",
+        help=_text.CURRENT_RULE,
+    )
+    if run.window_samples:
         steps = (
             f", steps {_text.count(run.window_first_step)}–{_text.count(run.window_last_step)}"
             if run.window_first_step is not None and run.window_last_step is not None
             else ""
         )
+        value = (
+            f"{run.level:.0%} interval {_text.interval(run.b_simple_lo, run.b_simple_hi)} {units}"
+            if measured
+            else f"{run.level:.0%} lower bound"
+            if bounded
+            else "No number"
+        )
         m1.caption(
-            f"{run.level:.0%} interval {_text.interval(run.b_simple_lo, run.b_simple_hi)} "
-            f"{units}. Over the last {run.window_samples:,} samples{steps}: the same value as "
+            f"{value}. From the last {run.window_samples:,} samples{steps}: the same value as "
             "the Runs table and the API."
+            + (f" {md(_text.sentence(run.window_limit))}" if run.window_limit else "")
         )
     m2.metric(
         "Batch in use",
@@ -106,9 +119,9 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
     m4.metric("Loss", _text.loss(run.last_loss), help="The latest training loss")
     if run.last_eval_loss is not None:
         m4.caption(f"Latest evaluation loss {_text.loss(run.last_eval_loss)}")
-    if not measured:
+    if not (measured or bounded):
         st.warning(
-            "No B_simple yet, so no ratio and no verdict. "
+            "No B_simple now, so no ratio and no verdict. "
             + md(_text.sentence(run.b_simple_reason or "not yet measurable"))
         )
         return
@@ -119,7 +132,7 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
             raise
         st.caption(f"No verdict: {md(exc.detail)}")
         return
-    st.info(md(rec.recommendation.verdict))
+    (st.info if measured else st.warning)(md(rec.recommendation.verdict))
 
 
 def _no_samples(run: RunSummary) -> None:

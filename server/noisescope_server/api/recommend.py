@@ -1,7 +1,7 @@
 """``GET /api/v1/runs/{run_id}/recommendation``: what to do with a run's measured noise scale.
 
 Built from the run's summary (``queries.get_run``): its *current* B_simple with its interval
-(``estimators.current_window``, the same number the Runs table and the Run page show) and the
+(``estimators.current_noise_scale``, the same window the Runs table and the Run page show) and the
 batch in use (latest batch-size event, else the run's batch size); then
 ``noisescope.recommend.recommend`` (docs/science.md's S-E model and Pollux's efficiency/goodput).
 The client's ``NoiseTracker`` builds the same ``Recommendation`` locally.
@@ -16,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from noisescope._api import RecommendationResult
 from noisescope._results import RunSummary
-from noisescope.estimators import Interval, NoiseScale, NoiseScaleInterval
+from noisescope.estimators import Interval, NoiseScaleInterval
 from noisescope.recommend import recommend
 from noisescope_server import queries
 from noisescope_server.api.deps import EngineDep, ReadScope
@@ -90,18 +90,19 @@ def get_recommendation(
     rates = _parse_throughput(throughput) if throughput else None
     if not math.isfinite(reference_batch):
         raise HTTPException(422, "reference_batch must be finite")
-    noise: NoiseScaleInterval | NoiseScale
+    b_iv = None
     if run.b_simple is not None and run.b_simple_lo is not None and run.b_simple_hi is not None:
-        noise = NoiseScaleInterval(
-            level=run.level,
-            n=run.window_samples,
-            n_blocks=0,
-            g_sq=None,
-            trace_sigma=None,
-            b_simple=Interval(run.b_simple, run.b_simple_lo, run.b_simple_hi),
-        )
-    else:
-        noise = NoiseScale(0.0, 0.0, run.window_samples, None, run.b_simple_reason)
+        b_iv = Interval(run.b_simple, run.b_simple_lo, run.b_simple_hi)
+    noise = NoiseScaleInterval(
+        level=run.level,
+        n=run.window_samples,
+        n_blocks=0,
+        g_sq=None,
+        trace_sigma=None,
+        b_simple=b_iv,
+        reason=None if b_iv else run.b_simple_reason,
+        b_simple_lower=None if b_iv else run.b_simple_lower,
+    )
     with value_errors_as_bad_input():
         rec = recommend(
             noise,

@@ -7,13 +7,13 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, select
 
-from noisescope.estimators import current_noise_scale
+from noisescope.estimators import CURRENT_RAW_LIMIT, current_noise_scale
 from noisescope_server.models import BLOCK_SIZE, Sample, SampleBlock
 from noisescope_server.queries._common import LEVEL, fetch_tuples
 
-#: A current window of up to this many samples is read as raw samples, a longer one as
-#: 64-sample blocks (then at least 64 of them: the interval's 30 blocks are as fine either way).
-CURRENT_RAW_LIMIT = 64 * BLOCK_SIZE
+# The rule reads a window as raw samples up to CURRENT_RAW_LIMIT and as storage blocks beyond,
+# as ``estimators.NoiseSamples`` does in a training loop, so the same samples give the same
+# answer (tests/server/test_current_rule.py checks BLOCK_SIZE == CURRENT_BLOCK).
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,10 @@ class CurrentWindow:
     n: int
     first_step: int | None
     last_step: int | None
+    #: While ``b_simple`` is None: a lower bound on it, where one is known.
+    lower: float | None = None
+    #: Why the window stopped growing before its interval was narrow (``CurrentNoiseScale``).
+    limit: str | None = None
 
 
 def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentWindow:
@@ -36,10 +40,9 @@ def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentWindow
     ``CURRENT_RAW_LIMIT`` samples are read as raw samples, longer ones as 64-sample blocks,
     so either way the interval has its full count of blocks and the read stays small. Rows
     come as plain DBAPI tuples: a window is up to thousands of them per run, on every list."""
-    steps: tuple[int, int] | None = None
+    steps_of: dict[float, tuple[int, int]] = {}  # a window's steps, by its sample count
 
     def trailing(target: int) -> tuple[list[float], list[float], list[float]]:
-        nonlocal steps
         if target <= CURRENT_RAW_LIMIT:
             rows = _trailing_samples(conn, run_id, min(target, n_samples))
             block_n = [1.0] * len(rows)
@@ -49,10 +52,13 @@ def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentWindow
             block_n = [float(r[0]) for r in rows]
             rows = [r[1:] for r in rows]
             lo_steps, hi_steps = [r[2] for r in rows], [r[3] for r in rows]
-        steps = (int(min(lo_steps)), int(max(hi_steps))) if rows else None
+        if rows:
+            steps_of[sum(block_n)] = (int(min(lo_steps)), int(max(hi_steps)))
         return block_n, [float(r[0]) for r in rows], [float(r[1]) for r in rows]
 
-    used, interval = current_noise_scale(float(n_samples), trailing, level=LEVEL)
+    window = current_noise_scale(float(n_samples), trailing, level=LEVEL)
+    steps = steps_of.get(window.n)  # the rule may have read one doubling further back
+    used, interval = window.n, window.interval
     b_iv, g_iv, s_iv = interval.b_simple, interval.g_sq, interval.trace_sigma
     return CurrentWindow(
         b_simple=None if b_iv is None else b_iv.value,
@@ -64,6 +70,8 @@ def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentWindow
         n=int(used),
         first_step=steps[0] if steps and used else None,
         last_step=steps[1] if steps and used else None,
+        lower=window.lower_bound,
+        limit=window.limit,
     )
 
 

@@ -148,6 +148,8 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         window_samples=now.n,
         window_first_step=now.first_step,
         window_last_step=now.last_step,
+        b_simple_lower=now.lower,
+        window_limit=now.limit,
         batch_to_b_simple=(in_use / now.b_simple if in_use is not None and now.b_simple else None),
         notice=str(notice["message"])
         if notice and isinstance(notice.get("message"), str)
