@@ -335,3 +335,42 @@ def test_the_torch_import_error_says_how_to_get_the_cpu_build() -> None:
     assert done.returncode != 0
     assert "ImportError: noisescope.torch needs PyTorch" in done.stderr
     assert CPU_TORCH in done.stderr
+
+
+def _api_example() -> str:
+    """docs/api.md's first Python block: the notebook example of ``noisescope.Api``."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    return re.findall(r"```python\n(.*?)```", text, re.S)[0]
+
+
+@pytest.mark.parametrize("swept", [False, True], ids=["one-run", "sweep"])
+def test_the_api_example_runs_and_says_only_what_is_true(swept: bool, tmp_path: Path) -> None:
+    """The example runs as written against a server holding what the README's steps make (one
+    digits run: no B_crit, and it says why) and a determined sweep (B_crit and a plan)."""
+    import random
+
+    import httpx
+
+    from tests.support.servers import ServerProcess
+    from tests.support.synthetic_sweep import make_sweep, post
+
+    code = _api_example()
+    assert "if t.determined" in code
+    with ServerProcess() as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        sizes = (16, 64, 256, 1024) if swept else (64,)
+        runs = make_sweep(200.0, sizes, lrs=((0.3, 1.0),), seeds=2, rng=random.Random(2))
+        post(client, runs, project="examples", task="digits-mlp")
+        script = tmp_path / "example.py"
+        script.write_text(code.replace("http://127.0.0.1:8765", server.url))
+        out = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+        )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    if swept:
+        assert any(re.match(r"loss \S+: B_crit = 2\d\d \[", line) for line in lines), out.stdout
+        assert any("devices" in line for line in lines), out.stdout  # the plan's summary
+        assert "not determined" not in out.stdout
+    else:
+        assert any("B_crit not determined: " in line for line in lines), out.stdout
+        assert "B_crit =" not in out.stdout and "devices" not in out.stdout

@@ -127,10 +127,6 @@ def _target_result(
             f"below loss {target:g}, so the steps to reach it are not measured (pick a lower "
             "target)"
         )
-    warnings += lr_grid_warnings(grid, points)
-    seeds = seed_warning(points)
-    if seeds is not None:
-        warnings.append(seeds)
     b_simple = b_simple_at_loss([r for r in runs if r.uid in on_frontier], crossing, level=level)
     sizes = [p.batch_size for p in points]
     fit = None
@@ -184,6 +180,11 @@ def _target_result(
             f"the {level:.0%} interval ({_fmt(fit.b_crit_lo)} to {_fmt(fit.b_crit_hi)}) "
             "reaches beyond the batch sizes tried"
         )
+    # what a researcher would check next (_checks), after why the fit is or is not determined
+    warnings += lr_grid_warnings(grid, points)
+    seeds = seed_warning(points)
+    if seeds is not None:
+        warnings.append(seeds)
     return TargetResult(
         target=target,
         points=points,
