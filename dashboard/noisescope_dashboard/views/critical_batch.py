@@ -67,7 +67,9 @@ def _results(report: CriticalBatchReport) -> None:
         notes = _frames.target_warnings(t)
         if not notes:
             continue
-        say = st.caption if t.determined else st.warning
+        # the API's warnings (why B_crit is not determined, a frontier lr at the grid's edge,
+        # single seeds) are warnings; only a missing B_simple at a determined target is a note
+        say = st.warning if t.warnings or not t.determined else st.caption
         say(
             f"Loss {md(_text.target(t.target))}"
             + ("" if t.determined else " (not determined)")
@@ -111,6 +113,12 @@ def _results(report: CriticalBatchReport) -> None:
     if report.excluded:
         st.subheader("Runs left out", anchor=False)
         _ui.table([{"run": e.name, "why": e.reason} for e in report.excluded])
+        if any(e.reason.startswith("diverged") for e in report.excluded):
+            st.caption(
+                "Runs whose loss diverged (it ended far above its minimum, or was not finite) "
+                "are left out of the frontier and of the default targets: their learning rate "
+                "is not a tuned one."
+            )
 
 
 def main(src: _data.Source) -> None:

@@ -30,6 +30,8 @@ class Estimate:
     s_min: float | None
     explain: str
     reference: str = "B_crit"
+    #: What the sweep says this number should be read with (a determined target's warnings).
+    warnings: tuple[str, ...] = ()
 
 
 def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
@@ -49,6 +51,7 @@ def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
                 f"{_text.interval(t.b_crit_lo, t.b_crit_hi)}) from the task's batch-size sweep "
                 f"at loss {_text.target(t.target)}, with S_min = {_text.count(t.s_min)} steps: "
                 "steps and hours below are absolute.",
+                warnings=tuple(t.warnings),
             )
     if task.b_simple_median is not None:
         out["median"] = Estimate(
@@ -111,6 +114,22 @@ def main(src: _data.Source) -> None:
     )
     source = options[str(chosen)]
     st.caption(md(source.explain))
+    if source.warnings:
+        st.warning(
+            "The sweep says to read this B_crit with care: " + md(" · ".join(source.warnings))
+        )
+    swept = len(task.batch_sizes) >= MIN_BATCH_SIZES
+    open_targets = [
+        t
+        for t in (_data.critical_batch(src, task.project, task.task).targets if swept else [])
+        if not t.determined
+    ]
+    if open_targets:  # an undetermined fit is no source: say so rather than offer its number
+        st.caption(
+            "Not offered: B_crit at loss "
+            + ", ".join(_text.target(t.target) for t in open_targets)
+            + ", not determined by the sweep (the Critical batch page says why)."
+        )
 
     runs = [r for r in _data.run_list(src) if (r.project, r.task) == (task.project, task.task)]
     in_use = [r.batch_in_use for r in runs if r.batch_in_use is not None]
