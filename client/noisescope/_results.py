@@ -89,6 +89,13 @@ class RunSummary:
     #: A branch run (``noisescope.branch``): the run it branched from and the parent's step.
     parent_uid: str | None = None
     branch_step: int | None = None
+    #: Whether the run's loss diverged (``sweep.divergence`` on its evaluations, else its
+    #: smoothed training loss), and why ("training loss (smoothed): its loss rose from ...").
+    #: A flag beside ``status``, not a status: ``status`` is the run's lifecycle (a diverged run
+    #: may still be running or have finished), which filters and live pages rely on; the
+    #: critical-batch analysis leaves such runs out.
+    diverged: bool = False
+    diverged_reason: str | None = None
 
 
 @dataclass(frozen=True)

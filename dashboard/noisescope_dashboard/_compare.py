@@ -66,12 +66,26 @@ def compare_section(
         log_y = _state.checkbox("log B_simple", key="logy", value=True)
         log_loss = _state.checkbox("log loss", key="logloss")
         log_x = progress and _state.checkbox("log progress", key="logx")
+        # a diverged run's loss (far above its minimum) would stretch the loss axis: left off
+        # it unless asked for (RunSummary.diverged), and the caption names it
+        diverged = {r.uid: r.name for r in runs if r.diverged}
+        keep_diverged = bool(diverged) and _state.checkbox(
+            "diverged runs on the loss axis", key="divloss"
+        )
     by_uid = {r.uid: r for r in runs}
     series = _data.compare(src, tuple(by_uid), float(fraction))
     points = _frames.compare_points(series, by_uid)
     if points.empty:
         st.info("These runs have no samples yet; they appear once training loops post them.")
         return points
+    left_off = (
+        ""
+        if keep_diverged or not diverged
+        else (
+            ' Left off this chart, their loss diverged (tick "diverged runs on the loss axis" '
+            "to draw them): " + ", ".join(sorted(diverged.values())) + "."
+        )
+    )
     color_title = "run" if color == "run_name" else "task"
     units = sorted(points["units"].unique())
     for unit in units:
@@ -87,7 +101,7 @@ def compare_section(
                 "training loss (falls to the right)",
                 log_loss,
                 "The paper's view: the noise scale grows as the loss falls. Click a legend "
-                "entry to highlight it.",
+                "entry to highlight it." + left_off,
             )
         ]
         if progress:
@@ -95,9 +109,10 @@ def compare_section(
             views.append(("progress", "training progress", progress_x, x_title, log_x, None))
         for name, against, x, x_title, view_log_x, caption in views:
             title = f"B_simple against {against}{suffix}"
+            drawn = part[~part["run"].isin(list(diverged))] if name == "loss" and left_off else part
             chart_with_downloads(
                 _charts.compare_chart(
-                    part,
+                    drawn,
                     x=x,
                     x_title=x_title,
                     color=color,
@@ -109,7 +124,7 @@ def compare_section(
                     title=title,
                     colours=colours,
                 ),
-                part,
+                drawn,
                 title=title,
                 name=f"{key}_b_simple_vs_{name}_{word}",
                 caption=caption,

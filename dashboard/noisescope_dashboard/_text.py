@@ -161,9 +161,14 @@ def run_label(run: RunSummary) -> str:
 
 
 def status(run: RunSummary, now: datetime | None = None) -> str:
-    """A run's status as the API reads it; a crashed run (the server stopped hearing from it
-    without a finish) says when it was last heard from, e.g. "crashed (last seen 14:03 UTC,
-    12 min ago)"."""
+    """A run's status as the API reads it, with "· diverged" after it when its loss diverged
+    (``RunSummary.diverged``, a flag beside the lifecycle); a crashed run (the server stopped
+    hearing from it without a finish) says when it was last heard from, e.g. "crashed (last
+    seen 14:03 UTC, 12 min ago)"."""
+    return _lifecycle(run, now) + (" · diverged" if run.diverged else "")
+
+
+def _lifecycle(run: RunSummary, now: datetime | None) -> str:
     if run.status != "crashed" or run.last_seen_at is None:
         return run.status
     seen = run.last_seen_at.astimezone(timezone.utc)

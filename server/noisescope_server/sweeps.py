@@ -31,6 +31,7 @@ from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
 from noisescope_server.errors import BadInput, Forbidden, NotFound
 from noisescope_server.models import Event, Project, Run, Task
 from noisescope_server.queries import LEVEL, BucketSums, bucket_sums, finite_number, run_status
+from noisescope_server.queries._common import MIN_EVALS, train_loss_curve
 
 __all__ = ["LOSS_CHOICES", "MAX_POINTS_PER_RUN", "critical_batch"]
 
@@ -38,8 +39,6 @@ LossChoice = Literal["auto", "eval", "train"]
 LOSS_CHOICES: tuple[LossChoice, ...] = ("auto", "eval", "train")
 #: Buckets per run along steps: runs up to this many steps keep one point per step.
 MAX_POINTS_PER_RUN = 1000
-#: Evaluations a run needs for its evaluation curve to count.
-MIN_EVALS = 2
 
 
 def _learning_rate(config: dict[str, Any], buckets: Sequence[BucketSums]) -> float | None:
@@ -52,10 +51,12 @@ def _learning_rate(config: dict[str, Any], buckets: Sequence[BucketSums]) -> flo
 
 
 def _train_curve(buckets: Sequence[BucketSums]) -> tuple[list[float], list[float]]:
-    kept = [b for b in buckets if b.loss is not None and math.isfinite(b.loss)]
-    steps = [(b.step_lo + b.step) / 2.0 for b in kept]
-    losses = [float(b.loss) for b in kept if b.loss is not None]
-    return steps, sweep.smooth_training_loss(steps, losses, [b.n for b in kept])
+    kept = [b for b in buckets if b.loss is not None]
+    return train_loss_curve(
+        [(b.step_lo + b.step) / 2.0 for b in kept],
+        [float(b.loss) for b in kept if b.loss is not None],
+        [float(b.n) for b in kept],
+    )
 
 
 def critical_batch(

@@ -3,9 +3,19 @@ shows every warning of the API as a warning, and What-if offers no undetermined 
 
 from __future__ import annotations
 
-from noisescope import Api
+import dataclasses
+import uuid
 
-from ._app import plain
+import httpx
+import pandas as pd
+
+from noisescope import Api
+from noisescope_dashboard import _frames, _text
+from tests.server.test_diverged import _BlowUp
+from tests.support.servers import ServerProcess
+from tests.support.synthetic_sweep import make_sweep, post
+
+from ._app import chart_data, plain
 from .conftest import MakeApp
 
 
@@ -31,3 +41,31 @@ def test_what_if_shows_the_sweeps_warnings_beside_a_determined_b_crit(
     at = make_app(server, "what_if", task="vision/digits", source="bcrit:1")
     # the determined target comes with what the sweep says to read it with
     assert any("read this B_crit with care" in w.value for w in at.warning)
+
+
+def test_a_diverged_run_reads_diverged_beside_its_status(api: Api) -> None:
+    run = api.runs(project="vision", task="digits")[0]
+    assert not run.diverged and _text.status(run) == run.status
+    blown = dataclasses.replace(run, diverged=True, diverged_reason="its loss rose from 0.4")
+    assert _text.status(blown) == f"{run.status} · diverged"
+    frame = _frames.runs_table([blown])
+    assert frame["status"].tolist() == [f"{run.status} · diverged"]
+
+
+def test_compare_tasks_leaves_a_diverged_run_off_the_loss_axis_and_says_so(
+    make_app: MakeApp,
+) -> None:
+    project = "diverging"
+    good, other = make_sweep(200.0, (64, 256), lrs=((0.3, 1.0),))
+    blown = dataclasses.replace(other, uid=uuid.uuid4().hex)
+    with ServerProcess() as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        post(client, [good], project=project, task="t")
+        post(client, [_BlowUp(**dataclasses.asdict(blown))], project=project, task="t")
+        at = make_app(server.url, "compare_tasks")
+        drawn = pd.concat(chart_data(at)["B_simple against loss"])
+        assert set(drawn["run"].dropna()) == {good.uid}  # the blown-up run is not on it
+        notes = "\n".join(c.value for c in at.caption)
+        assert "Left off this chart, their loss diverged" in notes and "B256-lr0.3" in notes
+        at.checkbox(key="divloss").check().run()
+        drawn = pd.concat(chart_data(at)["B_simple against loss"])
+        assert set(drawn["run"].dropna()) == {good.uid, blown.uid}

@@ -10,18 +10,20 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, func, or_, select
 
-from noisescope import _wire
+from noisescope import _wire, sweep
 from noisescope._results import RunSummary
 from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
 from noisescope_server.jsonclip import clip_json
 from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
 from noisescope_server.queries._common import (
     LEVEL,
+    MIN_EVALS,
     fetch_tuples,
     finite_number,
     run_select,
     run_status,
     scoped_run,
+    train_loss_curve,
 )
 from noisescope_server.queries._current import CurrentWindow, read_current
 from noisescope_server.utc import as_utc
@@ -40,6 +42,8 @@ class _RunFacts:
     n_samples: dict[int, int]
     last: dict[int, tuple[int, float | None]]
     events: dict[tuple[int, str], dict[str, Any]]
+    #: Why a run's loss diverged (``sweep.divergence``), for the runs whose loss did.
+    diverged: dict[int, str]
 
 
 def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
@@ -79,7 +83,52 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
         for run_id, kind, payload in conn.execute(latest):
             if isinstance(payload, dict):
                 events[(int(run_id), str(kind))] = dict(payload)
-    return _RunFacts(n_samples, last, events)
+    return _RunFacts(n_samples, last, events, _diverged(conn, run_ids))
+
+
+def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
+    """Why each run's loss diverged, judged by ``sweep.divergence`` on the curve the sweep
+    analysis crosses targets on: its evaluations when it logged ``MIN_EVALS``, else its
+    training loss smoothed alike (``train_loss_curve``), here read at the block table's
+    resolution (64 samples a point) so the run list stays a few queries at any run length."""
+    evals: dict[int, list[tuple[float, float]]] = {}
+    train: dict[int, tuple[list[float], list[float], list[float]]] = {}
+    for lo in range(0, len(run_ids), _ID_CHUNK):
+        ids = list(run_ids[lo : lo + _ID_CHUNK])
+        q = (
+            select(Event.run_id, Event.step, Event.payload)
+            .where(Event.run_id.in_(ids), Event.kind == _wire.EVAL_EVENT_KIND)
+            .order_by(Event.run_id, Event.step, Event.id)
+        )
+        for run_id, step, payload in conn.execute(q):
+            value = finite_number(payload.get("loss")) if isinstance(payload, dict) else None
+            if value is not None:
+                evals.setdefault(int(run_id), []).append((float(step), value))
+        b = SampleBlock
+        blocks = (
+            select(b.run_id, b.step_min, b.step_max, b.n_loss, b.sum_loss)
+            .where(b.run_id.in_(ids), b.series == "", b.n_loss > 0)
+            .order_by(b.run_id, b.block)
+        )
+        for run_id, step_min, step_max, n_loss, sum_loss in fetch_tuples(conn, blocks):
+            steps, losses, weights = train.setdefault(int(run_id), ([], [], []))
+            steps.append((float(step_min) + float(step_max)) / 2.0)
+            losses.append(float(sum_loss) / float(n_loss))
+            weights.append(float(n_loss))
+    out = {}
+    for run_id in run_ids:
+        points = evals.get(run_id, [])
+        if len(points) >= MIN_EVALS:
+            why = sweep.divergence([p[0] for p in points], [p[1] for p in points])
+            curve = "evaluation loss"
+        elif run_id in train:
+            why = sweep.divergence(*train_loss_curve(*train[run_id]))
+            curve = "training loss (smoothed)"
+        else:
+            why = None
+        if why is not None:
+            out[run_id] = f"{curve}: {why}"
+    return out
 
 
 def _positive(value: Any) -> float | None:
@@ -156,6 +205,8 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         else None,
         parent_uid=row.parent_uid,
         branch_step=None if row.branch_step is None else int(row.branch_step),
+        diverged=run_id in facts.diverged,
+        diverged_reason=facts.diverged.get(run_id),
     )
 
 
