@@ -39,7 +39,8 @@ class RunSummary:
     ``level`` interval is wider than ``CURRENT_MAX_REL_WIDTH`` times the value, but never past
     ``CURRENT_MAX_FRACTION`` of the run nor across a significant change of |G|^2 or tr(Sigma).
     ``b_simple`` is None, with ``b_simple_reason`` (and ``b_simple_lower`` where a lower bound
-    is known), when that window gives no bounded interval; there is then no ratio.
+    is known), when that window's interval is not within ``CURRENT_MAX_FACTOR`` of its value;
+    there is then no ratio.
     """
 
     uid: str

@@ -16,6 +16,7 @@ from typing import Any
 from noisescope import RunSummary, _format
 from noisescope.estimators import (
     CURRENT_FRACTION,
+    CURRENT_MAX_FACTOR,
     CURRENT_MAX_FRACTION,
     CURRENT_MAX_REL_WIDTH,
     CURRENT_MIN_SAMPLES,
@@ -49,7 +50,8 @@ CURRENT_RULE = (
     f"{CURRENT_MIN_SAMPLES}), widened while the 90% interval is wider than "
     f"{CURRENT_MAX_REL_WIDTH:g}× the value, but never past the last "
     f"{CURRENT_MAX_FRACTION:.0%} of the run nor into older steps whose |G|² or tr(Σ) differ "
-    "significantly. Without a bounded interval it shows a lower bound (≥) where one is known. "
+    "significantly. A number is shown only when its interval lies within "
+    f"{CURRENT_MAX_FACTOR:g}× of it; otherwise a lower bound (≥) where one is known. "
     "The same number on the Runs table, the Run page and the API."
 )
 

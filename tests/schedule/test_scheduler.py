@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from noisescope.estimators import CURRENT_MIN_SAMPLES
-
 from noisescope.schedule import BatchDecision, BatchSizeScheduler
 
 

@@ -31,6 +31,7 @@ from ._critical import (
 from ._current import (
     CURRENT_BLOCK,
     CURRENT_FRACTION,
+    CURRENT_MAX_FACTOR,
     CURRENT_MAX_FRACTION,
     CURRENT_MAX_REL_WIDTH,
     CURRENT_MIN_SAMPLES,
@@ -73,6 +74,7 @@ from ._two_batch import (
 __all__ = [
     "CURRENT_BLOCK",
     "CURRENT_FRACTION",
+    "CURRENT_MAX_FACTOR",
     "CURRENT_MAX_FRACTION",
     "CURRENT_MAX_REL_WIDTH",
     "CURRENT_MIN_SAMPLES",

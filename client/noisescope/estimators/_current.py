@@ -15,6 +15,7 @@ from ._stats import student_t_quantile
 __all__ = [
     "CURRENT_BLOCK",
     "CURRENT_FRACTION",
+    "CURRENT_MAX_FACTOR",
     "CURRENT_MAX_FRACTION",
     "CURRENT_MAX_REL_WIDTH",
     "CURRENT_MIN_SAMPLES",
@@ -41,9 +42,11 @@ __all__ = [
 #   real run grows 10-100x as the loss falls, and a ratio of sums over such a span is ruled by
 #   its oldest steps, where |𝒢|^2 is largest.
 #
-# When the window it ends with has no bounded interval, the answer is what is known instead of
-# a number borrowed from the past: a lower bound when 𝒮 is significantly positive but |𝒢|^2 is
-# not (Fieller's set for B_simple >= 0 is then [bound, inf)), else "not yet measurable".
+# When the window it ends with has no interval within ``CURRENT_MAX_FACTOR`` of its value, the
+# answer is what is known instead of a number borrowed from the past: the interval's lower end
+# as a bound, or, with no bounded interval, a lower bound when 𝒮 is significantly positive but
+# |𝒢|^2 is not (Fieller's set for B_simple >= 0 is then [bound, inf)), else "not yet
+# measurable".
 
 #: Share of a run's samples the current window holds at least (the most recent ones).
 CURRENT_FRACTION = 0.1
@@ -54,8 +57,15 @@ CURRENT_MAX_FRACTION = 0.5
 CURRENT_MIN_SAMPLES = 64
 #: The window grows until (hi - lo) / B_simple of its interval is at most this.
 CURRENT_MAX_REL_WIDTH = 1.0
+#: A number is stated only when its interval lies within this factor of it on both sides
+#: (lo >= B/2, hi <= 2B): then the number is right to within that factor whenever the
+#: interval covers the truth. A wider window states its lower end as a bound instead.
+CURRENT_MAX_FACTOR = 2.0
 #: Confidence at which older samples count as a different regime (and the window stops).
-CURRENT_SHIFT_LEVEL = 0.95
+#: Strict, because one evaluation makes up to ~8 such tests (two quantities per doubling) and
+#: a false stop costs a number; the 10-100x shifts of early training clear any level, and a
+#: drift too small to detect here is left to the factor-2 rule above.
+CURRENT_SHIFT_LEVEL = 0.999
 #: A window of up to this many samples is read sample by sample; a longer one in blocks of
 #: ``CURRENT_BLOCK`` consecutive samples (the server's storage blocks: then at least 64 of
 #: them, and the interval's 30 blocks are as fine either way).
@@ -108,51 +118,75 @@ def _narrow(interval: NoiseScaleInterval) -> bool:
 
 def _split(
     blocks: tuple[Sequence[float], Sequence[float], Sequence[float]], newer: float
-) -> tuple[BlockMoments, BlockMoments]:
-    """Moments of a window's older blocks and of its trailing blocks holding ``newer`` samples."""
+) -> tuple[list[BlockMoments], BlockMoments]:
+    """Moments of a window's trailing blocks holding ``newer`` samples, and of the older blocks
+    before them: all of them, and their oldest half (a change inside the older part shows in
+    its oldest half first, before it is diluted by the rest)."""
     block_n, block_g, block_s = blocks
     k, held = 0, 0.0
     while k < len(block_n) and held < newer:
         k += 1
         held += block_n[-k]
     cut = len(block_n) - k
+    half = cut // 2
     return (
-        block_moments(block_n[:cut], block_g[:cut], block_s[:cut]),
+        [
+            block_moments(block_n[:cut], block_g[:cut], block_s[:cut]),
+            block_moments(block_n[:half], block_g[:half], block_s[:half]),
+        ],
         block_moments(block_n[cut:], block_g[cut:], block_s[cut:]),
     )
 
 
-def _shift(older: BlockMoments, newer: BlockMoments) -> str | None:
-    """Whether the older samples' |𝒢|^2 or 𝒮 differ significantly from the newer ones' (a
+def _shift(olders: Sequence[BlockMoments], newer: BlockMoments) -> str | None:
+    """Whether older samples' |𝒢|^2 or 𝒮 differ significantly from the newer ones' (a
     two-sample t test at ``CURRENT_SHIFT_LEVEL``); None when they do not, or cannot be told."""
-    if older.n_blocks < 2 or newer.n_blocks < 2:
-        return None
-    df = min(older.n_blocks, newer.n_blocks) - 1
-    t = student_t_quantile(0.5 + CURRENT_SHIFT_LEVEL / 2.0, df)
-    for name, old, new, var_old, var_new in (
-        ("|G|^2", older.g_sq, newer.g_sq, older.var_g_sq, newer.var_g_sq),
-        ("tr(Sigma)", older.trace_sigma, newer.trace_sigma, older.var_trace_sigma,
-         newer.var_trace_sigma),
-    ):  # fmt: skip
-        if abs(old - new) > t * math.sqrt(var_old + var_new):
-            return (
-                f"the {count(older.n)} samples before the window have a different {name} "
-                f"({old:.3g} against {new:.3g} in the window, {CURRENT_SHIFT_LEVEL:.0%} "
-                "confidence): the run changed regime there, so the window does not reach back"
-            )
+    for older in olders:
+        if older.n_blocks < 2 or newer.n_blocks < 2:
+            continue
+        df = min(older.n_blocks, newer.n_blocks) - 1
+        t = student_t_quantile(0.5 + CURRENT_SHIFT_LEVEL / 2.0, df)
+        for name, old, new, var_old, var_new in (
+            ("|G|^2", older.g_sq, newer.g_sq, older.var_g_sq, newer.var_g_sq),
+            ("tr(Sigma)", older.trace_sigma, newer.trace_sigma, older.var_trace_sigma,
+             newer.var_trace_sigma),
+        ):  # fmt: skip
+            if abs(old - new) > t * math.sqrt(var_old + var_new):
+                return (
+                    f"{count(older.n)} older samples the window would take in have a different "
+                    f"{name} ({old:.3g} against {new:.3g} in the window, "
+                    f"{CURRENT_SHIFT_LEVEL:.1%} confidence): the run changed regime there, so "
+                    "the window does not reach back"
+                )
     return None
 
 
-def _unbounded_reason(result: CurrentNoiseScale, level: float) -> CurrentNoiseScale:
-    """The reason a window without a number gives: the lower bound where one is known."""
+def _what_is_known(result: CurrentNoiseScale, level: float) -> CurrentNoiseScale:
+    """A window's answer as stated: its number only when the interval lies within
+    ``CURRENT_MAX_FACTOR`` of it, else the lower bound it gives, with the reason."""
     interval = result.interval
-    bound = interval.b_simple_lower
-    if interval.b_simple is not None or bound is None:
+    b_iv = interval.b_simple
+    n = count(result.n)
+    if b_iv is not None:
+        if b_iv.lo * CURRENT_MAX_FACTOR >= b_iv.value >= b_iv.hi / CURRENT_MAX_FACTOR:
+            return result
+        wide = (
+            f"{level:.0%} interval {count(b_iv.lo)} to {count(b_iv.hi)} over the last {n} "
+            f"samples: too wide to state a number within {CURRENT_MAX_FACTOR:g}×"
+        )
+        if b_iv.lo > 0:
+            reason = f"B_simple ≥ {count(b_iv.lo)} ({wide}, so only the lower end is stated)"
+        else:
+            reason = f"not yet measurable: {wide}"
+        lower = b_iv.lo if b_iv.lo > 0 else None
+        bound = replace(interval, b_simple=None, reason=reason, b_simple_lower=lower)
+        return replace(result, interval=bound)
+    if interval.b_simple_lower is None:
         return result
     reason = (
-        f"B_simple ≥ {count(bound)} ({level:.0%} confidence): over the last {count(result.n)} "
-        "samples the gradient signal |G|^2 is not significantly above the noise, so only a "
-        "lower bound is known; a larger batch is likely useful"
+        f"B_simple ≥ {count(interval.b_simple_lower)} ({level:.0%} confidence): over the last "
+        f"{n} samples the gradient signal |G|^2 is not significantly above the noise, so only "
+        "a lower bound is known; a larger batch is likely useful"
     )
     return replace(result, interval=replace(interval, reason=reason))
 
@@ -195,13 +229,14 @@ def current_noise_scale(
             )
             break
         wider = trailing(min(2 * target, cap))
-        limit = _shift(*_split(wider, used))
+        olders, newer = _split(wider, used)
+        limit = _shift(olders, newer)
         if limit is not None:
             break
         target = min(2 * target, cap)
         blocks, used = wider, float(sum(wider[0]))
         interval = interval_from_blocks(*blocks, level=level)
-    return _unbounded_reason(CurrentNoiseScale(used, interval, limit), level)
+    return _what_is_known(CurrentNoiseScale(used, interval, limit), level)
 
 
 def current_window(
