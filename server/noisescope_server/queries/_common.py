@@ -105,4 +105,3 @@ def train_loss_curve(
     ]
     xs = [k[0] for k in kept]
     return xs, sweep.smooth_training_loss(xs, [k[1] for k in kept], [k[2] for k in kept])
-
