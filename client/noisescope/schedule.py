@@ -358,7 +358,7 @@ class BatchSizeScheduler:
         self._observed = int(state["observed"])
         # a checkpoint from before the current rule holds an EMA instead: it starts afresh
         self.samples = (
-            NoiseSamples.from_state(state["samples"]) if "samples" in state else (NoiseSamples())
+            NoiseSamples.from_state(state["samples"]) if "samples" in state else NoiseSamples()
         )
         self._evaluated_at = int(state.get("evaluated_at", 0))
         noise_scale = state.get("noise_scale")

@@ -174,11 +174,11 @@ def _what_is_known(result: CurrentNoiseScale, level: float) -> CurrentNoiseScale
             f"{level:.0%} interval {count(b_iv.lo)} to {count(b_iv.hi)} over the last {n} "
             f"samples: too wide to state a number within {CURRENT_MAX_FACTOR:g}×"
         )
+        lower: float | None = None
+        reason = f"not yet measurable: {wide}"
         if b_iv.lo > 0:
-            reason = f"B_simple ≥ {count(b_iv.lo)} ({wide}, so only the lower end is stated)"
-        else:
-            reason = f"not yet measurable: {wide}"
-        lower = b_iv.lo if b_iv.lo > 0 else None
+            lower = b_iv.lo
+            reason = f"B_simple ≥ {count(lower)} ({wide}, so only the lower end is stated)"
         bound = replace(interval, b_simple=None, reason=reason, b_simple_lower=lower)
         return replace(result, interval=bound)
     if interval.b_simple_lower is None:
@@ -228,13 +228,12 @@ def current_noise_scale(
                 f"({count(cap)} samples)"
             )
             break
-        wider = trailing(min(2 * target, cap))
-        olders, newer = _split(wider, used)
-        limit = _shift(olders, newer)
+        doubled = min(2 * target, cap)
+        wider = trailing(doubled)
+        limit = _shift(*_split(wider, used))
         if limit is not None:
             break
-        target = min(2 * target, cap)
-        blocks, used = wider, float(sum(wider[0]))
+        target, blocks, used = doubled, wider, float(sum(wider[0]))
         interval = interval_from_blocks(*blocks, level=level)
     return _what_is_known(CurrentNoiseScale(used, interval, limit), level)
 
