@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from noisescope import _wire
-from noisescope.estimators import LocalCriticalBatch, local_critical_batch, scaled_lr
+from noisescope.estimators import (
+    LocalCriticalBatch,
+    epsilon_problem,
+    local_critical_batch,
+    scaled_lr,
+)
 
 __all__ = [
     "LR_RULES",
@@ -149,8 +154,9 @@ def plan(
     seed_list = tuple(range(seeds)) if isinstance(seeds, int) else tuple(int(s) for s in seeds)
     if not seed_list or len(set(seed_list)) != len(seed_list):
         raise ValueError(f"seeds must be a count >= 1 or distinct seeds, got {seeds!r}")
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        raise ValueError(f"epsilon must be a positive relative tolerance, got {epsilon!r}")
+    problem = epsilon_problem(epsilon)
+    if problem is not None:
+        raise ValueError(problem)
     return BranchPlan(
         int(step),
         batch_size,

@@ -18,7 +18,7 @@ from sqlalchemy import Engine, func, select
 
 from noisescope import _wire
 from noisescope._results import BranchPointResult, RunBranches
-from noisescope.estimators import local_critical_batch
+from noisescope.estimators import epsilon_problem, local_critical_batch
 from noisescope.forecast import plateau
 from noisescope_server.models import BLOCK_SIZE, Event, Run, Sample, SampleBlock
 from noisescope_server.queries._common import finite_number, scoped_run
@@ -94,13 +94,13 @@ def _branch_config(config: Any) -> dict[str, Any]:
 
 def _epsilon(config: Any) -> float | None:
     """A branch run's ε: its config's, ``DEFAULT_EPSILON`` when the config names none, None
-    when the stored value is no positive finite number (rows written before the write path
-    checked it): such a run is left out with a note, the read never fails on it."""
+    when the stored value breaks the estimators' rule (rows written before the write path
+    checked it, ``validate.branch_plan_problem``): such a run is left out with a note, the
+    read never fails on it."""
     raw = _branch_config(config).get("epsilon")
     if raw is None:
         return DEFAULT_EPSILON
-    value = finite_number(raw)
-    return value if value is not None and value > 0 and not isinstance(raw, bool) else None
+    return float(raw) if epsilon_problem(raw) is None else None
 
 
 def _point(

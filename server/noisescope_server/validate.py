@@ -1,4 +1,5 @@
-"""Wire validation of ingest requests: run ids and the columnar samples body, into a SampleBatch.
+"""Wire validation of ingest requests: run ids and the columnar samples body, into a SampleBatch;
+and a branch run's plan in its config (``branch_plan_problem``).
 
 Whole-column checks in C keep sample validation at a few hundred nanoseconds per sample:
 ``set(map(type, col))`` for types, ``sum`` for finiteness, ``col == sorted(col)`` for order
@@ -18,13 +19,14 @@ from typing import Any
 
 from noisescope import _wire
 from noisescope.estimators import (
+    epsilon_problem,
     two_batch_estimate_columns,
     two_batch_estimates,
     two_batch_sizes_ok,
 )
 from noisescope_server.errors import BadInput
 
-__all__ = ["SampleBatch", "check_run_uid", "validate_samples"]
+__all__ = ["SampleBatch", "branch_plan_problem", "check_run_uid", "validate_samples"]
 
 _INT64_MAX = 2**63 - 1
 _INT_COLUMNS = ("seq", "step")
@@ -291,3 +293,45 @@ def _estimates(out: dict[str, list[Any]], one_pair: bool) -> tuple[list[float], 
     if not (math.isfinite(sum(g_sq_est)) and math.isfinite(sum(trace_sigma_est))):
         raise BadInput("the squared norms are too large: the |G|^2 or tr(Sigma) estimate overflows")
     return g_sq_est, trace_sigma_est
+
+
+# --- a branch run's plan ---------------------------------------------------------------------
+
+
+def _integer(value: Any) -> bool:
+    return type(value) is int
+
+
+#: The fields of a branch run's plan (``config["branch"]``, written by ``noisescope.branch``):
+#: each with its rule and the words for it. The branch reader feeds them into maths that
+#: refuses values outside these rules, so they are checked where they are written.
+_BRANCH_PLAN_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "epsilon": (
+        lambda v: epsilon_problem(v) is None,
+        "a positive relative tolerance (a finite number > 0, e.g. 0.01)",
+    ),
+    "seed": (_integer, "an integer"),
+    "multiplier": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "budget": (lambda v: _integer(v) and v >= 1, "an integer >= 1 (examples or tokens)"),
+    "step": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),
+    "lr": (
+        lambda v: type(v) in _NUMBER_TYPES and _is_finite(v) and v > 0,
+        "a finite number > 0",
+    ),
+    "parent_run_id": (lambda v: _wire.run_id_problem(v) is None, "a valid run id"),
+}
+
+
+def branch_plan_problem(config: dict[str, Any]) -> str | None:
+    """Why a run config's ``branch`` object is no branch plan, naming the field, or None.
+
+    A field that is absent or null is not given (the reader's default applies); a ``branch``
+    that is no object is an ordinary config value (a git branch's name, say)."""
+    plan = config.get("branch")
+    if not isinstance(plan, dict):
+        return None
+    for name, (ok, rule) in _BRANCH_PLAN_FIELDS.items():
+        value = plan.get(name)
+        if value is not None and not ok(value):
+            return f"config.branch.{name} must be {rule}, got {value!r:.40}"
+    return None

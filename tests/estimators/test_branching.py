@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from noisescope.estimators import MAX_RESOLVED_JUMP, local_critical_batch
 
@@ -68,3 +70,43 @@ def test_one_seed_still_gives_the_bracket_from_the_grid() -> None:
     est = local_critical_batch([16, 32, 64], [[1.0], [1.3], [1.6]], epsilon=0.01)
     assert est.b_crit is None and (est.b_crit_lo, est.b_crit_hi) == (16, 32)
     assert est.reason is not None and "one seed" in est.reason
+
+
+_FINITE = st.floats(min_value=-1.7e308, max_value=1.7e308) | st.sampled_from(
+    [0.0, 5e-324, 1e-300, 1e154, 1e308, 1.7e308]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    epsilon=st.floats(min_value=5e-324, max_value=1.7e308),
+    sizes=st.lists(
+        st.floats(min_value=5e-324, max_value=1.7e308), min_size=2, max_size=4, unique=True
+    ),
+    data=st.data(),
+)
+def test_any_finite_losses_give_an_answer_never_an_arithmetic_error(
+    epsilon: float, sizes: list[float], data: st.DataObject
+) -> None:
+    """Stored branch losses are any finite numbers (the server reads them back): near 1e154 the
+    seeds' spread once overflowed (a 500 on GET /runs/{id}/branches)."""
+    sizes = sorted(sizes)  # the smallest is the reference: its losses are finite
+    finite = st.lists(_FINITE, min_size=1, max_size=3)
+    losses = [data.draw(finite) for _ in sizes]
+    losses[1:] = [row if data.draw(st.booleans()) else [math.inf] * len(row) for row in losses[1:]]
+    est = local_critical_batch(sizes, losses, epsilon=epsilon)
+    for end in (est.b_crit, est.b_crit_lo, est.b_crit_hi):
+        assert end is None or min(sizes) <= end <= max(sizes)
+
+
+def test_a_huge_loss_is_read_like_any_other_scale() -> None:
+    small = local_critical_batch([16, 32, 64, 128], _scaled([1.0, 1.005, 1.015, 1.03]))
+    big = local_critical_batch(
+        [16, 32, 64, 128],
+        [[v * 2.0**600 for v in row] for row in _scaled([1.0, 1.005, 1.015, 1.03])],
+    )
+    assert (big.b_crit, big.b_crit_lo, big.b_crit_hi) == (
+        small.b_crit,
+        small.b_crit_lo,
+        small.b_crit_hi,
+    )

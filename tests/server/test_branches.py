@@ -11,10 +11,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from sqlalchemy import Engine, update
 
 import noisescope
 from noisescope import branch
 from noisescope.forecast import forecast_report
+from noisescope_server.models import Run
 from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares, branch_logged_parent
 from tests.server._data import columns, run_body
 from tests.support.servers import ServerProcess
@@ -136,6 +138,53 @@ def test_bad_branch_fields_are_refused_and_nothing_is_stored(
         assert c.get(f"/api/v1/runs/{run_id}").status_code == 404
 
 
+@pytest.mark.parametrize(
+    "plan",
+    [
+        {"epsilon": -1},
+        {"epsilon": 0},
+        {"epsilon": True},
+        {"epsilon": "0.01"},
+        {"seed": 1.5},
+        {"seed": "1"},
+        {"multiplier": 0},
+        {"budget": 0},
+        {"budget": 2.5},
+        {"step": -1},
+        {"lr": 0},
+        {"lr": -0.1},
+        {"parent_run_id": "../x"},
+    ],
+)
+def test_a_branch_plan_the_reader_cannot_use_is_refused_and_nothing_changes(
+    server: ServerProcess, run_id: str, plan: dict[str, Any]
+) -> None:
+    """Issue 29: ε = -1 was accepted (201) and made GET /runs/{parent}/branches a 500."""
+    parent = uuid.uuid4().hex
+    good = run_body(batch_size=8, parent_run_id=parent, branch_step=1)
+    good["config"] = {"branch": {"epsilon": 0.01, "seed": 0, "multiplier": 1, "budget": 64}}
+    bad = {**good, "config": {"branch": {**good["config"]["branch"], **plan}}}
+    (name,) = plan
+    with httpx.Client(base_url=server.url) as c:
+        assert c.put(f"/api/v1/runs/{parent}", json=run_body()).is_success
+        assert c.put(f"/api/v1/runs/{run_id}", json=good).status_code == 201
+        for uid in (run_id, uuid.uuid4().hex):
+            r = c.put(f"/api/v1/runs/{uid}", json=bad)
+            assert r.status_code == 422, r.text
+            assert f"config.branch.{name} must be" in r.json()["detail"]
+            assert c.get(f"/api/v1/runs/{uid}").status_code == (200 if uid == run_id else 404)
+        assert c.get(f"/api/v1/runs/{run_id}").json()["config"] == good["config"]
+        assert c.get(f"/api/v1/runs/{parent}/branches").status_code == 200
+
+
+def test_a_config_branch_that_is_no_object_is_an_ordinary_value(
+    server: ServerProcess, run_id: str
+) -> None:
+    with httpx.Client(base_url=server.url) as c:
+        body = run_body() | {"config": {"branch": "main", "lr": 0.1}}
+        assert c.put(f"/api/v1/runs/{run_id}", json=body).status_code == 201
+
+
 def test_a_run_cannot_branch_from_itself(server: ServerProcess, run_id: str) -> None:
     with httpx.Client(base_url=server.url) as c:
         r = c.put(f"/api/v1/runs/{run_id}", json=run_body(parent_run_id=run_id, branch_step=0))
@@ -213,13 +262,14 @@ def test_each_branch_point_gives_the_examples_its_parent_had_seen(
 
 def _branch_kid(
     c: httpx.Client, parent: str, size: int, seed: int, loss: float, epsilon: object
-) -> None:
+) -> str:
     kid = uuid.uuid4().hex
     body = run_body(batch_size=size, parent_run_id=parent, branch_step=9)
     body["config"] = {"branch": {"epsilon": epsilon, "seed": seed}}
     assert c.put(f"/api/v1/runs/{kid}", json=body).is_success
     event = {"seq": 0, "step": 4, "kind": "branch", "payload": {"loss": loss}}
     assert c.post(f"/api/v1/runs/{kid}/events", json={"events": [event]}).is_success
+    return kid
 
 
 def test_a_crossing_the_grid_does_not_resolve_is_served_as_a_bracket(
@@ -238,14 +288,20 @@ def test_a_crossing_the_grid_does_not_resolve_is_served_as_a_bracket(
 
 
 def test_stored_branch_runs_with_a_bad_epsilon_are_left_out_with_a_note(
-    server: ServerProcess, run_id: str
+    server: ServerProcess, engine: Engine, run_id: str
 ) -> None:
-    """Issue 29: rows accepted with ε = -1 (or 0) made GET /runs/{parent}/branches a 500."""
+    """Issue 29: rows accepted with ε = -1 (or 0) made GET /runs/{parent}/branches a 500; the
+    write path refuses them now, so rows stored before are written around it here."""
     with httpx.Client(base_url=server.url) as c:
         assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
-        for size, loss in ((8, 1.0), (16, 1.5)):
-            _branch_kid(c, run_id, size, 0, loss, -1)
-        _branch_kid(c, run_id, 32, 0, 1.0, 0)
+        kids = {
+            _branch_kid(c, run_id, size, 0, loss, 0.01): epsilon
+            for size, loss, epsilon in ((8, 1.0, -1), (16, 1.5, -1), (32, 1.0, 0))
+        }
+        with engine.begin() as conn:
+            for kid, epsilon in kids.items():
+                config = {"branch": {"epsilon": epsilon, "seed": 0}}
+                conn.execute(update(Run).where(Run.uid == kid).values(config=config))
         answer = c.get(f"/api/v1/runs/{run_id}/branches")
     assert answer.status_code == 200, answer.text
     (point,) = answer.json()["points"]

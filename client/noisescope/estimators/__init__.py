@@ -17,7 +17,12 @@ parallelism), ``_efficiency`` (statistical efficiency, goodput, learning-rate ru
 from __future__ import annotations
 
 from .._public import report_all_as_public
-from ._branching import MAX_RESOLVED_JUMP, LocalCriticalBatch, local_critical_batch
+from ._branching import (
+    MAX_RESOLVED_JUMP,
+    LocalCriticalBatch,
+    epsilon_problem,
+    local_critical_batch,
+)
 from ._critical import (
     MIN_SPEEDUP,
     CriticalBatchFit,
@@ -100,6 +105,7 @@ __all__ = [
     "current_noise_scale",
     "current_window",
     "doubling_speedup",
+    "epsilon_problem",
     "examples_ratio",
     "fit_critical_batch",
     "goodput",

@@ -4,12 +4,13 @@ batch size directly (branching)")."""
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._stats import student_t_quantile
 
-__all__ = ["MAX_RESOLVED_JUMP", "LocalCriticalBatch", "local_critical_batch"]
+__all__ = ["MAX_RESOLVED_JUMP", "LocalCriticalBatch", "epsilon_problem", "local_critical_batch"]
 
 # Continuations of one checkpoint at batch sizes b_0 < b_1 < ..., all trained on the same number
 # of examples, end at losses L(b). The local critical batch size is the largest batch whose loss
@@ -95,8 +96,30 @@ def _first_crossing(xs: Sequence[float], ds: Sequence[float]) -> float | None:
         if ds[i] > 0:
             lx0, lx1 = math.log(xs[i - 1]), math.log(xs[i])
             frac = -ds[i - 1] / (ds[i] - ds[i - 1])
-            return math.exp(lx0 + frac * (lx1 - lx0))
+            # from an infinitely low D (a loss beyond the float range below the reference's)
+            # the fraction is nan or beyond the cell: the crossing is at the cell's far end
+            frac = 1.0 if not 0.0 <= frac <= 1.0 else frac
+            return min(max(math.exp(lx0 + frac * (lx1 - lx0)), xs[i - 1]), xs[i])
     return None
+
+
+def epsilon_problem(epsilon: object) -> str | None:
+    """Why ``epsilon`` is no relative loss tolerance (a finite number > 0), or None when it is:
+    the rule of ``local_critical_batch``, ``noisescope.branch.plan`` and the server's check of
+    a branch run's plan."""
+    number = isinstance(epsilon, (int, float)) and not isinstance(epsilon, bool)
+    if number and 0 < epsilon <= sys.float_info.max:  # type: ignore[operator]
+        return None
+    return f"epsilon must be a positive relative tolerance (e.g. 0.01), got {epsilon!r:.40}"
+
+
+def _scale_of(values: Sequence[float]) -> float:
+    """The power of two just above the largest magnitude in ``values`` (1 for all zero), kept
+    inside the normal float range: dividing by it is exact, so the reading is the same at any
+    scale and sums of squares of the scaled losses do not overflow."""
+    top = max((abs(v) for v in values), default=0.0)
+    exponent = math.frexp(top)[1] if top > 0 else 0
+    return math.ldexp(1.0, max(-1021, min(exponent, 1023)))
 
 
 def local_critical_batch(
@@ -114,8 +137,9 @@ def local_critical_batch(
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        raise ValueError(f"epsilon must be a positive relative tolerance, got {epsilon}")
+    problem = epsilon_problem(epsilon)
+    if problem is not None:
+        raise ValueError(problem)
     if len(batch_sizes) != len(losses):
         raise ValueError("batch_sizes and losses must have the same length")
     if len(batch_sizes) < 2 or len(set(batch_sizes)) != len(batch_sizes):
@@ -129,6 +153,10 @@ def local_critical_batch(
         raise ValueError("every batch size needs at least one loss")
     if any(not math.isfinite(v) for v in rows[0]):
         raise ValueError("the smallest batch's losses must be finite (it is the reference)")
+    # The reading is invariant under scaling every loss: read it on losses scaled to the
+    # reference's magnitude, report the losses back at their own.
+    scale = _scale_of(rows[0])
+    rows = [[v / scale for v in r] for r in rows]
     # A diverged continuation (non-finite loss) is simply far outside the tolerance.
     means = [math.inf if any(not math.isfinite(v) for v in r) else sum(r) / len(r) for r in rows]
     seeds = min(len(r) for r in rows)
@@ -138,7 +166,7 @@ def local_critical_batch(
         if len(values) < 2 or any(not math.isfinite(v) for v in values):
             return None
         m = sum(values) / len(values)
-        return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
+        return math.sqrt(sum((v - m) * (v - m) for v in values) / (len(values) - 1) / len(values))
 
     threshold = (1.0 + epsilon) * means[0]
     ds = [m - threshold for m in means]
@@ -152,7 +180,7 @@ def local_critical_batch(
         for r in rows[1:]:
             se_r = se(r)
             both = se_r is not None and se_0 is not None
-            ses.append(math.sqrt(se_r**2 + ((1.0 + epsilon) * se_0) ** 2) if both else None)  # type: ignore[operator]
+            ses.append(math.hypot(se_r, (1.0 + epsilon) * se_0) if both else None)  # type: ignore[arg-type,operator]
     value = _first_crossing(xs, ds)
 
     def result(
@@ -168,10 +196,10 @@ def local_critical_batch(
             hi,
             level,
             epsilon,
-            threshold,
+            threshold * scale,
             tuple(xs),
-            tuple(means),
-            tuple(ses),
+            tuple(m * scale for m in means),
+            tuple(None if x is None else x * scale for x in ses),
             seeds,
             reason,
             interpolated,
@@ -191,13 +219,13 @@ def local_critical_batch(
             None,
             None,
             xs[0],
-            f"the smallest batch is already outside the tolerance (its loss {means[0]:g} is not "
-            "positive): a relative tolerance needs a positive loss",
+            "the smallest batch is already outside the tolerance (its loss "
+            f"{means[0] * scale:g} is not positive): a relative tolerance needs a positive loss",
         )
     # The crossing's cell [xs[cell], xs[cell + 1]] and D's jumps, in units of eps L(b_0), across
     # it and across the grid step before it.
     cell = next(i for i in range(1, len(xs)) if ds[i] > 0) - 1
-    tolerance = epsilon * means[0]
+    tolerance = epsilon * means[0] or math.ulp(0.0)  # > 0: means[0] > 0 here
     jump = (ds[cell + 1] - ds[cell]) / tolerance
     before = (ds[cell] - ds[cell - 1]) / tolerance if cell > 0 else 0.0
     resolved = cell > 0 and jump <= MAX_RESOLVED_JUMP * max(before, 1.0)

@@ -17,11 +17,13 @@ from pydantic import (
     StrictInt,
     StrictStr,
     StringConstraints,
+    field_validator,
     model_validator,
 )
 
 from noisescope import _wire
 from noisescope_server.jsonclip import encode
+from noisescope_server.validate import branch_plan_problem
 
 __all__ = [
     "SAMPLES_BODY_SCHEMA",
@@ -113,6 +115,14 @@ class RunPut(_Strict):
     branch_step: StrictInt | None = Field(
         default=None, ge=0, le=2**63 - 1, description="the parent's step the branch started at"
     )
+
+    @field_validator("config")
+    @classmethod
+    def _branch_plan(cls, config: dict[str, Any]) -> dict[str, Any]:
+        problem = branch_plan_problem(config)
+        if problem is not None:
+            raise ValueError(problem)
+        return config
 
     @model_validator(mode="after")
     def _branch_fields_together(self) -> RunPut:
