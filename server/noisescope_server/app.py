@@ -12,10 +12,17 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import (
+    get_redoc_html,
+    get_swagger_ui_html,
+    get_swagger_ui_oauth2_redirect_html,
+)
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -75,10 +82,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Ingest and query gradient-noise-scale measurements of training runs.",
         lifespan=lifespan,
         openapi_url=f"{_wire.API_PREFIX}/openapi.json",
-        docs_url=f"{_wire.API_PREFIX}/docs",
+        docs_url=None,
         redoc_url=None,
     )
     app.state.settings = settings
+    _install_docs_ui(app)
     for module in (health, runs, ingest, query, branching, recommend, tokens):
         app.include_router(
             module.router, prefix=_wire.API_PREFIX, dependencies=[Depends(_no_nul_in_url)]
@@ -88,6 +96,56 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         connections_log.addFilter(_ClientFaultsAtInfo())
     _install_error_handlers(app)
     return app
+
+
+#: Swagger UI's and ReDoc's files, served by the server itself: FastAPI's default pages load them
+#: from a CDN, so they are blank without internet and tell third parties who reads the docs.
+DOCS_ASSETS = f"{_wire.API_PREFIX}/docs/assets"
+
+
+def _install_docs_ui(app: FastAPI) -> None:
+    """``/api/v1/docs`` (Swagger UI) and ``/api/v1/redoc`` from the files that the
+    ``fastapi-offline`` distribution ships (FastAPI's "self-hosting" recipe); URLs under the
+    ASGI root path, as FastAPI's own pages, so they also work behind a path-prefix proxy."""
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(files("fastapi_offline") / "static")), "docs")
+    openapi = f"{_wire.API_PREFIX}/openapi.json"
+    redirect = f"{_wire.API_PREFIX}/docs/oauth2-redirect"
+
+    def root(request: Request) -> str:
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    @app.get(f"{_wire.API_PREFIX}/docs", include_in_schema=False)
+    async def _swagger_ui(request: Request) -> HTMLResponse:
+        at = root(request)
+        return get_swagger_ui_html(
+            openapi_url=at + openapi,
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=at + redirect,
+            swagger_js_url=f"{at}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{at}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{at}{DOCS_ASSETS}/favicon.png",
+            # no badge from the public validator (it would be sent the schema's URL)
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+    @app.get(redirect, include_in_schema=False)
+    async def _swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get(f"{_wire.API_PREFIX}/redoc", include_in_schema=False)
+    async def _redoc(request: Request) -> HTMLResponse:
+        at = root(request)
+        page = get_redoc_html(
+            openapi_url=at + openapi,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{at}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{at}{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
+        # ReDoc draws its maker's logo from the maker's CDN, with no option to turn it off:
+        # the browser is told to load images from this server only (the logo hides itself).
+        page.headers["Content-Security-Policy"] = "img-src 'self' data:"
+        return page
 
 
 async def _no_nul_in_url(request: Request) -> None:

@@ -5,7 +5,9 @@ Chromium through Playwright.
 Checks what AppTest cannot: ``/runs`` itself opens the Runs page, names made of Markdown and
 HTML render as text (no element, link or script comes of them), unknown runs and tasks say
 "not found", no Deploy button shows, and no request leaves the machine (page icon, fonts,
-Vega). Screenshots land in the test's temporary folder (keep them with ``--basetemp``).
+Vega). The server's API docs pages (Swagger UI, ReDoc) render every operation with every
+request off the machine refused. Screenshots land in the test's temporary folder (keep them
+with ``--basetemp``).
 Without Chromium the test skips, except under CI (``CI=true``) where it fails.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import requests
 
 from noisescope import Api
 from noisescope_dashboard import _text
@@ -208,6 +211,56 @@ def test_chart_tooltips_show_names_as_text(
             break
     assert "checkpoint: path=<b>ckpt</b>" in text
     assert page.locator("#vg-tooltip-element b").count() == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "operation"),
+    [("/api/v1/docs", ".opblock-summary-description"), ("/api/v1/redoc", "[id^='operation/'] h2")],
+    ids=["swagger", "redoc"],
+)
+def test_the_api_docs_render_offline(
+    stack: _stack.Stack,
+    browser_page: tuple[Any, list[str], list[str]],
+    tmp_path: Path,
+    path: str,
+    operation: str,
+) -> None:
+    """The page ``noisescope up`` prints renders every operation's summary with requests off
+    the machine aborted, none attempted, and no console error."""
+    page, _, _ = browser_page
+    schema = requests.get(f"{stack.server.url}/api/v1/openapi.json", timeout=10).json()
+    summaries = sorted(op["summary"] for ops in schema["paths"].values() for op in ops.values())
+    context = page.context.browser.new_context(viewport={"width": 1400, "height": 1600})
+    attempted: list[str] = []
+    errors: list[str] = []
+
+    def only_local(route: Any) -> None:
+        if _stack.local_only(route.request.url):
+            route.continue_()
+        else:
+            attempted.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_local)
+    docs = context.new_page()
+    docs.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    docs.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        docs.goto(stack.server.url + path, wait_until="networkidle")
+        docs.wait_for_function(
+            "([sel, n]) => document.querySelectorAll(sel).length >= n",
+            arg=[operation, len(summaries)],
+            timeout=30_000,
+        )
+        shown = sorted(t.strip() for t in docs.locator(operation).all_inner_texts())
+        docs.screenshot(path=str(tmp_path / "api_docs.png"))
+    finally:
+        context.close()
+    assert shown == summaries
+    assert not attempted, f"requests off the machine: {attempted}"
+    # ReDoc's own logo, refused by the page's policy before any request was made
+    logo = "https://cdn.redoc.ly/redoc/logo-mini.svg"
+    assert [e for e in errors if not (logo in e and "Content Security Policy" in e)] == []
 
 
 def _log_steps(run: Any, steps: range, loss: float) -> None:
