@@ -57,7 +57,9 @@ class Backlog:
         self.taken = 0
         #: Events (``Run.log_event``) waiting to be sent.
         self.events: deque[dict[str, Any]] = deque(maxlen=10_000)
-        self.dropped = 0
+        #: Samples lost, by kind of reason: (count, why). Several threads drop: one lock.
+        self._drops: dict[str, tuple[int, str]] = {}
+        self._drops_lock = threading.Lock()
         self.dropped_events = 0
         self._last_spill = time.monotonic()
         #: When a spool write failed (read-only or missing directory), batches are held in
@@ -65,6 +67,22 @@ class Backlog:
         self._spool_retry_at = 0.0
         #: Why the spool last refused samples (for the message about dropped ones).
         self._spool_trouble: str | None = None
+
+    @property
+    def dropped(self) -> int:
+        with self._drops_lock:
+            return sum(count for count, _ in self._drops.values())
+
+    def drops(self) -> list[tuple[int, str]]:
+        """(count, why) of the samples lost, each kind of reason once (its latest wording)."""
+        with self._drops_lock:
+            return list(self._drops.values())
+
+    def drop(self, count: int, kind: str, why: str) -> None:
+        """Count ``count`` samples as lost; ``why`` completes "... samples dropped because"."""
+        if count:
+            with self._drops_lock:
+                self._drops[kind] = (self._drops.get(kind, (0, ""))[0] + count, why)
 
     def queued(self) -> int:
         """Samples in memory: the buffer, the batch in a request (unless spooled), spilling."""
@@ -174,19 +192,15 @@ class Backlog:
     def spill_everything(self) -> None:
         """Called on the caller's thread at close when the wait ran out."""
         self._spool_retry_at = 0.0  # last chance: try the disk
-        with self.lock:
-            inflight = self.inflight if not self.inflight_spooled else None
-        if inflight:
-            # Possibly being sent right now: a duplicate in the spool is harmless (seq).
-            columns, _ = rows_to_columns(inflight, self.series_prefix)
-            if columns["seq"]:
-                self.to_spool(columns, count_dropped=False)
+        # The batch being sent right now: a copy (the server ignores a duplicate), counted as
+        # spooled only, as a hung request's is.
+        self.spool_inflight()
         self.spill(force=True)
         with self.lock:  # what neither the server nor the disk took is lost: count it
             left = len(self.buffer)
             self.buffer.clear()
         if left:
-            self.dropped += left
+            self.drop(left, "lost-at-exit", "they could not be sent or spooled at finish")
             self._report(f"{left} samples could not be sent or spooled", key="lost-at-exit")
         self.spill_events()
 
@@ -198,7 +212,7 @@ class Backlog:
             if hold:
                 return False
             if count_dropped:
-                self.dropped += count
+                self.drop(count, "spool", self.spool_problem())
             return True
         try:
             ok = self.spool.append(columns)
@@ -214,13 +228,13 @@ class Backlog:
             if hold:
                 return False
             if count_dropped:
-                self.dropped += count
+                self.drop(count, "spool", self._spool_trouble)
             return True
         if not ok and count_dropped:
-            self.dropped += count
             self._spool_trouble = (
                 f"the spool limit of {self.spool.max_bytes} bytes is reached at {self.spool.dir}"
             )
+            self.drop(count, "spool-limit", self._spool_trouble)
             self._report(
                 f"{self._spool_trouble}; newer samples are dropped, {self.dropped} so far "
                 "(raise spool_max_bytes or run `noisescope sync`)",
@@ -231,7 +245,8 @@ class Backlog:
 
     def count_invalid(self, invalid: int) -> None:
         if invalid:
-            self.dropped += invalid
+            why = "they had non-finite or non-numeric squared norms or batch sizes"
+            self.drop(invalid, "invalid", why)
             self._report(
                 f"{invalid} samples had non-finite or non-numeric squared norms/batch sizes",
                 key="invalid",

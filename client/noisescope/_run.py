@@ -37,7 +37,7 @@ from noisescope._records import (
 )
 from noisescope._sender import Sender
 from noisescope._spool import RunSpool
-from noisescope._status import Status
+from noisescope._status import Status, dropped_account
 from noisescope._transport import HTTPTransport, Transport
 from noisescope._wire import run_page_url
 
@@ -372,18 +372,19 @@ class Run:
         if sender is None:
             return Status(self.mode if self.active else "disabled", open_count, 0, 0, 0, None)
         spooled = self._spool.pending_samples if self._spool is not None else 0
+        overflow = (
+            self._overflow,
+            f"the memory buffer was full (memory_max={self._memory_max}) and "
+            f"{self._spool_problem()}",
+        )
+        drops = [overflow, *sender.backlog.drops()]
         return Status(
             mode=self.mode,
             queued=open_count + sender.queued(),
             sent=sender.sent,
             spooled=spooled,
-            dropped=sender.dropped + self._overflow,
-            last_error=(
-                f"{self._overflow} samples dropped: the memory buffer was full "
-                f"(memory_max={self._memory_max}) and {self._spool_problem()}"
-                if self._overflow
-                else sender.last_error
-            ),
+            dropped=sum(count for count, _ in drops),
+            last_error=dropped_account(drops) or sender.last_error,
             spool_dir=str(self._spool.dir) if self._spool is not None else None,
         )
 
@@ -414,9 +415,9 @@ class Run:
             self._sender.close(final, wait)
             self.active = False
             result = self.status()
-            self._report(result)
-            if self._spool is not None and (self.mode == "offline" or self._sender.final_sent):
-                self._spool.remove_if_empty()
+            self._report(result, status)
+            if self._spool is not None and self._sender.final_sent:
+                self._spool.remove_if_empty()  # an offline run, even empty, waits for sync
             elif self._spool is not None:
                 self._spool.release()
             return result
@@ -424,11 +425,13 @@ class Run:
             self._hot_error(exc)
             return self.status()
 
-    def _report(self, result: Status) -> None:
+    def _report(self, result: Status, status: str) -> None:
         line = f"run {self.id} ({self.name}): {result.line()}"
         sender = self._sender
-        needs_sync = result.spooled > 0 or (
-            sender is not None and not sender.final_sent and self.mode == "online"
+        needs_sync = (
+            self.mode == "offline"
+            or result.spooled > 0
+            or (sender is not None and not sender.final_sent)
         )
         if needs_sync and result.spool_dir:
             root = os.path.dirname(result.spool_dir)
@@ -443,6 +446,10 @@ class Run:
                 command += " --token <TOKEN>"
             if refused:
                 where = f"{self.settings.url} refused the token"
+            unrecorded = sender.end_unrecorded if sender is not None else None
+            if unrecorded is not None:
+                command += f" --run {self.id} --end {status}"
+                where += f"; its end ({status}) could not be recorded in the spool ({unrecorded})"
             line += f". {where}; send it with: {command}"
         if self.page_url is not None:
             line += f". View it at {self.page_url}"

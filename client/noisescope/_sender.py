@@ -126,6 +126,8 @@ class Sender:
         self.refused_status: int | None = None
         self._flush_requested = False
         self._final: dict[str, Any] | None = None
+        #: Why the run's end could not be recorded in the spool at close, if it could not.
+        self.end_unrecorded: str | None = None
         self._orphans_checked = False
         self._warned: set[str] = set()
         # counters
@@ -196,8 +198,11 @@ class Sender:
     def close(self, final: dict[str, Any] | None, timeout: float) -> None:
         """Flush for at most ``timeout``; spool what is left; stop the thread."""
         self._final = final
-        if self.spool is not None:
-            self.save_meta()
+        if self.spool is not None and final is not None:
+            try:  # before any wait: what sync needs should the process die meanwhile
+                self.spool.write_end(final)
+            except OSError as exc:
+                self.end_unrecorded = str(exc)
         self._flush_requested = True
         self.phase = Phase.STOPPING
         self._wake.set()
@@ -444,7 +449,8 @@ class Sender:
             self.link = Link.NEW
             self._enter_outage(f"HTTP 404: {response.detail()}", 0.0, warn=False)
         elif outcome == "fatal":
-            self.backlog.dropped += count
+            why = f"the server rejected them (HTTP {response.status}): {response.detail()}"
+            self.backlog.drop(count, f"rejected-{response.status}", why)
             self._error(
                 f"server rejected {count} samples (HTTP {response.status}): {response.detail()}",
                 key=f"rejected-{response.status}",
@@ -543,8 +549,6 @@ class Sender:
         response = self._request("PATCH", _wire.runs_path(self.run_id), self._final)
         if response is not None and self._answered(response) != "retry":
             self.link = Link.FINISHED
-            if self.spool is not None:
-                self.save_meta()
 
     @property
     def final_sent(self) -> bool:
@@ -564,7 +568,8 @@ class Sender:
         self._wake.set()
 
     def save_meta(self) -> None:
-        """Write run.json: what ``noisescope sync`` needs to deliver this run."""
+        """Write run.json: what ``noisescope sync`` needs to deliver this run (on a full disk
+        the spool writes it before its first batch, or takes none)."""
         assert self.spool is not None
         with contextlib.suppress(OSError):
             self.spool.write_meta(
@@ -572,7 +577,6 @@ class Sender:
                     "run_id": self.run_id,
                     "url": self.settings.url,
                     "run": self.run_body,
-                    "final": None if self.final_sent else self._final,
                     "mode": self.settings.mode,
                 }
             )

@@ -2,7 +2,8 @@
 
 Layout under the spool root (``NOISESCOPE_DIR``)::
 
-    <root>/<run_id>/run.json          the run's PUT body, server URL, final status (atomic replace)
+    <root>/<run_id>/run.json          the run's PUT body and server URL (atomic replace)
+    <root>/<run_id>/end               the run's final status, written in place (see below)
     <root>/<run_id>/seg-000001.jsonl  batches, one per line: <json>\\t<crc32 hex>\\n
     <root>/<run_id>/lock              flock held by the live process that owns the run
     <root>/<run_id>/.noisescope-spool marker: this folder was created by a spool
@@ -11,10 +12,18 @@ Run folders are direct children of the root, named by a valid run id (``_wire.ru
 every path is resolved and refused if it leads outside the root (a symlinked run folder). The
 spool removes only a folder it created (the marker), and only the files it writes there.
 
-Each batch is written with one ``write`` on an ``O_APPEND`` descriptor and ``fsync``-ed, so a
+Each batch is written with ``write`` on an ``O_APPEND`` descriptor and ``fsync``-ed, so a
 crash can only leave a torn *last* line, which the CRC check skips on replay. Segments are
 deleted only after the server acknowledged every batch in them; the server inserts-or-ignores on
 (run, seq), so replaying a segment twice never duplicates a sample.
+
+A full disk: every byte the spool writes goes through ``_write_some``, the one seam where tests
+inject ENOSPC. A batch is counted spooled only once all of it is on disk; a write that fails
+part-way is cut back to the last whole record. No batch is appended before run.json is on
+disk (sync finds a run by it), so nothing is counted spooled that sync cannot deliver. The
+``end`` file is filled with spaces when the run begins and overwritten in place at finish,
+which needs no new space on filesystems that overwrite in place (ext4, XFS, tmpfs); where even
+that fails, ``finish()`` says so and ``noisescope sync --run ID --end STATUS`` sends the end.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import json
 import os
 import re
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +48,9 @@ except ImportError:  # pragma: no cover
 
 SEGMENT_MAX_BYTES = 8 * 1024 * 1024
 META_NAME = "run.json"
+END_NAME = "end"
+#: The end file's size when the run begins: room for ``{"status": ..., "ended_at": ...}``.
+END_BYTES = 512
 LOCK_NAME = "lock"
 MARKER_NAME = ".noisescope-spool"
 #: A run folder: the run id, or ``<run id>.rank<r>`` when several ranks spool on one host.
@@ -49,6 +62,52 @@ class SpoolPathError(OSError):
 
 
 Columns = dict[str, list[Any]]
+
+
+def _write_some(fd: int, data: memoryview, path: Path) -> int:
+    """The spool's one ``os.write`` (``path``: the file ``fd`` writes, for tests that inject a
+    full disk here). May write less than ``data``, as ``os.write`` may."""
+    return os.write(fd, data)
+
+
+def _write_all(fd: int, data: bytes, path: Path) -> None:
+    """All of ``data``, then ``fsync``; OSError if any of it could not be written."""
+    view = memoryview(data)
+    while view:
+        written = _write_some(fd, view, path)
+        if written <= 0:
+            raise OSError(28, "No space left on device (nothing written)", str(path))
+        view = view[written:]
+    os.fsync(fd)
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data`` (temp file, fsync, rename); on failure the
+    temp file is removed and ``path`` is as it was."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            _write_all(fd, data, tmp)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _overwrite_file(path: Path, data: bytes) -> None:
+    """Write ``data`` over the start of ``path`` in place (created if missing) and cut what
+    is left beyond it: an overwrite of space the file already holds needs no new space."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        _write_all(fd, data, path)
+        if os.fstat(fd).st_size > len(data):
+            os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def encode_record(payload: dict[str, Any]) -> bytes:
@@ -100,6 +159,7 @@ class RunSpool:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._segment: Path | None = None
         self._segment_index = 0
         self._segment_bytes = 0
         self._lock_fd: int | None = None
@@ -107,6 +167,8 @@ class RunSpool:
         self.pending_samples = 0
         # a segment being replayed: (records the server took, samples among them)
         self._replayed: dict[Path, tuple[int, int]] = {}
+        #: run.json's content while it is not on disk yet (a full disk when the run began).
+        self._meta_unwritten: bytes | None = None
 
     @classmethod
     def at(cls, root: Path, folder: str, max_bytes: int = 1 << 30) -> RunSpool:
@@ -135,7 +197,13 @@ class RunSpool:
         except FileExistsError:
             self._contained()  # a symlink created meanwhile: check again
             return
-        (self.dir / MARKER_NAME).write_bytes(self.run_id.encode())
+        try:
+            _overwrite_file(self.dir / MARKER_NAME, self.run_id.encode())
+        except OSError:
+            with contextlib.suppress(OSError):  # an unmarked folder would never be removed
+                (self.dir / MARKER_NAME).unlink()
+                self.dir.rmdir()
+            raise
 
     def owned(self) -> bool:
         """Whether the run folder is one a spool created, inside the root."""
@@ -183,14 +251,23 @@ class RunSpool:
 
     # -- metadata ----------------------------------------------------------------------------
     def write_meta(self, meta: dict[str, Any]) -> None:
-        """Atomically replace run.json (write temp, fsync, rename)."""
-        self._make_dir()
-        tmp = self.dir / f".{META_NAME}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as handle:
-            handle.write(json.dumps(meta, indent=1, default=str).encode())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.dir / META_NAME)
+        """Write run.json (atomically) and, blank, the end's space: the run is running. If
+        run.json cannot be written (OSError), every append tries it again first."""
+        data = json.dumps(meta, indent=1, default=str).encode()
+        with self._lock:
+            self._make_dir()
+            self._meta_unwritten = data
+            self._write_pending_meta()
+
+    def _write_pending_meta(self) -> None:
+        """run.json and the blank end, if run.json is not on disk yet (caller holds the lock);
+        OSError if run.json cannot be written. Without the end's space, finish writes it anew."""
+        if self._meta_unwritten is None:
+            return
+        _replace_file(self.dir / META_NAME, self._meta_unwritten)
+        self._meta_unwritten = None
+        with contextlib.suppress(OSError):
+            _overwrite_file(self.dir / END_NAME, b" " * END_BYTES)
 
     def read_meta(self) -> dict[str, Any] | None:
         if not self._is_inside():
@@ -201,23 +278,53 @@ class RunSpool:
             return None
         return meta if isinstance(meta, dict) else None
 
+    def write_end(self, final: dict[str, Any]) -> None:
+        """Record the run's final status (``{"status", "ended_at"}``) for sync, over the space
+        kept for it; OSError if it (or run.json, without which sync finds nothing) cannot be."""
+        data = json.dumps(final).encode()
+        with self._lock:
+            self._write_pending_meta()
+            _overwrite_file(self.dir / END_NAME, data.ljust(END_BYTES))
+
+    def read_end(self) -> dict[str, Any] | None:
+        """The final status ``write_end`` recorded; None for a running run (or a torn end)."""
+        if not self._is_inside():
+            return None
+        try:
+            end = json.loads((self.dir / END_NAME).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return end if isinstance(end, dict) else None
+
+    def last_written(self) -> str:
+        """When the run last wrote to its spool (UTC, ISO 8601): its end, as near as the spool
+        can tell when the end itself was not recorded."""
+        times = [p.stat().st_mtime for p in [*self._segment_paths(), self.dir / META_NAME]]
+        when = max(times, default=time.time())
+        return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(when))
+
     # -- data ---------------------------------------------------------------------------------
     def append(self, columns: Columns) -> bool:
         """Durably append one batch. False (nothing written) if the disk limit would be passed."""
         return self.append_record({"columns": columns})
 
     def append_record(self, record: dict[str, Any]) -> bool:
-        """Durably append one record (``{"columns": ...}`` or ``{"events": [...]}``)."""
+        """Durably append one record (``{"columns": ...}`` or ``{"events": [...]}``); OSError
+        (nothing counted, nothing left in the segment) if the disk cannot take all of it."""
         line = encode_record(record)
         count = batch_size(record)
         with self._lock:
             if self.bytes_used + len(line) > self.max_bytes:
                 return False
+            self._write_pending_meta()
             if self._fd is None or self._segment_bytes >= SEGMENT_MAX_BYTES:
                 self._open_segment()
-            assert self._fd is not None
-            os.write(self._fd, line)
-            os.fsync(self._fd)
+            assert self._fd is not None and self._segment is not None
+            try:
+                _write_all(self._fd, line, self._segment)
+            except OSError:
+                self._cut_back()
+                raise
             self._segment_bytes += len(line)
             self.bytes_used += len(line)
             self.pending_samples += count
@@ -268,7 +375,7 @@ class RunSpool:
             # only the files a spool writes, then the folder if that left it empty: a
             # folder holding anything else is kept
             for path in self.dir.iterdir():
-                ours = path.name in (META_NAME, LOCK_NAME) or (
+                ours = path.name in (META_NAME, END_NAME, LOCK_NAME) or (
                     path.name.startswith(f".{META_NAME}.") and path.name.endswith(".tmp")
                 )
                 if ours and not path.is_dir():
@@ -292,13 +399,31 @@ class RunSpool:
         path = self.dir / f"seg-{self._segment_index:06d}.jsonl"
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
         self._fd = os.open(path, flags, 0o644)
+        self._segment = path
         self._segment_bytes = 0
+
+    def _cut_back(self) -> None:
+        """After a failed append: the segment back to its last whole record (a torn line in
+        the middle would also hide the record appended after it); a segment left empty, or one
+        that cannot be cut, is closed (the next append starts a new one)."""
+        assert self._fd is not None and self._segment is not None
+        try:
+            os.ftruncate(self._fd, self._segment_bytes)
+        except OSError:
+            self._close_segment()
+            return
+        if self._segment_bytes == 0:
+            segment = self._segment
+            self._close_segment()
+            with contextlib.suppress(OSError):
+                segment.unlink()
 
     def _close_segment(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+            self._segment = None
             self._segment_bytes = 0
 
     def _is_inside(self) -> bool:

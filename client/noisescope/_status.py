@@ -18,6 +18,7 @@ class Status:
     spooled: int
     #: Lost, with a reason logged once: buffer overflow, disk limit, rejected or invalid data.
     dropped: int
+    #: What went wrong last; when samples were dropped, how many and why (``dropped_account``).
     last_error: str | None
     spool_dir: str | None = None
 
@@ -29,3 +30,16 @@ class Status:
         if self.last_error:
             text += f"; last error: {self.last_error}"
         return text
+
+
+def dropped_account(drops: list[tuple[int, str]]) -> str | None:
+    """The one sentence about lost samples, from (count, why) pairs: their total (the
+    ``dropped`` of the same Status) and each reason's share; None if none was lost."""
+    drops = [(count, why) for count, why in drops if count]
+    if not drops:
+        return None
+    total = sum(count for count, _ in drops)
+    if len(drops) == 1:
+        return f"{total} samples dropped because {drops[0][1]}"
+    shares = "; ".join(f"{count} because {why}" for count, why in drops)
+    return f"{total} samples dropped: {shares}"

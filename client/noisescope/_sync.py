@@ -4,7 +4,8 @@ The W&B offline/sync workflow: each run directory under the spool root holds the
 and its batches (``_spool.py``). Sync creates the run (PUT is idempotent on the client's run id),
 posts every batch (idempotent on (run, seq)), sends the final status, and deletes what the
 server acknowledged. Directories locked by a live process are skipped, so syncing while a job
-is still running is safe.
+is still running is safe. Sync writes nothing to the spool (it only reads and deletes), so it
+works on a full disk.
 """
 
 from __future__ import annotations
@@ -60,14 +61,21 @@ def _recorded_run_id(spool: RunSpool, meta: dict[str, Any]) -> str:
     return str(run_id)
 
 
-def sync_run(spool: RunSpool, transport: Transport, *, compress: bool = True) -> int:
+def sync_run(
+    spool: RunSpool, transport: Transport, *, compress: bool = True, end: str | None = None
+) -> int:
     """Deliver one locked run directory; returns the number of samples posted. ``compress``:
-    gzip large bodies (pointless for a server on this machine)."""
+    gzip large bodies (pointless for a server on this machine). ``end``: the final status to
+    send if the spool recorded none (a run whose ``finish()`` could not write it)."""
     send = _sender(transport, compress)
     meta = spool.read_meta()
     if meta is None or not isinstance(meta.get("run"), dict):
         raise RuntimeError(f"{spool.dir} has no readable run.json")
     run_id = _recorded_run_id(spool, meta)
+    # spools written by earlier clients keep the end in run.json
+    final = spool.read_end() or meta.get("final")
+    if not isinstance(final, dict) and end is not None:
+        final = {"status": end, "ended_at": spool.last_written()}
     _check(send("PUT", _wire.runs_path(run_id), meta["run"]), "creating the run")
     posted = 0
     for path in spool.seal():
@@ -80,7 +88,6 @@ def sync_run(spool: RunSpool, transport: Transport, *, compress: bool = True) ->
             _check(response, "posting samples")
             posted += len(payload["columns"]["seq"])
         spool.discard(path)
-    final = meta.get("final")
     if isinstance(final, dict):
         _check(send("PATCH", _wire.runs_path(run_id), final), "finishing the run")
     return posted
@@ -128,11 +135,16 @@ def sync(
     token: str | None = None,
     run_ids: list[str] | None = None,
     transport: Transport | None = None,
+    end: str | None = None,
 ) -> SyncResult:
     """Send every spooled run under ``dir`` (default ``NOISESCOPE_DIR``) to the server.
 
-    ``url`` defaults to ``NOISESCOPE_URL``, else the URL the run was recorded with.
+    ``url`` defaults to ``NOISESCOPE_URL``, else the URL the run was recorded with. ``end``
+    (with ``run_ids`` only: a run that crashed recorded no end either) is the final status of
+    runs whose spool recorded none, as ``finish()`` says when it could not.
     """
+    if end is not None and not run_ids:
+        raise ValueError("end= needs run_ids: the runs whose finish() could not record it")
     settings = resolve(url=url, token=token, dir=dir, mode="online")
     root = settings.dir
     result = SyncResult()
@@ -164,7 +176,7 @@ def sync(
                 own = use = HTTPTransport(target, settings.token, settings.request_timeout)
             else:
                 target = explicit_url or settings.url
-            result.samples += sync_run(spool, use, compress=not is_loopback(target))
+            result.samples += sync_run(spool, use, compress=not is_loopback(target), end=end)
             result.synced.append(run_id)
             spool.remove_if_empty()
         except (RuntimeError, TransportError, OSError) as exc:
@@ -197,12 +209,21 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--url", default=None, help="server URL (default: NOISESCOPE_URL)")
     parser.add_argument("--token", default=None, help="API token (default: NOISESCOPE_TOKEN)")
     parser.add_argument("--run", action="append", dest="runs", help="only this run id")
+    parser.add_argument(
+        "--end",
+        choices=[s for s in _wire.RUN_STATUSES if s != "running"],
+        help="with --run: the final status to send for a run whose spool recorded none "
+        "(finish() says so when a full disk kept it from recording its end)",
+    )
     parser.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     root = Path(args.dir).expanduser() if args.dir else None
-    result = sync(root, url=args.url, token=args.token, run_ids=args.runs)
+    if args.end is not None and not args.runs:
+        print("noisescope sync: --end needs --run RUN_ID", file=sys.stderr)
+        return 2
+    result = sync(root, url=args.url, token=args.token, run_ids=args.runs, end=args.end)
     for run_id in result.synced:
         print(f"synced {run_id}")
     for run_id, why in result.skipped.items():

@@ -129,7 +129,7 @@ def test_a_burst_the_spool_cannot_take_says_why_and_how_many(
     assert status.dropped > 0
     assert status.dropped + len(seqs) + status.queued >= 50_000 - 1  # the open step aside
     assert status.last_error is not None
-    assert f"dropped, {status.dropped} so far" in status.last_error
+    assert status.last_error.startswith(f"{status.dropped} samples dropped")
     assert "spool limit of 200000 bytes is reached" in status.last_error
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len([w for w in warnings if "spool limit" in w]) == 1, warnings
@@ -153,7 +153,9 @@ def test_a_burst_without_a_spool_says_why_and_how_many(
         run.finish()
     assert status.dropped >= 30_000 - 10_000 - 1000 - 1
     assert status.last_error is not None
-    assert status.last_error.startswith(f"{status.dropped} samples dropped: the memory buffer")
+    assert status.last_error.startswith(
+        f"{status.dropped} samples dropped because the memory buffer"
+    )
     assert "there is no spool" in status.last_error
     warnings = [r.getMessage() for r in caplog.records if "memory buffer is full" in r.getMessage()]
     assert len(warnings) == 1

@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -222,8 +223,8 @@ def test_finish_waits_a_bounded_time_then_spools(fake: FakeServer, tmp_path: Pat
     log_steps(run, 100)
     status = run.finish()
     assert (status.spooled, status.dropped, status.queued) == (100, 0, 0)
-    meta = json.loads((tmp_path / run.id / "run.json").read_text())
-    assert meta["final"]["status"] == "finished"  # sync will deliver the end too
+    end = noisescope._spool.RunSpool(tmp_path, run.id).read_end()
+    assert end is not None and end["status"] == "finished"  # sync will deliver the end too
 
 
 def test_finish_prints_one_line_with_the_sync_command(
@@ -302,3 +303,24 @@ def test_columns_with_fields_never_logged_are_nulls() -> None:
     assert plain["series"] == ["rank1/s", "rank1/s"]
     mixed, _ = rows_to_columns([row(0, None, float("nan")), row(1, 64.0, 2.0)])
     assert mixed["examples"] == [None, 64.0] and mixed["loss"] == [None, 2.0]
+
+
+def test_a_batch_in_flight_at_finish_is_counted_once(fake: FakeServer, tmp_path: Path) -> None:
+    """finish() gives up while a request is on the wire: its batch, copied to the spool, is
+    counted spooled, not also queued (nor sent when the answer comes after all)."""
+    answer = threading.Event()
+
+    def hold_samples(request: noisescope.Request) -> None:
+        if request.path.endswith("/samples"):
+            answer.wait(10)
+
+    fake.on_request = hold_samples
+    run = make_run(fake, dir=tmp_path, flush_timeout=0.2, batch_interval=30.0, batch_max=100)
+    log_steps(run, 101)
+    status = run.finish()
+    assert (status.sent, status.queued, status.spooled) == (0, 0, 101), status
+    answer.set()
+    assert wait_for(lambda: len(fake.rows(run.id)) == 100)
+    assert wait_for(lambda: not run._sender.alive)  # type: ignore[union-attr]
+    after = run.status()
+    assert after.sent + after.queued + after.spooled + after.dropped == 101, after

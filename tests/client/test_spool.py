@@ -178,3 +178,17 @@ def test_a_later_online_run_delivers_what_a_dead_run_left_in_the_spool(tmp_path:
     assert fake.runs[dead.id]["status"] == "finished"
     assert (tmp_path / offline.id).is_dir()  # offline runs wait for an explicit sync
     assert offline.id not in fake.runs
+
+
+def test_a_spool_with_its_end_in_run_json_is_still_finished_by_sync(tmp_path: Path) -> None:
+    """Spools written by earlier clients keep the final status in run.json (no end file)."""
+    spool = RunSpool(tmp_path, "old-run")
+    assert spool.acquire()
+    final = {"status": "failed", "ended_at": "2024-01-01T00:00:00+00:00"}
+    spool.write_meta({"run_id": "old-run", "run": {"project": "p"}, "final": final})
+    (tmp_path / "old-run" / "end").unlink()
+    spool.append(columns([0, 1]))
+    spool.release()
+    fake = FakeServer()
+    assert sync(tmp_path, transport=fake).samples == 2
+    assert fake.runs["old-run"]["status"] == "failed"
