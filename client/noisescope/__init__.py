@@ -13,7 +13,7 @@ api.runs(project="digits")[0].b_simple
 from __future__ import annotations
 
 from noisescope import branch, estimators, forecast, sweep
-from noisescope._api import Api, ApiError, NotFoundError, RecommendationResult
+from noisescope._api import AnswerError, Api, ApiError, NotFoundError, RecommendationResult
 from noisescope._config import Settings
 from noisescope._public import report_all_as_public
 from noisescope._results import (
@@ -39,6 +39,7 @@ from noisescope.schedule import BatchDecision, BatchSizeScheduler
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnswerError",
     "Api",
     "ApiError",
     "BatchDecision",

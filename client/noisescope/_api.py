@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 import types
 import typing
 from collections.abc import Sequence
@@ -34,31 +35,60 @@ from noisescope._results import (
     SeriesInfo,
     TaskSummary,
 )
-from noisescope._transport import HTTPTransport, Request, Transport, TransportError
+from noisescope._transport import (
+    AnswerTooLarge,
+    DeadlinePassed,
+    HTTPTransport,
+    Request,
+    Response,
+    Transport,
+    TransportError,
+)
 from noisescope.estimators import MIN_SPEEDUP
 from noisescope.forecast import ForecastReport
 from noisescope.recommend import Recommendation
 from noisescope.sweep import CriticalBatchReport
 
-__all__ = ["Api", "ApiError", "NotFoundError", "RecommendationResult"]
+__all__ = [
+    "MAX_ANSWER_BYTES",
+    "AnswerError",
+    "Api",
+    "ApiError",
+    "NotFoundError",
+    "RecommendationResult",
+]
 
 T = TypeVar("T")
 
 #: Runs per request of ``Api.compare`` (the server's limit on one query string).
 COMPARE_CHUNK = 100
+#: ``Api``'s default cap on one answer's decoded size: far above any list or series the server
+#: sends (a 10 000-run list is a few MiB), far below what a decompression bomb unpacks to.
+MAX_ANSWER_BYTES = 64 << 20
 
 
 class ApiError(Exception):
-    """The server answered with an error; ``status`` is its HTTP status, ``detail`` its words."""
+    """A call failed. ``status``: the HTTP status of the answer (0: no whole answer came);
+    ``detail``: the server's words, or what came back instead, or why nothing did; ``url``:
+    the request's."""
 
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(f"HTTP {status}: {detail}")
+    def __init__(self, status: int, detail: str, url: str = "") -> None:
+        where = f"GET {url} " if url else ""
+        said = f"answered HTTP {status}" if status else "got no answer"
+        super().__init__(f"{where}{said}: {detail}" if where else f"HTTP {status}: {detail}")
         self.status = status
         self.detail = detail
+        self.url = url
 
 
 class NotFoundError(ApiError):
     """404: no such run, task or project (or none this token may read)."""
+
+
+class AnswerError(ApiError):
+    """The server answered, but not with what this call reads: not JSON, the wrong shape,
+    text that is not UTF-8, or larger than ``max_answer_bytes``. Not a noisescope server, or
+    a broken one."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +108,10 @@ class Api:
     """Read access to one noisescope server.
 
     ``url`` defaults to ``$NOISESCOPE_URL`` (else the local default), ``token`` to
-    ``$NOISESCOPE_TOKEN``: a project token limits every answer to its project.
+    ``$NOISESCOPE_TOKEN``: a project token limits every answer to its project. ``timeout``:
+    seconds one call may take in all (connecting, waiting, reading every byte);
+    ``max_answer_bytes``: the most one answer may hold once decoded. Every failure of a call
+    raises ``ApiError`` (or a subclass) naming the URL and what came back.
     """
 
     def __init__(
@@ -87,10 +120,13 @@ class Api:
         *,
         token: str | None = None,
         timeout: float = 60.0,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
         transport: Transport | None = None,
     ) -> None:
         self.url = (url or os.environ.get("NOISESCOPE_URL") or DEFAULT_URL).rstrip("/")
         token = token if token is not None else (os.environ.get("NOISESCOPE_TOKEN") or None)
+        self.timeout = timeout
+        self.max_answer_bytes = max_answer_bytes
         self._transport = transport or HTTPTransport(self.url, token, timeout)
 
     def close(self) -> None:
@@ -104,7 +140,7 @@ class Api:
 
     # -- runs ---------------------------------------------------------------------------------
     def projects(self) -> list[str]:
-        result: list[str] = _decode(list[str], self._get("/projects"))
+        result: list[str] = self._get(list[str], "/projects")
         return result
 
     def runs(
@@ -129,11 +165,11 @@ class Api:
             "search": search,
             "limit": limit,
         }
-        result: list[RunSummary] = _decode(list[RunSummary], self._get("/runs", query))
+        result: list[RunSummary] = self._get(list[RunSummary], "/runs", query)
         return result
 
     def run(self, run_id: str) -> RunSummary:
-        result: RunSummary = _decode(RunSummary, self._get(f"/runs/{_seg(run_id)}"))
+        result: RunSummary = self._get(RunSummary, f"/runs/{_seg(run_id)}")
         return result
 
     def series(
@@ -150,40 +186,44 @@ class Api:
         query: dict[str, Any] = {"x": x, "series": series, "max_points": max_points}
         if window:
             query["window"] = window
-        result: RunSeries = _decode(RunSeries, self._get(f"/runs/{_seg(run_id)}/series", query))
+        result: RunSeries = self._get(RunSeries, f"/runs/{_seg(run_id)}/series", query)
         return result
 
     def compare(
         self, run_ids: Sequence[str], *, max_points: int = 400, window_fraction: float = 0.1
     ) -> list[RunSeries]:
         """Whole-model series of several runs, each smoothed over ``window_fraction`` of its
-        own length (so runs of different lengths are smoothed alike)."""
+        own length (so runs of different lengths are smoothed alike). One request per
+        ``COMPARE_CHUNK`` runs, all within the one ``timeout``."""
         out: list[RunSeries] = []
         ids = list(run_ids)
+        deadline = time.monotonic() + self.timeout
         for lo in range(0, len(ids), COMPARE_CHUNK):
             query = {
                 "runs": ids[lo : lo + COMPARE_CHUNK],
                 "max_points": max_points,
                 "window_fraction": window_fraction,
             }
-            part: list[RunSeries] = _decode(list[RunSeries], self._get("/series", query))
+            part: list[RunSeries] = self._get(list[RunSeries], "/series", query, deadline)
             out += part
         return out
 
     def series_names(self, run_id: str) -> list[SeriesInfo]:
-        result: list[SeriesInfo] = _decode(
-            list[SeriesInfo], self._get(f"/runs/{_seg(run_id)}/series-names")
-        )
+        result: list[SeriesInfo] = self._get(list[SeriesInfo], f"/runs/{_seg(run_id)}/series-names")
         return result
 
     def events(self, run_id: str) -> list[EventRow]:
         """A run's events in step order (batch-size changes, evaluations, notices, marks)."""
-        result: list[EventRow] = _decode(list[EventRow], self._get(f"/runs/{_seg(run_id)}/events"))
+        result: list[EventRow] = self._get(list[EventRow], f"/runs/{_seg(run_id)}/events")
         return result
 
     def samples_csv(self, run_id: str) -> str:
         """Every raw sample of a run as CSV text."""
-        return self._request(f"/runs/{_seg(run_id)}/samples.csv").decode("utf-8")
+        url, response = self._request(f"/runs/{_seg(run_id)}/samples.csv")
+        try:
+            return response.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise AnswerError(response.status, f"the CSV is not UTF-8 text ({exc})", url) from None
 
     def recommendation(
         self,
@@ -197,14 +237,12 @@ class Api:
         if throughput:
             query["throughput"] = [f"{b:g}:{t:g}" for b, t in throughput.items()]
         path = f"/runs/{_seg(run_id)}/recommendation"
-        result: RecommendationResult = _decode(RecommendationResult, self._get(path, query))
+        result: RecommendationResult = self._get(RecommendationResult, path, query)
         return result
 
     # -- tasks --------------------------------------------------------------------------------
     def tasks(self, project: str | None = None) -> list[TaskSummary]:
-        result: list[TaskSummary] = _decode(
-            list[TaskSummary], self._get("/tasks", {"project": project})
-        )
+        result: list[TaskSummary] = self._get(list[TaskSummary], "/tasks", {"project": project})
         return result
 
     def critical_batch(
@@ -224,13 +262,13 @@ class Api:
         query: dict[str, Any] = {"targets": list(targets or []), "loss": loss}
         if include_diverged:
             query["include_diverged"] = "true"
-        result: CriticalBatchReport = _decode(CriticalBatchReport, self._get(path, query))
+        result: CriticalBatchReport = self._get(CriticalBatchReport, path, query)
         return result
 
     def branches(self, run_id: str) -> RunBranches:
         """The local critical batch size at each branch step of ``run_id``, recomputed from its
         branch runs (``noisescope.branch``), and where it plateaus."""
-        result: RunBranches = _decode(RunBranches, self._get(f"/runs/{_seg(run_id)}/branches"))
+        result: RunBranches = self._get(RunBranches, f"/runs/{_seg(run_id)}/branches")
         return result
 
     def critical_batch_forecast(
@@ -245,7 +283,7 @@ class Api:
         (each marked ``extrapolation`` outside the fitted losses)."""
         path = f"/tasks/{_seg(project)}/{_seg(task)}/critical-batch/forecast"
         query = {"loss": list(losses), "targets": list(targets or [])}
-        result: ForecastReport = _decode(ForecastReport, self._get(path, query))
+        result: ForecastReport = self._get(ForecastReport, path, query)
         return result
 
     def parallelism(
@@ -283,14 +321,37 @@ class Api:
             "min_speedup": min_speedup,
             "max_devices": max_devices,
         }
-        result: ParallelismPlan = _decode(ParallelismPlan, self._get("/parallelism", query))
+        result: ParallelismPlan = self._get(ParallelismPlan, "/parallelism", query)
         return result
 
     # -- plumbing -----------------------------------------------------------------------------
-    def _get(self, path: str, query: dict[str, Any] | None = None) -> Any:
-        return json.loads(self._request(path, query))
+    def _get(
+        self,
+        tp: Any,
+        path: str,
+        query: dict[str, Any] | None = None,
+        deadline: float | None = None,
+    ) -> Any:
+        """The answer at ``path`` decoded as ``tp``; ``AnswerError`` when it is no JSON of
+        that shape."""
+        url, response = self._request(path, query, deadline)
+        try:
+            value = json.loads(response.body)
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+            kind = response.header("Content-Type") or "no content type"
+            raise AnswerError(
+                response.status, f"not JSON ({kind}; {exc}): {_start(response.body)}", url
+            ) from None
+        try:
+            return _decode(tp, value)
+        except _Shape as exc:
+            raise AnswerError(response.status, f"not the answer expected: {exc}", url) from None
 
-    def _request(self, path: str, query: dict[str, Any] | None = None) -> bytes:
+    def _request(
+        self, path: str, query: dict[str, Any] | None = None, deadline: float | None = None
+    ) -> tuple[str, Response]:
+        """The request's URL and its 2xx answer; ``ApiError`` for any other outcome. The call
+        ends by ``deadline`` (monotonic; default ``timeout`` from now)."""
         pairs = [
             (k, v)
             for k, value in (query or {}).items()
@@ -298,15 +359,35 @@ class Api:
             if v is not None
         ]
         full = _wire.API_PREFIX + path + (f"?{urlencode(pairs)}" if pairs else "")
+        url = self.url + full
+        deadline = time.monotonic() + self.timeout if deadline is None else deadline
+        left = deadline - time.monotonic()
+        late = f"no whole answer within {self.timeout:g} s (the timeout, Api(timeout=...))"
+        if left <= 0:
+            raise ApiError(0, late, url)
+        request = Request("GET", full, deadline_s=left, max_answer_bytes=self.max_answer_bytes)
         try:
-            response = self._transport.handle_request(Request("GET", full))
+            response = self._transport.handle_request(request)
+        except DeadlinePassed:
+            raise ApiError(0, late, url) from None
+        except AnswerTooLarge as exc:
+            raise AnswerError(exc.status, self._too_large(), url) from None
         except TransportError as exc:
-            raise ApiError(0, f"no answer from {self.url}: {exc}") from exc
+            raise ApiError(0, str(exc), url) from exc
+        if len(response.body) > self.max_answer_bytes:  # a transport that does not stop early
+            raise AnswerError(response.status, self._too_large(), url)
         if response.status == 404:
-            raise NotFoundError(404, response.detail())
-        if response.status >= 400:
-            raise ApiError(response.status, response.detail())
-        return response.body
+            raise NotFoundError(404, response.detail(), url)
+        if not 200 <= response.status < 300:
+            raise ApiError(response.status, response.detail(), url)
+        return url, response
+
+    def _too_large(self) -> str:
+        return (
+            f"the answer is larger than {self.max_answer_bytes:,} bytes once decoded (the "
+            "limit, Api(max_answer_bytes=...)): ask for less (a filter, fewer points), or "
+            "raise the limit if the server is yours"
+        )
 
 
 def _seg(value: str) -> str:
@@ -314,41 +395,101 @@ def _seg(value: str) -> str:
     return quote(value, safe="")
 
 
+def _start(body: bytes) -> str:
+    """What an answer starts with, for a message: ``empty``, or its first 80 bytes."""
+    return (
+        repr(body[:80].decode("utf-8", "replace")) + ("..." if len(body) > 80 else "")
+        if body
+        else "empty"
+    )
+
+
 # --- JSON -> dataclasses -------------------------------------------------------------------
 
 
-def _decode(tp: Any, value: Any) -> Any:
+class _Shape(Exception):
+    """The answer is JSON, but not of the shape its type says: where in it, and how."""
+
+
+def _kind(value: Any) -> str:
+    """A JSON value for a message: null, an object, a list, or the scalar itself (shortened)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return json.dumps(value)[:40]
+
+
+def _decode(tp: Any, value: Any, where: str = "the answer") -> Any:
     """``value`` (parsed JSON) as an instance of the type ``tp``: dataclasses by field types,
-    lists, tuples, dicts, optionals, datetimes (ISO 8601) and numbers."""
-    if value is None:
-        return None
+    lists, tuples, dicts, optionals, datetimes (ISO 8601) and numbers; ``_Shape`` naming the
+    place when it is not one. A float may be null (the server writes a non-finite float as
+    null), which stays None."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _decode(options[0], value) if len(options) == 1 else value
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        return [_decode(item, v) for v in value]
-    if origin is tuple:
-        item = typing.get_args(tp)[0]
-        return tuple(_decode(item, v) for v in value)
+        if value is None:
+            return None
+        return _decode(options[0], value, where) if len(options) == 1 else value
+    if tp is Any:
+        return value
+    if value is None and tp is not float:
+        raise _Shape(f"{where}: expected {_expected(tp)}, got null")
+    if origin is list or origin is tuple:
+        if not isinstance(value, list):
+            raise _Shape(f"{where}: expected a list, got {_kind(value)}")
+        (item, *_) = typing.get_args(tp)
+        items = [_decode(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
     if origin is dict:
+        if not isinstance(value, dict):
+            raise _Shape(f"{where}: expected an object, got {_kind(value)}")
         return dict(value)
     if origin is Literal:
+        kinds = {type(a) for a in typing.get_args(tp)}
+        if type(value) not in kinds:
+            raise _Shape(f"{where}: expected one of {typing.get_args(tp)}, got {_kind(value)}")
         return value
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise _Shape(f"{where}: expected an object, got {_kind(value)}")
         hints = _hints(tp)
+        fields = dataclasses.fields(tp)
+        missing = [f.name for f in fields if f.name not in value and _required(f)]
+        if missing:
+            raise _Shape(f"{where}: missing {', '.join(missing[:5])}")
         kwargs = {
-            f.name: _decode(hints[f.name], value[f.name])
-            for f in dataclasses.fields(tp)
+            f.name: _decode(hints[f.name], value[f.name], f"{where}.{f.name}")
+            for f in fields
             if f.name in value
         }
         return tp(**kwargs)
     if tp is datetime:
-        return datetime.fromisoformat(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value)
+            except ValueError:
+                pass
+        raise _Shape(f"{where}: expected an ISO 8601 time, got {_kind(value)}")
     if tp is float:
-        return float(value)
-    return value
+        if value is None:
+            return None
+        if type(value) in (int, float):
+            return float(value)
+    elif tp in (int, str, bool) and type(value) is tp:
+        return value
+    raise _Shape(f"{where}: expected {_expected(tp)}, got {_kind(value)}")
+
+
+def _expected(tp: Any) -> str:
+    if typing.get_origin(tp) in (list, tuple):
+        return "a list"
+    names = {float: "a number", int: "an integer", str: "a string", bool: "a boolean"}
+    return names.get(tp, "an object")
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 _HINTS: dict[type, dict[str, Any]] = {}

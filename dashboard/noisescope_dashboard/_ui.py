@@ -17,7 +17,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from noisescope import ApiError, NotFoundError
+from noisescope import AnswerError, ApiError, NotFoundError
 
 from . import _data
 from ._text import md
@@ -82,6 +82,11 @@ def explain_api_error(exc: ApiError, src: _data.Source) -> None:
             f"(or `noisescope server`), or point the dashboard at the right one with "
             f"`noisescope dashboard --url URL` or `{_data.URL_ENV}`, then reload. "
             f"({md(exc.detail)})"
+        )
+    elif isinstance(exc, AnswerError):
+        st.error(
+            f"The server at {where} sent an answer the dashboard cannot read: "
+            f"{md(exc.detail)}. Is it a noisescope server of this version?"
         )
     elif exc.status in (401, 403):
         st.error(

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from noisescope import Api
+from tests.support.broken_http import Answer, BrokenServer
 from tests.support.servers import free_port
 
 from ._app import chart_data, charts, plain, texts
@@ -43,6 +44,15 @@ def test_unreachable_server_says_what_to_do(make_app: MakeApp, page: str) -> Non
     (error,) = at.error
     assert "Cannot reach the noisescope server" in error.value
     assert "noisescope up" in error.value
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_server_that_sends_no_noisescope_answer_says_so(make_app: MakeApp, page: str) -> None:
+    """Issue 29: HTML with 200 (a JSONDecodeError) escaped the pages' ApiError handling."""
+    with BrokenServer(Answer(b"<html>a web app</html>", content_type="text/html")) as broken:
+        at = make_app(broken.url, page)
+    (error,) = at.error
+    assert "cannot read" in error.value and "not JSON" in error.value
 
 
 def test_empty_server_shows_the_lines_to_add(make_app: MakeApp, empty_server: str) -> None:
