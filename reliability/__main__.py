@@ -466,17 +466,24 @@ def browser_section(s: Sizes) -> tuple[bool, str]:
     )
 
 
+def disk_section() -> tuple[bool, str]:
+    from reliability._disk_full import describe, run_disk_full
+
+    ok, rows, skipped = run_disk_full()
+    return ok, describe(skipped) + "\n\n" + _table(rows)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reliability", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (minutes)")
     parser.add_argument("--backends", default="sqlite,postgresql", help="%(default)s")
     parser.add_argument(
         "--only",
-        default="load,paced,faults,client,bad,properties,auth,outage,browser",
+        default="load,paced,faults,client,bad,properties,auth,outage,browser,disk",
         help="comma-separated sections to run (%(default)s); 'bad' is the hostile corpus, raw "
         "sockets, rows stored around the API and crashed runs; 'client' the client's faults "
         "(hostile run ids, a hung server and a killed client, a burst); 'outage' stops a "
-        "private PostgreSQL cluster under load",
+        "private PostgreSQL cluster under load; 'disk' the client's spool on a full disk",
     )
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")
@@ -526,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
             _guard(report, "Payload validation properties", lambda: properties_section(sizes))
         if "browser" in only:
             _guard(report, "Browser safety (dashboard)", lambda: browser_section(sizes))
+        if "disk" in only:
+            _guard(report, "Disk full (the client's spool)", disk_section)
     finally:
         if "postgresql" in backends:
             ensure_postgres_running()

@@ -433,7 +433,11 @@ class Run:
             or result.spooled > 0
             or (sender is not None and not sender.final_sent)
         )
-        if needs_sync and result.spool_dir:
+        unsaved = self._spool.meta_problem if self._spool is not None else None
+        if needs_sync and unsaved is not None:
+            where = "Nothing of it is in the spool: its run.json could not be written"
+            line += f". {where} ({unsaved})"
+        elif needs_sync and result.spool_dir:
             root = os.path.dirname(result.spool_dir)
             where = (
                 "Offline run"

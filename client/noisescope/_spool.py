@@ -169,6 +169,8 @@ class RunSpool:
         self._replayed: dict[Path, tuple[int, int]] = {}
         #: run.json's content while it is not on disk yet (a full disk when the run began).
         self._meta_unwritten: bytes | None = None
+        #: Why run.json is not on disk yet (then nothing of the run is in the spool), if it is not.
+        self.meta_problem: str | None = None
 
     @classmethod
     def at(cls, root: Path, folder: str, max_bytes: int = 1 << 30) -> RunSpool:
@@ -264,8 +266,12 @@ class RunSpool:
         OSError if run.json cannot be written. Without the end's space, finish writes it anew."""
         if self._meta_unwritten is None:
             return
-        _replace_file(self.dir / META_NAME, self._meta_unwritten)
-        self._meta_unwritten = None
+        try:
+            _replace_file(self.dir / META_NAME, self._meta_unwritten)
+        except OSError as exc:
+            self.meta_problem = str(exc)
+            raise
+        self._meta_unwritten = self.meta_problem = None
         with contextlib.suppress(OSError):
             _overwrite_file(self.dir / END_NAME, b" " * END_BYTES)
 

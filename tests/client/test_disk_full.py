@@ -141,11 +141,16 @@ def test_run_json_refused_at_init_is_written_once_there_is_space(
     assert fake.runs[run.id]["status"] == "finished"
 
 
-def test_without_run_json_nothing_counts_as_spooled(tmp_path: Path, full_disk: FullDisk) -> None:
+def test_without_run_json_nothing_counts_as_spooled(
+    tmp_path: Path, full_disk: FullDisk, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A segment sync cannot find (no run.json beside it) would be samples counted kept and
-    never delivered: none is written, they are counted dropped."""
+    never delivered: none is written, they are counted dropped, and finish says so."""
     full_disk.hit = metadata_file
-    run, status = offline(tmp_path)
+    run, status = offline(tmp_path, quiet=False)
+    [line] = [ln for ln in capsys.readouterr().err.splitlines() if f"run {run.id}" in ln]
+    assert "Nothing of it is in the spool: its run.json could not be written" in line, line
+    assert "noisescope sync" not in line
     fake = FakeServer()
     result = sync(tmp_path, transport=fake)
     check_delivery(run, status, fake, result, LOGGED)
