@@ -29,6 +29,7 @@ that fails, ``finish()`` says so and ``noisescope sync --run ID --end STATUS`` s
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -76,7 +77,7 @@ def _write_all(fd: int, data: bytes, path: Path) -> None:
     while view:
         written = _write_some(fd, view, path)
         if written <= 0:
-            raise OSError(28, "No space left on device (nothing written)", str(path))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         view = view[written:]
     os.fsync(fd)
 
