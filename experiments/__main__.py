@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--docs",
         type=Path,
         default=None,
-        help="where reproduction.md and figures/ go (default: docs/ for the full size, "
-        "<out>/report for --quick)",
+        help="where reproduction.md and figures/ go (default: docs/ for the full study of "
+        "every task, else <out>/report: a part of the study never replaces the repo's page)",
     )
     p.add_argument(
         "--url",
@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     size = "quick" if args.quick else "full"
     out: Path = args.out / size
-    docs: Path = args.docs or (out / "report" if args.quick else Path("docs"))
+    whole = not args.quick and set(names) == set(TASKS)
+    docs: Path = args.docs or (Path("docs") if whole else out / "report")
     progress = Progress()
 
     server: ServerProcess | None = None
@@ -141,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             command = "python -m experiments " + shlex.join(sys.argv[1:])
         discussion = (
             DISCUSSION_FILE.read_text().strip()
-            if DISCUSSION_FILE.exists() and not args.quick
-            else "(Written for the full run only.)"
+            if DISCUSSION_FILE.exists() and whole
+            else "(Written for the full study of every task only.)"
         )
         text = report.render(results, summary_fig, command.strip(), discussion)
         docs.mkdir(parents=True, exist_ok=True)

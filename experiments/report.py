@@ -233,6 +233,15 @@ def render(
         "",
         f"    {command}",
         "",
+        "Smaller runs of the same code: `--quick` (tiny sweeps: seconds to minutes per task), "
+        "`--tasks digits` (some tasks), `--url URL` (log to a running server, such as the "
+        "README's `noisescope up`, instead of starting one). A run of fewer than every task, or "
+        "`--quick`, writes its report to `<out>/report` (`experiments/runs/full/report/`, or "
+        "`experiments/runs/quick/report/`) and leaves this page as it is. The README's sweep "
+        "step is this page's digits sweep, logged to the server the dashboard reads:",
+        "",
+        "    python -m experiments --tasks digits --url http://127.0.0.1:8765",
+        "",
         "## Method",
         "",
         "- Per task, a sweep over batch sizes B (≥ 6, spanning ≥ 32×) and a small learning-rate "

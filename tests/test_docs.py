@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -343,10 +344,35 @@ def _api_example() -> str:
     return re.findall(r"```python\n(.*?)```", text, re.S)[0]
 
 
-@pytest.mark.parametrize("swept", [False, True], ids=["one-run", "sweep"])
+DEFAULT_URL = "http://127.0.0.1:8765"
+
+
+def _run_example(code: str, url: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    script = folder / "example.py"
+    script.write_text(code.replace(DEFAULT_URL, url))
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+
+
+def _says_b_crit_and_a_plan(stdout: str, b_crit: str) -> None:
+    """Each target's B_crit line is followed by the plan's summary."""
+    lines = stdout.splitlines()
+    found = [
+        i for i, line in enumerate(lines) if re.match(rf"loss \S+: B_crit = {b_crit} \[", line)
+    ]
+    assert found, stdout
+    for i in found:
+        plan = lines[i + 1]
+        assert plan.startswith("  ") and "device" in plan and "note:" not in plan, stdout
+    assert "not determined" not in stdout
+
+
+@pytest.mark.parametrize("swept", [False, True], ids=["one-batch-size", "sweep"])
 def test_the_api_example_runs_and_says_only_what_is_true(swept: bool, tmp_path: Path) -> None:
-    """The example runs as written against a server holding what the README's steps make (one
-    digits run: no B_crit, and it says why) and a determined sweep (B_crit and a plan)."""
+    """The example runs as written against a server holding a digits run and a sweep under
+    the names the README's steps use: a determined sweep gives B_crit and a plan, one batch size
+    gives no B_crit and says why."""
     import random
 
     import httpx
@@ -359,18 +385,72 @@ def test_the_api_example_runs_and_says_only_what_is_true(swept: bool, tmp_path: 
     with ServerProcess() as server, httpx.Client(base_url=server.url, timeout=60) as client:
         sizes = (16, 64, 256, 1024) if swept else (64,)
         runs = make_sweep(200.0, sizes, lrs=((0.3, 1.0),), seeds=2, rng=random.Random(2))
-        post(client, runs, project="examples", task="digits-mlp")
-        script = tmp_path / "example.py"
-        script.write_text(code.replace("http://127.0.0.1:8765", server.url))
-        out = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, timeout=120
-        )
+        post(client, runs, project="noisescope-reproduction", task="digits")
+        one = make_sweep(200.0, (64,), lrs=((0.3, 1.0),), rng=random.Random(3))
+        post(client, one, project="examples", task="digits-mlp")
+        out = _run_example(code, server.url, tmp_path)
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
     if swept:
-        assert any(re.match(r"loss \S+: B_crit = 2\d\d \[", line) for line in lines), out.stdout
-        assert any("devices" in line for line in lines), out.stdout  # the plan's summary
-        assert "not determined" not in out.stdout
+        _says_b_crit_and_a_plan(out.stdout, r"2\d\d")
     else:
-        assert any("B_crit not determined: " in line for line in lines), out.stdout
+        assert "B_crit not determined: " in out.stdout, out.stdout
         assert "B_crit =" not in out.stdout and "devices" not in out.stdout
+
+
+def _readme_steps() -> list[str]:
+    """The commands the README has a user type once `noisescope up` runs, in order: its bash
+    blocks from the second to the "Install" section, comments dropped."""
+    before_install = README[: README.index("## Install")]
+    lines = [line.split("  #")[0].strip() for block in _bash_blocks(before_install)[1:]
+             for line in block.splitlines()]  # fmt: skip
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+@pytest.mark.slow
+def test_the_readme_steps_then_the_api_example_run_in_order(tmp_path: Path) -> None:
+    """After `noisescope up` (tests/e2e/test_up.py), the README's next commands as written, in
+    a fresh folder, against a fresh server: the digits example, then the sweep that fills the
+    sweep pages; then docs/api.md's example reads both and finds B_crit at every target.
+
+    The pip lines are checked, not run: what they install is what this environment has."""
+    import importlib.util
+    import shlex
+
+    import noisescope
+    from tests.support.servers import ServerProcess
+
+    steps = _readme_steps()
+    installs = [s for s in steps if "pip install" in s]
+    commands = [s for s in steps if s not in installs]
+    assert any("torch==2.13.0" in s for s in installs) and "pip install scikit-learn" in steps
+    assert importlib.util.find_spec("torch") and importlib.util.find_spec("sklearn")
+    assert [shlex.split(c)[:2] for c in commands] == [
+        ["python", "examples/digits.py"],
+        ["python", "-m"],
+    ], commands
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("NOISESCOPE_")},
+        "PYTHONPATH": str(ROOT),  # the checkout, as `python -m experiments` at its root
+        "NOISESCOPE_HOME": str(tmp_path / "home"),
+        "OMP_NUM_THREADS": "1",
+    }
+    with ServerProcess() as server:
+        env["NOISESCOPE_URL"] = server.url  # what the README's default URL is to a user
+        for command in commands:
+            args = shlex.split(command.replace(DEFAULT_URL, server.url))
+            done = subprocess.run(
+                [sys.executable, *args[1:]], cwd=tmp_path, env=env, capture_output=True,
+                text=True, timeout=300,
+            )  # fmt: skip
+            assert done.returncode == 0, f"{command}:\n{done.stderr[-3000:]}"
+        out = _run_example(_api_example(), server.url, tmp_path)
+        with noisescope.Api(server.url) as api:
+            sweep = api.critical_batch("noisescope-reproduction", "digits")
+    assert out.returncode == 0, out.stderr
+    assert sweep.targets and all(t.determined for t in sweep.targets), sweep.warnings
+    _says_b_crit_and_a_plan(out.stdout, r"\S+")
+    assert sum(line.startswith("loss ") for line in out.stdout.splitlines()) == len(sweep.targets)
+    # a part of the study reports beside its cache, never over the checkout's docs/ page
+    assert (tmp_path / "experiments" / "runs" / "full" / "report" / "reproduction.md").is_file()
+    assert not (tmp_path / "docs").exists()
