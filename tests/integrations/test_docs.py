@@ -1,4 +1,5 @@
-"""The complete scripts in docs/integrations.md run as written and reach a real server."""
+"""The complete scripts in docs/integrations.md run as written, reach a real server and end
+with a number on the run's page (the current B_simple)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import noisescope
+from noisescope.estimators import CURRENT_MIN_SAMPLES
 from tests.support.database import query
 from tests.support.servers import ServerProcess
 
@@ -71,6 +74,10 @@ def test_doc_script_runs_and_reaches_the_server(
     assert len(rows) >= 20
     assert {(r.b_small, r.b_big) for r in rows} == {(b_small, b_big)}
     assert all(r.g_small_sq > 0 and r.g_big_sq > 0 for r in rows)
+    with noisescope.Api(server.url) as api:
+        (run,) = api.runs(project="docs", task=task)
+    assert run.n_samples >= CURRENT_MIN_SAMPLES
+    assert run.b_simple is not None, run.b_simple_reason  # what the Runs table shows
 
 
 @pytest.mark.parametrize("name", ["HuggingFaceCallback", "LightningCallback"])
