@@ -86,6 +86,7 @@ def serve(
         access_log=access_log,
         log_level=log_level,
         timeout_keep_alive=30,
+        http="noisescope_server._h11:H11Protocol",  # a 400 of uvicorn's ends the request
     )
     sock = bind_socket(host, port)
     print(
