@@ -6,6 +6,7 @@ the server hands out links to that dashboard's run pages, which the example's cl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -123,3 +124,48 @@ def test_up_runs_server_and_dashboard_and_stops_both(tmp_path: Path) -> None:
     assert server_url in output and dash_url in output
     assert not _answers(f"{server_url}/api/v1/health"), "server left running after SIGTERM"
     assert not _answers(f"{dash_url}/_stcore/health"), "dashboard left running after SIGTERM"
+
+
+def _children(parent: int) -> list[int]:
+    return [int(pid) for pid in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
+
+
+def _program(pid: int) -> str:
+    return "streamlit" if b"streamlit" in Path(f"/proc/{pid}/cmdline").read_bytes() else "server"
+
+
+@pytest.mark.slow
+def test_up_says_which_child_died_and_stops_the_other(tmp_path: Path) -> None:
+    """The server child killed: `up` names it, its pid and the signal, stops the dashboard
+    and exits 1."""
+    port, dash_port = free_port(), free_port()
+    env = {**os.environ, "NOISESCOPE_HOME": str(tmp_path)}
+    env.pop("NOISESCOPE_DATABASE_URL", None)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "noisescope.cli", "up", "--port", str(port),
+         "--dashboard-port", str(dash_port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert up.stdout is not None
+        head = []
+        for line in up.stdout:  # the last line of the start, once both answer
+            head.append(line)
+            if "Ctrl-C stops both" in line:
+                break
+        by_program = {_program(pid): pid for pid in _children(up.pid)}
+        os.kill(by_program["server"], signal.SIGKILL)
+        rest, _ = up.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(up.pid, signal.SIGKILL)
+        up.wait(30)
+    out = "".join(head) + rest
+    assert (
+        f"noisescope up: the ingest server (pid {by_program['server']}) was stopped by SIGKILL; "
+        "stopping the dashboard" in out
+    ), out
+    assert up.returncode == 1
+    assert not Path(f"/proc/{by_program['streamlit']}").exists(), "Streamlit left running"
+    assert not _answers(f"http://127.0.0.1:{dash_port}/_stcore/health"), "dashboard left running"

@@ -4,6 +4,7 @@ database URLs, run links, TCP_NODELAY."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -240,6 +241,59 @@ def test_dashboard_starts_streamlit_reading_the_given_server(tmp_path: Path) -> 
     assert child["NOISESCOPE_URL"] == "http://127.0.0.1:9"
     assert child["NOISESCOPE_TOKEN"] == "nsk_from_env"  # --token's default
     assert "NOISESCOPE_DATABASE_URL" not in child
+
+
+def _children(parent: int) -> list[int]:
+    path = Path(f"/proc/{parent}/task/{parent}/children")
+    return [int(pid) for pid in _read_or_empty(path).split()]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, exited but not reaped, is not)."""
+    stat = _read_or_empty(Path(f"/proc/{pid}/stat"))
+    return bool(stat) and stat.rsplit(b")", 1)[1].split()[0] != b"Z"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_to_noisescope_dashboard_stops_streamlit(sig: signal.Signals) -> None:
+    """``kill PID`` (or SIGINT to that process alone) stops the Streamlit child and frees its
+    port, then exits 0."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "noisescope.cli", "dashboard"),
+            *("--url", "http://127.0.0.1:9", "--port", str(port)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _answers(f"http://127.0.0.1:{port}/_stcore/health"):
+            assert proc.poll() is None and time.monotonic() < deadline, "Streamlit did not start"
+            time.sleep(0.2)
+        (streamlit,) = _children(proc.pid)
+        proc.send_signal(sig)  # the parent only, as `kill PID` does
+        assert proc.wait(30) == 0
+        deadline = time.monotonic() + 5
+        while _running(streamlit) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(streamlit), "Streamlit left running"
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 def test_dashboard_url_option_is_checked() -> None:

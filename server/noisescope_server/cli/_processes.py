@@ -104,14 +104,32 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
         proc.wait()
 
 
+def _ended(proc: subprocess.Popen[bytes]) -> str:
+    """How a child that is no longer running ended, for a message."""
+    code = proc.returncode
+    if code is not None and code < 0:
+        try:
+            return f"was stopped by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was stopped by signal {-code}"
+    return f"exited with status {code}" + (" (its messages are above)" if code else "")
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
 def _interrupt_on_termination() -> None:
     """Make SIGTERM/SIGHUP (and a SIGINT ignored by a background shell) stop like Ctrl-C,
-    so ``kill`` or a closed terminal never leaves the server and dashboard behind."""
+    so ``kill`` or a closed terminal never leaves the server and dashboard behind. Only the
+    first one interrupts: a second (Ctrl-C twice, ``kill`` then Ctrl-C) would cut short the
+    stopping of the children, which ``_stop`` bounds anyway."""
 
     def interrupt(signum: int, frame: object) -> None:
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    for sig in _STOP_SIGNALS:
         signal.signal(sig, interrupt)
 
 
@@ -147,55 +165,67 @@ def cmd_up(args: argparse.Namespace) -> int:
         else f"noisescope up: database schema is current (revision {after})"
     )
     env = {**os.environ, **settings.to_env()}
-    server = subprocess.Popen(server_command(args.port), env=env)
-    procs = [server]
+    children: dict[str, subprocess.Popen[bytes]] = {}
     try:
+        server = children["ingest server"] = subprocess.Popen(server_command(args.port), env=env)
         server_url = f"http://127.0.0.1:{args.port}"
         if not _wait_http(f"{server_url}/api/v1/health", 60, server):
-            print(
-                "noisescope up: the server did not start (see the messages above)", file=sys.stderr
-            )
+            how = "did not answer within 60 s" if server.poll() is None else _ended(server)
+            print(f"noisescope up: the ingest server {how}", file=sys.stderr)
             return 1
         print(f"noisescope up: ingest server  {server_url}   (API docs {server_url}/api/v1/docs)")
         if not args.no_dashboard:
-            dash = subprocess.Popen(
+            dash = children["dashboard"] = subprocess.Popen(
                 dashboard_command(args.dashboard_port),
                 env=dashboard_env(server_url),
                 stdout=subprocess.DEVNULL,
             )
-            procs.append(dash)
             if _wait_http(f"{dash_url}/_stcore/health", 90, dash):
                 print(f"noisescope up: dashboard      {dash_url}")
-            else:
-                print("noisescope up: the dashboard did not start", file=sys.stderr)
-        print(
-            "noisescope up: auth is off and both listen on 127.0.0.1 only; "
-            f'point the client at url="{server_url}". Ctrl-C stops both.',
-            flush=True,
-        )
-        while all(p.poll() is None for p in procs):
+            elif dash.poll() is None:
+                print("noisescope up: the dashboard did not answer within 90 s", file=sys.stderr)
+        if all(p.poll() is None for p in children.values()):
+            print(
+                "noisescope up: auth is off and both listen on 127.0.0.1 only; "
+                f'point the client at url="{server_url}". Ctrl-C stops both.',
+                flush=True,
+            )
+        while all(p.poll() is None for p in children.values()):
             time.sleep(0.5)
-        return 1  # one of them exited on its own
+        name, gone = next((n, p) for n, p in children.items() if p.poll() is not None)
+        others = [n for n, p in children.items() if p.poll() is None]
+        stopping = f"; stopping the {' and the '.join(others)}" if others else ""
+        print(f"noisescope up: the {name} (pid {gone.pid}) {_ended(gone)}{stopping}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 1
     except KeyboardInterrupt:
         print("\nnoisescope up: stopping", flush=True)
         return 0
     finally:
-        for p in reversed(procs):
+        for p in reversed(children.values()):
             _stop(p)
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     server_url = args.url or (os.environ.get("NOISESCOPE_URL") or DEFAULT_URL).rstrip("/")
     token = args.token if args.token is not None else os.environ.get("NOISESCOPE_TOKEN")
-    proc = subprocess.Popen(
-        dashboard_command(args.port, args.host), env=dashboard_env(server_url, token)
-    )
-    print(
-        f"noisescope dashboard: http://{url_host(args.host)}:{args.port} (reading {server_url})",
-        flush=True,
-    )
+    _interrupt_on_termination()
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        return proc.wait()
+        proc = subprocess.Popen(
+            dashboard_command(args.port, args.host), env=dashboard_env(server_url, token)
+        )
+        print(
+            f"noisescope dashboard: http://{url_host(args.host)}:{args.port} "
+            f"(reading {server_url})",
+            flush=True,
+        )
+        if proc.wait() == 0:
+            return 0
+        print(f"noisescope dashboard: Streamlit (pid {proc.pid}) {_ended(proc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        _stop(proc)
         return 0
+    finally:
+        if proc is not None:
+            _stop(proc)
