@@ -10,6 +10,7 @@ import pytest
 from noisescope.estimators import (
     CURRENT_FRACTION,
     CURRENT_MAX_FACTOR,
+    CURRENT_MIN_BLOCK,
     CURRENT_MAX_FRACTION,
     CURRENT_MAX_REL_WIDTH,
     CURRENT_MIN_SAMPLES,
@@ -148,8 +149,8 @@ def test_in_memory_samples_give_the_rule_s_answer_on_raw_samples(seed: int) -> N
 def test_a_number_is_stated_only_within_a_factor_two_else_its_lower_end() -> None:
     """A short run whose interval spans more than 2x either side of its value: the answer is
     the interval's lower end as a bound, never the point it cannot vouch for."""
-    n_b, g, s = noisy_steps(64, 50.0, 2.5, seed=9)
-    measured = interval_from_blocks(n_b, g, s).b_simple
+    n_b, g, s = noisy_steps(64, 50.0, 2.0, seed=1)
+    measured = interval_from_blocks(n_b, g, s, max_blocks=64 // CURRENT_MIN_BLOCK).b_simple
     assert measured is not None
     assert measured.hi > CURRENT_MAX_FACTOR * measured.value  # too wide to state
     _, window = current_window(n_b, g, s)

@@ -9,7 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from .._format import count
-from ._intervals import BlockMoments, NoiseScaleInterval, block_moments, interval_from_blocks
+from ._intervals import (
+    INTERVAL_BLOCKS,
+    BlockMoments,
+    NoiseScaleInterval,
+    block_moments,
+    interval_from_blocks,
+)
 from ._stats import student_t_quantile
 
 __all__ = [
@@ -18,6 +24,7 @@ __all__ = [
     "CURRENT_MAX_FACTOR",
     "CURRENT_MAX_FRACTION",
     "CURRENT_MAX_REL_WIDTH",
+    "CURRENT_MIN_BLOCK",
     "CURRENT_MIN_SAMPLES",
     "CURRENT_RAW_LIMIT",
     "CURRENT_SHIFT_LEVEL",
@@ -55,6 +62,12 @@ CURRENT_FRACTION = 0.1
 CURRENT_MAX_FRACTION = 0.5
 #: Fewest samples the current B_simple is ever computed from.
 CURRENT_MIN_SAMPLES = 64
+#: Fewest samples in each block the window's interval is computed from (of at most
+#: ``INTERVAL_BLOCKS``): a short window is cut into fewer, longer blocks (64 samples: 8 of 8)
+#: rather than 30 of two, because single samples are heavy-tailed (late in training a few
+#: examples carry most of 𝒮) and a step's batch lingers in momentum or Adam for several
+#: steps, while the interval assumes nearly independent, nearly normal block means.
+CURRENT_MIN_BLOCK = 8
 #: The window grows until (hi - lo) / B_simple of its interval is at most this.
 CURRENT_MAX_REL_WIDTH = 1.0
 #: A number is stated only when its interval lies within this factor of it on both sides
@@ -105,6 +118,14 @@ class CurrentNoiseScale:
         """What a decision can act on: the value, else the lower bound (B_simple is at least
         that), else None."""
         return self.b_simple if self.b_simple is not None else self.lower_bound
+
+
+def _interval(
+    blocks: tuple[Sequence[float], Sequence[float], Sequence[float]], level: float
+) -> NoiseScaleInterval:
+    """The window's interval, in blocks of at least ``CURRENT_MIN_BLOCK`` samples."""
+    n_blocks = max(2, min(INTERVAL_BLOCKS, int(sum(blocks[0]) // CURRENT_MIN_BLOCK)))
+    return interval_from_blocks(*blocks, level=level, max_blocks=n_blocks)
 
 
 def _narrow(interval: NoiseScaleInterval) -> bool:
@@ -219,7 +240,7 @@ def current_noise_scale(
     cap = max(math.ceil(CURRENT_MAX_FRACTION * n_total), target)
     blocks = trailing(target)
     used = float(sum(blocks[0]))
-    interval = interval_from_blocks(*blocks, level=level)
+    interval = _interval(blocks, level)
     limit: str | None = None
     while not _narrow(interval) and used < n_total:
         if target >= cap:
@@ -234,7 +255,7 @@ def current_noise_scale(
         if limit is not None:
             break
         target, blocks, used = doubled, wider, float(sum(wider[0]))
-        interval = interval_from_blocks(*blocks, level=level)
+        interval = _interval(blocks, level)
     return _what_is_known(CurrentNoiseScale(used, interval, limit), level)
 
 
