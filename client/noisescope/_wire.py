@@ -55,6 +55,10 @@ MAX_JSON_DEPTH: Final = 64
 #: The largest a run config or an event payload may be, as compact JSON (bytes): every run
 #: list answer carries each run's config, so one huge config would weigh on every reader.
 MAX_JSON_BYTES: Final = 256 * 1024
+#: The largest magnitude of a value the server sums (loss, lr, and each sample's |G|^2 and
+#: tr(Sigma) estimates), 2^960 (about 9.7e288): the sum of 2^63 of them (a run's most samples)
+#: is still a float. The client sends a loss or lr beyond it as null, as a non-finite one.
+MAX_SUMMED: Final = 2.0**960
 
 
 #: A run id: 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter, digit or ``_``.

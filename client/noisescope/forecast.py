@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,14 @@ __all__ = [
     "law_from_report",
     "plateau",
 ]
+
+
+#: The logs of the largest float and of the smallest normal one (a prediction between them is
+#: a float with full precision), and of the smallest positive float.
+_LOG_MAX = math.log(sys.float_info.max)
+_LOG_MIN = math.log(sys.float_info.min)
+_TINY = math.ulp(0.0)
+_LOG_TINY = math.log(_TINY)
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,10 @@ class CriticalBatchLaw:
         return w[-1][1], w[-1][2]
 
     def predict(self, loss: float) -> CriticalBatchForecast:
-        """B_crit at ``loss`` (must be positive and finite), with the fit's interval."""
+        """B_crit at ``loss`` (must be positive and finite), with the fit's interval.
+
+        ValueError naming the losses the law can be read at when B_crit or its interval at
+        ``loss`` lies beyond the floating-point range (far outside the fitted losses)."""
         if not (loss > 0 and math.isfinite(loss)):
             raise ValueError(f"loss must be positive and finite, got {loss!r}")
         x0 = math.log(loss)
@@ -113,15 +125,27 @@ class CriticalBatchLaw:
         se = math.sqrt(self.s2 * (1.0 / self.w_sum + (x0 - self.x_mean) ** 2 / self.sxx))
         t = student_t_quantile(0.5 + self.level / 2.0, self.n_points - 2)
         below, above = self._floor(x0)
+        y_lo, y_hi = y0 - max(t * se, below), y0 + max(t * se, above)
+        if not _LOG_MIN <= y_lo <= y_hi <= _LOG_MAX:
+            lo, hi = self._readable_losses()
+            raise ValueError(
+                f"loss {loss:g} lies too far from the fitted losses ({self.loss_min:g} to "
+                f"{self.loss_max:g}) to forecast: B_crit or its interval there is beyond the "
+                f"floating-point range; the law can be read at losses from about {lo:.3g} to "
+                f"{hi:.3g}"
+            )
         outside = not (self.loss_min <= loss <= self.loss_max)
         return CriticalBatchForecast(
-            loss,
-            math.exp(y0),
-            math.exp(y0 - max(t * se, below)),
-            math.exp(y0 + max(t * se, above)),
-            self.level,
-            outside,
+            loss, math.exp(y0), math.exp(y_lo), math.exp(y_hi), self.level, outside
         )
+
+    def _readable_losses(self) -> tuple[float, float]:
+        """The losses whose predicted B_crit (without its interval) is a float, clamped to the
+        positive floats."""
+        if self.slope == 0:
+            return _TINY, sys.float_info.max
+        ends = sorted((y - self.log_b_star) / self.slope for y in (_LOG_MIN, _LOG_MAX))
+        return math.exp(max(ends[0], _LOG_TINY)), math.exp(min(ends[1], _LOG_MAX))
 
 
 def fit_critical_batch_law(

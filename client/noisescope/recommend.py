@@ -43,6 +43,7 @@ from noisescope.estimators import (
 )
 
 __all__ = [
+    "MAX_DEVICES",
     "REFERENCES",
     "BatchOption",
     "NoiseTracker",
@@ -412,6 +413,10 @@ Reference = Literal["B_crit", "B_simple"]
 REFERENCES: tuple[Reference, ...] = get_args(Reference)
 
 
+#: The most devices a parallelism plan lists, and the largest ``max_devices`` (2^24).
+MAX_DEVICES = 2**24
+
+
 def parallelism_plan(
     b_crit: float,
     per_device_batch: float,
@@ -442,11 +447,17 @@ def parallelism_plan(
     for name, opt in (("s_min", s_min), ("step_time", step_time), ("batch_size", batch_size)):
         if opt is not None and not (math.isfinite(opt) and opt > 0):
             raise ValueError(f"{name} must be a finite positive number, got {opt}")
-    limit = parallelism_limit(b_crit, per_device_batch, min_speedup)
-    if max_devices is None:
-        max_devices = max(8, 2 ** math.ceil(math.log2(max(4.0 * limit, 1.0))))
-    if not 1 <= max_devices <= 2**24:
-        raise ValueError(f"max_devices must be between 1 and {2**24}, got {max_devices}")
+    limit = parallelism_limit(b_crit, per_device_batch, min_speedup)  # inf past the floats
+    beyond = not limit < MAX_DEVICES
+    if max_devices is None:  # 4x the limit, at least 8, at most MAX_DEVICES: never refused
+        wanted = 4.0 * limit
+        max_devices = (
+            MAX_DEVICES
+            if wanted >= MAX_DEVICES
+            else max(8, 2 ** math.ceil(math.log2(max(wanted, 1.0))))
+        )
+    if not 1 <= max_devices <= MAX_DEVICES:
+        raise ValueError(f"max_devices must be between 1 and {MAX_DEVICES}, got {max_devices}")
     rows = []
     devices = 1
     s_one = steps_ratio(per_device_batch, b_crit)
@@ -468,11 +479,23 @@ def parallelism_plan(
             )
         )
         devices *= 2
-    limit_batch = limit * per_device_batch
+    # the batch at the limit; from B_crit alone when the device count is beyond the floats
+    limit_batch = (
+        limit * per_device_batch
+        if math.isfinite(limit)
+        else parallelism_limit(b_crit, 1.0, min_speedup)
+    )
     waste = compute_waste(limit_batch, b_crit)
     name = "B_crit" if reference == "B_crit" else "B_crit ≈ B_simple"
     basis = f"{name} = {_format.count(b_crit)}"
-    if limit < 1:
+    if beyond:
+        summary = (
+            f"Each doubling of devices still speeds training up by at least {min_speedup:g}× "
+            f"beyond 2^24 ({MAX_DEVICES:,}) devices at {_format.count(per_device_batch)} "
+            f"{units} per device ({basis} {units}): the limit lies past what this plan lists "
+            f"(~{_format.whole(limit_batch)} {units} per step)."
+        )
+    elif limit < 1:
         summary = (
             f"Even one device at {_format.count(per_device_batch)} {units} per step is past the "
             f"point where doubling pays {min_speedup:g}×: {basis} {units}, so a smaller batch per "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import overload
 
-__all__ = ["as_utc", "utcnow"]
+__all__ = ["as_utc", "in_utc_range", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -26,3 +26,16 @@ def as_utc(value: datetime | None) -> datetime | None:
     if value.tzinfo is None:
         return value.replace(tzinfo=timezone.utc)
     return value.astimezone(timezone.utc)
+
+
+def in_utc_range(value: datetime) -> datetime:
+    """``value`` when it has a UTC time (what is stored), else ValueError naming the range: an
+    offset can carry a time at the calendar's ends out of it (9999-12-31T23:00-14:00)."""
+    try:
+        as_utc(value)
+    except OverflowError:
+        raise ValueError(
+            "is outside the times the server can store: 0001-01-01 to 9999-12-31 in UTC, "
+            "after its offset is applied"
+        ) from None
+    return value

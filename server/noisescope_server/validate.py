@@ -35,6 +35,13 @@ FLOAT_COLUMNS = ("examples", "b_small", "b_big", "g_small_sq", "g_big_sq", "loss
 _ORDERED_FLOAT_COLUMNS = frozenset({"examples", "time"})
 #: Float columns that usually hold one value per request (checked once when they do).
 _USUALLY_UNIFORM_COLUMNS = frozenset({"b_small", "b_big", "lr"})
+#: Float columns the server sums (into sample_block and every bucket), so bounded by
+#: ``_wire.MAX_SUMMED`` as well as finite; the estimates are bounded alike.
+_SUMMED_COLUMNS = ("loss", "lr")
+_SUMMED_RULE = (
+    f"beyond ±{_wire.MAX_SUMMED:.2g} (noisescope._wire.MAX_SUMMED), the largest magnitude "
+    "the server sums (a run's sums of up to 2^63 of them stay finite)"
+)
 _NUMBER_TYPES = frozenset({int, float})
 _NULLABLE_NUMBER_TYPES = frozenset({int, float, type(None)})
 
@@ -92,6 +99,8 @@ def validate_samples(
     for name in FLOAT_COLUMNS:
         out[name] = _check_float_column(name, columns.get(name), n, found)
     out["series"] = _check_series(columns.get("series"), n, found)
+    for name in _SUMMED_COLUMNS:
+        _check_summable(name, out[name], found)
     one_pair = n > 0 and {"b_small", "b_big"} <= found.uniform
     _check_batch_sizes(out["b_small"], out["b_big"], one_pair)
     for name in ("g_small_sq", "g_big_sq"):
@@ -232,6 +241,17 @@ def _check_finite(name: str, col: list[Any], values: list[Any]) -> None:
         )
 
 
+def _check_summable(name: str, col: list[Any], found: _Found) -> None:
+    """Finite values (checked before) within ±``_wire.MAX_SUMMED``."""
+    limit = _wire.MAX_SUMMED
+    values = col[:1] if name in found.uniform else col
+    if name in found.null:
+        values = [v for v in values if v is not None]
+    if values and (max(values) > limit or min(values) < -limit):
+        i = _first_bad(col, lambda v: v is None or abs(v) <= limit)
+        raise BadInput(f"column {name!r}[{i}] = {col[i]!r:.40} is {_SUMMED_RULE}")
+
+
 def _check_series(series: list[Any] | None, n: int, found: _Found) -> list[Any]:
     """Strings of at most ``_wire.MAX_NAME_LENGTH`` characters without NUL; absent: ``""``."""
     if series is None:
@@ -290,8 +310,16 @@ def _estimates(out: dict[str, list[Any]], one_pair: bool) -> tuple[list[float], 
         )
         g_sq_est = [e[0] for e in pair_estimates]
         trace_sigma_est = [e[1] for e in pair_estimates]
-    if not (math.isfinite(sum(g_sq_est)) and math.isfinite(sum(trace_sigma_est))):
-        raise BadInput("the squared norms are too large: the |G|^2 or tr(Sigma) estimate overflows")
+    limit = _wire.MAX_SUMMED
+    for estimate in (g_sq_est, trace_sigma_est):
+        # one sum finds a nan or an inf (min and max skip a nan), min and max the magnitude
+        in_range = _is_finite(sum(estimate)) and -limit <= min(estimate) <= max(estimate) <= limit
+        if estimate and not in_range:
+            i = _first_bad(estimate, lambda v: -limit <= v <= limit)  # inf and nan fail too
+            raise BadInput(
+                f"the squared norms are too large: sample {i}'s |G|^2 or tr(Sigma) estimate "
+                f"is {_SUMMED_RULE}"
+            )
     return g_sq_est, trace_sigma_est
 
 

@@ -142,3 +142,16 @@ def test_plateau_finds_where_the_local_critical_batch_stops_growing() -> None:
     rising = plateau(steps, [1, 2, 4, 8, 16], [0.9, 1.8, 3.6, 7.2, 14], [1.1, 2.2, 4.4, 8.8, 18])
     assert rising.step is None and rising.reason is not None and "still rising" in rising.reason
     assert plateau([0, 1], [1.0, 2.0], [None, None], [None, None]).step is None
+
+
+def test_a_loss_too_far_out_names_the_losses_the_law_can_be_read_at() -> None:
+    """Issue 29: loss=1e-300 overflowed exp (a 422 blaming the database, 'math range error')."""
+    law = law_from_report(sweep.analyse(_power_law_sweep(0), TARGETS))
+    assert law is not None
+    with pytest.raises(ValueError, match=r"loss 1e-300 lies too far .* from about") as exc:
+        law.predict(1e-300)
+    lo, hi = (float(v) for v in str(exc.value).rsplit("about ", 1)[1].split(" to "))
+    assert lo < 1e-100 and hi > 1e100  # B_crit = 100 L^-1.5 stays a float that far
+    for inside in (lo * 1e50, hi / 1e50):
+        at = law.predict(inside)
+        assert 0 < at.b_crit_lo < at.b_crit < at.b_crit_hi < math.inf

@@ -6,6 +6,8 @@ import itertools
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from noisescope.estimators import (
     Interval,
@@ -17,7 +19,14 @@ from noisescope.estimators import (
     scaled_lr,
     statistical_efficiency,
 )
-from noisescope.recommend import NoiseTracker, default_candidates, recommend, verdict
+from noisescope.recommend import (
+    MAX_DEVICES,
+    NoiseTracker,
+    default_candidates,
+    parallelism_plan,
+    recommend,
+    verdict,
+)
 
 
 def test_efficiency_is_pollux_and_the_examples_ratio_of_the_s_e_model() -> None:
@@ -151,3 +160,34 @@ def test_tracker_forwards_every_sample_and_recovers_b_simple() -> None:
     assert rec.b_simple_hi >= 150.0 * 0.98
     assert tracker.current().b_simple == rec.b_simple  # the window the recommendation used
     assert rec.options[0].steps_ratio == pytest.approx(2.0, rel=0.02)
+
+
+_sizes = st.floats(min_value=5e-324, max_value=1.7976931348623157e308) | st.sampled_from(
+    [5e-324, 1e-300, 1e-6, 1.0, 1e18, 1e300]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    b_crit=_sizes,
+    per_device=_sizes,
+    min_speedup=st.floats(min_value=1.0, max_value=2.0, exclude_min=True, exclude_max=True),
+    batch_size=st.none() | _sizes,
+    s_min=st.none() | _sizes,
+)
+def test_a_plan_for_any_positive_inputs_is_an_answer(
+    b_crit: float,
+    per_device: float,
+    min_speedup: float,
+    batch_size: float | None,
+    s_min: float | None,
+) -> None:
+    """Issue 29 items 6-7: the derived max_devices overflowed (an infinite device count) or
+    was refused as if the caller had given it; it is capped at 2^24 and the plan says so."""
+    plan = parallelism_plan(
+        b_crit, per_device, min_speedup=min_speedup, batch_size=batch_size, s_min=s_min
+    )
+    assert 1 <= plan.rows[-1].devices <= MAX_DEVICES
+    assert (plan.rows[-1].devices == MAX_DEVICES) or plan.device_limit * 4 < MAX_DEVICES
+    if not plan.device_limit < MAX_DEVICES:
+        assert "beyond 2^24" in plan.summary

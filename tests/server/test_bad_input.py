@@ -68,7 +68,10 @@ BAD_SAMPLES: list[tuple[str, bytes, dict[str, str], int, str]] = [
     ("negative norm", _with(g_small_sq=[1.0, -1.0, 1.0, 1.0, 1.0]), {}, 422, "negative"),
     ("series not string", _with(series=["", 3, "", "", ""]), {}, 422, "'series'[1]"),
     ("series too long", _with(series=["x" * 201] * 5), {}, 422, "longer than"),
-    ("overflowing estimate", _with(g_big_sq=[1e308] * 5), {}, 422, "overflows"),
+    ("overflowing estimate", _with(g_big_sq=[1e308] * 5), {}, 422, "too large"),
+    ("estimate beyond what is summed", _with(g_big_sq=[1e300] * 5), {}, 422, "MAX_SUMMED"),
+    ("loss beyond what is summed", _with(loss=[1.0, 1e307, 1.0, 1.0, 1.0]), {}, 422, "'loss'[1]"),
+    ("lr beyond what is summed", _with(lr=[-1e300] * 5), {}, 422, "'lr'[0] = -1e+300 is beyond"),
     (
         "too many samples",
         orjson.dumps({"columns": columns(10_001)}),
@@ -197,15 +200,42 @@ def test_bad_query_parameters(client: httpx.Client, target: str) -> None:
     assert r.status_code == 422
 
 
-def test_a_parallelism_plan_past_the_device_limit_is_a_422_that_says_so(
-    client: httpx.Client,
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"b_crit": 1e18, "per_device_batch": 1e-3},
+        {"b_crit": 1000, "per_device_batch": 1, "min_speedup": 1.0000000000000002},
+    ],
+)
+def test_a_device_limit_beyond_2_24_is_an_answer_not_a_refusal(
+    client: httpx.Client, params: dict[str, float]
 ) -> None:
-    """A tiny per-device batch against a huge B_crit needs more than 2^24 devices: the plan's
-    own argument check, a request's fault (not a 500)."""
-    params = {"b_crit": 1e18, "per_device_batch": 1e-10}
+    """Issue 29 item 7: the plan's derived max_devices (4x the limit) was refused as if the
+    caller had sent it ('max_devices must be between 1 and 16777216, got 9223372036854775808')."""
+    r = client.get(f"{API}/parallelism", params=params)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["rows"][-1]["devices"] == 2**24
+    assert "beyond 2^24 (16,777,216) devices" in plan["summary"], plan["summary"]
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"b_crit": 1e18, "per_device_batch": 5e-324}, "per_device_batch"),
+        ({"b_crit": 5e-324, "per_device_batch": 1}, "b_crit"),
+        ({"b_crit": 100, "per_device_batch": 1, "batch_size": 5e-324}, "batch_size"),
+    ],
+)
+def test_parallelism_inputs_outside_their_range_are_refused_by_name(
+    client: httpx.Client, params: dict[str, float], named: str
+) -> None:
+    """Issue 29 item 6: 5e-324 per device overflowed to an infinite device count, a 422 that
+    blamed the database ('cannot convert float infinity to integer')."""
     r = client.get(f"{API}/parallelism", params=params)
     assert r.status_code == 422, r.text
-    assert "max_devices must be between 1 and" in r.json()["detail"]
+    detail = r.json()["detail"]
+    assert named in detail and "0.000001" in detail and "database" not in detail, detail
 
 
 _json_values = st.recursive(
@@ -237,3 +267,20 @@ def test_a_search_longer_than_any_name_is_refused_with_the_limit(
     assert r.status_code == 422, r.text
     assert "search" in r.json()["detail"] and "200 characters" in r.json()["detail"]
     assert client.get(f"{API}/runs", params={"search": "x" * 200}).status_code == 200
+
+
+@pytest.mark.parametrize("when", ["9999-12-31T23:00:00-14:00", "0001-01-01T00:00:00+14:00"])
+def test_a_time_beyond_the_utc_calendar_is_refused_by_name(
+    client: httpx.Client, target: str, when: str
+) -> None:
+    """Issue 29 item 6: valid ISO 8601 whose offset carries it past 9999 or before year 1 in
+    UTC was a 422 blaming the database ('date value out of range'); nothing changes."""
+    before = client.get(f"{API}/runs/{target}").json()
+    r = client.patch(f"{API}/runs/{target}", json={"ended_at": when, "status": "finished"})
+    assert r.status_code == 422 and "ended_at" in r.json()["detail"], r.text
+    assert "0001-01-01 to 9999-12-31 in UTC" in r.json()["detail"]
+    assert client.get(f"{API}/runs/{target}").json() == before
+    rid = uuid.uuid4().hex
+    r = client.put(f"{API}/runs/{rid}", json=run_body(started_at=when))
+    assert r.status_code == 422 and "started_at" in r.json()["detail"], r.text
+    assert client.get(f"{API}/runs/{rid}").status_code == 404

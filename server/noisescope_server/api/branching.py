@@ -14,6 +14,7 @@ from noisescope.forecast import ForecastReport, forecast_report
 from noisescope_server import branches, sweeps
 from noisescope_server.api.deps import EngineDep, ReadScope
 from noisescope_server.api.query import _json, _loss_targets, _task_path
+from noisescope_server.errors import value_errors_as_bad_input
 
 router = APIRouter(tags=["query"])
 
@@ -53,4 +54,6 @@ def get_forecast(
     chosen = _loss_targets(targets)
     project, task = _task_path(request, project, task, suffix="critical-batch/forecast")
     report = sweeps.critical_batch(engine, project, task, targets=chosen, project_scope=scope)
-    return _json(forecast_report(report, wanted))
+    with value_errors_as_bad_input():  # a loss too far out to forecast at: its range named
+        forecast = forecast_report(report, wanted)
+    return _json(forecast)

@@ -25,7 +25,7 @@ from noisescope._results import (
     TaskSummary,
 )
 from noisescope.estimators import MIN_SPEEDUP
-from noisescope.recommend import Reference, parallelism_plan
+from noisescope.recommend import MAX_DEVICES, Reference, parallelism_plan
 from noisescope.sweep import CriticalBatchReport
 from noisescope_server import queries, sweeps
 from noisescope_server.api.deps import EngineDep, ReadScope, SettingsDep
@@ -272,23 +272,29 @@ def _task_path(
     return unquote(names[0]), unquote("/".join(names[1:]))
 
 
+#: The smallest batch size (and B_crit) /parallelism takes: any two of them, and 2^24 devices of
+#: the largest (1e18), then stay within the floating-point range in every row.
+_TINY_BATCH = 1e-6
+
+
 @router.get(
     "/parallelism",
     response_model=ParallelismPlan,
     summary="Devices past which each doubling buys less than min_speedup (S-E model at B_crit)",
 )
 def get_parallelism(
-    b_crit: Annotated[float, Query(gt=0, le=1e18, description="critical batch size")],
-    per_device_batch: Annotated[float, Query(gt=0, le=1e18)],
+    b_crit: Annotated[float, Query(ge=_TINY_BATCH, le=1e18, description="critical batch size")],
+    per_device_batch: Annotated[float, Query(ge=_TINY_BATCH, le=1e18)],
     s_min: Annotated[float | None, Query(gt=0, le=1e18, description="from a sweep fit")] = None,
     step_time: Annotated[float | None, Query(gt=0, le=1e9, description="seconds per step")] = (
         None
     ),
     min_speedup: Annotated[float, Query(gt=1, lt=2)] = MIN_SPEEDUP,
-    max_devices: Annotated[int | None, Query(ge=1, le=2**24)] = None,
+    max_devices: Annotated[int | None, Query(ge=1, le=MAX_DEVICES)] = None,
     units: Annotated[str, Query(pattern="^(examples|tokens)$")] = "examples",
     batch_size: Annotated[
-        float | None, Query(gt=0, le=1e18, description="a batch to give a verdict on")
+        float | None,
+        Query(ge=_TINY_BATCH, le=1e18, description="a batch to give a verdict on"),
     ] = None,
     reference: Annotated[
         Reference,

@@ -23,6 +23,7 @@ from pydantic import (
 
 from noisescope import _wire
 from noisescope_server.jsonclip import encode
+from noisescope_server.utc import in_utc_range
 from noisescope_server.validate import branch_plan_problem
 
 __all__ = [
@@ -76,6 +77,8 @@ def _run_id(value: str) -> str:
 
 
 RunId = Annotated[StrictStr, AfterValidator(_run_id)]
+#: A time the server stores (in UTC): ISO 8601 text or Unix seconds, within the UTC calendar.
+StoredTime = Annotated[datetime, AfterValidator(in_utc_range)]
 Name = Annotated[
     str,
     StringConstraints(min_length=1, max_length=_wire.MAX_NAME_LENGTH, strip_whitespace=True),
@@ -105,7 +108,7 @@ class RunPut(_Strict):
     batch_size: float | None = Field(default=None, gt=0)
     units: Units = "examples"
     status: Status = "running"
-    started_at: datetime | None = Field(
+    started_at: StoredTime | None = Field(
         default=None, strict=False, description="ISO 8601 or Unix seconds; default: now"
     )
     parent_run_id: RunId | None = Field(
@@ -143,7 +146,7 @@ class RunPutResult(BaseModel):
 
 class RunPatch(_Strict):
     status: Status | None = None
-    ended_at: datetime | None = Field(default=None, strict=False)
+    ended_at: StoredTime | None = Field(default=None, strict=False)
     batch_size: float | None = Field(default=None, gt=0)
 
 
