@@ -19,7 +19,10 @@ from noisescope._request import GZIP_MIN_BYTES
 Mode = Literal["online", "offline", "disabled"]
 MODES: tuple[Mode, ...] = ("online", "offline", "disabled")
 
-DEFAULT_URL = "http://127.0.0.1:8765"
+#: Where ``noisescope up`` puts the ingest server and the dashboard.
+DEFAULT_PORT = 8765
+DEFAULT_DASHBOARD_PORT = 8501
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
 def default_dir() -> Path:
@@ -130,6 +133,31 @@ def check_url(url: str) -> str:
             "(set url= or NOISESCOPE_URL)"
         )
     return text
+
+
+def server_url_for(url: str) -> str | None:
+    """The server's URL when ``url`` is the dashboard's (its port is the dashboard's default),
+    else None: the fix to offer for a URL that answers as no noisescope server does."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if port != DEFAULT_DASHBOARD_PORT or parts.hostname is None:
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}:{DEFAULT_PORT}"
+
+
+def server_hint(url: str) -> str:
+    """What to try instead of ``url``, which answers as no noisescope server does."""
+    server = server_url_for(url)
+    if server is not None:
+        return (
+            f"this looks like the dashboard (port {DEFAULT_DASHBOARD_PORT}); the server is on "
+            f"port {DEFAULT_PORT}: use {server}"
+        )
+    return f"is it the dashboard? the server's default port is {DEFAULT_PORT}"
 
 
 def resolve(

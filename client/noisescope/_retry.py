@@ -2,7 +2,8 @@
 
 Connection errors, timeouts, 408, 425, 429 and 5xx are retried with exponential backoff and
 jitter, never sooner than the server's ``Retry-After``; 404 means the server lost the run
-(create it again); any other answer is final.
+(create it again); any other answer is final, and a 405 or a web page is no noisescope
+server's (``not_noisescope``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import random
 import time
 from typing import Literal
 
+from noisescope._config import server_hint
 from noisescope._transport import Response
 
 Outcome = Literal["ok", "retry", "fatal", "missing"]
@@ -68,3 +70,22 @@ def classify(response: Response) -> Outcome:
     if status == 404:
         return "missing"
     return "fatal"
+
+
+def is_html(response: Response) -> bool:
+    return (response.header("Content-Type") or "").lower().startswith("text/html")
+
+
+def not_noisescope(response: Response) -> bool:
+    """An answer no noisescope server gives to a run's creation (a 405, or a web page: e.g. the
+    Streamlit dashboard's port)."""
+    return response.status == 405 or is_html(response)
+
+
+def not_noisescope_problem(url: str, request: str, response: Response) -> str:
+    """The sentence for such an answer from ``url`` to ``request`` ("PUT /api/v1/runs/ID")."""
+    page = " and a web page" if is_html(response) else ""
+    return (
+        f"{url} is not a noisescope server: it answered {request} with HTTP "
+        f"{response.status}{page}; {server_hint(url)} (set url= or NOISESCOPE_URL)"
+    )

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from noisescope import _process, _wire
-from noisescope._config import Settings, resolve
+from noisescope._config import Settings, resolve, server_url_for
 from noisescope._records import (
     OPEN_B_BIG,
     OPEN_B_SMALL,
@@ -412,7 +412,10 @@ class Run:
             self._commit_open()
             wait = self.settings.flush_timeout if timeout is None else timeout
             final = {"status": status, "ended_at": _now_iso()}
-            self._sender.close(final, wait)
+            setting = " (flush_timeout)" if timeout is None else ""
+            interrupted = self._sender.close(
+                final, wait, waiting=lambda: self._say_waiting(f"{wait:g} s{setting}")
+            )
             self.active = False
             result = self.status()
             self._report(result, status)
@@ -420,10 +423,24 @@ class Run:
                 self._spool.remove_if_empty()  # an offline run, even empty, waits for sync
             elif self._spool is not None:
                 self._spool.release()
+            if interrupted:
+                raise KeyboardInterrupt  # the rest is spooled and said: now stop, as asked
             return result
         except Exception as exc:
             self._hot_error(exc)
             return self.status()
+
+    def _say_waiting(self, wait: str) -> None:
+        """``finish()`` is still waiting for the server: for how long, and what Ctrl-C does."""
+        if self._spool is not None:
+            keep = f"Ctrl-C keeps the samples in the spool ({self._spool.root})"
+        else:
+            keep = "Ctrl-C drops the samples not yet sent (there is no spool)"
+        line = f"run {self.name} ({self.id[:8]}): waiting up to {wait} for the server at "
+        line += f"{self.settings.url}; {keep}"
+        logger.info("noisescope: %s", line)
+        if not self.settings.quiet:
+            print(f"noisescope: {line}", file=sys.stderr, flush=True)
 
     def _report(self, result: Status, status: str) -> None:
         line = f"run {self.id} ({self.name}): {result.line()}"
@@ -444,7 +461,12 @@ class Run:
                 if self.mode == "offline"
                 else f"Not all data reached {self.settings.url}"
             )
-            command = f"noisescope sync {root} --url {self.settings.url}"
+            url = self.settings.url
+            if sender is not None and sender.not_noisescope:  # not there: say where, if known
+                url = server_url_for(url) or "<SERVER URL>"
+                samples = f"its {result.spooled} samples" if result.spooled else "no samples"
+                where = f"The spool keeps the run, with {samples}"
+            command = f"noisescope sync {root} --url {url}"
             refused = sender is not None and sender.refused_status in (401, 403)
             if refused or self.settings.token:
                 command += " --token <TOKEN>"

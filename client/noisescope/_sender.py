@@ -35,7 +35,14 @@ from noisescope._backlog import Backlog, Guard
 from noisescope._config import Settings
 from noisescope._records import Sample, json_safe, rows_to_columns
 from noisescope._request import build_request, is_loopback
-from noisescope._retry import Backoff, Outcome, classify, parse_retry_after
+from noisescope._retry import (
+    Backoff,
+    Outcome,
+    classify,
+    not_noisescope,
+    not_noisescope_problem,
+    parse_retry_after,
+)
 from noisescope._spool import Columns, RunSpool, replay_requests
 from noisescope._sync import deliver_orphans
 from noisescope._transport import Response, Transport, TransportError
@@ -66,14 +73,8 @@ class Link(enum.Enum):
     FINISHED = "finished"
 
 
-def _is_html(response: Response) -> bool:
-    return (response.header("Content-Type") or "").lower().startswith("text/html")
-
-
-def _not_noisescope(response: Response) -> bool:
-    """An answer no noisescope server gives to a run's creation (a 405, or a web page: e.g. the
-    Streamlit dashboard's port)."""
-    return response.status == 405 or _is_html(response)
+#: Seconds ``close`` waits before it says that it is waiting for the server.
+SLOW_CLOSE = 1.0
 
 
 class Sender:
@@ -124,6 +125,11 @@ class Sender:
         self._heartbeats = True
         #: The HTTP status of a refused run creation (401/403: a token problem), if any.
         self.refused_status: int | None = None
+        #: Whether that refusal was no noisescope server's answer (the dashboard's port?).
+        self.not_noisescope = False
+        #: What the outage now under way failed with (cleared from ``last_error`` once the
+        #: server answers again: a recovered outage is no error of the run).
+        self._outage_error: str | None = None
         self._flush_requested = False
         self._final: dict[str, Any] | None = None
         #: Why the run's end could not be recorded in the spool at close, if it could not.
@@ -195,8 +201,15 @@ class Sender:
         self._flush_requested = False
         return self.idle()
 
-    def close(self, final: dict[str, Any] | None, timeout: float) -> None:
-        """Flush for at most ``timeout``; spool what is left; stop the thread."""
+    def close(
+        self,
+        final: dict[str, Any] | None,
+        timeout: float,
+        waiting: Callable[[], None] | None = None,
+    ) -> bool:
+        """Flush for at most ``timeout``; spool what is left; stop the thread. ``waiting`` is
+        called once if the server has not taken everything after ``SLOW_CLOSE`` seconds.
+        Returns True if Ctrl-C cut the wait short (what was left is spooled all the same)."""
         self._final = final
         if self.spool is not None and final is not None:
             try:  # before any wait: what sync needs should the process die meanwhile
@@ -206,8 +219,15 @@ class Sender:
         self._flush_requested = True
         self.phase = Phase.STOPPING
         self._wake.set()
+        interrupted = False
         if self._thread is not None:
-            self._thread.join(max(0.0, timeout))
+            try:
+                self._thread.join(min(SLOW_CLOSE, max(0.0, timeout)))
+                if self._thread.is_alive() and timeout > SLOW_CLOSE and waiting is not None:
+                    waiting()
+                    self._thread.join(timeout - SLOW_CLOSE)
+            except KeyboardInterrupt:
+                interrupted = True
         if self._thread is not None and self._thread.is_alive():
             # The server did not take everything in time: leave the rest on disk.
             self.phase = Phase.ABANDONED
@@ -227,6 +247,7 @@ class Sender:
         if self.transport is not None and not self.alive:
             with contextlib.suppress(Exception):
                 self.transport.close()
+        return interrupted
 
     # -- the thread ---------------------------------------------------------------------------
     def _main(self) -> None:
@@ -339,6 +360,7 @@ class Sender:
         delay = self.backoff.next_delay(retry_after)
         self._outage_until = time.monotonic() + delay
         self._error(reason, key=None)
+        self._outage_error = reason
         logger.debug("noisescope: %s; retrying in %.2fs", reason, delay)
         if warn and "outage" not in self._warned:  # once, at the first failure, in the log
             self._warned.add("outage")
@@ -364,6 +386,9 @@ class Sender:
         elif outcome == "ok":
             self.backoff.reset()
             self._outage_until = 0.0
+            if self._outage_error is not None and self.last_error == self._outage_error:
+                self.last_error = None
+            self._outage_error = None
         return outcome
 
     def _ensure_run(self) -> bool:
@@ -372,7 +397,7 @@ class Sender:
         response = self._request("PUT", _wire.runs_path(self.run_id), self.run_body)
         if response is None:
             return False
-        outcome = "fatal" if _not_noisescope(response) else self._answered(response)
+        outcome = "fatal" if not_noisescope(response) else self._answered(response)
         if outcome == "ok":
             self._tell_page(response)
             self.link = Link.CREATED
@@ -380,22 +405,17 @@ class Sender:
         if outcome == "retry":
             return False
         self.refused_status = response.status
-        if _not_noisescope(response):
-            message = (
-                f"{self.settings.url} is not a noisescope server: it answered PUT "
-                f"{_wire.runs_path(self.run_id)} with HTTP {response.status}"
-                f"{' and a web page' if _is_html(response) else ''} (the dashboard?); the "
-                "server's default port is 8765 (set url= or NOISESCOPE_URL). The run is kept "
-                "in the spool"
-            )
+        self.not_noisescope = not_noisescope(response)
+        if self.not_noisescope:
+            request = f"PUT {_wire.runs_path(self.run_id)}"
+            message = not_noisescope_problem(self.settings.url, request, response)
         else:
             message = (
-                f"server refused run {self.run_id} (HTTP {response.status}): "
-                f"{response.detail()}; the run is kept in the spool"
+                f"server refused run {self.run_id} (HTTP {response.status}): {response.detail()}"
             )
             if response.status in (401, 403) and self.spool is not None:
                 message += (
-                    f": send it with a valid token: noisescope sync {self.spool.root} "
+                    f"; send it with a valid token: noisescope sync {self.spool.root} "
                     f"--url {self.settings.url} --token <TOKEN>"
                 )
         self.link, self.refusal = Link.REFUSED, message

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from noisescope import _wire
-from noisescope._config import resolve
+from noisescope._config import resolve, server_hint
 from noisescope._request import build_request, is_loopback
-from noisescope._retry import classify
+from noisescope._retry import classify, is_html, not_noisescope
 from noisescope._spool import RunSpool, replay_requests, spooled_run_ids
 from noisescope._transport import HTTPTransport, Response, Transport, TransportError
 
@@ -47,9 +47,21 @@ def _sender(transport: Transport, compress: bool) -> Callable[[str, str, dict[st
     return send
 
 
+class Refused(RuntimeError):
+    """The server's answer to a request of the sync was not a success."""
+
+
+class NotNoisescope(Refused):
+    """An answer no noisescope server gives (``_retry.not_noisescope``): the wrong URL."""
+
+
 def _check(response: Response, what: str) -> None:
-    if classify(response) != "ok":
-        raise RuntimeError(f"{what}: HTTP {response.status}: {response.detail()}")
+    if classify(response) == "ok":
+        return
+    if not_noisescope(response):
+        page = " and a web page" if is_html(response) else ""
+        raise NotNoisescope(f"{what}: HTTP {response.status}{page}")
+    raise Refused(f"{what}: HTTP {response.status}: {response.detail()}")
 
 
 def _recorded_run_id(spool: RunSpool, meta: dict[str, Any]) -> str:
@@ -179,6 +191,12 @@ def sync(
             result.samples += sync_run(spool, use, compress=not is_loopback(target), end=end)
             result.synced.append(run_id)
             spool.remove_if_empty()
+        except NotNoisescope as exc:
+            result.failed[run_id] = (
+                f"{target} is not a noisescope server ({exc}); {server_hint(target)} (--url)"
+            )
+        except Refused as exc:
+            result.failed[run_id] = f"{target}: {exc}"
         except (RuntimeError, TransportError, OSError) as exc:
             result.failed[run_id] = str(exc)
         finally:

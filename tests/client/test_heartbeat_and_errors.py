@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import signal
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -143,6 +144,100 @@ def test_the_dashboard_port_is_named_as_not_a_noisescope_server(
     assert "is not a noisescope server" in result.last_error
     assert "default port is 8765" in result.last_error
     assert any("is not a noisescope server" in r.getMessage() for r in caplog.records)
+
+
+def test_a_run_sent_to_the_dashboard_says_where_the_server_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dashboard's port answers a run's creation with 405: the finish line gives the
+    server's URL to sync to (not the same wrong one) and says what the spool holds."""
+    monkeypatch.delenv("NOISESCOPE_QUIET")
+    fake = FakeServer()
+    fake.faults = [405]
+    run = noisescope.init(url="http://127.0.0.1:8501", transport=fake, dir=tmp_path)
+    result = run.finish()
+    printed = capsys.readouterr().err
+    assert result.spooled == 0
+    assert "this looks like the dashboard (port 8501); the server is on port 8765" in printed
+    assert "The spool keeps the run, with no samples" in printed
+    assert f"noisescope sync {tmp_path} --url http://127.0.0.1:8765" in printed
+    assert "--url http://127.0.0.1:8501" not in printed
+    assert result.last_error is not None and "kept in the spool" not in result.last_error
+
+
+def test_finish_says_that_it_waits_for_a_server_that_does_not_answer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NOISESCOPE_QUIET")
+    fake = FakeServer()
+    fake.down = True
+    run = noisescope.init(url="http://down.test:1", transport=fake, dir=tmp_path, flush_timeout=1.5)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    run.finish()
+    printed = capsys.readouterr().err
+    assert (
+        f"waiting up to 1.5 s (flush_timeout) for the server at http://down.test:1; Ctrl-C "
+        f"keeps the samples in the spool ({tmp_path})"
+    ) in printed
+    up = noisescope.init(url="http://up.test:1", transport=FakeServer(), dir=tmp_path)
+    up.log_sample(0, 8, 64, 2.0, 1.0)
+    up.finish()
+    assert "waiting" not in capsys.readouterr().err  # a server that answers: no word
+
+
+def test_ctrl_c_while_finish_waits_spools_the_rest_says_so_and_stops(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NOISESCOPE_QUIET")
+    fake = FakeServer()
+    fake.down = True
+    run = noisescope.init(url="http://down.test:1", transport=fake, dir=tmp_path)
+    for step in range(10):
+        run.log_sample(step, 8, 64, 2.0, 1.0)
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+    # Ctrl-C: SIGINT to the main thread, after finish() said it waits
+    ctrl_c = threading.Timer(2.0, signal.pthread_kill, (main, signal.SIGINT))
+    ctrl_c.start()
+    with pytest.raises(KeyboardInterrupt):
+        run.finish()
+    ctrl_c.join()
+    status = run.status()
+    printed = capsys.readouterr().err
+    assert "waiting up to 30 s" in printed
+    assert status.spooled == 10 and status.queued == 0
+    assert "spooled 10, dropped 0; last error: connection refused (fake)" in printed
+    assert f"send it with: noisescope sync {tmp_path} --url http://down.test:1" in printed
+
+
+def test_a_recovered_outage_leaves_no_last_error() -> None:
+    fake = FakeServer()
+    fake.down = True
+    run = noisescope.init(url="http://flaky.test:1", transport=fake, backoff_base=0.01)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    assert wait_for(lambda: run.status().last_error is not None)
+    fake.down = False
+    for step in range(1, 600):
+        run.log_sample(step, 8, 64, 2.0, 1.0)
+    result = run.finish()
+    assert (result.sent, result.spooled, result.dropped) == (600, 0, 0)
+    assert result.last_error is None, result.last_error
+    assert "last error" not in result.line()
+
+
+@pytest.mark.parametrize(("status", "said"), [(405, " is not a noisescope server"), (403, ": ")])
+def test_sync_names_the_url_it_tried(tmp_path: Path, status: int, said: str) -> None:
+    run = noisescope.init(mode="offline", dir=tmp_path)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    run.finish()
+    wrong = RawServer(put_status=status)
+    try:
+        result = noisescope.sync(tmp_path, url=wrong.url)
+    finally:
+        wrong.close()
+    why = result.failed[run.id]
+    assert why.startswith(f"{wrong.url}{said}"), why
+    assert "creating the run: HTTP " + str(status) in why
 
 
 def test_a_wrong_tokens_sync_hint_includes_the_token(
