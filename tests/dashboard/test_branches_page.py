@@ -140,3 +140,18 @@ def test_a_bracket_is_drawn_and_written_as_its_two_grid_points() -> None:
     rows = _branches.table(answer, None)
     assert list(rows["local B_crit"]) == ["between 16 and 32", "40"]
     assert list(rows["90% interval"]) == ["16 – 32", "32 – 64"]
+
+
+def test_a_branch_run_says_when_its_parent_is_not_on_the_server(
+    make_app: MakeApp, stack: tuple[str, str, str]
+) -> None:
+    """Issue 29 item 8: such a link is accepted (the parent may come later), not invisible."""
+    url, _, kid = stack
+    orphan = uuid.uuid4().hex
+    body = {"project": PROJECT, "task": TASK, "parent_run_id": uuid.uuid4().hex, "branch_step": 3}
+    assert httpx.put(f"{url}/api/v1/runs/{orphan}", json=body).status_code == 201
+    said = [c.value for c in make_app(url, "run", run=orphan).caption]
+    assert any("is a branch of run" in c and "not on this server" in c for c in said), said
+    said = [c.value for c in make_app(url, "run", run=kid).caption]
+    assert any("is a branch of run" in c for c in said)
+    assert not any("not on this server" in c for c in said), said

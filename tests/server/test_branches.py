@@ -191,6 +191,52 @@ def test_a_run_cannot_branch_from_itself(server: ServerProcess, run_id: str) -> 
         assert r.status_code == 422 and "branch of itself" in r.json()["detail"]
 
 
+def _put(c: httpx.Client, uid: str, **extra: Any) -> httpx.Response:
+    return c.put(f"/api/v1/runs/{uid}", json=run_body(**extra))
+
+
+def test_parent_links_that_could_never_be_shown_are_refused(server: ServerProcess) -> None:
+    """Issue 29 item 8: a parent in another project, a branch of a branch and a cycle were
+    accepted (201) and then invisible: a run's branches are read in its own project, one
+    level deep. Each refusal names parent_run_id and stores nothing."""
+    parent, kid, other, late = (uuid.uuid4().hex for _ in range(4))
+    with httpx.Client(base_url=server.url) as c:
+        assert _put(c, parent).status_code == 201
+        assert _put(c, other, project="elsewhere").status_code == 201
+        assert _put(c, kid, parent_run_id=parent, branch_step=5).status_code == 201
+        refusals = [
+            (late, {"parent_run_id": other}, "another project"),
+            (late, {"parent_run_id": kid}, "itself a branch"),
+            (
+                parent,
+                {"parent_run_id": kid},
+                "itself a branch",
+            ),  # the cycle parent -> kid -> parent
+            (parent, {"parent_run_id": other, "project": "elsewhere"}, "another project"),
+            (parent, {"parent_run_id": late}, "has branch runs of its own"),
+        ]
+        for uid, link, why in refusals:
+            r = _put(c, uid, **{"branch_step": 1, **link})
+            assert r.status_code in (409, 422), r.text
+            if r.status_code == 422:
+                assert "parent_run_id" in r.json()["detail"] and why in r.json()["detail"], r.text
+        assert c.get(f"/api/v1/runs/{late}").status_code == 404
+        assert c.get(f"/api/v1/runs/{parent}").json()["parent_uid"] is None
+        (point,) = c.get(f"/api/v1/runs/{parent}/branches").json()["points"]
+        assert point["run_ids"] == [kid]
+
+
+def test_a_parent_not_on_the_server_yet_is_accepted(server: ServerProcess) -> None:
+    """A branch run may arrive before its parent (the client creates runs in the background,
+    and sync delivers spooled runs in any order): its points show once the parent is there."""
+    parent, kid = uuid.uuid4().hex, uuid.uuid4().hex
+    with httpx.Client(base_url=server.url) as c:
+        assert _put(c, kid, parent_run_id=parent, branch_step=2**63 - 1).status_code == 201
+        assert _put(c, parent).status_code == 201
+        (point,) = c.get(f"/api/v1/runs/{parent}/branches").json()["points"]
+    assert point["run_ids"] == [kid] and point["step"] == 2**63 - 1
+
+
 def test_a_re_put_without_the_fields_keeps_the_link(server: ServerProcess, run_id: str) -> None:
     with httpx.Client(base_url=server.url) as c:
         body = run_body(parent_run_id="p1", branch_step=4)

@@ -340,6 +340,26 @@ def _branches_section(src: _data.Source, run: RunSummary) -> None:
     _ui.table(_branches.table(answer, forecast))
 
 
+def _parent_line(src: _data.Source, run: RunSummary) -> None:
+    """Which run this one branched from, and if that run is not on the server (a branch run
+    may arrive before its parent), that its branch points show on its page once it is."""
+    assert run.parent_uid is not None
+    line = (
+        f"This run is a branch of run [{md(run.parent_uid[:12])}]"
+        f"({_wire.run_page_url('', run.parent_uid)}) from its step {run.branch_step}."
+    )
+    try:
+        _data.run(src, run.parent_uid)
+    except ApiError as exc:
+        if exc.status not in (403, 404):
+            raise
+        line += (
+            " That run is not on this server (or not readable with this token), so the "
+            "branch points are shown nowhere yet: they appear on its page once it is there."
+        )
+    st.caption(line)
+
+
 def main(src: _data.Source) -> None:
     st.title("Run")
     picked = _pick_run(src)
@@ -355,10 +375,7 @@ def main(src: _data.Source) -> None:
             + f" · run id {md(run.uid)}"
         )
         if run.parent_uid is not None:
-            st.caption(
-                f"This run is a branch of run [{md(run.parent_uid[:12])}]"
-                f"({_wire.run_page_url('', run.parent_uid)}) from its step {run.branch_step}."
-            )
+            _parent_line(src, run)
         with st.expander("Config"):
             st.json(run.config)
         if run.n_samples == 0:

@@ -88,6 +88,32 @@ _TAKEN = (
 )
 
 
+def _check_parent(conn: Connection, run_uid: str, parent_uid: str, project_id: int) -> None:
+    """BadInput for a parent link the branch reader could never show: a run's branches are
+    read in its own project, one level deep. A parent not stored (yet) is fine: branch runs
+    may arrive first (runs are created in the background, and sync sends spools in any
+    order), and their points show once it is there."""
+    parent = conn.execute(
+        select(Run.project_id, Run.parent_uid).where(Run.uid == parent_uid)
+    ).first()
+    if parent is not None and int(parent.project_id) != project_id:
+        raise BadInput(
+            f"parent_run_id {parent_uid!r} is a run of another project: a branch run belongs "
+            "to its parent's project"
+        )
+    if parent is not None and parent.parent_uid is not None:
+        raise BadInput(
+            f"parent_run_id {parent_uid!r} is itself a branch (of {parent.parent_uid!r}): "
+            "branch from the run it branched from (branches are one level deep)"
+        )
+    kids = select(Run.id).where(Run.parent_uid == run_uid, Run.project_id == project_id)
+    if conn.execute(kids.limit(1)).first() is not None:
+        raise BadInput(
+            f"run {run_uid!r} has branch runs of its own, so it cannot become a branch "
+            f"(parent_run_id {parent_uid!r}): branches are one level deep"
+        )
+
+
 def upsert_run(
     engine: Engine, run_uid: str, run: RunIn, *, project_scope: int | None = None
 ) -> tuple[RunRef, bool]:
@@ -105,6 +131,8 @@ def upsert_run(
             raise Forbidden(f"this token does not grant access to project {run.project!r}")
         task_id = get_or_create_task(conn, project_id, run.task)
         existing = lock_run(conn, run_uid)
+        if run.parent_uid is not None:
+            _check_parent(conn, run_uid, run.parent_uid, project_id)
         values: dict[str, Any] = {
             "task_id": task_id,
             "name": run.name,
