@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar, get_type_hints
 from urllib.parse import quote, urlencode
 
 from noisescope import _wire
-from noisescope._config import DEFAULT_URL
+from noisescope._config import DEFAULT_URL, check_url
 from noisescope._results import (
     EventRow,
     ParallelismPlan,
@@ -123,7 +123,7 @@ class Api:
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         transport: Transport | None = None,
     ) -> None:
-        self.url = (url or os.environ.get("NOISESCOPE_URL") or DEFAULT_URL).rstrip("/")
+        self.url = check_url(url or os.environ.get("NOISESCOPE_URL") or DEFAULT_URL)
         token = token if token is not None else (os.environ.get("NOISESCOPE_TOKEN") or None)
         self.timeout = timeout
         self.max_answer_bytes = max_answer_bytes

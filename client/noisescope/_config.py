@@ -6,6 +6,7 @@ no component reads the environment on its own (and tests can build one directly)
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from dataclasses import dataclass, field
@@ -121,18 +122,27 @@ def detect_rank() -> tuple[int, int]:
     return rank, max(world, 1)
 
 
-def check_url(url: str) -> str:
-    """``url`` without a trailing slash; ValueError with the fix when it is not an http(s) URL
-    (``127.0.0.1:8765`` would otherwise fail only when the first request is made)."""
+def check_url(url: str, how: str | None = "set url= or NOISESCOPE_URL") -> str:
+    """``url`` without a trailing slash; ValueError with the fix (and ``how`` to give it) when
+    it is not an http(s) URL (``127.0.0.1:8765`` would otherwise fail only when the first
+    request is made). The one URL check: ``init``, ``Api``, ``sync`` and every ``--url``."""
     text = url.strip().rstrip("/")
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         fixed = text if "://" in text else f"http://{text}"
         raise ValueError(
-            f"noisescope url {url!r} is not an http(s) URL: use e.g. {fixed!r} "
-            "(set url= or NOISESCOPE_URL)"
+            f"noisescope url {url!r} is not an http(s) URL: use e.g. {fixed!r}"
+            + (f" ({how})" if how else "")
         )
     return text
+
+
+def url_argument(value: str) -> str:
+    """``check_url`` as an argparse type, for the CLI's URL options."""
+    try:
+        return check_url(value, how=None)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def server_url_for(url: str) -> str | None:

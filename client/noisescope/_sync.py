@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from noisescope import _wire
-from noisescope._config import resolve, server_hint
+from noisescope._config import resolve, server_hint, url_argument
 from noisescope._request import build_request, is_loopback
 from noisescope._retry import classify, is_html, not_noisescope
 from noisescope._spool import RunSpool, replay_requests, spooled_run_ids
@@ -160,7 +160,7 @@ def sync(
     settings = resolve(url=url, token=token, dir=dir, mode="online")
     root = settings.dir
     result = SyncResult()
-    explicit_url = url or None
+    explicit_url = settings.url if url else None
     for run_id in run_ids or spooled_run_ids(root):
         try:
             spool = RunSpool.at(root, run_id)
@@ -184,7 +184,8 @@ def sync(
             use = transport
             if use is None:
                 meta = spool.read_meta() or {}
-                target = explicit_url or _env_url() or str(meta.get("url") or settings.url)
+                from_env = settings.url if _env_url() else None  # checked by resolve
+                target = explicit_url or from_env or str(meta.get("url") or settings.url)
                 own = use = HTTPTransport(target, settings.token, settings.request_timeout)
             else:
                 target = explicit_url or settings.url
@@ -224,7 +225,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "dir", nargs="?", default=None, help="spool directory (default: NOISESCOPE_DIR)"
     )
-    parser.add_argument("--url", default=None, help="server URL (default: NOISESCOPE_URL)")
+    parser.add_argument(
+        "--url", type=url_argument, default=None, help="server URL (default: NOISESCOPE_URL)"
+    )
     parser.add_argument("--token", default=None, help="API token (default: NOISESCOPE_TOKEN)")
     parser.add_argument("--run", action="append", dest="runs", help="only this run id")
     parser.add_argument(
@@ -241,7 +244,11 @@ def _main(args: argparse.Namespace) -> int:
     if args.end is not None and not args.runs:
         print("noisescope sync: --end needs --run RUN_ID", file=sys.stderr)
         return 2
-    result = sync(root, url=args.url, token=args.token, run_ids=args.runs, end=args.end)
+    try:
+        result = sync(root, url=args.url, token=args.token, run_ids=args.runs, end=args.end)
+    except ValueError as exc:  # a setting from the environment (NOISESCOPE_URL, ...)
+        print(f"noisescope sync: {exc}", file=sys.stderr)
+        return 2
     for run_id in result.synced:
         print(f"synced {run_id}")
     for run_id, why in result.skipped.items():

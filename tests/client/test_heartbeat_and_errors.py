@@ -128,6 +128,32 @@ def test_the_fix_for_a_url_without_a_scheme_names_it() -> None:
         noisescope.init(url="127.0.0.1:8765")
 
 
+def test_the_read_client_checks_its_url_as_init_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=re.escape("use e.g. 'http://127.0.0.1:8765'")):
+        noisescope.Api("127.0.0.1:8765")
+    monkeypatch.setenv("NOISESCOPE_URL", "localhost:1")
+    with pytest.raises(ValueError, match="is not an http"):
+        noisescope.Api()
+    assert noisescope.Api("http://127.0.0.1:9/").url == "http://127.0.0.1:9"
+
+
+def test_sync_checks_its_url_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from noisescope.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["sync", str(tmp_path), "--url", "127.0.0.1:8765"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --url: " in err and "use e.g. 'http://127.0.0.1:8765'" in err
+    monkeypatch.setenv("NOISESCOPE_URL", "127.0.0.1:8765")
+    assert main(["sync", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("noisescope sync: ") and "Traceback" not in err
+    assert err.count("\n") == 1 and "(set url= or NOISESCOPE_URL)" in err
+
+
 @pytest.mark.parametrize(("status", "html"), [(405, False), (405, True), (200, True)])
 def test_the_dashboard_port_is_named_as_not_a_noisescope_server(
     status: int, html: bool, caplog: pytest.LogCaptureFixture

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 
-from noisescope._config import DEFAULT_URL
+from noisescope._config import DEFAULT_DASHBOARD_PORT, DEFAULT_PORT, DEFAULT_URL, url_argument
 from noisescope_server.cli._admin import (
     cmd_db_current,
     cmd_db_upgrade,
@@ -14,8 +13,8 @@ from noisescope_server.cli._admin import (
     cmd_token_list,
     cmd_token_revoke,
 )
-from noisescope_server.cli._processes import DEFAULT_DASHBOARD_PORT, cmd_dashboard, cmd_up
-from noisescope_server.cli._serve import DEFAULT_PORT, cmd_server
+from noisescope_server.cli._processes import cmd_dashboard, cmd_up
+from noisescope_server.cli._serve import cmd_server
 from noisescope_server.settings import AUTH_MODES, parse_auth
 
 #: uvicorn's log levels, most to least severe.
@@ -68,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     dash.add_argument(
         "--url",
-        type=_http_url,
+        type=url_argument,
         help=f"the server to read from (default: $NOISESCOPE_URL, else {DEFAULT_URL})",
     )
     dash.add_argument(
@@ -133,7 +132,7 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dashboard-url",
-        type=_http_url,
+        type=url_argument,
         help=(
             "the dashboard's base URL: run creation answers carry a link to the run's page, "
             "which the client prints (default: $NOISESCOPE_DASHBOARD_URL, else no links)"
@@ -143,13 +142,6 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--log-level", choices=LOG_LEVELS, default="info", help="uvicorn's log level (%(default)s)"
     )
-
-
-def _http_url(value: str) -> str:
-    """An argparse type: an http(s) base URL, without a trailing slash."""
-    if not re.match(r"https?://[^/\s]+", value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not an http:// or https:// URL")
-    return value.rstrip("/")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

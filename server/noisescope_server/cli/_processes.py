@@ -13,11 +13,9 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from noisescope._config import DEFAULT_URL
+from noisescope._config import DEFAULT_URL, check_url
 from noisescope_server.cli._database import describe_url, open_database, settings_from
 from noisescope_server.cli._serve import port_problem, url_host
-
-DEFAULT_DASHBOARD_PORT = 8501
 
 
 def server_command(
@@ -207,7 +205,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    server_url = args.url or (os.environ.get("NOISESCOPE_URL") or DEFAULT_URL).rstrip("/")
+    try:
+        server_url = args.url or check_url(os.environ.get("NOISESCOPE_URL") or DEFAULT_URL)
+    except ValueError as exc:
+        print(f"noisescope dashboard: {exc}", file=sys.stderr)
+        return 2
     token = args.token if args.token is not None else os.environ.get("NOISESCOPE_TOKEN")
     _interrupt_on_termination()
     proc: subprocess.Popen[bytes] | None = None

@@ -8,10 +8,9 @@ import os
 import socket
 import sys
 
+from noisescope._config import DEFAULT_PORT
 from noisescope_server.cli._database import describe_url, open_database, settings_from
 from noisescope_server.settings import Settings
-
-DEFAULT_PORT = 8765
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
