@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from noisescope.estimators import student_t_quantile
+from noisescope.estimators import student_t_quantile, weighted_line_fit
 
 __all__ = [
     "CriticalBatchForecast",
@@ -182,18 +182,14 @@ def fit_critical_batch_law(
     known = [1.0 / (h * h) for h in half if h is not None and h > 0]
     fallback = statistics.median(known) if known else 1.0
     ws = [1.0 / (h * h) if h is not None and h > 0 else fallback for h in half]
-    w_sum = sum(ws)
-    x_mean = sum(w * x for w, x in zip(ws, xs, strict=True)) / w_sum
-    y_mean = sum(w * y for w, y in zip(ws, ys, strict=True)) / w_sum
-    sxx = sum(w * (x - x_mean) ** 2 for w, x in zip(ws, xs, strict=True))
-    sxy = sum(w * (x - x_mean) * (y - y_mean) for w, x, y in zip(ws, xs, ys, strict=True))
-    slope = sxy / sxx
-    icept = y_mean - slope * x_mean
-    resid = [y - (icept + slope * x) for x, y in zip(xs, ys, strict=True)]
-    s2 = sum(w * r * r for w, r in zip(ws, resid, strict=True)) / (n - 2)
+    line = weighted_line_fit(xs, ys, ws)
+    icept, slope = line.intercept, line.slope
     t = student_t_quantile(0.5 + level / 2.0, n - 2)
-    se_slope = math.sqrt(s2 / sxx)
-    common = (level, n, min(losses), max(losses), icept, slope, s2, w_sum, x_mean, sxx)
+    se_slope = math.sqrt(line.var_slope)
+    common = (
+        level, n, min(losses), max(losses), icept, slope, line.s2, line.w_sum, line.x_mean,
+        line.sxx,
+    )  # fmt: skip
     widths = _widths(xs, ys, lows, highs)
     if slope >= 0:
         return CriticalBatchLaw(

@@ -66,7 +66,7 @@ from ._intervals import (
     interval_from_steps,
     reblock,
 )
-from ._stats import student_t_quantile
+from ._stats import LineFit, student_t_quantile, weighted_line_fit
 from ._two_batch import (
     EMA,
     NoiseScale,
@@ -95,6 +95,7 @@ __all__ = [
     "CriticalBatchFit",
     "CurrentNoiseScale",
     "Interval",
+    "LineFit",
     "LocalCriticalBatch",
     "NoiseSamples",
     "NoiseScale",
@@ -125,6 +126,7 @@ __all__ = [
     "two_batch_estimate_columns",
     "two_batch_estimates",
     "two_batch_sizes_ok",
+    "weighted_line_fit",
 ]
 
 report_all_as_public(__name__)

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._stats import fieller
+from ._stats import fieller, weighted_line_fit
 
 __all__ = [
     "MIN_SPEEDUP",
@@ -81,14 +81,8 @@ def fit_critical_batch(
         raise ValueError("steps must be finite and positive")
     xs = [1.0 / b for b in batch_sizes]
     ys = [float(s) for s in steps]
-    ws = [1.0 / (s * s) for s in ys]
-    w_sum = sum(ws)
-    x_mean = sum(w * x for w, x in zip(ws, xs, strict=True)) / w_sum
-    y_mean = sum(w * y for w, y in zip(ws, ys, strict=True)) / w_sum
-    sxx = sum(w * (x - x_mean) ** 2 for w, x in zip(ws, xs, strict=True))
-    sxy = sum(w * (x - x_mean) * (y - y_mean) for w, x, y in zip(ws, xs, ys, strict=True))
-    e_min = sxy / sxx  # slope
-    s_min = y_mean - e_min * x_mean  # intercept
+    line = weighted_line_fit(xs, ys, [1.0 / (s * s) for s in ys])
+    e_min, s_min = line.slope, line.intercept
     if s_min <= 0 or e_min <= 0:
         return CriticalBatchFit(
             s_min,
@@ -102,13 +96,7 @@ def fit_critical_batch(
             f"E_min={e_min:.3g}): steps do not fall with the batch size as the model says",
         )
     b_crit = e_min / s_min
-    # Weighted residual variance and the covariance of (intercept, slope).
-    resid = [y - (s_min + e_min * x) for x, y in zip(xs, ys, strict=True)]
-    s2 = sum(w * r * r for w, r in zip(ws, resid, strict=True)) / (n - 2)
-    var_slope = s2 / sxx
-    var_icept = s2 * (1.0 / w_sum + x_mean**2 / sxx)
-    cov = -x_mean * s2 / sxx
-    lo, hi = fieller(e_min, s_min, var_slope, var_icept, cov, level, n - 2)
+    lo, hi = fieller(e_min, s_min, line.var_slope, line.var_intercept, line.cov, level, n - 2)
     reason = None
     if lo is None:
         dof = n - 2

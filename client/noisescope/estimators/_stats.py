@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["fieller", "fieller_lower_bound", "student_t_quantile"]
+__all__ = ["LineFit", "fieller", "fieller_lower_bound", "student_t_quantile", "weighted_line_fit"]
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -123,3 +125,46 @@ def fieller_lower_bound(
         return c / (2.0 * half_b) if half_b > 0.0 else None
     # a < 0 < c: one negative and one positive root, and the set is [positive root, inf)
     return (half_b - math.sqrt(half_b * half_b - a * c)) / a
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """y = intercept + slope x by weighted least squares, with what intervals need: the
+    weighted residual variance ``s2`` (n - 2 degrees of freedom), the weights' sum, their mean
+    x and the weighted sum of squares about it."""
+
+    intercept: float
+    slope: float
+    s2: float
+    w_sum: float
+    x_mean: float
+    sxx: float
+
+    @property
+    def var_slope(self) -> float:
+        return self.s2 / self.sxx
+
+    @property
+    def var_intercept(self) -> float:
+        return self.s2 * (1.0 / self.w_sum + self.x_mean**2 / self.sxx)
+
+    @property
+    def cov(self) -> float:
+        """Covariance of (intercept, slope)."""
+        return -self.x_mean * self.s2 / self.sxx
+
+
+def weighted_line_fit(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> LineFit:
+    """The weighted least-squares line through (x, y) with weights w (>= 3 points, 2 distinct
+    x): the one fit behind B_crit from a sweep (S against 1/B) and the law B_crit(L) (log
+    B_crit against log L)."""
+    w_sum = sum(ws)
+    x_mean = sum(w * x for w, x in zip(ws, xs, strict=True)) / w_sum
+    y_mean = sum(w * y for w, y in zip(ws, ys, strict=True)) / w_sum
+    sxx = sum(w * (x - x_mean) ** 2 for w, x in zip(ws, xs, strict=True))
+    sxy = sum(w * (x - x_mean) * (y - y_mean) for w, x, y in zip(ws, xs, ys, strict=True))
+    slope = sxy / sxx
+    intercept = y_mean - slope * x_mean
+    resid = [y - (intercept + slope * x) for x, y in zip(xs, ys, strict=True)]
+    s2 = sum(w * r * r for w, r in zip(ws, resid, strict=True)) / (len(xs) - 2)
+    return LineFit(intercept, slope, s2, w_sum, x_mean, sxx)
