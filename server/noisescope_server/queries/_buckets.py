@@ -11,8 +11,10 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Engine,
+    Numeric,
     and_,
     case,
+    cast,
     false,
     func,
     literal,
@@ -173,10 +175,12 @@ def bucket_sums(
             .subquery("stats")
         )
         # integer floor division (SQLAlchemy's //): a CAST of true division rounds on
-        # PostgreSQL, which made max_points + 1 uneven buckets there
-        bucket = (
-            (rows.c.step_lo - stats.c.mn) * max_points // (stats.c.mx - stats.c.mn + 1)
-        ).label("bucket")
+        # PostgreSQL, which made max_points + 1 uneven buckets there. In NUMERIC there: steps
+        # near 2^63 times max_points overflow bigint (SQLite makes such a product a REAL)
+        offset, span = rows.c.step_lo - stats.c.mn, stats.c.mx - stats.c.mn
+        if conn.dialect.name == "postgresql":
+            offset, span = cast(offset, Numeric), cast(span, Numeric)
+        bucket = (offset * max_points // (span + 1)).label("bucket")
         q = (
             select(
                 Run.uid.label("run"),
