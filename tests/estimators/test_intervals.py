@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 import scipy.stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from noisescope.estimators import (
+    BlockMoments,
     NoiseScale,
+    b_simple_and_reason,
+    b_simple_interval,
+    block_moments,
     interval_from_blocks,
     interval_from_steps,
     reblock,
@@ -151,3 +158,90 @@ def test_reblock_keeps_sums_exact_and_contiguous() -> None:
 @pytest.mark.parametrize("p", [0.95, 0.975, 0.6, 0.05])
 def test_student_t_quantile_matches_scipy(df: int, p: float) -> None:
     assert student_t_quantile(p, df) == pytest.approx(scipy.stats.t.ppf(p, df), rel=1e-8)
+
+
+# --- the server's per-bucket shortcuts give the very same numbers ---------------------------
+
+#: Block sums as stored: mostly ordinary, sometimes zero, negative, huge or not finite.
+_SUMS = st.floats(min_value=-50.0, max_value=200.0) | st.sampled_from(
+    [0.0, -0.0, 1e-300, 1e200, -1e200, math.inf, -math.inf, math.nan]
+)
+_COUNTS = st.integers(min_value=1, max_value=300) | st.sampled_from([0, 1, 2**40])
+
+
+@st.composite
+def _blocks(draw: st.DrawFn) -> tuple[list[float], list[float], list[float]]:
+    size = draw(st.integers(min_value=0, max_value=45))
+    n = [float(draw(_COUNTS)) for _ in range(size)]
+    # |G|^2 sums near n (signal) or near 0 (noise), tr(Sigma) sums well above them
+    g = [draw(_SUMS) * (draw(st.sampled_from([1.0, 0.01]))) for _ in range(size)]
+    return n, g, [draw(_SUMS) for _ in range(size)]
+
+
+def _reference_moments(
+    block_n: Sequence[float],
+    block_g: Sequence[float],
+    block_s: Sequence[float],
+    max_blocks: int | None = None,
+) -> BlockMoments:
+    """The jackknife written out the plain way: filter the blocks, then mean and variances."""
+    merged = reblock(block_n, block_g, block_s, max_blocks or 30)
+    rows = [
+        (n_b, g_b, s_b)
+        for n_b, g_b, s_b in zip(*merged, strict=True)
+        if n_b > 0 and math.isfinite(g_b) and math.isfinite(s_b)
+    ]
+    n_total = float(sum(r[0] for r in rows))
+    m = len(rows)
+    if m < 2:
+        return BlockMoments(n_total, m, 0.0, 0.0, 0.0, 0.0, 0.0)
+    g_mean = sum(r[1] for r in rows) / n_total
+    s_mean = sum(r[2] for r in rows) / n_total
+    var_g = var_s = cov = 0.0
+    for n_b, g_b, s_b in rows:
+        w = n_b / (n_total - n_b)
+        dg, ds = g_b / n_b - g_mean, s_b / n_b - s_mean
+        var_g += w * dg * dg
+        var_s += w * ds * ds
+        cov += w * dg * ds
+    return BlockMoments(n_total, m, g_mean, s_mean, var_g / m, var_s / m, cov / m)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, NaN included (repr tells every float apart, signed zeros too)."""
+    return repr(a) == repr(b)
+
+
+@settings(max_examples=400, deadline=None)
+@given(blocks=_blocks(), max_blocks=st.sampled_from([None, 2, 7]))
+def test_block_moments_are_the_plain_jackknife_bit_for_bit(
+    blocks: tuple[list[float], list[float], list[float]], max_blocks: int | None
+) -> None:
+    assert _same(block_moments(*blocks, max_blocks), _reference_moments(*blocks, max_blocks))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    blocks=_blocks(),
+    level=st.sampled_from([0.5, 0.9, 0.99]),
+    max_blocks=st.sampled_from([None, 3]),
+)
+def test_b_simple_interval_is_interval_from_blocks_b_simple_bit_for_bit(
+    blocks: tuple[list[float], list[float], list[float]], level: float, max_blocks: int | None
+) -> None:
+    """The server's per-bucket interval is ``interval_from_blocks``'s, without the objects."""
+    iv = interval_from_blocks(*blocks, level=level, max_blocks=max_blocks).b_simple
+    expected = None if iv is None else (iv.lo, iv.hi)
+    assert _same(b_simple_interval(*blocks, level=level, max_blocks=max_blocks), expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(g=_SUMS, s=_SUMS, n=_COUNTS | st.sampled_from([-1]))
+def test_b_simple_and_reason_is_noise_scale_from_sums(g: float, s: float, n: int) -> None:
+    point = NoiseScale.from_sums(g, s, n)
+    assert _same(b_simple_and_reason(g, s, n), (point.b_simple, point.reason))
+
+
+def test_b_simple_interval_checks_its_level() -> None:
+    with pytest.raises(ValueError, match="level"):
+        b_simple_interval([1.0, 1.0], [1.0, 1.0], [2.0, 2.0], level=1.0)

@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._stats import fieller, fieller_lower_bound, student_t_quantile
-from ._two_batch import NoiseScale
+from ._two_batch import NoiseScale, _b_simple_rule
 
 __all__ = [
     "INTERVAL_BLOCKS",
     "BlockMoments",
     "Interval",
     "NoiseScaleInterval",
+    "b_simple_interval",
     "block_moments",
     "interval_from_blocks",
     "interval_from_steps",
@@ -83,9 +84,11 @@ def reblock(
         raise ValueError("block_n, block_sum_g_sq and block_sum_trace_sigma differ in length")
     if n_blocks < 1:
         raise ValueError(f"n_blocks must be at least 1, got {n_blocks}")
+    if len(block_n) <= n_blocks:
+        return list(map(float, block_n)), list(block_sum_g_sq), list(block_sum_trace_sigma)
     total = float(sum(block_n))
-    if len(block_n) <= n_blocks or total <= 0:
-        return [float(x) for x in block_n], list(block_sum_g_sq), list(block_sum_trace_sigma)
+    if total <= 0:
+        return list(map(float, block_n)), list(block_sum_g_sq), list(block_sum_trace_sigma)
     out_n: list[float] = []
     out_g: list[float] = []
     out_s: list[float] = []
@@ -140,28 +143,67 @@ def block_moments(
     """``BlockMoments`` of contiguous per-block sums, merged first into at most ``max_blocks``
     (default ``INTERVAL_BLOCKS``) blocks; empty and non-finite blocks are left out. Means and
     variances are 0 (and ``n_blocks`` < 2) when there are too few blocks to tell."""
-    merged = reblock(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks or INTERVAL_BLOCKS)
-    rows = [
-        (n_b, g_b, s_b)
-        for n_b, g_b, s_b in zip(*merged, strict=True)
-        if n_b > 0 and math.isfinite(g_b) and math.isfinite(s_b)
-    ]
-    n_total = float(sum(r[0] for r in rows))
-    m = len(rows)
+    return BlockMoments(*_moments(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks))
+
+
+def _moments(
+    block_n: Sequence[float],
+    block_sum_g_sq: Sequence[float],
+    block_sum_trace_sigma: Sequence[float],
+    max_blocks: int | None,
+) -> tuple[float, int, float, float, float, float, float]:
+    """``block_moments``'s fields as a tuple: the server computes one per bucket."""
+    ns, gs, ss = reblock(
+        block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks or INTERVAL_BLOCKS
+    )
+    n_sum, g_sum, s_sum = sum(ns), sum(gs), sum(ss)
+    if not (ns and min(ns) > 0 and math.isfinite(n_sum + g_sum + s_sum)):
+        # leave out empty and non-finite blocks (a finite sum has no non-finite term, so
+        # otherwise every block counts)
+        rows = [
+            (n_b, g_b, s_b)
+            for n_b, g_b, s_b in zip(ns, gs, ss, strict=True)
+            if n_b > 0 and math.isfinite(g_b) and math.isfinite(s_b)
+        ]
+        ns, gs, ss = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+        n_sum, g_sum, s_sum = sum(ns), sum(gs), sum(ss)
+    m = len(ns)
     if m < 2:
-        return BlockMoments(n_total, m, 0.0, 0.0, 0.0, 0.0, 0.0)
-    g_mean = sum(r[1] for r in rows) / n_total
-    s_mean = sum(r[2] for r in rows) / n_total
+        return float(n_sum), m, 0.0, 0.0, 0.0, 0.0, 0.0
+    n_total = float(n_sum)
+    g_mean = g_sum / n_total
+    s_mean = s_sum / n_total
     # Delete-one-block jackknife for a (weighted) mean: var = (1/m) sum n_j/(N-n_j) (x_j - x)^2
     var_g = var_s = cov_gs = 0.0
-    for n_b, g_b, s_b in rows:
+    for n_b, g_b, s_b in zip(ns, gs, ss, strict=True):
         w = n_b / (n_total - n_b)
         dg = g_b / n_b - g_mean
         ds = s_b / n_b - s_mean
         var_g += w * dg * dg
         var_s += w * ds * ds
         cov_gs += w * dg * ds
-    return BlockMoments(n_total, m, g_mean, s_mean, var_g / m, var_s / m, cov_gs / m)
+    return n_total, m, g_mean, s_mean, var_g / m, var_s / m, cov_gs / m
+
+
+def b_simple_interval(
+    block_n: Sequence[float],
+    block_sum_g_sq: Sequence[float],
+    block_sum_trace_sigma: Sequence[float],
+    level: float = 0.9,
+    max_blocks: int | None = None,
+) -> tuple[float, float] | None:
+    """``interval_from_blocks(...).b_simple``'s ends (lo, hi), or None where it has none: the
+    same numbers without the |G|^2 and tr(Sigma) intervals and the objects, for the server's
+    interval of each of thousands of buckets per series."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    n_total, m, g_mean, s_mean, var_g, var_s, cov_gs = _moments(
+        block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks
+    )
+    if m < 2 or _b_simple_rule(g_mean, s_mean, n_total)[0] is None:
+        return None
+    lo, hi = fieller(s_mean, g_mean, var_s, var_g, cov_gs, level, m - 1)
+    return None if lo is None or hi is None else (lo, hi)
 
 
 def interval_from_blocks(

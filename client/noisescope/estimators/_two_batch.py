@@ -16,6 +16,7 @@ __all__ = [
     "EMA",
     "NoiseScale",
     "b_noise_from_sums",
+    "b_simple_and_reason",
     "b_simple_from_sums",
     "two_batch_estimate_columns",
     "two_batch_estimates",
@@ -82,6 +83,35 @@ def two_batch_estimate_columns(
     return g_sq, trace_sigma
 
 
+def _b_simple_rule(g_sq: float, trace_sigma: float, n: float) -> tuple[float | None, str | None]:
+    """B_simple = tr(Sigma)/|G|^2 from a window's means, or None and why it cannot be
+    measured yet: the rule of ``NoiseScale``, as a pair for callers that need no object."""
+    if n <= 0:
+        return None, "not yet measurable: no samples"
+    if not (math.isfinite(g_sq) and math.isfinite(trace_sigma)):
+        return None, "not measurable: non-finite estimate"
+    if g_sq <= 0.0:
+        return None, (
+            "not yet measurable: the |G|^2 estimate is not positive "
+            "(gradient signal is below the noise; average over more steps)"
+        )
+    if trace_sigma < 0.0:
+        return None, (
+            "not yet measurable: the tr(Sigma) estimate is negative (too few steps in the window)"
+        )
+    return trace_sigma / g_sq, None
+
+
+def b_simple_and_reason(
+    sum_g_sq: float, sum_trace_sigma: float, n: float
+) -> tuple[float | None, str | None]:
+    """``NoiseScale.from_sums``'s ``b_simple`` and ``reason`` without building the object: the
+    server reads thousands of bucket sums per series."""
+    if n <= 0:
+        return _b_simple_rule(0.0, 0.0, 0)
+    return _b_simple_rule(sum_g_sq / n, sum_trace_sigma / n, n)
+
+
 @dataclass(frozen=True)
 class NoiseScale:
     """A window's estimate of |G|^2, tr(Sigma) and B_simple = tr(Sigma)/|G|^2.
@@ -98,29 +128,7 @@ class NoiseScale:
 
     @classmethod
     def from_means(cls, g_sq: float, trace_sigma: float, n: float) -> NoiseScale:
-        if n <= 0:
-            return cls(g_sq, trace_sigma, n, None, "not yet measurable: no samples")
-        if not (math.isfinite(g_sq) and math.isfinite(trace_sigma)):
-            return cls(g_sq, trace_sigma, n, None, "not measurable: non-finite estimate")
-        if g_sq <= 0.0:
-            return cls(
-                g_sq,
-                trace_sigma,
-                n,
-                None,
-                "not yet measurable: the |G|^2 estimate is not positive "
-                "(gradient signal is below the noise; average over more steps)",
-            )
-        if trace_sigma < 0.0:
-            return cls(
-                g_sq,
-                trace_sigma,
-                n,
-                None,
-                "not yet measurable: the tr(Sigma) estimate is negative "
-                "(too few steps in the window)",
-            )
-        return cls(g_sq, trace_sigma, n, trace_sigma / g_sq)
+        return cls(g_sq, trace_sigma, n, *_b_simple_rule(g_sq, trace_sigma, n))
 
     @classmethod
     def from_sums(cls, sum_g_sq: float, sum_trace_sigma: float, n: float) -> NoiseScale:

@@ -9,27 +9,24 @@ from sqlalchemy import Engine, select
 from noisescope._results import RunSeries, SeriesPoint
 from noisescope_server.models import BLOCK_SIZE, Run
 from noisescope_server.queries._buckets import BucketSums, bucket_sums
-from noisescope_server.queries._series import series_point, smooth_series
+from noisescope_server.queries._series import series_points, smooth_series
 
 
-def _bucket_point(b: BucketSums) -> SeriesPoint:
-    """A several-runs bucket as a series point along steps (one block, no interval)."""
-    return series_point(
-        [b.n],
-        [b.sum_g_sq],
-        [b.sum_trace_sigma],
-        n=b.n,
-        sum_g=b.sum_g_sq,
-        sum_s=b.sum_trace_sigma,
-        x_lo=float(b.step_lo),
-        x_hi=float(b.step),
-        step_lo=b.step_lo,
-        step_hi=b.step,
-        examples_hi=b.examples,
-        loss=b.loss,
-        lr=b.lr,
-        batch_size=b.batch_size,
-        interval=False,
+def _bucket_points(buckets: Sequence[BucketSums]) -> list[SeriesPoint]:
+    """One run's several-runs buckets as series points along steps (no intervals)."""
+    return series_points(
+        None,
+        n=[b.n for b in buckets],
+        sum_g=[b.sum_g_sq for b in buckets],
+        sum_s=[b.sum_trace_sigma for b in buckets],
+        x_lo=[float(b.step_lo) for b in buckets],
+        x_hi=[float(b.step) for b in buckets],
+        step_lo=[b.step_lo for b in buckets],
+        step_hi=[b.step for b in buckets],
+        examples_hi=[b.examples for b in buckets],
+        loss=[b.loss for b in buckets],
+        lr=[b.lr for b in buckets],
+        batch_size=[b.batch_size for b in buckets],
     )
 
 
@@ -59,9 +56,10 @@ def compare_series(
         min_blocks=COMPARE_MIN_BLOCKS,
         project_scope=project_scope,
     )
-    by_run: dict[str, list[SeriesPoint]] = {}
+    by_uid: dict[str, list[BucketSums]] = {}
     for b in buckets:
-        by_run.setdefault(b.run_uid, []).append(_bucket_point(b))
+        by_uid.setdefault(b.run_uid, []).append(b)
+    by_run = {uid: _bucket_points(run_buckets) for uid, run_buckets in by_uid.items()}
     with engine.connect() as conn:
         units = dict(
             conn.execute(select(Run.uid, Run.units).where(Run.uid.in_(list(by_run)))).all()

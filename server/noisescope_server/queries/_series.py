@@ -4,12 +4,24 @@ from its sub-buckets, and trailing-window smoothing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, Float, Integer, and_, cast, func, literal, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    and_,
+    cast,
+    func,
+    literal,
+    literal_column,
+    select,
+)
 
 from noisescope._results import RunSeries, SeriesInfo, SeriesPoint
-from noisescope.estimators import NoiseScale, interval_from_blocks
+from noisescope.estimators import b_simple_and_reason, b_simple_interval
 from noisescope_server.errors import BadInput
 from noisescope_server.models import BLOCK_SIZE, Sample, SampleBlock
 from noisescope_server.queries._common import LEVEL, fetch_tuples, scoped_run
@@ -36,7 +48,7 @@ def _x_columns(x: XAxis, use_blocks: bool) -> tuple[Any, Any]:
     return col, col
 
 
-def _bucket_rows(
+def _fine_columns(
     conn: Connection,
     run_id: int,
     series: str,
@@ -45,7 +57,13 @@ def _bucket_rows(
     use_blocks: bool,
     x_min: Any,
     x_max: Any,
-) -> list[Any]:
+) -> list[Sequence[Any]]:
+    """The fine buckets' sums in SQL, as columns in fine-index order: (fine index, n, sum_g,
+    sum_s, n_loss, sum_loss, n_lr, sum_lr, x_lo, x_hi, step_lo, step_hi, examples_hi,
+    b_big_max); no columns when the run has no samples along ``x``.
+
+    Along steps the x range is the step range, read once: every column the GROUP BY carries
+    costs its sort."""
     if x_min is None:
         return []
     x_lo_col, x_hi_col = _x_columns(x, use_blocks)
@@ -59,8 +77,9 @@ def _bucket_rows(
         func.floor(raw_index) if conn.dialect.name == "postgresql" else cast(raw_index, Integer)
     )
     index = index_expr.label("fine")
+    step_lo, step_hi = _x_columns("step", use_blocks)
     if use_blocks:
-        aggregates = [
+        sums = [
             func.sum(SampleBlock.n),
             func.sum(SampleBlock.sum_g_sq),
             func.sum(SampleBlock.sum_trace_sigma),
@@ -68,15 +87,10 @@ def _bucket_rows(
             func.sum(SampleBlock.sum_loss),
             func.sum(SampleBlock.n_lr),
             func.sum(SampleBlock.sum_lr),
-            func.min(x_lo_col),
-            func.max(x_hi_col),
-            func.min(SampleBlock.step_min),
-            func.max(SampleBlock.step_max),
-            func.max(SampleBlock.examples_max),
-            func.max(SampleBlock.b_big_max),
         ]
+        tail = [func.max(SampleBlock.examples_max), func.max(SampleBlock.b_big_max)]
     else:
-        aggregates = [
+        sums = [
             func.count(),
             func.sum(Sample.g_sq_est),
             func.sum(Sample.trace_sigma_est),
@@ -84,16 +98,20 @@ def _bucket_rows(
             func.sum(Sample.loss),
             func.count(Sample.lr),
             func.sum(Sample.lr),
-            func.min(x_lo_col),
-            func.max(x_hi_col),
-            func.min(Sample.step),
-            func.max(Sample.step),
-            func.max(Sample.examples),
-            func.max(Sample.b_big),
         ]
-    stmt = select(index, *aggregates).where(where).group_by(index).order_by(index)
+        tail = [func.max(Sample.examples), func.max(Sample.b_big)]
+    extent = [func.min(x_lo_col), func.max(x_hi_col)]
+    if x != "step":
+        extent += [func.min(step_lo), func.max(step_hi)]
+    # Grouped by the label: two copies of the expression (with their own bound parameters)
+    # look different to SQLite, which then sorts a second time for the ORDER BY.
+    label: Any = literal_column(index.name)
+    stmt = select(index, *sums, *extent, *tail).where(where).group_by(label).order_by(label)
     # Plain DBAPI tuples: up to 4 x max_points rows, no per-value result processing needed.
-    return fetch_tuples(conn, stmt)
+    columns: list[Sequence[Any]] = list(zip(*fetch_tuples(conn, stmt), strict=True))
+    if columns and x == "step":
+        columns[10:10] = columns[8:10]
+    return columns
 
 
 def run_series(
@@ -134,8 +152,8 @@ def run_series(
         use_blocks = n_samples >= BLOCK_SIZE * max_points // 2
         # Sub-buckets only where a bucket can hold enough samples for its own interval.
         sub = _SUB if intervals and n_samples >= MIN_INTERVAL_SAMPLES * max_points else 1
-        rows = _bucket_rows(conn, run_id, series, x, max_points * sub, use_blocks, x_min, x_max)
-    points = _merge_fine(rows, intervals, sub)
+        fine = _fine_columns(conn, run_id, series, x, max_points * sub, use_blocks, x_min, x_max)
+    points = _merge_fine(fine, intervals, sub)
     if window > 0:
         points = smooth_series(points, window, intervals=intervals)
     return RunSeries(
@@ -150,100 +168,155 @@ def run_series(
     )
 
 
-def _merge_fine(rows: Sequence[Any], intervals: bool = True, sub: int = _SUB) -> list[SeriesPoint]:
+def _merge_fine(
+    fine: Sequence[Sequence[Any]], intervals: bool = True, sub: int = _SUB
+) -> list[SeriesPoint]:
     """Sum sub-buckets into buckets; each bucket's sub-buckets are its jackknife blocks.
 
-    ``rows`` are (fine index, n, sum_g, sum_s, n_loss, sum_loss, n_lr, sum_lr, x_lo, x_hi,
-    step_lo, step_hi, examples_hi, b_big_max) ordered by fine index.
+    ``fine`` are ``_fine_columns``. The work is done a column at a time, not a bucket at a
+    time (PostgreSQL returns integer sums as Decimal, hence the conversions).
     """
-    points: list[SeriesPoint] = []
-    i = 0
-    total = len(rows)
-    while i < total:
-        key = int(rows[i][0]) // sub
-        j = i + 1
-        while j < total and int(rows[j][0]) // sub == key:
-            j += 1
-        (_, c_n, c_g, c_s, c_nl, c_sl, c_nr, c_sr, c_xlo, c_xhi, c_slo, c_shi, c_ex, c_b) = zip(
-            *rows[i:j], strict=True
-        )
-        i = j
-        block_n = list(map(int, c_n))
-        n = sum(block_n)
-        if n <= 0:
-            continue
-        block_g = list(map(float, c_g))
-        block_s = list(map(float, c_s))
-        n_loss = sum(int(v or 0) for v in c_nl)
-        n_lr = sum(int(v or 0) for v in c_nr)
-        ex = [float(v) for v in c_ex if v is not None]
-        points.append(
-            series_point(
-                block_n if intervals else [n],
-                block_g,
-                block_s,
-                n=n,
-                sum_g=sum(block_g),
-                sum_s=sum(block_s),
-                x_lo=float(min(c_xlo)),
-                x_hi=float(max(c_xhi)),
-                step_lo=int(min(c_slo)),
-                step_hi=int(max(c_shi)),
-                examples_hi=max(ex) if ex else None,
-                loss=sum(float(v or 0.0) for v in c_sl) / n_loss if n_loss else None,
-                lr=sum(float(v or 0.0) for v in c_sr) / n_lr if n_lr else None,
-                batch_size=max(float(v) for v in c_b),
-            )
-        )
-    return points
+    if not fine:
+        return []
+    (c_index, c_n, c_g, c_s, c_nl, c_sl, c_nr, c_sr, c_xlo, c_xhi, c_slo, c_shi, c_ex, c_b) = fine
+    block_n = list(map(int, c_n))
+    block_g = list(map(float, c_g))
+    block_s = list(map(float, c_s))
+    n_loss = [int(v or 0) for v in c_nl]
+    sum_loss = [float(v or 0.0) for v in c_sl]
+    n_lr = [int(v or 0) for v in c_nr]
+    sum_lr = [float(v or 0.0) for v in c_sr]
+    blocks: list[_Blocks] | None = None
+    if sub == 1:
+        # Every fine bucket is a bucket (they are GROUP BY groups), and a sum of one value v
+        # is 0 + v: the same numbers as summing one-element slices, without the slices.
+        n, g, s = block_n, [0 + v for v in block_g], [0 + v for v in block_s]
+        loss_n, loss, lr_n, lr = n_loss, [0 + v for v in sum_loss], n_lr, [0 + v for v in sum_lr]
+        x_lo, x_hi = list(map(float, c_xlo)), list(map(float, c_xhi))
+        step_lo, step_hi = list(map(int, c_slo)), list(map(int, c_shi))
+        examples = [None if v is None else float(v) for v in c_ex]
+        batch = list(map(float, c_b))
+    else:
+        keys = [int(k) // sub for k in c_index]
+        starts = [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]]
+        cuts = [slice(i, j) for i, j in pairwise([0, *starts, len(keys)])]
 
+        def per_bucket(reduce: Any, column: Sequence[Any]) -> list[Any]:
+            return list(map(reduce, map(column.__getitem__, cuts)))
 
-def series_point(
-    block_n: Sequence[float],
-    block_g: Sequence[float],
-    block_s: Sequence[float],
-    *,
-    n: int,
-    sum_g: float,
-    sum_s: float,
-    x_lo: float,
-    x_hi: float,
-    step_lo: int,
-    step_hi: int,
-    examples_hi: float | None,
-    loss: float | None,
-    lr: float | None,
-    batch_size: float | None,
-    interval: bool = True,
-) -> SeriesPoint:
-    """A bucket's point from its sums; its interval from ``block_*`` taken as jackknife blocks."""
-    point = NoiseScale.from_sums(sum_g, sum_s, n)
-    lo = hi = None
-    reason = point.reason
-    if interval and point.b_simple is not None and len(block_n) >= 2 and n >= MIN_INTERVAL_SAMPLES:
-        iv = interval_from_blocks(block_n, block_g, block_s, level=LEVEL)
-        if iv.b_simple is not None:
-            lo, hi = iv.b_simple.lo, iv.b_simple.hi
-    return SeriesPoint(
-        x=(x_lo + x_hi) / 2.0,
+        n, g, s = per_bucket(sum, block_n), per_bucket(sum, block_g), per_bucket(sum, block_s)
+        loss_n, loss = per_bucket(sum, n_loss), per_bucket(sum, sum_loss)
+        lr_n, lr = per_bucket(sum, n_lr), per_bucket(sum, sum_lr)
+        step_lo, step_hi = per_bucket(min, c_slo), per_bucket(max, c_shi)
+        if c_xlo is c_slo and c_xhi is c_shi:  # along steps
+            x_lo, x_hi = list(map(float, step_lo)), list(map(float, step_hi))
+        else:
+            x_lo = list(map(float, per_bucket(min, c_xlo)))
+            x_hi = list(map(float, per_bucket(max, c_xhi)))
+        step_lo, step_hi = list(map(int, step_lo)), list(map(int, step_hi))
+        examples = per_bucket(_max_known, c_ex)
+        batch = per_bucket(max, list(map(float, c_b)))
+        if intervals:
+            blocks = [(block_n[c], block_g[c], block_s[c]) for c in cuts]
+    return series_points(
+        blocks,
+        n=n,
+        sum_g=g,
+        sum_s=s,
         x_lo=x_lo,
         x_hi=x_hi,
         step_lo=step_lo,
         step_hi=step_hi,
-        examples_hi=examples_hi,
-        n=n,
-        sum_g_sq=sum_g,
-        sum_trace_sigma=sum_s,
-        g_sq=sum_g / n,
-        trace_sigma=sum_s / n,
-        b_simple=point.b_simple,
-        b_simple_lo=lo,
-        b_simple_hi=hi,
-        reason=reason,
-        loss=loss,
-        lr=lr,
-        batch_size=batch_size,
+        examples_hi=examples,
+        loss=[t / w if w else None for t, w in zip(loss, loss_n, strict=True)],
+        lr=[t / w if w else None for t, w in zip(lr, lr_n, strict=True)],
+        batch_size=batch,
     )
+
+
+def _max_known(values: Sequence[Any]) -> float | None:
+    """The largest of the values that are not None, as a float (None if none is)."""
+    if None not in values:
+        return max(map(float, values))
+    known = [float(v) for v in values if v is not None]
+    return max(known) if known else None
+
+
+#: A bucket's jackknife blocks: their sample counts, sums of |𝒢|^2 and sums of 𝒮.
+_Blocks = tuple[Sequence[float], Sequence[float], Sequence[float]]
+
+
+def series_points(
+    blocks: Sequence[_Blocks] | None,
+    *,
+    n: Sequence[int],
+    sum_g: Sequence[float],
+    sum_s: Sequence[float],
+    x_lo: Sequence[float],
+    x_hi: Sequence[float],
+    step_lo: Sequence[int],
+    step_hi: Sequence[int],
+    examples_hi: Sequence[float | None],
+    loss: Sequence[float | None],
+    lr: Sequence[float | None],
+    batch_size: Sequence[float | None],
+) -> list[SeriesPoint]:
+    """Buckets' points from their sums, one column per field and one value per bucket;
+    empty buckets are left out. Each bucket's interval comes from its ``blocks`` taken as
+    jackknife blocks; no intervals without ``blocks``.
+
+    Column by column: the answers hold thousands of buckets, and per-bucket calls were most
+    of a series read's time."""
+    rule = list(map(b_simple_and_reason, sum_g, sum_s, n))
+    b_simple = [r[0] for r in rule]
+    lo: list[float | None] = [None] * len(rule)
+    hi: list[float | None] = [None] * len(rule)
+    if blocks is not None:
+        for k, (b, count, bucket) in enumerate(zip(b_simple, n, blocks, strict=True)):
+            if b is not None and count >= MIN_INTERVAL_SAMPLES and len(bucket[0]) >= 2:
+                bounds = b_simple_interval(*bucket, level=LEVEL)
+                if bounds is not None:
+                    lo[k], hi[k] = bounds
+    return [
+        SeriesPoint(
+            x=(a + b) / 2.0,
+            x_lo=a,
+            x_hi=b,
+            step_lo=first,
+            step_hi=last,
+            examples_hi=ex,
+            n=count,
+            sum_g_sq=g,
+            sum_trace_sigma=s,
+            g_sq=g / count,
+            trace_sigma=s / count,
+            b_simple=r[0],
+            b_simple_lo=low,
+            b_simple_hi=high,
+            reason=r[1],
+            loss=mean_loss,
+            lr=mean_lr,
+            batch_size=batch,
+        )
+        for a, b, first, last, ex, count, g, s, r, low, high, mean_loss, mean_lr, batch in zip(
+            x_lo,
+            x_hi,
+            step_lo,
+            step_hi,
+            examples_hi,
+            n,
+            sum_g,
+            sum_s,
+            rule,
+            lo,
+            hi,
+            loss,
+            lr,
+            batch_size,
+            strict=True,
+        )
+        if count > 0
+    ]
 
 
 def smooth_series(
@@ -260,37 +333,40 @@ def smooth_series(
     if window <= 0:
         return list(points)
     sums = _prefix_sums(points)
-    out = []
+    firsts = []
     start = 0
     for i, point in enumerate(points):
         while start < i and points[start].step_hi <= point.step_hi - window:
             start += 1
+        firsts.append(start)
+    ends = range(1, len(points) + 1)
 
-        def total(k: int, lo: int = start, hi: int = i + 1) -> float:
-            return sums[hi][k] - sums[lo][k]
+    def total(k: int) -> list[float]:
+        return [sums[hi][k] - sums[lo][k] for lo, hi in zip(firsts, ends, strict=True)]
 
-        chunk = points[start : i + 1] if intervals else ()
-        n, loss_w, lr_w = int(total(0)), total(3), total(5)
-        out.append(
-            series_point(
-                [p.n for p in chunk],
-                [p.sum_g_sq for p in chunk],
-                [p.sum_trace_sigma for p in chunk],
-                n=n,
-                sum_g=total(1),
-                sum_s=total(2),
-                x_lo=points[start].x_lo,
-                x_hi=point.x_hi,
-                step_lo=points[start].step_lo,
-                step_hi=point.step_hi,
-                examples_hi=point.examples_hi,
-                loss=total(4) / loss_w if loss_w else None,
-                lr=total(6) / lr_w if lr_w else None,
-                batch_size=point.batch_size,
-                interval=intervals,
-            )
+    n_loss, n_lr = total(3), total(5)
+    blocks = None
+    if intervals:
+        n, g, s = (
+            [p.n for p in points],
+            [p.sum_g_sq for p in points],
+            [p.sum_trace_sigma for p in points],
         )
-    return out
+        blocks = [(n[lo:hi], g[lo:hi], s[lo:hi]) for lo, hi in zip(firsts, ends, strict=True)]
+    return series_points(
+        blocks,
+        n=[int(v) for v in total(0)],
+        sum_g=total(1),
+        sum_s=total(2),
+        x_lo=[points[lo].x_lo for lo in firsts],
+        x_hi=[p.x_hi for p in points],
+        step_lo=[points[lo].step_lo for lo in firsts],
+        step_hi=[p.step_hi for p in points],
+        examples_hi=[p.examples_hi for p in points],
+        loss=[t / w if w else None for t, w in zip(total(4), n_loss, strict=True)],
+        lr=[t / w if w else None for t, w in zip(total(6), n_lr, strict=True)],
+        batch_size=[p.batch_size for p in points],
+    )
 
 
 def _prefix_sums(points: Sequence[SeriesPoint]) -> list[tuple[float, ...]]:
