@@ -178,6 +178,45 @@ def _blocks(draw: st.DrawFn) -> tuple[list[float], list[float], list[float]]:
     return n, g, [draw(_SUMS) for _ in range(size)]
 
 
+def _reference_reblock(
+    block_n: Sequence[float], block_g: Sequence[float], block_s: Sequence[float], n_blocks: int
+) -> tuple[list[float], list[float], list[float]]:
+    """Merging written out the plain way: close a block once the running count reaches its
+    share of the total."""
+    total = float(sum(block_n))
+    if len(block_n) <= n_blocks or total <= 0:
+        return [float(x) for x in block_n], list(block_g), list(block_s)
+    out: tuple[list[float], list[float], list[float]] = ([], [], [])
+    cum = cur_n = cur_g = cur_s = 0.0
+    target = 1
+    for n_b, g_b, s_b in zip(block_n, block_g, block_s, strict=True):
+        cur_n, cur_g, cur_s, cum = cur_n + n_b, cur_g + g_b, cur_s + s_b, cum + n_b
+        if cum >= total * target / n_blocks - 1e-9 and target < n_blocks:
+            for column, value in zip(out, (cur_n, cur_g, cur_s), strict=True):
+                column.append(value)
+            cur_n = cur_g = cur_s = 0.0
+            target += 1
+    if cur_n > 0:
+        for column, value in zip(out, (cur_n, cur_g, cur_s), strict=True):
+            column.append(value)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    blocks=_blocks(),
+    fractions=st.booleans(),
+    n_blocks=st.sampled_from([1, 2, 7, 30]),
+)
+def test_reblock_is_the_plain_merge_bit_for_bit(
+    blocks: tuple[list[float], list[float], list[float]], fractions: bool, n_blocks: int
+) -> None:
+    n, g, s = blocks
+    if fractions:
+        n = [x / 3.0 for x in n]
+    assert _same(reblock(n, g, s, n_blocks), _reference_reblock(n, g, s, n_blocks))
+
+
 def _reference_moments(
     block_n: Sequence[float],
     block_g: Sequence[float],
@@ -185,7 +224,7 @@ def _reference_moments(
     max_blocks: int | None = None,
 ) -> BlockMoments:
     """The jackknife written out the plain way: filter the blocks, then mean and variances."""
-    merged = reblock(block_n, block_g, block_s, max_blocks or 30)
+    merged = _reference_reblock(block_n, block_g, block_s, max_blocks or 30)
     rows = [
         (n_b, g_b, s_b)
         for n_b, g_b, s_b in zip(*merged, strict=True)

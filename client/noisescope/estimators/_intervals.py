@@ -95,18 +95,21 @@ def reblock(
     cum = 0.0
     cur_n = cur_g = cur_s = 0.0
     target = 1
+    # close a block once the running count reaches its share of the total (the share is
+    # worked out once per block: the server reblocks a window for each of thousands of points)
+    share = total * target / n_blocks - 1e-9
     for n_b, g_b, s_b in zip(block_n, block_sum_g_sq, block_sum_trace_sigma, strict=True):
         cur_n += n_b
         cur_g += g_b
         cur_s += s_b
         cum += n_b
-        # close the block once the running count reaches its share of the total
-        if cum >= total * target / n_blocks - 1e-9 and target < n_blocks:
+        if cum >= share and target < n_blocks:
             out_n.append(cur_n)
             out_g.append(cur_g)
             out_s.append(cur_s)
             cur_n = cur_g = cur_s = 0.0
             target += 1
+            share = total * target / n_blocks - 1e-9
     if cur_n > 0:
         out_n.append(cur_n)
         out_g.append(cur_g)
