@@ -62,6 +62,23 @@ def test_cli_help(args: list[str]) -> None:
             assert re.search(rf"^\s+{name}\b", out.stdout, flags=re.M), name
 
 
+def test_cli_version() -> None:
+    """Issue 30 item 8: `noisescope --version` names the client's and the server's versions."""
+    from importlib import metadata
+
+    import noisescope
+
+    out = subprocess.run(
+        [sys.executable, "-m", "noisescope.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    server = metadata.version("noisescope-server")
+    assert out.stdout.strip() == f"noisescope {noisescope.__version__} (noisescope-server {server})"
+
+
 def test_every_read_endpoint_and_api_method_is_documented() -> None:
     """docs/api.md lists every query endpoint of the app and every public ``Api`` method."""
     import inspect

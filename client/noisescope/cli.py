@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
             "batch size. Start with `noisescope up`, then add the client to a training loop."
         ),
     )
+    parser.add_argument(
+        "--version", action="version", version=version(), help="print the installed versions"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -48,6 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         register_server(sub)
     return parser
+
+
+def version() -> str:
+    """The client's version, and the server distribution's when it is installed (both may be
+    installed apart, so a bug report needs both)."""
+    from importlib import metadata
+
+    from noisescope import __version__
+
+    try:
+        server = f"noisescope-server {metadata.version('noisescope-server')}"
+    except metadata.PackageNotFoundError:
+        server = "noisescope-server not installed"
+    return f"noisescope {__version__} ({server})"
 
 
 def _missing_server(args: argparse.Namespace) -> int:
