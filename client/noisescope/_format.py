@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["count", "ratio", "ratio_interval", "whole"]
+__all__ = ["count", "ratio", "ratio_beside", "ratio_interval", "whole"]
 
 
 def count(value: float) -> str:
@@ -52,6 +52,16 @@ def ratio(value: float, digits: int = 2) -> str:
     if not math.isfinite(value):
         return "∞"
     return _significant(value, digits)
+
+
+def ratio_beside(value: float, limit: float) -> str:
+    """``value`` as a ratio with the fewest significant digits (2 to 6) that keep its reading on
+    its side of ``limit``: 1.494 against a 1.5 limit reads "1.49", never "1.5"."""
+    for digits in range(2, 7):
+        text = ratio(value, digits)
+        if not math.isfinite(value) or (float(text.replace(",", "")) >= limit) == (value >= limit):
+            break
+    return text
 
 
 def ratio_interval(lo: float, hi: float, head: float | None = None) -> tuple[str, str]:

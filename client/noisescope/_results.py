@@ -198,6 +198,9 @@ class ParallelismRow:
     #: Absolute steps and wall time, when S_min (and a step time) are known.
     steps: float | None
     hours: float | None
+    #: Whether the doubling to this row sped training up by less than the plan's
+    #: ``min_speedup`` (``recommend.doubling_pays``; never the one-device row).
+    past_limit: bool
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,9 @@ class ParallelismPlan:
     #: and the compute waste there; meaningful even when ``device_limit`` is below one device.
     limit_batch_size: float
     limit_waste: float
+    #: The most devices (a power of two) every doubling to which paid ``min_speedup``: the
+    #: summary's "past N devices", the last row not ``past_limit``.
+    paying_devices: int
     s_min: float | None
     step_time: float | None
     rows: list[ParallelismRow]

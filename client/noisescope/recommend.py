@@ -51,6 +51,7 @@ __all__ = [
     "Reference",
     "bound_verdict",
     "default_candidates",
+    "doubling_pays",
     "parallelism_plan",
     "recommend",
     "verdict",
@@ -417,6 +418,23 @@ REFERENCES: tuple[Reference, ...] = get_args(Reference)
 MAX_DEVICES = 2**24
 
 
+def doubling_pays(speedup: float | None, min_speedup: float) -> bool:
+    """Whether a doubling of devices that sped training up by ``speedup`` paid: at least
+    ``min_speedup``. The one rule for a plan's rows, its summary and the pages that show
+    them; None (the one-device row, reached by no doubling) pays."""
+    return speedup is None or speedup >= min_speedup
+
+
+def _paying_devices(b_crit: float, per_device_batch: float, min_speedup: float) -> int:
+    """The most devices, a power of two up to ``MAX_DEVICES``, every doubling to which paid."""
+    devices = 1
+    while devices < MAX_DEVICES and doubling_pays(
+        doubling_speedup(devices * per_device_batch, b_crit), min_speedup
+    ):
+        devices *= 2
+    return devices
+
+
 def parallelism_plan(
     b_crit: float,
     per_device_batch: float,
@@ -465,6 +483,11 @@ def parallelism_plan(
         batch = devices * per_device_batch
         s_ratio = steps_ratio(batch, b_crit)
         steps = None if s_min is None else s_min * s_ratio
+        # from the previous row's batch, as _paying_devices computes it (never batch / 2,
+        # which differs once the batch overflows)
+        doubling = (
+            None if devices == 1 else doubling_speedup(devices // 2 * per_device_batch, b_crit)
+        )
         rows.append(
             ParallelismRow(
                 devices=devices,
@@ -472,10 +495,11 @@ def parallelism_plan(
                 steps_ratio=s_ratio,
                 examples_ratio=examples_ratio(batch, b_crit),
                 speedup=s_one / s_ratio,
-                doubling_speedup=None if devices == 1 else doubling_speedup(batch / 2, b_crit),
+                doubling_speedup=doubling,
                 waste=compute_waste(batch, b_crit),
                 steps=steps,
                 hours=None if steps is None or step_time is None else steps * step_time / 3600,
+                past_limit=not doubling_pays(doubling, min_speedup),
             )
         )
         devices *= 2
@@ -486,6 +510,7 @@ def parallelism_plan(
         else parallelism_limit(b_crit, 1.0, min_speedup)
     )
     waste = compute_waste(limit_batch, b_crit)
+    paying = _paying_devices(b_crit, per_device_batch, min_speedup)
     name = "B_crit" if reference == "B_crit" else "B_crit ≈ B_simple"
     basis = f"{name} = {_format.count(b_crit)}"
     if beyond:
@@ -502,13 +527,13 @@ def parallelism_plan(
             "device would waste less compute."
         )
     else:
-        # the limit read in whole devices, the batch there in whole examples: both approximate
-        devices_text = _format.whole(limit)
+        # read at the plan's own rows: the last one whose doubling paid, as the table shows it
+        at = paying * per_device_batch
         summary = (
-            f"Past ~{devices_text} {'device' if devices_text == '1' else 'devices'} "
-            f"(~{_format.whole(limit_batch)} {units} per step) each doubling of devices speeds "
-            f"training up by less than {min_speedup:g}×, and {waste:.0%} of the compute already "
-            f"goes beyond the minimum ({basis} {units})."
+            f"Past {paying:,} {'device' if paying == 1 else 'devices'} "
+            f"({_format.count(at)} {units} per step) each doubling of devices speeds training up "
+            f"by less than {min_speedup:g}×, and {compute_waste(at, b_crit):.0%} of the compute "
+            f"there already goes beyond the minimum ({basis} {units})."
         )
     return ParallelismPlan(
         b_crit=b_crit,
@@ -517,6 +542,7 @@ def parallelism_plan(
         device_limit=limit,
         limit_batch_size=limit_batch,
         limit_waste=waste,
+        paying_devices=paying,
         s_min=s_min,
         step_time=step_time,
         rows=rows,

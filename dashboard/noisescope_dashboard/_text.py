@@ -83,9 +83,12 @@ def whole(value: float | None) -> str:
     return _format.whole(value) if value is not None else DASH
 
 
-def ratio(value: float | None) -> str:
-    """A ratio such as B / B_simple ("0.3×"); a dash when there is none."""
-    return f"{_format.ratio(value)}×" if value is not None else DASH
+def ratio(value: float | None, *, limit: float | None = None) -> str:
+    """A ratio such as B / B_simple ("0.3×"); a dash when there is none. Against a ``limit``
+    (a threshold the page judges by) it never reads as the other side of it ("1.494×")."""
+    if value is None:
+        return DASH
+    return f"{_format.ratio(value) if limit is None else _format.ratio_beside(value, limit)}×"
 
 
 def interval(lo: float | None, hi: float | None) -> str:

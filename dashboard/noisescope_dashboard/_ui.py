@@ -10,7 +10,7 @@ showing a traceback. User text goes through ``_text.md`` (or a dataframe), never
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import altair as alt
@@ -27,6 +27,7 @@ __all__ = [
     "chart_with_downloads",
     "connect",
     "explain_api_error",
+    "fit_columns",
     "not_found",
     "run_page",
     "table",
@@ -98,13 +99,14 @@ def explain_api_error(exc: ApiError, src: _data.Source) -> None:
         st.error(f"The server at {where} answered HTTP {exc.status}: {md(exc.detail)}")
 
 
+#: After "not found": what to do. The navigation is the bar at the top (``app.py``), and the
+#: Runs page lists every run and task.
+_PICK_ANOTHER = "Check the link, or start again from Runs in the bar at the top."
+
+
 def not_found(what: str, detail: str = "") -> None:
     """A page opened on something that does not exist: say so, name it, and stop."""
-    st.error(
-        f"{what} not found"
-        + (f": {md(detail)}" if detail else "")
-        + ". Check the link, or pick one from the menu on the left."
-    )
+    st.error(f"{what} not found" + (f": {md(detail)}" if detail else "") + f". {_PICK_ANOTHER}")
     st.stop()
 
 
@@ -114,19 +116,62 @@ def run_page(main: Callable[[_data.Source], None]) -> None:
     try:
         main(src)
     except NotFoundError as exc:
-        st.error(
-            f"Not found: {md(exc.detail)}. Check the link, or pick one from the menu on the left."
-        )
+        st.error(f"Not found: {md(exc.detail)}. {_PICK_ANOTHER}")
     except ApiError as exc:
         explain_api_error(exc, src)
 
 
-def table(data: Any, columns: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+#: Streamlit's named column widths, in pixels.
+NAMED_WIDTHS = {"small": 75, "medium": 200, "large": 400}
+#: A table cell's text: at most this many pixels a character in the grid's font (14 px Source
+#: Sans; its widest common letters, W and M, are about 12), its padding, and a header's room
+#: for the sort and help icons. tests/dashboard/test_browser.py measures the real font.
+CHAR_PX, CELL_PADDING_PX, HEADER_ICONS_PX = 8.5, 18, 24
+
+
+def text_px(text: str) -> int:
+    """Pixels a column needs to show ``text`` whole."""
+    return int(len(text) * CHAR_PX) + CELL_PADDING_PX
+
+
+def fit_columns(
+    frame: pd.DataFrame, columns: Mapping[str, Any], names: Sequence[str]
+) -> dict[str, Any]:
+    """``columns`` with each of ``names`` at least as wide as its header and every cell of
+    ``frame`` in it: a cut task name or reason reads as another one. A column not in
+    ``columns`` gets a text column headed by its name."""
+    fitted = dict(columns)
+    for name in names:
+        config = dict(fitted.get(name) or st.column_config.TextColumn(name))
+        label = str(config.get("label") or name)
+        given = config.get("width")
+        cells = [str(v) for v in frame[name]] if name in frame else []
+        config["width"] = max(
+            NAMED_WIDTHS.get(given, 0) if isinstance(given, str) else int(given or 0),
+            text_px(label) + HEADER_ICONS_PX,
+            *map(text_px, cells),
+        )
+        fitted[name] = config
+    return fitted
+
+
+def table(
+    data: Any,
+    columns: Mapping[str, Any] | None = None,
+    *,
+    fit: Sequence[str] = (),
+    **kwargs: Any,
+) -> Any:
     """A full-width table without the row index. ``columns`` (a table's ``COLUMNS``: name to
-    column config) says which columns show and in what order; ``kwargs`` go to
+    column config) says which columns show and in what order; the columns named in ``fit``
+    are widened to show their text whole (``fit_columns``); ``kwargs`` go to
     ``st.dataframe``."""
+    if fit:
+        fitted = fit_columns(pd.DataFrame(data), columns or {}, fit)
+        kwargs["column_config"] = {**kwargs.get("column_config", {}), **fitted}
     if columns is not None:
-        kwargs |= {"column_order": list(columns), "column_config": columns}
+        kwargs["column_order"] = list(columns)
+        kwargs["column_config"] = {**columns, **kwargs.get("column_config", {})}
     return st.dataframe(data, hide_index=True, width="stretch", **kwargs)
 
 

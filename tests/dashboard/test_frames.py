@@ -189,3 +189,20 @@ def test_the_what_if_table_reads_steps_as_whole_numbers() -> None:
     table = _frames.parallelism_table(plan, "examples")
     assert list(table["steps"]) == [_text.whole(s) for s in steps.values()]
     assert table["steps"][2] == "68"
+
+
+def test_the_what_if_table_never_rounds_a_doubling_across_the_limit() -> None:
+    """Issue 30: the 64-device row's doubling, 1.494x, read "1.5x" on a row past the 1.5x
+    limit (now "1.49x"); the table says which rows are past it, by the chart's rule."""
+    from noisescope.recommend import parallelism_plan
+
+    plan = parallelism_plan(2000.0, 32.0)
+    table = _frames.parallelism_table(plan, "examples").set_index("devices")
+    assert table.loc["64", "this doubling"] == "1.49×"
+    assert table.loc["32", "this doubling"] == "1.7×"
+    assert table.loc["32", "doubling"] == "each doubling pays"
+    assert table.loc["64", "doubling"] == "past the limit"
+    rows = _frames.parallelism_rows(plan)
+    assert list(rows["past"]) == list(table["doubling"])
+    assert _text.ratio(1.4996, limit=1.5) == "1.4996×" and _text.ratio(1.5, limit=1.5) == "1.5×"
+    assert _text.ratio(1.52, limit=1.5) == "1.5×"  # at the limit pays: the same side

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from noisescope import Api
+from noisescope_dashboard import _text
 from tests.support.broken_http import Answer, BrokenServer
 from tests.support.servers import free_port
 
@@ -140,6 +141,8 @@ def test_run_page_unknown_run_is_not_found(make_app: MakeApp, server: str) -> No
     at = make_app(server, "run", run="no-such-run")
     (error,) = at.error
     assert "no-such-run" in plain(error.value) and "not found" in error.value
+    # the navigation is a bar at the top (app.py), never "the menu on the left"
+    assert "on the left" not in error.value and "the bar at the top" in error.value
     assert not at.metric and not at.get("vega_lite_chart")
     assert not at.selectbox  # never silently another run
 
@@ -160,7 +163,11 @@ def test_run_page_not_yet_measurable_shows_no_number_and_no_verdict(
 
 def test_run_page_without_samples_says_why_and_what_to_do(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "run", run=NOTICE)
-    assert NOTICE_MESSAGE in plain(at.warning[0].value)
+    warning = plain(at.warning[0].value)
+    assert _text.sentence(NOTICE_MESSAGE) in warning
+    # a finished run: no "yet", and the reason said once ("no samples yet: no samples yet")
+    assert warning.startswith("This run finished with no samples. Its training loop said: ")
+    assert "yet" not in warning and warning.count("no samples") == 1
     assert "accumulate_grad_batches" in at.markdown[0].value
     assert not at.metric and not at.get("vega_lite_chart")
 
@@ -352,7 +359,12 @@ def test_critical_batch_targets_live_in_the_url(make_app: MakeApp, server: str) 
     assert table["loss target"].tolist() == ["1", "0.05"]
     row = table.set_index("loss target").loc["0.05"]
     assert row["B_crit"] == "not determined" and row["S_min (steps)"] == ""
-    assert "a fit needs at least 3" in row["warnings"]
+    # the warnings in full under the table, where no cell cuts them off
+    assert row["warnings"].endswith(", below")
+    assert any(
+        "Loss 0.05 (not determined)" in plain(w.value) and "a fit needs at least 3" in w.value
+        for w in at.warning
+    )
     assert "Not numbers" in at.error[0].value and "x" in at.error[0].value
     at.text_input(key="_qp_targets").input("0.9").run()
     assert at.query_params["targets"] == "0.9"
@@ -400,6 +412,17 @@ def test_what_if_renders_the_parallelism_plan(make_app: MakeApp, server: str, ap
     table = at.dataframe[0].value
     assert table["devices"].tolist() == [f"{r.devices:,}" for r in plan.rows]
     assert table["time"].iloc[0].endswith(("s", "min", "h"))
+    # one device count for the summary, the metrics, the table and the chart's grey points
+    paying = plan.paying_devices
+    assert plain(at.info[0].value).startswith(f"Past {paying:,} devices (")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Devices while doubling pays"] == f"{paying:,}"
+    past = [r.devices for r in plan.rows if r.past_limit]
+    assert past and past[0] == 2 * paying
+    shown = table.set_index("devices")["doubling"]
+    assert [int(d.replace(",", "")) for d in shown.index[shown == "past the limit"]] == past
+    (drawn, *_) = chart_data(at)["Time against compute as devices double"]
+    assert drawn.loc[drawn["past"] == "past the limit", "devices"].tolist() == past
     specs = charts(at)
     assert set(specs) == {"Time against compute as devices double", "Speed-up against devices"}
     trade = spec_layers(specs["Time against compute as devices double"])
@@ -422,6 +445,15 @@ def test_what_if_median_b_simple_has_no_absolute_steps(make_app: MakeApp, server
     at = make_app(server, "what_if", task="vision/digits", source="median")
     assert "median current B_simple" in plain(at.caption[0].value)
     assert set(at.dataframe[0].value["steps"]) == {""}
+
+
+def test_what_if_counts_runs_in_words(make_app: MakeApp, server: str, api: Api) -> None:
+    """Issue 30: "the task's 1 measured runs"."""
+    (lm,) = [t for t in api.tasks() if (t.project, t.task) == ("nlp", "lm")]
+    assert lm.n_measured == 1
+    at = make_app(server, "what_if", task="nlp/lm", source="median")
+    caption = plain(at.caption[0].value)
+    assert "of the task's 1 measured run, as the estimate" in caption
 
 
 def test_what_if_names_b_simple_when_the_source_is_b_simple(

@@ -191,3 +191,32 @@ def test_a_plan_for_any_positive_inputs_is_an_answer(
     assert (plan.rows[-1].devices == MAX_DEVICES) or plan.device_limit * 4 < MAX_DEVICES
     if not plan.device_limit < MAX_DEVICES:
         assert "beyond 2^24" in plan.summary
+    # one rule for the rows, the summary and the pages: the rows past the limit are the
+    # rows after the last one every doubling to which paid (in the API's ranges, where every
+    # row's arithmetic is exact enough: no subnormals, no overflow)
+    if not all(1e-6 <= value <= 1e18 for value in (b_crit, per_device)):
+        return
+    past = [r.past_limit for r in plan.rows]
+    assert past == sorted(past)
+    assert [r.devices for r in plan.rows if not r.past_limit][-1] == min(
+        plan.paying_devices, plan.rows[-1].devices
+    )
+
+
+@pytest.mark.parametrize(
+    ("b_crit", "per_device", "paying"), [(100.0, 16.0, 4), (2000.0, 32.0, 32), (196.0, 16.0, 8)]
+)
+def test_the_summary_names_the_last_row_whose_doubling_paid(
+    b_crit: float, per_device: float, paying: int
+) -> None:
+    """Issue 30: "Past ~3 devices" beside a 4-device row whose doubling gave 1.6x (and greyed
+    on the chart). The summary, the rows and the pages now read the same device count."""
+    plan = parallelism_plan(b_crit, per_device)
+    assert plan.paying_devices == paying
+    rows = {r.devices: r for r in plan.rows}
+    last, beyond = rows[paying].doubling_speedup, rows[2 * paying].doubling_speedup
+    assert last is not None and beyond is not None and last >= 1.5 > beyond
+    assert not rows[paying].past_limit and rows[2 * paying].past_limit
+    assert plan.summary.startswith(
+        f"Past {paying} devices ({paying * per_device:,.0f} examples per step) each doubling"
+    )

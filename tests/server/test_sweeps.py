@@ -225,10 +225,12 @@ def test_parallelism_answers_the_device_question(client: httpx.Client) -> None:
     assert rows[32]["doubling_speedup"] > 1.5 > rows[64]["doubling_speedup"]
     assert rows[1]["steps"] == pytest.approx(1000 * (1 + 2000 / 32))
     assert rows[1]["hours"] == pytest.approx(rows[1]["steps"] * 0.5 / 3600)
-    # read at the limit, in whole devices and whole examples: 31.25 devices, 1,000 examples
+    # read at the rows: the last whose doubling paid (32 devices; the exact limit is 31.25)
+    assert plan["paying_devices"] == 32
+    assert [row["past_limit"] for row in plan["rows"]][5:7] == [False, True]
     assert plan["summary"] == (
-        "Past ~31 devices (~1,000 examples per step) each doubling of devices speeds training "
-        "up by less than 1.5×, and 33% of the compute already goes beyond the minimum "
+        "Past 32 devices (1,024 examples per step) each doubling of devices speeds training "
+        "up by less than 1.5×, and 34% of the compute there already goes beyond the minimum "
         "(B_crit = 2,000 examples)."
     )
     assert plan["reference"] == "B_crit"
@@ -245,8 +247,8 @@ def test_parallelism_names_the_quantity_it_was_given(client: httpx.Client) -> No
     plan = r.json()
     assert plan["reference"] == "B_simple"
     assert plan["summary"] == (
-        "Past ~3 devices (~50 examples per step) each doubling of devices speeds training up "
-        "by less than 1.5×, and 33% of the compute already goes beyond the minimum "
+        "Past 4 devices (64 examples per step) each doubling of devices speeds training up "
+        "by less than 1.5×, and 39% of the compute there already goes beyond the minimum "
         "(B_crit ≈ B_simple = 100 examples)."
     )
     assert plan["verdict"].startswith("batch 64 is ~0.64× B_simple: near the balance point")

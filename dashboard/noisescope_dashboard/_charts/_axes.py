@@ -166,6 +166,16 @@ def drawn_colours(colours: Mapping[str, str], drawn: Iterable[object]) -> dict[s
     return {name: colour for name, colour in colours.items() if name in here}
 
 
+def layered(*layers: Any) -> alt.LayerChart:
+    """The layers with rows to draw, layered (the first alone when none has): Vega warns
+    "Infinite extent" for the fields of a layer whose data is empty, e.g. the band of a run
+    too short for an interval."""
+    drawn = [
+        layer for layer in layers if not (isinstance(layer.data, pd.DataFrame) and layer.data.empty)
+    ]
+    return cast(alt.LayerChart, alt.layer(*(drawn or layers[:1])))
+
+
 def finish(chart: Any, title: str, height: int = HEIGHT) -> alt.LayerChart:
     """The chart at the container's width, its title kept as its description."""
     return cast(

@@ -15,6 +15,7 @@ from noisescope_dashboard._charts._axes import (
     TIP,
     drawable,
     finish,
+    layered,
     values_in,
     wide_legend,
     x_encoding,
@@ -155,7 +156,7 @@ def b_simple_chart(
         ),
         *_events(events, x, legend=True),
     ]
-    return finish(alt.layer(*layers), title)
+    return finish(layered(*layers), title)
 
 
 def metric_chart(
@@ -214,7 +215,7 @@ def metric_chart(
             )
         )
     layers += _events(events, x, legend=False)
-    return finish(alt.layer(*layers), title)
+    return finish(layered(*layers), title)
 
 
 def layers_chart(
@@ -246,4 +247,4 @@ def layers_chart(
             ],
         ),
     ]
-    return finish(alt.layer(*layers), "B_simple per layer", TALL)
+    return finish(layered(*layers), "B_simple per layer", TALL)

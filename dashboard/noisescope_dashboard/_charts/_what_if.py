@@ -11,9 +11,11 @@ from noisescope_dashboard._charts._axes import (
     named_colours,
     scale_axis,
     values_in,
+    wide_legend,
     x_encoding,
     y_encoding,
 )
+from noisescope_dashboard._frames._what_if import PAST, PAYS
 
 
 def tradeoff_chart(rows: pd.DataFrame, *, units: str) -> alt.LayerChart:
@@ -38,7 +40,7 @@ def tradeoff_chart(rows: pd.DataFrame, *, units: str) -> alt.LayerChart:
         alt.Tooltip("examples_ratio:Q", title="E / E_min", format=".3~r"),
         alt.Tooltip("waste:Q", title="compute beyond the minimum", format=".0%"),
     ]
-    color = named_colours("past:N", {"each doubling pays": "#1f77b4", "past the limit": "#9e9e9e"})
+    color = named_colours("past:N", {PAYS: "#1f77b4", PAST: "#9e9e9e"})
     layers = [
         alt.Chart(rows).mark_line(color="#bdbdbd").encode(x=x, y=y, order="devices:Q"),
         alt.Chart(rows).mark_point(filled=True, size=80).encode(x=x, y=y, color=color, tooltip=tip),
@@ -72,8 +74,15 @@ def speedup_chart(rows: pd.DataFrame) -> alt.LayerChart:
         ],
         ignore_index=True,
     )
-    color = named_colours(
-        "what:N", {"S-E model": "#1f77b4", "ideal (speed-up = devices)": "#7f7f7f"}
+    lines = {"S-E model": "#1f77b4", "ideal (speed-up = devices)": "#7f7f7f"}
+    color = named_colours("what:N", lines)
+    # the same field, domain and legend as the colour, so Vega-Lite draws one legend of both
+    # (a legend=None here conflicted with the colour's: "Conflicting legend property")
+    dash = alt.StrokeDash(
+        "what:N",
+        title=None,
+        scale=alt.Scale(domain=list(lines), range=[[1, 0], [6, 4]]),
+        legend=wide_legend(),
     )
     chart = (
         alt.Chart(long)
@@ -82,7 +91,7 @@ def speedup_chart(rows: pd.DataFrame) -> alt.LayerChart:
             x=x,
             y=alt.Y("value:Q", title="speed-up over one device", scale=y_scale, axis=y_axis),
             color=color,
-            strokeDash=alt.StrokeDash("what:N", legend=None),
+            strokeDash=dash,
             tooltip=[
                 alt.Tooltip("devices:Q", title="devices", format=","),
                 alt.Tooltip("what:N", title=" "),

@@ -51,7 +51,8 @@ def target_table(report: CriticalBatchReport) -> pd.DataFrame:
                 f"E_min ({units})": _text.count(t.e_min) if ok else "",
                 "B_simple at this loss": _text.count(t.b_simple) if t.b_simple is not None else "",
                 "B_simple 90% interval": _text.interval(t.b_simple_lo, t.b_simple_hi),
-                "warnings": " · ".join(target_warnings(t)),
+                # in full under the table: a sentence each would be cut off in a cell
+                "warnings": f"{len(target_warnings(t))}, below" if target_warnings(t) else "",
                 "frontier (batch → lr, steps)": frontier_text(t),
             }
         )

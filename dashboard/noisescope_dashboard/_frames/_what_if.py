@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from noisescope import ParallelismPlan
+from noisescope import ParallelismPlan, ParallelismRow
 from noisescope_dashboard import _text
+
+#: How the chart's legend and the table name a row by ``ParallelismRow.past_limit``.
+PAYS, PAST = "each doubling pays", "past the limit"
+
+
+def limit_label(row: ParallelismRow) -> str:
+    """A row as the chart's colour and the table's last column name it."""
+    return PAST if row.past_limit else PAYS
 
 
 def parallelism_rows(plan: ParallelismPlan) -> pd.DataFrame:
@@ -24,7 +32,7 @@ def parallelism_rows(plan: ParallelismPlan) -> pd.DataFrame:
             "hours": r.hours,
             "label": f"{r.devices:,} device{'s' if r.devices != 1 else ''}",
             "ideal": float(r.devices),
-            "past": "past the limit" if r.devices > plan.device_limit else "each doubling pays",
+            "past": limit_label(r),
         }
         for r in plan.rows
     ]
@@ -42,12 +50,13 @@ def parallelism_table(plan: ParallelismPlan, units: str) -> pd.DataFrame:
                 "S / S_min": _text.ratio(r.steps_ratio),
                 "E / E_min": _text.ratio(r.examples_ratio),
                 "speed-up": _text.ratio(r.speedup),
-                "this doubling": _text.ratio(r.doubling_speedup)
+                "this doubling": _text.ratio(r.doubling_speedup, limit=plan.min_speedup)
                 if r.doubling_speedup is not None
                 else "",
                 "extra compute": _text.percent(r.waste),
                 "steps": _text.whole(r.steps) if r.steps is not None else "",
                 "time": _text.hours(r.hours) if r.hours is not None else "",
+                "doubling": limit_label(r),
             }
             for r in plan.rows
         ]

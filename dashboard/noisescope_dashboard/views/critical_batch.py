@@ -62,7 +62,7 @@ def _targets(src: _data.Source, project: str, task: str, loss: str) -> CriticalB
 def _results(report: CriticalBatchReport) -> None:
     units = _text.units_word(report.units)
     st.subheader("Per loss target", anchor=False)
-    _ui.table(_frames.target_table(report))
+    _ui.table(_frames.target_table(report), fit=["frontier (batch → lr, steps)"])
     for t in report.targets:
         notes = _frames.target_warnings(t)
         if not notes:

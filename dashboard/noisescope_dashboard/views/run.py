@@ -136,10 +136,18 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
 
 
 def _no_samples(run: RunSummary) -> None:
-    why = run.notice or run.b_simple_reason or "no samples yet"
-    st.warning(f"This run has no samples yet: {md(why)}")
+    """Say that there are no samples ("yet" only while the run runs), the training loop's
+    notice if it sent one (the API's reason adds nothing else here), and what to do."""
+    head = (
+        "This run has no samples yet."
+        if run.status == "running"
+        else f"This run {md(_text.status(run))} with no samples."  # finished, failed, crashed
+    )
+    said = f" Its training loop said: {md(_text.sentence(run.notice))}" if run.notice else ""
+    st.warning(head + said)
     st.markdown(
-        "What to do: samples appear a few seconds after the training loop calls the probe. "
+        ("What to do: samples" if run.status == "running" else "Next time: samples")
+        + " appear a few seconds after the training loop calls the probe. "
         "The probe needs two batch sizes per step — gradient accumulation (several "
         "micro-batches per step), DDP on several processes, or per-example norms; with "
         "Lightning set `accumulate_grad_batches` > 1, with Hugging Face "

@@ -36,16 +36,15 @@ COLUMNS = {
     "ratio": st.column_config.TextColumn(
         "B / B_simple", help="Below 1: a bigger batch would cut steps", width=95
     ),
-    "why": st.column_config.TextColumn(
-        "No B_simple because", help="Why the run has no B_simple yet", width=240
-    ),
     "loss": st.column_config.TextColumn("Loss", help="The latest training loss", width="small"),
     "step": st.column_config.TextColumn("Step", help="The latest step", width="small"),
+    "started_at": st.column_config.DatetimeColumn("Started", format="YYYY-MM-DD HH:mm", width=130),
     "tags": st.column_config.TextColumn("Tags", width="small"),
-    "started_at": st.column_config.DatetimeColumn(
-        "Started", format="YYYY-MM-DD HH:mm", width="small"
-    ),
+    # last: a notice's reason is a sentence, and the columns before it stay in view
+    "why": st.column_config.TextColumn("No B_simple because", help="Why the run has no B_simple"),
 }
+#: Columns of names and sentences, as wide as their longest text (``_ui.fit_columns``).
+FIT = ("name", "project", "task", "status", "tags", "why")
 
 #: Sort key -> (column of ``_frames.runs_table``, ascending).
 SORTS = {
@@ -139,6 +138,7 @@ def main(src: _data.Source) -> None:
         event = _ui.table(
             shown,
             COLUMNS,
+            fit=FIT,
             height=min(TABLE_ROW_PX * (len(shown) + 1) + 3, TABLE_MAX_PX),
             on_select="rerun",
             selection_mode="single-row",

@@ -60,8 +60,9 @@ def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
             task.b_simple_median,
             None,
             f"B_simple = {_text.count(task.b_simple_median)} {units}, the median current "
-            f"B_simple of the task's {task.n_measured} measured runs, as the estimate of B_crit "
-            "(it may underestimate it); no S_min, so steps are relative to the minimum.",
+            f"B_simple of the task's {_text.plural(task.n_measured, 'measured run')}, as the "
+            "estimate of B_crit (it may underestimate it); no S_min, so steps are relative to "
+            "the minimum.",
             "B_simple",
         )
     for t in targets:
@@ -172,11 +173,17 @@ def main(src: _data.Source) -> None:
     if plan.verdict:
         st.markdown(f"**Batch {_text.count(batch)}:** " + md(plan.verdict))
     m1, m2, m3 = st.columns(3)
-    # read as the summary reads them: whole devices, whole examples (tokens)
-    limit = f"~{_text.whole(plan.device_limit)}" if plan.device_limit >= 1 else "< 1"
-    m1.metric("Device limit", limit)
-    m2.metric("Batch at the limit", f"~{_text.whole(plan.limit_batch_size)} {word}")
-    m3.metric("Extra compute at the limit", _text.percent(plan.limit_waste))
+    # the row the summary names (the last one whose doubling paid), as the table shows it
+    last = next((r for r in plan.rows if r.devices == plan.paying_devices), None)
+    m1.metric(
+        "Devices while doubling pays",
+        _text.count(plan.paying_devices),
+        help=f"The last device count the doubling to which sped training up by at least "
+        f"{plan.min_speedup:g}× (the model's exact limit: "
+        f"{_text.count(plan.device_limit)} devices)",
+    )
+    m2.metric("Batch there", f"{_text.count(last.batch_size if last else None)} {word}")
+    m3.metric("Extra compute there", _text.percent(last.waste if last else None))
     _ui.table(
         _frames.parallelism_table(plan, units),
         column_config={
@@ -192,6 +199,11 @@ def main(src: _data.Source) -> None:
             ),
             "extra compute": st.column_config.TextColumn(
                 "extra compute", help="Share of the compute beyond the minimum, 1 − E_min/E"
+            ),
+            "doubling": st.column_config.TextColumn(
+                "doubling",
+                help=f"Whether the doubling to this row sped training up by at least "
+                f"{plan.min_speedup:g}× (grey on the charts when not)",
             ),
         },
     )
