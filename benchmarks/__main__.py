@@ -22,6 +22,7 @@ from benchmarks._venv import competitor_python
 MODULES = [
     ("log_overhead", "Client: log() cost on the training thread"),
     ("client_cpu", "Client: CPU per sample through the sender"),
+    ("client_versions", "Client: this version beside the previous one"),
     ("probe_overhead", "Probes: training-step overhead"),
     ("ingest", "Server: ingest throughput"),
     ("series", "Server: series query latency"),

@@ -93,13 +93,14 @@ def stage_costs() -> dict[str, float]:
 
 def _configure(config: str) -> None:
     """Reproduce a configuration in this (child) process."""
-    from noisescope import _json, _request, _sender
+    from noisescope import _json, _request
+    from noisescope._delivery import _sender
 
     if config in ("stdlib", "before"):
         _json.orjson = None
     if config == "before":
         _request.GZIP_LEVEL = 5
-        _sender.is_loopback = lambda url: False  # type: ignore[assignment]  # gzip always
+        _sender.is_loopback = lambda url: False  # type: ignore[attr-defined]  # gzip always
 
 
 def _log_child(args: tuple[str, str, int, str, Any, Any]) -> None:

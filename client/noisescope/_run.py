@@ -1,10 +1,10 @@
 """``noisescope.init()`` and ``Run``: the training loop's side of the client.
 
 The hot path (``log_sample``, ``log``) takes a lock, updates the open record of the current step
-and, when a later step begins, appends the finished records as tuples to a bounded ``deque``.
-No I/O, no encoding, no validation on the caller's thread: all of that is the sender's job
-(``_sender.py``). Every public method swallows its own exceptions: a monitoring client must
-never take a training job down.
+and, when a later step begins, hands the finished records to the delivery's ``Outbox``, their
+one owner. No I/O, no encoding, no validation on the caller's thread: all of that is the
+sender's job (``_delivery``). Every public method swallows its own exceptions: a monitoring
+client must never take a training job down.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import sys
 import threading
 import time
 import uuid
-from collections import deque
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
 
 from noisescope import _process, _wire
 from noisescope._config import Settings, resolve, server_url_for
+from noisescope._delivery import Sender
 from noisescope._records import (
     OPEN_B_BIG,
     OPEN_B_SMALL,
@@ -32,10 +33,7 @@ from noisescope._records import (
     OPEN_G_SMALL_SQ,
     OPEN_LOSS,
     OPEN_LR,
-    Sample,
-    new_sample,
 )
-from noisescope._sender import Sender
 from noisescope._spool import RunSpool
 from noisescope._status import Status, dropped_account
 from noisescope._transport import HTTPTransport, Transport
@@ -46,6 +44,10 @@ logger = logging.getLogger("noisescope")
 
 def _now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
+
+
+def _keep_nothing(records: Iterable[list[Any]]) -> None:
+    """Where a Run that sends nothing (disabled, a forked child) commits its records."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -108,18 +110,13 @@ class Run:
         self.page_url: str | None = None
 
         self._lock = threading.Lock()
-        self._buffer: deque[Sample] = deque()
-        self._memory_max = settings.memory_max
-        self._batch_max = settings.batch_max
+        #: Where finished steps go: the sender's ``Outbox.commit`` once there is one.
+        self._commit_records: Callable[[Iterable[list[Any]]], None] = _keep_nothing
         self._open: dict[str, list[Any]] = {}
         self._step: Any = None
         self._step_loss: Any = None
         self._step_lr: Any = None
         self._step_examples: Any = None
-        # seq = local index · stride + offset: unique across ranks when all ranks send.
-        self._seq_stride = settings.world_size if settings.all_ranks else 1
-        self._seq = settings.rank if settings.all_ranks else 0
-        self._overflow = 0
         self._event_seq = 0
         self._hot_errors = 0
         self._pid = os.getpid()
@@ -167,12 +164,12 @@ class Run:
             settings,
             self.id,
             body,
-            self._buffer,
             transport,
             self._spool,
             self._commit_open,
             on_page=self._found_page,
         )
+        self._commit_records = self._sender.outbox.commit
         if self._spool is not None:
             self._sender.save_meta()
         self._sender.start()
@@ -285,7 +282,7 @@ class Run:
                 self._event_seq += 1
             event = {"seq": seq, "step": int(step), "kind": str(kind), "time": time.time()}
             event["payload"] = dict(payload or {})
-            self._sender.add_event(event)
+            self._sender.outbox.add_event(event)
         except Exception as exc:
             self._hot_error(exc)
 
@@ -297,45 +294,18 @@ class Run:
         self._step_loss = self._step_lr = self._step_examples = None
 
     def _commit(self) -> None:
-        buffer = self._buffer
-        before = len(buffer)
-        seq = self._seq
-        stride = self._seq_stride
-        for record in self._open.values():
-            if record[OPEN_EXAMPLES] is None:
-                record[OPEN_EXAMPLES] = self._step_examples
-            if record[OPEN_LOSS] is None:
-                record[OPEN_LOSS] = self._step_loss
-            if record[OPEN_LR] is None:
-                record[OPEN_LR] = self._step_lr
-            if len(buffer) >= self._memory_max and not self._make_room():
-                self._overflow += 1  # neither memory nor the spool can take it: counted, said
-                continue
-            buffer.append(new_sample((seq, *record)))
-            seq += stride
-        self._seq = seq
+        """The open step's records, with the step's scalars from ``log()``, to the outbox."""
+        examples, loss, lr = self._step_examples, self._step_loss, self._step_lr
+        if examples is not None or loss is not None or lr is not None:
+            for record in self._open.values():
+                if record[OPEN_EXAMPLES] is None:
+                    record[OPEN_EXAMPLES] = examples
+                if record[OPEN_LOSS] is None:
+                    record[OPEN_LOSS] = loss
+                if record[OPEN_LR] is None:
+                    record[OPEN_LR] = lr
+        self._commit_records(self._open.values())
         self._open.clear()
-        if before < self._batch_max <= len(buffer) and self._sender is not None:
-            self._sender.wake()
-
-    def _make_room(self) -> bool:
-        """A burst faster than the sender filled the buffer: its older half goes to the spool
-        (the training thread waits for the disk); False if the spool cannot take it either."""
-        sender = self._sender
-        if sender is not None and sender.make_room():
-            return True
-        if self._overflow == 0:
-            logger.warning(
-                "noisescope: the memory buffer is full (memory_max=%d) and %s: dropping "
-                "samples (counted in status().dropped)",
-                self._memory_max,
-                self._spool_problem(),
-            )
-        return False
-
-    def _spool_problem(self) -> str:
-        sender = self._sender
-        return sender.spool_problem() if sender is not None else "there is no sender"
 
     def _commit_open(self) -> None:
         with self._lock:
@@ -372,12 +342,7 @@ class Run:
         if sender is None:
             return Status(self.mode if self.active else "disabled", open_count, 0, 0, 0, None)
         spooled = self._spool.pending_samples if self._spool is not None else 0
-        overflow = (
-            self._overflow,
-            f"the memory buffer was full (memory_max={self._memory_max}) and "
-            f"{self._spool_problem()}",
-        )
-        drops = [overflow, *sender.backlog.drops()]
+        drops = sender.outbox.drops()
         return Status(
             mode=self.mode,
             queued=open_count + sender.queued(),
@@ -500,7 +465,7 @@ class Run:
     def _forget_after_fork(self) -> None:
         """In a forked child (DataLoader worker): no sender thread exists; record nothing."""
         self._lock = threading.Lock()
-        self._buffer = deque()
+        self._commit_records = _keep_nothing
         self._open = {}
         self.active = False
         self.finished = True

@@ -188,15 +188,16 @@ def test_outage_spools_to_disk_and_replays_when_server_returns(
 def test_memory_stays_bounded_when_the_server_is_slow(fake: FakeServer, tmp_path: Path) -> None:
     run = make_run(fake, batch_max=100, memory_max=1000, dir=tmp_path)
     fake.delay = 0.05
+    outbox = run._sender.outbox  # type: ignore[union-attr]
     high_water = 0
     for step in range(5000):
         run.log_sample(step, 8, 64, 2.0 + step, 1.0)
-        high_water = max(high_water, len(run._buffer))
+        high_water = max(high_water, len(outbox))
     fake.delay = 0.0
     status = run.finish()
     assert high_water <= 1000
     assert status.dropped + len(fake.rows(run.id)) == 5000
-    assert status.dropped == run._overflow  # only the hard in-memory bound ever drops
+    assert status.dropped == outbox.overflow  # only the hard in-memory bound ever drops
 
 
 def test_disk_limit_keeps_oldest_and_counts_newer_as_dropped(tmp_path: Path) -> None:
