@@ -1,0 +1,14 @@
+"""The delivery path: a run's committed samples and events on their way to the server or the
+spool.
+
+``Outbox`` (``_outbox.py``) is the one owner of what is committed and not yet acknowledged:
+the Run only hands it finished steps; ``Sender`` (``_sender.py``) is the thread that takes
+them to the server, its every decision read from one ``State`` that changes only through
+``_state.transition``; ``Guard`` (``_guard.py``) spills while a request hangs.
+"""
+
+from noisescope._delivery._outbox import Outbox
+from noisescope._delivery._sender import Sender
+from noisescope._delivery._state import Event, Link, Stage, State, transition
+
+__all__ = ["Event", "Link", "Outbox", "Sender", "Stage", "State", "transition"]

@@ -1,0 +1,576 @@
+"""The background sender: batches committed samples, POSTs them, retries, spools.
+
+One daemon thread per run. The training thread only hands finished steps to the ``Outbox``;
+this thread takes them in batches (by count: ``batch_max``; by time: ``batch_interval``),
+converts them to columns (``_records``) and POSTs them through a ``Transport`` (``_request``
+builds the bodies). What it does next depends on one ``State`` only, changed by
+``_state.transition`` in ``_on``.
+
+Failure policy (why it is safe):
+- connection errors, timeouts, 408, 429 and 5xx are *retryable* (``_retry``): the batch goes to
+  the on-disk spool at once (durable), the sender backs off exponentially with jitter (honouring
+  ``Retry-After``) and, while the outage lasts, spills new batches to the spool instead of
+  holding them in memory. When a retry succeeds the spool is replayed, oldest first. A request
+  that hangs is covered by the ``Guard``.
+- other 4xx are the client's fault: logged once with the server's message, never retried; the
+  batch is counted as dropped. A refused run creation (401/403: a token problem; or an answer
+  no noisescope server gives) switches the run to spooling, so ``noisescope sync --token`` can
+  deliver it later.
+- every sample carries (run id, seq); the server inserts-or-ignores, so a replay or a retry of a
+  batch whose answer was lost never double-counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from noisescope import _wire
+from noisescope._config import Settings
+from noisescope._delivery._guard import Guard
+from noisescope._delivery._outbox import Outbox
+from noisescope._delivery._state import Event, Link, Stage, State, initial, transition
+from noisescope._records import rows_to_columns
+from noisescope._request import build_request, is_loopback
+from noisescope._retry import (
+    Backoff,
+    Outcome,
+    classify,
+    not_noisescope,
+    not_noisescope_problem,
+    parse_retry_after,
+)
+from noisescope._spool import Columns, RunSpool, replay_requests
+from noisescope._sync import deliver_orphans
+from noisescope._transport import Response, Transport, TransportError
+
+logger = logging.getLogger("noisescope")
+
+#: Seconds ``close`` waits before it says that it is waiting for the server.
+SLOW_CLOSE = 1.0
+#: Events per request.
+EVENTS_PER_REQUEST = 1000
+
+
+class Sender:
+    """Moves committed rows from its ``outbox`` to the server (or the spool) on its own
+    thread. ``transport`` None: offline, everything goes to the spool."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        run_id: str,
+        run_body: dict[str, Any],
+        transport: Transport | None,
+        spool: RunSpool | None,
+        commit_open: Callable[[], None] | None = None,
+        *,
+        on_page: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.run_id = run_id
+        self.run_body = run_body
+        self.transport = transport
+        self.spool = spool
+        self._commit_open = commit_open
+        #: Told the run's dashboard link from the server's answers to the run's creation.
+        self._on_page = on_page
+        self.series_prefix = f"rank{settings.rank}" if settings.all_ranks else ""
+        #: Samples per request when replaying the spool.
+        self.replay_max = min(max(settings.batch_max, 5000), _wire.MAX_SAMPLES_PER_REQUEST)
+        self.backoff = Backoff(settings.backoff_base, settings.backoff_max)
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        #: The one owner of what is committed and not yet acknowledged.
+        self.outbox = Outbox(settings, spool, self.series_prefix, self._error, self._wake.set)
+        #: What the thread does next depends on this only; changed by ``_on`` alone.
+        self.state: State = initial(has_server=transport is not None)
+        self._state_lock = threading.Lock()
+        #: When the request now on the wire began (None between requests).
+        self._request_started: float | None = None
+        self._thread: threading.Thread | None = None
+        self._guard: Guard | None = None
+        #: Why the server will not take this run (its answer to PUT), when ``Link.REFUSED``.
+        self.refusal: str | None = None
+        #: gzip large bodies, except to a server on this machine (CPU for nothing there).
+        self._compress = not is_loopback(settings.url)
+        self._last_send = time.monotonic()
+        #: Last HTTP answer of any kind (the heartbeat is due after heartbeat_interval without).
+        self._last_contact = time.monotonic()
+        self._heartbeats = True
+        #: The HTTP status of a refused run creation (401/403: a token problem), if any.
+        self.refused_status: int | None = None
+        #: Whether that refusal was no noisescope server's answer (the dashboard's port?).
+        self.not_noisescope = False
+        #: What the outage now under way failed with (cleared from ``last_error`` once the
+        #: server answers again: a recovered outage is no error of the run).
+        self._outage_error: str | None = None
+        #: Why the run's end could not be recorded in the spool at close, if it could not.
+        self.end_unrecorded: str | None = None
+        self._warned: set[str] = set()
+        # counters
+        self.sent = 0
+        self.inserted = 0
+        self.last_error: str | None = None
+        self.requests = 0
+
+    def _on(
+        self, event: Event, *, retry_at: float = 0.0, final: Mapping[str, Any] | None = None
+    ) -> State:
+        """Apply ``event``: the one place the sender's state changes."""
+        with self._state_lock:
+            self.state = transition(self.state, event, retry_at=retry_at, final=final)
+            return self.state
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="noisescope-sender", daemon=True)
+        self._thread.start()
+        if self.spool is not None and self.transport is not None:
+            self._guard = Guard(
+                self.outbox,
+                self.settings,
+                lambda: self._request_started,
+                lambda: self.state.spools_only,
+            )
+            self._guard.start()
+
+    @property
+    def dropped_events(self) -> int:
+        return self.outbox.dropped_events
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def queued(self) -> int:
+        return self.outbox.queued()
+
+    def idle(self) -> bool:
+        """Nothing in memory and nothing spooled that could still be sent in this process."""
+        if self.outbox.in_memory():
+            return False
+        if self.state.spools_only:
+            return True
+        if self.outbox.has_events():
+            return False
+        return not (self.spool is not None and self.spool.bytes_used > 0)
+
+    def flush(self, timeout: float) -> bool:
+        """Ask for everything to be sent now; wait up to ``timeout``. True if all was sent."""
+        self._on(Event.FLUSH)
+        self._wake.set()
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            while not self.idle():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.alive:
+                    break
+                self._cond.wait(min(remaining, 0.05))
+                self._wake.set()
+        self._on(Event.FLUSHED)
+        return self.idle()
+
+    def close(
+        self,
+        final: dict[str, Any] | None,
+        timeout: float,
+        waiting: Callable[[], None] | None = None,
+    ) -> bool:
+        """Flush for at most ``timeout``; spool what is left; stop the thread. ``waiting`` is
+        called once if the server has not taken everything after ``SLOW_CLOSE`` seconds.
+        Returns True if Ctrl-C cut the wait short (what was left is spooled all the same)."""
+        if self.spool is not None and final is not None:
+            try:  # before any wait: what sync needs should the process die meanwhile
+                self.spool.write_end(final)
+            except OSError as exc:
+                self.end_unrecorded = str(exc)
+        self._on(Event.CLOSE, final=final)
+        self._wake.set()
+        interrupted = False
+        outbox = self.outbox
+        if self._thread is not None:
+            try:
+                self._thread.join(min(SLOW_CLOSE, max(0.0, timeout)))
+                if self._thread.is_alive() and timeout > SLOW_CLOSE and waiting is not None:
+                    waiting()
+                    self._thread.join(timeout - SLOW_CLOSE)
+            except KeyboardInterrupt:
+                interrupted = True
+        if self._thread is not None and self._thread.is_alive():
+            # The server did not take everything in time: leave the rest on disk.
+            self._on(Event.ABANDON)
+            self._wake.set()
+            outbox.spill_everything()
+            self._thread.join(0.2)
+            if not self._thread.is_alive():
+                # A batch the thread held during the spill (a failed POST) went back to the
+                # buffer after it was drained: spool it or count it too.
+                outbox.spill_everything()
+            outbox.spill_events()
+        elif len(outbox) or outbox.has_events():  # thread died or never started
+            outbox.spill_everything()
+            outbox.spill_events()
+        if self._guard is not None:
+            self._guard.stop()
+        if self.transport is not None and not self.alive:
+            with contextlib.suppress(Exception):
+                self.transport.close()
+        return interrupted
+
+    # -- the thread ---------------------------------------------------------------------------
+    def _main(self) -> None:
+        while True:
+            self._wake.wait(self._wait_time())
+            self._wake.clear()
+            try:
+                done = self._tick()
+            except Exception as exc:  # the sender must never die
+                self._error(f"internal error: {type(exc).__name__}: {exc}", key="internal")
+                logger.debug("noisescope sender error", exc_info=True)
+                done = self.state.stopping
+                time.sleep(0.05)
+            with self._cond:
+                self._cond.notify_all()
+            if done or self.state.stage is Stage.ABANDONED:
+                if self._guard is not None:
+                    self._guard.stop()
+                return
+
+    def _wait_time(self) -> float:
+        state = self.state
+        interval = 0.02 if state.urgent else self.settings.batch_interval
+        now = time.monotonic()
+        if state.retry_at > now:
+            return max(0.0, min(state.retry_at - now, interval))
+        return interval
+
+    def _tick(self) -> bool:
+        """One pass; returns True when the thread may exit."""
+        # One snapshot: close() may end the RUNNING stage mid-pass, and exiting on a later read
+        # without having sent the final status would lose it.
+        state = self.state
+        outbox = self.outbox
+        if self._commit_open is not None and state.urgent:
+            self._commit_open()
+        if state.spools_only:
+            outbox.spill(force=True)
+            outbox.spill_events()
+            return state.stopping
+        if time.monotonic() < state.retry_at:
+            # Keep retrying until close() gives up (its bounded wait); meanwhile stay on disk,
+            # events too (replayed with the samples when the server is back).
+            outbox.spill(force=state.urgent)
+            outbox.spill_events()
+            return False
+        if not self._ensure_run():
+            return False
+        if not self._replay_spool():
+            return False
+        if not self._send_buffer():
+            return False
+        if outbox.has_events() and not self._send_events():
+            return False
+        if state.final is not None and not self.final_sent and self.idle():
+            self._send_final(state.final)
+        if (
+            not state.stopping
+            and self._heartbeats
+            and time.monotonic() - self._last_contact >= self.settings.heartbeat_interval
+            and self.idle()
+        ):
+            self._heartbeat()
+        if not state.orphans_done and not state.stopping and self.idle():
+            self._on(Event.ORPHANS_DONE)
+            self._resume_orphans()
+        return state.stopping and self.idle()
+
+    def _resume_orphans(self) -> None:
+        """Deliver spools that earlier online runs to this server left behind
+        (``_sync.deliver_orphans``), once, when this run's own data is all sent."""
+        if self.spool is None or self.transport is None or not self.settings.resume_orphans:
+            return
+        problem = deliver_orphans(
+            self.spool,
+            self.settings.url,
+            self.transport,
+            compress=self._compress,
+            stop=lambda: self.state.stopping,
+        )
+        if problem is not None:
+            self._error(problem, key=None)
+
+    # -- sending ------------------------------------------------------------------------------
+    def _request(
+        self, method: str, path: str, payload: Mapping[str, Any] | None
+    ) -> Response | None:
+        """One request (``payload`` None: an empty body); None (and the outage begins) if there
+        was no HTTP answer."""
+        assert self.transport is not None
+        request = build_request(
+            method,
+            path,
+            dict(payload) if payload is not None else None,
+            compress=self._compress,
+            gzip_min_bytes=self.settings.gzip_min_bytes,
+        )
+        self.requests += 1
+        self._request_started = time.monotonic()
+        try:
+            return self.transport.handle_request(request)
+        except TransportError as exc:
+            self._enter_outage(str(exc), None)
+            return None
+        except Exception as exc:  # a broken transport is treated like an unreachable server
+            self._enter_outage(f"transport error: {type(exc).__name__}: {exc}", None)
+            return None
+        finally:
+            self._request_started = None
+
+    def _enter_outage(
+        self, reason: str, retry_after: float | None, warn: bool = True, lost: bool = False
+    ) -> None:
+        """No request before the backoff's delay (``lost``: the server lost the run, which is
+        created again then)."""
+        delay = self.backoff.next_delay(retry_after)
+        self._on(Event.LOST if lost else Event.FAILED, retry_at=time.monotonic() + delay)
+        self._error(reason, key=None)
+        self._outage_error = reason
+        logger.debug("noisescope: %s; retrying in %.2fs", reason, delay)
+        if warn and "outage" not in self._warned:  # once, at the first failure, in the log
+            self._warned.add("outage")
+            where = (
+                f"samples wait in the spool at {self.spool.dir}"
+                if self.spool is not None
+                else "samples wait in memory (there is no spool)"
+            )
+            logger.warning(
+                "noisescope: cannot deliver to %s (%s); retrying in the background, %s and "
+                "are sent when it answers (or with `noisescope sync`)",
+                self.settings.url,
+                reason,
+                where,
+            )
+
+    def _answered(self, response: Response) -> Outcome:
+        self._last_contact = time.monotonic()
+        outcome = classify(response)
+        if outcome == "retry":
+            retry_after = parse_retry_after(response.header("Retry-After"))
+            self._enter_outage(f"HTTP {response.status}: {response.detail()}", retry_after)
+        elif outcome == "ok":
+            self.backoff.reset()
+            self._on(Event.ANSWERED)
+            if self._outage_error is not None and self.last_error == self._outage_error:
+                self.last_error = None
+            self._outage_error = None
+        return outcome
+
+    def _ensure_run(self) -> bool:
+        if self.state.link is Link.CREATED:
+            return True
+        response = self._request("PUT", _wire.runs_path(self.run_id), self.run_body)
+        if response is None:
+            return False
+        outcome = "fatal" if not_noisescope(response) else self._answered(response)
+        if outcome == "ok":
+            self._tell_page(response)
+            self._on(Event.CREATED)
+            return True
+        if outcome == "retry":
+            return False
+        self.refused_status = response.status
+        self.not_noisescope = not_noisescope(response)
+        if self.not_noisescope:
+            request = f"PUT {_wire.runs_path(self.run_id)}"
+            message = not_noisescope_problem(self.settings.url, request, response)
+        else:
+            message = (
+                f"server refused run {self.run_id} (HTTP {response.status}): {response.detail()}"
+            )
+            if response.status in (401, 403) and self.spool is not None:
+                message += (
+                    f"; send it with a valid token: noisescope sync {self.spool.root} "
+                    f"--url {self.settings.url} --token <TOKEN>"
+                )
+        self.refusal = message
+        self._on(Event.REFUSED)
+        self._error(message, key="run-refused", level=logging.WARNING)
+        return False
+
+    def _heartbeat(self) -> None:
+        """Tell the server the run is alive (empty POST, 204); a server without the endpoint
+        (404, 405) or one that refuses it is not asked again."""
+        response = self._request("POST", _wire.heartbeat_path(self.run_id), None)
+        if response is None:
+            return
+        if classify(response) == "fatal" or response.status == 404:
+            self._heartbeats = False
+            self._last_contact = time.monotonic()
+            logger.debug("noisescope: no heartbeat endpoint (HTTP %d)", response.status)
+            return
+        self._answered(response)
+
+    def _tell_page(self, response: Response) -> None:
+        """The run's link from the server's answer, if it has one; never fails the send."""
+        if self._on_page is None:
+            return
+        try:
+            answer = response.json()
+            link = answer.get("dashboard_url") if isinstance(answer, dict) else None
+            if link is not None:
+                self._on_page(link)
+        except Exception:  # an old server, a proxy's page: no link, nothing else changes
+            logger.debug("noisescope: no run link in the answer to PUT", exc_info=True)
+
+    def _post(self, columns: Columns) -> Outcome | None:
+        """POST one batch: the outcome, or None if there was no answer."""
+        response = self._request("POST", _wire.samples_path(self.run_id), {"columns": columns})
+        if response is None:
+            return None
+        outcome = self._answered(response)
+        count = len(columns["seq"])
+        if outcome == "ok" and self.outbox.inflight_was_spooled():
+            self._last_send = time.monotonic()
+        elif outcome == "ok":
+            self.sent += count
+            try:
+                answer = response.json()
+                self.inserted += int(answer.get("inserted", count))
+            except (ValueError, AttributeError, TypeError):
+                self.inserted += count
+            self._last_send = time.monotonic()
+        elif outcome == "missing":
+            # The server lost the run (database reset?): create it again, then resend.
+            self._enter_outage(f"HTTP 404: {response.detail()}", 0.0, warn=False, lost=True)
+        elif outcome == "fatal":
+            why = f"the server rejected them (HTTP {response.status}): {response.detail()}"
+            self.outbox.drop(count, f"rejected-{response.status}", why)
+            self._error(
+                f"server rejected {count} samples (HTTP {response.status}): {response.detail()}",
+                key=f"rejected-{response.status}",
+                level=logging.WARNING,
+            )
+        return outcome
+
+    def _replay_spool(self) -> bool:
+        """Send spooled batches, oldest first; a segment is deleted once all of it is taken.
+
+        Consecutive spooled batches are merged into requests of up to ``replay_max`` samples:
+        after an outage the backlog drains in a few large requests, not many small ones.
+        """
+        if self.spool is None or self.spool.bytes_used <= 0:
+            return True
+        for path in self.spool.seal():
+            done = self.spool.replay_start(path)
+            records = self.spool.read(path)
+            for last, kind, payload in replay_requests(records, done, self.replay_max):
+                if kind == "events":
+                    outcome = self._post_events(payload["events"])
+                else:
+                    outcome = self._post(payload["columns"])
+                if outcome is None or outcome in ("retry", "missing"):
+                    return False
+                samples = len(payload["columns"]["seq"]) if kind == "samples" else 0
+                self.spool.acknowledge(path, last + 1, samples)
+            self.spool.discard(path)
+        return True
+
+    def _send_buffer(self) -> bool:
+        outbox = self.outbox
+        batch_max = self.settings.batch_max
+        while len(outbox):
+            due = (
+                len(outbox) >= batch_max
+                or self.state.urgent
+                or time.monotonic() - self._last_send >= self.settings.batch_interval
+            )
+            if not due:
+                return True
+            rows = outbox.take(batch_max, sending=True)
+            columns, invalid = rows_to_columns(rows, self.series_prefix)
+            outbox.count_invalid(invalid)
+            if columns["seq"]:
+                outcome = self._post(columns)
+                if outcome is None or outcome in ("retry", "missing"):
+                    keep = invalid == 0 and self.state.stage is not Stage.ABANDONED  # else counted
+                    if outbox.inflight_was_spooled():
+                        pass  # the guard spooled it while the request hung
+                    elif not outbox.to_spool(columns, hold=keep):
+                        outbox.put_back(rows)  # no disk: keep it in memory
+                    outbox.done_inflight()
+                    outbox.spill(force=False)
+                    return False
+            outbox.done_inflight()
+            half = self.settings.memory_max // 2
+            if len(outbox) > half:
+                # Producing faster than the server takes: what is beyond half of memory_max
+                # goes to the disk, oldest first, before the training thread meets the bound
+                # (``Outbox.commit``); a spill costs more than a send, so no more than that.
+                outbox.spill(force=True, keep=half)
+        self._last_send = time.monotonic()
+        return True
+
+    def _send_events(self) -> bool:
+        """POST queued events (``{"events": [...]}``); keep them on no or a retryable answer."""
+        outbox = self.outbox
+        while outbox.has_events():
+            batch = outbox.take_events(EVENTS_PER_REQUEST)
+            outcome: Outcome | None = None
+            try:
+                outcome = self._post_events(batch)
+            finally:
+                delivered = outcome is not None and outcome not in ("retry", "missing")
+                outbox.end_events(batch, delivered)
+            if not delivered:
+                return False
+        return True
+
+    def _post_events(self, events: list[Any]) -> Outcome | None:
+        response = self._request("POST", _wire.events_path(self.run_id), {"events": events})
+        outcome = None if response is None else self._answered(response)
+        if outcome == "missing":
+            self._enter_outage("HTTP 404: unknown run", 0.0, warn=False, lost=True)
+        if outcome == "fatal" and response is not None:
+            self.outbox.dropped_events += len(events)
+            self._error(
+                f"server rejected {len(events)} events (HTTP {response.status}): "
+                f"{response.detail()}",
+                key=f"events-rejected-{response.status}",
+                level=logging.WARNING,
+            )
+        return outcome
+
+    def _send_final(self, final: Mapping[str, Any]) -> None:
+        response = self._request("PATCH", _wire.runs_path(self.run_id), final)
+        if response is not None and self._answered(response) != "retry":
+            self._on(Event.FINAL_TAKEN)
+
+    @property
+    def final_sent(self) -> bool:
+        """Whether the server took the run's final status (then the spool may go)."""
+        return self.state.final_sent
+
+    def save_meta(self) -> None:
+        """Write run.json: what ``noisescope sync`` needs to deliver this run (on a full disk
+        the spool writes it before its first batch, or takes none)."""
+        assert self.spool is not None
+        with contextlib.suppress(OSError):
+            self.spool.write_meta(
+                {
+                    "run_id": self.run_id,
+                    "url": self.settings.url,
+                    "run": self.run_body,
+                    "mode": self.settings.mode,
+                }
+            )
+
+    def _error(self, message: str, key: str | None, level: int = logging.DEBUG) -> None:
+        self.last_error = message
+        if key is not None and key not in self._warned:
+            self._warned.add(key)
+            logger.log(max(level, logging.WARNING), "noisescope: %s", message)

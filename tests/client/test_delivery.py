@@ -1,0 +1,128 @@
+"""The delivery package's two rules: one owner of the buffer (``Outbox``), one state machine
+(``_state.transition``, applied only by ``Sender._on``); and the transitions themselves."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from noisescope._config import Settings
+from noisescope._delivery import Event, Link, Outbox, Stage, State, transition
+from noisescope._delivery._state import initial
+
+CLIENT = Path(__file__).resolve().parents[2] / "client" / "noisescope"
+
+
+def test_only_the_outbox_touches_the_buffer() -> None:
+    """The deque of committed samples (``Outbox._buffer``) is named in ``_outbox.py`` alone: the
+    Run, the sender and the guard move rows only through the outbox's methods."""
+    users = set()
+    for path in CLIENT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "_buffer":
+                users.add(path.relative_to(CLIENT).as_posix())
+    assert users == {"_delivery/_outbox.py"}
+
+
+def test_the_sender_state_changes_in_one_place() -> None:
+    """``state`` is assigned only in ``Sender._on`` (through ``transition``), and the old
+    flags are gone."""
+    tree = ast.parse((CLIENT / "_delivery" / "_sender.py").read_text())
+    assigners = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        for node in ast.walk(function):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            targets += [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr == "state":
+                    assigners.add(function.name)
+    assert assigners == {"__init__", "_on"}
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not names & {"_flush_requested", "_orphans_checked", "_final", "_outage_until", "phase"}
+
+
+def test_a_run_goes_from_new_to_finished() -> None:
+    state = initial(has_server=True)
+    assert (state.stage, state.link, state.urgent, state.spools_only) == (
+        Stage.RUNNING, Link.NEW, False, False,
+    )  # fmt: skip
+    state = transition(state, Event.FAILED, retry_at=5.0)
+    assert state.retry_at == 5.0
+    state = transition(state, Event.CREATED)
+    state = transition(state, Event.ANSWERED)
+    assert (state.link, state.retry_at) == (Link.CREATED, 0.0)
+    state = transition(state, Event.CLOSE, final={"status": "finished"})
+    assert state.stopping and state.urgent and state.final == {"status": "finished"}
+    state = transition(state, Event.FINAL_TAKEN)
+    assert state.final_sent
+
+
+def test_a_lost_run_is_created_again_after_the_delay() -> None:
+    state = transition(initial(has_server=True), Event.CREATED)
+    state = transition(state, Event.LOST, retry_at=2.0)
+    assert (state.link, state.retry_at) == (Link.NEW, 2.0)
+
+
+def test_refused_and_offline_runs_only_spool() -> None:
+    refused = transition(initial(has_server=True), Event.REFUSED)
+    offline = initial(has_server=False)
+    for state in (refused, offline):
+        assert state.spools_only
+        # a late answer changes nothing: the spool keeps the run
+        assert transition(state, Event.CREATED).link is state.link
+        assert transition(state, Event.FINAL_TAKEN).link is state.link
+
+
+def test_flush_and_close() -> None:
+    state = transition(State(), Event.FLUSH)
+    assert state.urgent and not state.stopping
+    assert not transition(state, Event.FLUSHED).urgent
+    closed = transition(State(), Event.CLOSE, final={"status": "failed"})
+    again = transition(closed, Event.CLOSE, final={"status": "finished"})
+    assert again.final == {"status": "failed"}  # the first close's end is the run's end
+    assert transition(closed, Event.FLUSHED).urgent  # a flush ending does not undo a close
+    assert transition(closed, Event.ABANDON).stage is Stage.ABANDONED
+
+
+@given(st.lists(st.sampled_from(list(Event)), max_size=40), st.booleans())
+def test_every_sequence_of_events_is_a_state(events: list[Event], server: bool) -> None:
+    """Any order of events (threads race) gives a state: finished and refused runs stay so,
+    the end never changes once given, a run never goes back to running."""
+    state = initial(has_server=server)
+    for event in events:
+        after = transition(state, event, retry_at=1.0, final={"status": "finished"})
+        if state.link in (Link.FINISHED, Link.REFUSED, Link.LOCAL):
+            assert after.link is state.link
+        if state.final is not None:
+            assert after.final == state.final
+        if state.stopping:
+            assert after.stopping
+        state = after
+
+
+def test_the_outbox_numbers_commits_and_wakes_the_sender_at_a_batch() -> None:
+    woken: list[int] = []
+    settings = Settings(batch_max=3, rank=2, world_size=4, all_ranks=True)
+    outbox = Outbox(settings, None, "rank2", lambda *a, **k: None, lambda: woken.append(1))
+    outbox.commit([[0, None, 8.0, 64.0, 2.0, 1.0, None, None, 0.0, ""]] * 2)
+    assert (len(outbox), woken) == (2, [])
+    outbox.commit([[1, None, 8.0, 64.0, 2.0, 1.0, None, None, 0.0, ""]] * 2)
+    assert (len(outbox), woken) == (4, [1])
+    rows = outbox.take(3, sending=True)
+    assert [row.seq for row in rows] == [2, 6, 10]  # rank 2 of 4: seq = index · 4 + 2
+    assert outbox.queued() == 4
+    outbox.put_back(rows)
+    outbox.done_inflight()
+    assert [row.seq for row in outbox.take(10, sending=True)] == [2, 6, 10, 14]
+
+
+def test_a_full_outbox_without_a_spool_counts_what_it_cannot_hold() -> None:
+    outbox = Outbox(Settings(memory_max=2), None, "", lambda *a, **k: None)
+    outbox.commit([[step, None, 8.0, 64.0, 2.0, 1.0, None, None, 0.0, ""] for step in range(5)])
+    assert (len(outbox), outbox.overflow, outbox.dropped) == (2, 3, 3)
+    assert "memory_max=2" in outbox.drops()[0][1]
