@@ -44,8 +44,8 @@ def _indices(*names: str) -> tuple[int, ...]:
 _INTEGER = _indices("seq", "step")
 _FLOAT_REQUIRED = _indices("b_small", "b_big", "g_small_sq", "g_big_sq")
 _FLOAT_OPTIONAL = _indices("examples", "loss", "lr", "time")
-#: Optional columns the server sums: beyond ``_wire.MAX_SUMMED`` they travel as null.
-_SUMMED = frozenset(_indices("loss", "lr"))
+#: The range of each optional column (``_wire.SAMPLE_RANGES``), by index: outside, null.
+_RANGES = {Sample._fields.index(name): r for name, r in _wire.SAMPLE_RANGES.items()}
 _SERIES = Sample._fields.index("series")
 
 
@@ -64,12 +64,12 @@ OPEN_LOSS = _open("loss")
 OPEN_LR = _open("lr")
 
 
-def _finite_or_none(value: Any, limit: float = math.inf) -> float | None:
-    """``value`` as a float, or None when it is none, non-finite or beyond ``limit``."""
+def _finite_or_none(value: Any, lowest: float, highest: float) -> float | None:
+    """``value`` as a float, or None when it is none, non-finite or outside the range."""
     if value is None:
         return None
     number = float(value)
-    return number if math.isfinite(number) and -limit <= number <= limit else None
+    return number if math.isfinite(number) and lowest <= number <= highest else None
 
 
 def json_safe(value: Any) -> Any:
@@ -114,7 +114,8 @@ def _fast_columns(rows: list[Sample], series_prefix: str) -> Columns | None:
                     values = list(map(float, col))
                     if not all(map(isfinite, values)):
                         return None
-                    if index in _SUMMED and max(map(abs, values)) > _wire.MAX_SUMMED:
+                    lowest, highest = _RANGES[index]
+                    if min(values) < lowest or max(values) > highest:
                         return None
             else:
                 values = list(map(str, col))
@@ -130,9 +131,9 @@ def rows_to_columns(rows: list[Sample], series_prefix: str = "") -> tuple[Column
     """Column-wise wire payload from rows; rows with non-finite/non-numeric norms are counted.
 
     Done here, off the training thread, so the hot path never converts or validates. A
-    non-finite loss or lr becomes null (JSON has no NaN), as does one beyond what the server
-    sums (``_wire.MAX_SUMMED``); a non-finite squared norm makes the sample unusable
-    (docs/science.md, Pitfalls: skip non-finite gradients) and it is counted.
+    non-finite loss, lr, examples or time becomes null (JSON has no NaN), as does one outside
+    the range the server takes (``_wire.SAMPLE_RANGES``); a non-finite squared norm makes the
+    sample unusable (docs/science.md, Pitfalls: skip non-finite gradients) and it is counted.
     """
     if rows:
         fast = _fast_columns(rows, series_prefix)
@@ -149,9 +150,7 @@ def rows_to_columns(rows: list[Sample], series_prefix: str = "") -> tuple[Column
                     raise ValueError("non-finite")
                 values[i] = number
             for i in _FLOAT_OPTIONAL:
-                values[i] = _finite_or_none(
-                    values[i], _wire.MAX_SUMMED if i in _SUMMED else math.inf
-                )
+                values[i] = _finite_or_none(values[i], *_RANGES[i])
             for i in _INTEGER:
                 values[i] = int(values[i])
             series = str(values[_SERIES])

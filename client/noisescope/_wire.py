@@ -57,8 +57,20 @@ MAX_JSON_DEPTH: Final = 64
 MAX_JSON_BYTES: Final = 256 * 1024
 #: The largest magnitude of a value the server sums (loss, lr, and each sample's |G|^2 and
 #: tr(Sigma) estimates), 2^960 (about 9.7e288): the sum of 2^63 of them (a run's most samples)
-#: is still a float. The client sends a loss or lr beyond it as null, as a non-finite one.
+#: is still a float.
 MAX_SUMMED: Final = 2.0**960
+#: Unix seconds of 0001-01-01T00:00:00 and 9999-12-31T23:59:59 UTC: the times the server stores
+#: (a sample's or an event's ``time`` lies between; the difference of two is a float).
+TIME_RANGE: Final = (-62_135_596_800.0, 253_402_300_799.0)
+#: The range of each optional sample column the server reads arithmetic from: ``loss`` and
+#: ``lr`` are summed, ``examples`` counted from 0 and ``time`` a Unix time (the server refuses
+#: a value outside with the request; the client sends it as null, as a non-finite one).
+SAMPLE_RANGES: Final = {
+    "examples": (0.0, MAX_SUMMED),
+    "loss": (-MAX_SUMMED, MAX_SUMMED),
+    "lr": (-MAX_SUMMED, MAX_SUMMED),
+    "time": TIME_RANGE,
+}
 
 
 #: A run id: 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter, digit or ``_``.

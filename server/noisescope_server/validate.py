@@ -35,9 +35,13 @@ FLOAT_COLUMNS = ("examples", "b_small", "b_big", "g_small_sq", "g_big_sq", "loss
 _ORDERED_FLOAT_COLUMNS = frozenset({"examples", "time"})
 #: Float columns that usually hold one value per request (checked once when they do).
 _USUALLY_UNIFORM_COLUMNS = frozenset({"b_small", "b_big", "lr"})
-#: Float columns the server sums (into sample_block and every bucket), so bounded by
-#: ``_wire.MAX_SUMMED`` as well as finite; the estimates are bounded alike.
-_SUMMED_COLUMNS = ("loss", "lr")
+#: Why each column has its range (``_wire.SAMPLE_RANGES``; the estimates are bounded alike).
+_RANGE_WHY = {
+    "examples": "examples (tokens) seen, counted from 0, at most noisescope._wire.MAX_SUMMED",
+    "loss": "the server sums it: at most noisescope._wire.MAX_SUMMED in magnitude",
+    "lr": "the server sums it: at most noisescope._wire.MAX_SUMMED in magnitude",
+    "time": "Unix seconds from 0001-01-01 to 9999-12-31 UTC, noisescope._wire.TIME_RANGE",
+}
 _SUMMED_RULE = (
     f"beyond ±{_wire.MAX_SUMMED:.2g} (noisescope._wire.MAX_SUMMED), the largest magnitude "
     "the server sums (a run's sums of up to 2^63 of them stay finite)"
@@ -99,8 +103,8 @@ def validate_samples(
     for name in FLOAT_COLUMNS:
         out[name] = _check_float_column(name, columns.get(name), n, found)
     out["series"] = _check_series(columns.get("series"), n, found)
-    for name in _SUMMED_COLUMNS:
-        _check_summable(name, out[name], found)
+    for name, (lowest, highest) in _wire.SAMPLE_RANGES.items():
+        _check_range(name, out[name], found, lowest, highest)
     one_pair = n > 0 and {"b_small", "b_big"} <= found.uniform
     _check_batch_sizes(out["b_small"], out["b_big"], one_pair)
     for name in ("g_small_sq", "g_big_sq"):
@@ -241,15 +245,18 @@ def _check_finite(name: str, col: list[Any], values: list[Any]) -> None:
         )
 
 
-def _check_summable(name: str, col: list[Any], found: _Found) -> None:
-    """Finite values (checked before) within ±``_wire.MAX_SUMMED``."""
-    limit = _wire.MAX_SUMMED
+def _check_range(name: str, col: list[Any], found: _Found, lowest: float, highest: float) -> None:
+    """Finite values (checked before) within ``[lowest, highest]`` (``_wire.SAMPLE_RANGES``),
+    so that the sums and differences the reads take of them stay floats."""
     values = col[:1] if name in found.uniform else col
     if name in found.null:
         values = [v for v in values if v is not None]
-    if values and (max(values) > limit or min(values) < -limit):
-        i = _first_bad(col, lambda v: v is None or abs(v) <= limit)
-        raise BadInput(f"column {name!r}[{i}] = {col[i]!r:.40} is {_SUMMED_RULE}")
+    if values and (min(values) < lowest or max(values) > highest):
+        i = _first_bad(col, lambda v: v is None or lowest <= v <= highest)
+        raise BadInput(
+            f"column {name!r}[{i}] = {col[i]!r:.40} is outside [{lowest:.4g}, {highest:.4g}] "
+            f"({_RANGE_WHY[name]})"
+        )
 
 
 def _check_series(series: list[Any] | None, n: int, found: _Found) -> list[Any]:

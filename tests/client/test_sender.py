@@ -304,10 +304,10 @@ def test_columns_with_fields_never_logged_are_nulls() -> None:
     assert plain["series"] == ["rank1/s", "rank1/s"]
     mixed, _ = rows_to_columns([row(0, None, float("nan")), row(1, 64.0, 2.0)])
     assert mixed["examples"] == [None, 64.0] and mixed["loss"] == [None, 2.0]
-    # a loss beyond what the server sums (noisescope._wire.MAX_SUMMED) travels as null too,
-    # so the server keeps the batch (it refuses one such value with the whole request)
-    huge, invalid = rows_to_columns([row(0, 1e300, 1e300), row(1, 1e300, 2.0)])
-    assert invalid == 0 and huge["loss"] == [None, 2.0] and huge["examples"] == [1e300, 1e300]
+    # a loss beyond what the server sums, or negative examples (outside
+    # noisescope._wire.SAMPLE_RANGES), travel as null too, so the server keeps the batch
+    huge, invalid = rows_to_columns([row(0, 1e200, 1e300), row(1, -1.0, 2.0)])
+    assert invalid == 0 and huge["loss"] == [None, 2.0] and huge["examples"] == [1e200, None]
 
 
 def test_a_batch_in_flight_at_finish_is_counted_once(fake: FakeServer, tmp_path: Path) -> None:

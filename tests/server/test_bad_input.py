@@ -70,8 +70,12 @@ BAD_SAMPLES: list[tuple[str, bytes, dict[str, str], int, str]] = [
     ("series too long", _with(series=["x" * 201] * 5), {}, 422, "longer than"),
     ("overflowing estimate", _with(g_big_sq=[1e308] * 5), {}, 422, "too large"),
     ("estimate beyond what is summed", _with(g_big_sq=[1e300] * 5), {}, 422, "MAX_SUMMED"),
+    ("loss beyond what is summed, one value", _with(loss=[1e307] * 5), {}, 422, "MAX_SUMMED"),
     ("loss beyond what is summed", _with(loss=[1.0, 1e307, 1.0, 1.0, 1.0]), {}, 422, "'loss'[1]"),
-    ("lr beyond what is summed", _with(lr=[-1e300] * 5), {}, 422, "'lr'[0] = -1e+300 is beyond"),
+    ("lr beyond what is summed", _with(lr=[-1e300] * 5), {}, 422, "'lr'[0] = -1e+300 is outside"),
+    ("negative examples", _with(examples=[0.0, 1.0, -1.0, 3.0, 4.0]), {}, 422, "'examples'[2]"),
+    ("time past 9999", _with(time=[1.7e308] * 5), {}, 422, "'time'[0] = 1.7e+308 is outside"),
+    ("time before year 1", _with(time=[-1e12, 0.0, 1.0, 2.0, 3.0]), {}, 422, "TIME_RANGE"),
     (
         "too many samples",
         orjson.dumps({"columns": columns(10_001)}),
@@ -166,6 +170,7 @@ def test_bad_run_ids(client: httpx.Client, bad_id: str) -> None:
         b'{"events": [{"step": 1}]}',
         b'{"events": [{"step": -1, "kind": "m"}]}',
         b'{"events": {"step": 1}}',
+        b'{"events": [{"step": 1, "kind": "m", "time": 1.7e308}]}',
     ],
 )
 def test_bad_events(client: httpx.Client, target: str, body: bytes) -> None:

@@ -154,7 +154,12 @@ class EventItem(_Strict):
     step: int = Field(ge=0, le=2**63 - 1)
     kind: Annotated[str, StringConstraints(min_length=1, max_length=64), NoNul]
     payload: JsonObject = Field(default_factory=dict)
-    time: float | None = None
+    time: float | None = Field(
+        default=None,
+        ge=_wire.TIME_RANGE[0],
+        le=_wire.TIME_RANGE[1],
+        description="Unix seconds, within 0001-01-01..9999-12-31 UTC",
+    )
     seq: int | None = Field(
         default=None, ge=0, le=2**63 - 1, description="client sequence number: re-sends ignored"
     )
