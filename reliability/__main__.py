@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from reliability._infra import (
     REPO,
@@ -63,6 +64,13 @@ FIXES = [
     "(`test_client_accounting.py`).",
     "CLI: `noisescope token create --project P --database-url URL` was rejected (the option "
     "was accepted only before the action); both orders work now (`test_cli_options.py`).",
+    "Server: on PostgreSQL, `GET /series` of runs with steps near 2^63 (valid steps) was a 422 "
+    "blaming the database ('bigint out of range': the bucket multiplied the step span by "
+    "max_points); the bucket is computed in NUMERIC there (`test_write_then_read.py`).",
+    "Server: samples with `time` (or `examples`) at ±1.7e308 were accepted, and on PostgreSQL "
+    "every series on that axis, the compared series and the task's critical batch then "
+    "answered 422 ('value out of range: overflow'); `time` is now a Unix time within years "
+    "1-9999 and `examples` within [0, 2^960] (`_wire.SAMPLE_RANGES`, `test_bad_input.py`).",
 ]
 
 
@@ -85,6 +93,10 @@ class Sizes:
     #: The paced load: the same number of runs at a rate the server keeps up with.
     paced_samples: int = 20_000
     paced_rate: float = 250.0
+    #: Stored, then read: hypothesis examples (random stories written, then read back).
+    write_read: int = 200
+    #: The read client's decompression bomb: what it unpacks to (bytes).
+    client_bomb: int = 256 << 20
 
     @classmethod
     def full(cls) -> Sizes:
@@ -94,7 +106,8 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         return cls(4, 3000, 1000.0, 3, 3000, 500.0, 2, 2.0, 0, 64 << 20,
-                   ["--phases", "fuzzing", "-n", "5"], 60, 1, 600.0, 1000, 200.0)  # fmt: skip
+                   ["--phases", "fuzzing", "-n", "5"], 60, 1, 600.0, 1000, 200.0,
+                   30, 64 << 20)  # fmt: skip
 
 
 @dataclass
@@ -466,6 +479,143 @@ def browser_section(s: Sizes) -> tuple[bool, str]:
     )
 
 
+def _log_faults(log: str) -> tuple[int, int]:
+    """5xx answers (access-log lines) and tracebacks in a server log."""
+    five_xx = len(re.findall(r'" 5\d\d\b', log))
+    return five_xx, log.count("Traceback") + log.count("Exception in ASGI application")
+
+
+def stored_section(backend: str, s: Sizes) -> tuple[bool, str]:
+    """Whatever the write path accepts (and rows stored before a rule), every read answers."""
+    from reliability._write_read import run_write_read
+
+    wd = Workdir.make(f"stored-{backend}")
+    try:
+        with database(backend, wd.path) as url, Server(url, log_level="info") as srv:
+            engine = engine_for(url)
+            try:
+                r = run_write_read(srv.url, engine, s.write_read)
+            finally:
+                engine.dispose()
+            five_xx, tracebacks = _log_faults(srv.log())
+    finally:
+        wd.close()
+
+    def counts(c: Any) -> str:
+        return ", ".join(f"{k}: {n:,}" for k, n in sorted(c.items()))
+
+    rows = [{"stored around the API": what, "reads": str(n), "failed": str(bad)}
+            for what, n, bad in r.stored]  # fmt: skip
+    failures = [{"request": _short(f.request), "got": str(f.status), "detail": f.detail[:110]}
+                for f in r.failures[:20]]  # fmt: skip
+    body = (
+        f"{r.examples} random stories (hypothesis; `tests/support/write_then_read.py`): each "
+        "writes 1 to 4 runs of one project with bodies at the edges of every field (the float "
+        "range's ends, int64's, the UTC calendar's, branch plans, parent links, steps up to "
+        "2^63 − 1), through PUT, samples, events, PATCH and heartbeat, then asks every read "
+        "route about them (the run, its series on each x axis and smoothed, series names, "
+        "events, samples.csv, branches, recommendation, the run and task lists, the compared "
+        "series, each task's critical batch on each loss source and its forecast). Writes "
+        f"answered {counts(r.writes)}; reads {counts(r.reads)} (404s are reads of runs whose "
+        "PUT was refused). A read may not be a 5xx, nor a 422 blaming the database for what "
+        f"is stored: {len(r.failures)} were. Server log (info level, access log): {five_xx} "
+        f"5xx answers, {tracebacks} tracebacks.\n\nRows the write path refuses now, written "
+        "around the API as an older server would have stored them, then read by every route:"
+        "\n\n" + _table(rows)
+    )
+    if failures:
+        body += "\n\nFailures:\n\n" + _table(failures)
+    return r.ok and five_xx == 0 and tracebacks == 0, body
+
+
+def edges_section(backend: str) -> tuple[bool, str]:
+    """Every numeric query parameter at the edges of its type."""
+    from reliability._edges import EDGE_VALUES, run_edges
+
+    wd = Workdir.make(f"edges-{backend}")
+    try:
+        with database(backend, wd.path) as url, Server(url, log_level="info") as srv:
+            r = run_edges(srv.url)
+            five_xx, tracebacks = _log_faults(srv.log())
+    finally:
+        wd.close()
+    failures = [{"request": _short(q), "got": str(code), "detail": d[:110]}
+                for q, code, d in r.failures[:30]]  # fmt: skip
+    body = (
+        f"Each numeric query parameter of every GET route, found in the server's OpenAPI "
+        f"schema ({len(r.parameters)}: " + ", ".join(f"`{p}`" for p in r.parameters) + "), "
+        f"one at a time, at each of {len(EDGE_VALUES)} values ("
+        + ", ".join(f"`{v}`" for v in EDGE_VALUES)
+        + "), against a run with samples and a 3-size sweep: "
+        f"{r.requests:,} requests, answered "
+        + ", ".join(f"{k}: {n:,}" for k, n in sorted(r.answers.items()))
+        + ". The rule: a 2xx, or a 4xx that names the parameter; never a 5xx, nor a 422 that "
+        f"blames the database for arithmetic. Broken: {len(r.failures)}. Server log: "
+        f"{five_xx} 5xx answers, {tracebacks} tracebacks."
+    )
+    if failures:
+        body += "\n\n" + _table(failures)
+    return r.ok and five_xx == 0 and tracebacks == 0, body
+
+
+def disconnects_section(backend: str) -> tuple[bool, str]:
+    """Broken and vanishing bodies against servers with auth on (write, then all)."""
+    import httpx
+
+    from reliability._disconnects import run_auth_disconnects
+
+    rows: list[dict[str, str]] = []
+    ok = True
+    logs = []
+    admin = "reliability-admin-token"
+    for auth in ("write", "all"):
+        wd = Workdir.make(f"disconnects-{backend}")
+        env = {"NOISESCOPE_ADMIN_TOKEN": admin, "NOISESCOPE_READ_TIMEOUT": str(READ_TIMEOUT)}
+        try:
+            with (
+                database(backend, wd.path) as url,
+                Server(url, auth=auth, log_level="info", env=env) as srv,
+            ):
+                made = httpx.post(f"{srv.url}/api/v1/projects/proj/tokens",
+                                  headers={"Authorization": f"Bearer {admin}"})  # fmt: skip
+                results = run_auth_disconnects(srv.url, made.raise_for_status().json()["token"])
+                time.sleep(1.0)  # the last answers' log lines
+                five_xx, tracebacks = _log_faults(srv.log())
+        finally:
+            wd.close()
+        ok &= all(r.ok for r in results) and five_xx == 0 and tracebacks == 0
+        logs.append(f"`--auth {auth}`: {five_xx} 5xx answers, {tracebacks} tracebacks")
+        rows += [{"auth": auth, "request": r.name, "expected": " or ".join(r.expected),
+                  "got": r.got.replace("\r\n", " ").replace("\n", " ")[:70],
+                  "ok": "yes" if r.ok else "NO"} for r in results]  # fmt: skip
+    return ok, (
+        "Raw requests to `POST /runs/{id}/samples` (and `/events`) whose body breaks its "
+        "framing or stops, each 3 times, without a token (refused with 401 before the body is "
+        "read, which raced uvicorn's own 400 for a broken chunk and logged `Exception in ASGI "
+        "application` every time) and with one (the body is read). Server logs (info level, "
+        "access log): " + "; ".join(logs) + ".\n\n" + _table(rows)
+    )
+
+
+def read_client_section(s: Sizes) -> tuple[bool, str]:
+    """``noisescope.Api`` against a deliberately broken server."""
+    from reliability._read_client import run_read_client
+
+    cases = run_read_client(s.client_bomb)
+    rows = [{"kind": c.kind, "server sends": c.name, "raised": c.raised,
+             "names the URL": "yes" if c.names_url else "NO", "s": f"{c.seconds:.2f}",
+             "peak MiB": f"{c.peak_mib:.1f}", "message": c.message.split(": ", 1)[-1][:80],
+             "held": "yes" if c.ok else "NO"} for c in cases]  # fmt: skip
+    return all(c.ok for c in cases), (
+        "`noisescope.Api` (the dashboard's only reader) against a loopback server that answers "
+        "what each case scripts (`tests/support/broken_http.py`). Held: the call raised an "
+        "`ApiError` (or its subclass `AnswerError`, `NotFoundError`), which the dashboard "
+        "catches, naming the URL; a trickle ended within the call's timeout + 3 s (it would "
+        "take over a minute); the client's Python objects (tracemalloc peak) stayed within "
+        "1.25 × `max_answer_bytes` + 16 MiB.\n\n" + _table(rows)
+    )
+
+
 def disk_section() -> tuple[bool, str]:
     from reliability._disk_full import describe, run_disk_full
 
@@ -479,11 +629,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backends", default="sqlite,postgresql", help="%(default)s")
     parser.add_argument(
         "--only",
-        default="load,paced,faults,client,bad,properties,auth,outage,browser,disk",
+        default="load,paced,faults,client,bad,stored,edges,disconnects,properties,auth,outage,"
+        "browser,readclient,disk",
         help="comma-separated sections to run (%(default)s); 'bad' is the hostile corpus, raw "
         "sockets, rows stored around the API and crashed runs; 'client' the client's faults "
-        "(hostile run ids, a hung server and a killed client, a burst); 'outage' stops a "
-        "private PostgreSQL cluster under load; 'disk' the client's spool on a full disk",
+        "(hostile run ids, a hung server and a killed client, a burst); 'stored' random "
+        "accepted writes, then every read; 'edges' numeric edge values on every numeric query "
+        "parameter; 'disconnects' broken and vanishing bodies with auth on; 'readclient' "
+        "noisescope.Api against a broken server; 'outage' stops a private PostgreSQL cluster "
+        "under load; 'disk' the client's spool on a full disk",
     )
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")
@@ -522,6 +676,9 @@ def main(argv: list[str] | None = None) -> int:
                 ("faults", "Faults", partial(fault_section, backend, sizes, pg)),
                 ("client", "Client faults", partial(client_section, backend, sizes)),
                 ("bad", "Bad input", partial(bad_input_section, backend, sizes)),
+                ("stored", "Stored, then read", partial(stored_section, backend, sizes)),
+                ("edges", "Numeric edge values", partial(edges_section, backend)),
+                ("disconnects", "Disconnects with auth on", partial(disconnects_section, backend)),
                 ("auth", "Isolation and auth", partial(auth_section, backend)),
             ]
             if backend == "postgresql":
@@ -533,6 +690,9 @@ def main(argv: list[str] | None = None) -> int:
             _guard(report, "Payload validation properties", lambda: properties_section(sizes))
         if "browser" in only:
             _guard(report, "Browser safety (dashboard)", lambda: browser_section(sizes))
+        if "readclient" in only:
+            _guard(report, "Read client against a broken server",
+                   lambda: read_client_section(sizes))  # fmt: skip
         if "disk" in only:
             _guard(report, "Disk full (the client's spool)", disk_section)
     finally:
