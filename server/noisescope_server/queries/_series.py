@@ -153,9 +153,10 @@ def run_series(
         # Sub-buckets only where a bucket can hold enough samples for its own interval.
         sub = _SUB if intervals and n_samples >= MIN_INTERVAL_SAMPLES * max_points else 1
         fine = _fine_columns(conn, run_id, series, x, max_points * sub, use_blocks, x_min, x_max)
-    points = _merge_fine(fine, intervals, sub)
-    if window > 0:
-        points = smooth_series(points, window, intervals=intervals)
+    if window > 0:  # a window's interval comes from its buckets, not from theirs
+        points = smooth_series(_merge_fine(fine, False, sub), window, intervals=intervals)
+    else:
+        points = _merge_fine(fine, intervals, sub)
     return RunSeries(
         run_uid,
         series,
