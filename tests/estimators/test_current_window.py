@@ -10,9 +10,9 @@ import pytest
 from noisescope.estimators import (
     CURRENT_FRACTION,
     CURRENT_MAX_FACTOR,
-    CURRENT_MIN_BLOCK,
     CURRENT_MAX_FRACTION,
     CURRENT_MAX_REL_WIDTH,
+    CURRENT_MIN_BLOCK,
     CURRENT_MIN_SAMPLES,
     NoiseSamples,
     current_window,
