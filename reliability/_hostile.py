@@ -154,7 +154,7 @@ CORPUS: list[Case] = [
     Case(
         "NaN in run config", "PUT", R, b'{"project":"p","task":"t","config":{"x":NaN}}', 400, "NaN"
     ),
-    Case("estimate overflows", "POST", S, _samples(g_big_sq=[1e308] * 4), 422, "overflows"),
+    Case("estimate overflows", "POST", S, _samples(g_big_sq=[1e308] * 4), 422, "too large"),
     # batch sizes
     Case("zero b_small", "POST", S, _samples(b_small=[0.0] * 4), 422, "0 < b_small < b_big"),
     Case("negative b_small", "POST", S, _samples(b_small=[-8.0] * 4), 422, "0 < b_small"),

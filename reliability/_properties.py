@@ -29,7 +29,6 @@ BAD_VALUES: dict[str, list[Any]] = {
     "series": [3, None, "s" * (_wire.MAX_NAME_LENGTH + 1), "a\x00b", True],
 }
 
-_finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12)
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
     lambda inner: (
@@ -37,6 +36,12 @@ _json = st.recursive(
     ),
     max_leaves=20,
 )
+
+
+def _in_range(column: str) -> st.SearchStrategy[float]:
+    """Finite values the server accepts in ``column`` (``_wire.SAMPLE_RANGES``), at most 1e12."""
+    lowest, highest = _wire.SAMPLE_RANGES[column]
+    return st.floats(max(lowest, -1e12), min(highest, 1e12))
 
 
 @st.composite
@@ -55,7 +60,7 @@ def valid_columns(draw: st.DrawFn) -> dict[str, list[Any]]:
     }
     for name in NULLABLE_FLOATS:
         if draw(st.booleans()):
-            cols[name] = draw(st.lists(st.none() | _finite, min_size=n, max_size=n))
+            cols[name] = draw(st.lists(st.none() | _in_range(name), min_size=n, max_size=n))
     if draw(st.booleans()):
         cols["series"] = draw(st.lists(st.text(max_size=20).filter(lambda s: "\x00" not in s),
                                        min_size=n, max_size=n))  # fmt: skip

@@ -319,9 +319,11 @@ def _estimates(out: dict[str, list[Any]], one_pair: bool) -> tuple[list[float], 
         trace_sigma_est = [e[1] for e in pair_estimates]
     limit = _wire.MAX_SUMMED
     for estimate in (g_sq_est, trace_sigma_est):
+        if not estimate:  # an empty body: nothing to check (min() of nothing raises)
+            continue
         # one sum finds a nan or an inf (min and max skip a nan), min and max the magnitude
         in_range = _is_finite(sum(estimate)) and -limit <= min(estimate) <= max(estimate) <= limit
-        if estimate and not in_range:
+        if not in_range:
             i = _first_bad(estimate, lambda v: -limit <= v <= limit)  # inf and nan fail too
             raise BadInput(
                 f"the squared norms are too large: sample {i}'s |G|^2 or tr(Sigma) estimate "

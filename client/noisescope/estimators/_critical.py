@@ -124,8 +124,13 @@ def fit_critical_batch(
 
 
 def doubling_speedup(batch_size: float, b_crit: float) -> float:
-    """S(B) / S(2B): how much faster a run gets when its batch (its device count) doubles."""
-    return steps_ratio(batch_size, b_crit) / steps_ratio(2.0 * batch_size, b_crit)
+    """S(B) / S(2B): how much faster a run gets when its batch (its device count) doubles.
+
+    (1 + B_crit/B) / (1 + B_crit/2B) = 1 + B_crit / (2B + B_crit): written so that every
+    rounding step is monotone, so it never rises again as B grows (a plan's rows stay past
+    the limit once past it, even where it is within an ulp of 1).
+    """
+    return 1.0 + b_crit / (2.0 * batch_size + b_crit)
 
 
 def compute_waste(batch_size: float, b_crit: float) -> float:
