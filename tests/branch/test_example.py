@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,3 +50,30 @@ def test_the_branching_example_measures_and_resumes(tmp_path: Path) -> None:
     assert "docs/branching.md" in (ROOT / "examples" / "branching.py").read_text()
     doc = (ROOT / "docs" / "branching.md").read_text()
     assert "python examples/branching.py" in doc
+
+
+@pytest.mark.slow
+def test_the_documented_command_runs_as_written(tmp_path: Path) -> None:
+    """docs/branching.md's command, its store in a temporary folder: branches at steps 20 and
+    200, the local critical batch at each (an interval, or a bound where the largest branches
+    still gain), the parent finished; run again, every branch is reused."""
+    doc = (ROOT / "docs" / "branching.md").read_text()
+    (command,) = re.findall(r"```bash\n(python examples/branching\.py[^\n]*)\n```", doc)
+    args = command.replace("/tmp/branches", str(tmp_path / "branches")).split()[1:]
+
+    def run() -> str:
+        done = subprocess.run(
+            [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=240,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    first = run()
+    pattern = r"step (\d+): loss [\d.]+, local critical batch (.+?) \((\d+) branches trained"
+    lines = re.findall(pattern, first)
+    assert [(step, trained) for step, _, trained in lines] == [("20", "15"), ("200", "15")]
+    assert all(re.match(r"(\d+ \[\d+, (\d+|inf)\]|> \d+)$", v) for _, v, _ in lines), first
+    assert re.search(r"^parent finished at step 400, loss [\d.]+$", first, flags=re.M), first
+    again = run()
+    assert again.count("(0 branches trained, 15 reused)") == 2, again
