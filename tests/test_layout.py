@@ -152,6 +152,56 @@ def test_the_dashboard_reads_only_the_http_api() -> None:
     assert not _violations("noisescope_dashboard", "noisescope_dashboard", forbidden)
 
 
+#: The client modules each product may import (DEVELOPERS.md, Packages): the public contract
+#: (``noisescope.protocol``: wire format, sample fields, run body, event kinds, answer types)
+#: and the public maths; never a private module, never a name starting with ``_``.
+CLIENT_ALLOWED = {
+    "noisescope_server": {
+        "noisescope.protocol",
+        "noisescope.estimators",
+        "noisescope.sweep",
+        "noisescope.recommend",
+        "noisescope.forecast",
+        "noisescope.cli",
+    },
+    "noisescope_dashboard": {
+        "noisescope",
+        "noisescope.protocol",
+        "noisescope.estimators",
+        "noisescope.sweep",
+        "noisescope.forecast",
+    },
+}
+CLIENT_MODULES = {_module_name("noisescope", p) for p in PACKAGES["noisescope"].rglob("*.py")}
+
+
+def _client_module(target: str) -> str:
+    """The client module an import target names or takes a name from."""
+    while target not in CLIENT_MODULES:
+        target = target.rpartition(".")[0]
+    return target
+
+
+@pytest.mark.parametrize("package", sorted(CLIENT_ALLOWED))
+def test_the_server_and_dashboard_import_only_the_public_client(package: str) -> None:
+    """``noisescope_server`` and ``noisescope_dashboard`` use the client through its public
+    modules (the allow-list) and never a name starting with ``_``."""
+    bad = [
+        f"{i.module}:{i.line} imports {i.target}"
+        for i in ALL_IMPORTS[package]
+        if _top(i.target) == "noisescope"
+        and (
+            _client_module(i.target) not in CLIENT_ALLOWED[package]
+            or any(part.startswith("_") for part in i.target.split("."))
+        )
+    ]
+    assert not bad
+    used = {
+        _client_module(i.target) for i in ALL_IMPORTS[package] if _top(i.target) == "noisescope"
+    }
+    assert "noisescope.protocol" in used, used  # the check sees the imports it rules on
+
+
 @pytest.mark.parametrize("package", ["noisescope", "noisescope_server", "noisescope_dashboard"])
 def test_products_never_import_the_tooling(package: str) -> None:
     bad = [

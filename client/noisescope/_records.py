@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import typing
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -30,7 +31,22 @@ class Sample(NamedTuple):
     series: str
 
 
-assert Sample._fields == _wire.SAMPLE_COLUMNS
+def sample_problems(fields: tuple[_wire.SampleField, ...] = _wire.SAMPLE_FIELDS) -> list[str]:
+    """Where ``Sample`` differs from the field table's wire fields (names, order, types): each
+    a sentence, none when they agree. The fields the client fills in itself (``time``) are
+    never None on this side."""
+    wire = [f for f in fields if f.wire]
+    want = {f.name: f.type | None if f.nullable and f.logged else f.type for f in wire}
+    got = typing.get_type_hints(Sample)
+    if tuple(got) != tuple(want):
+        return [f"Sample's fields {tuple(got)} are not the wire fields {tuple(want)}"]
+    differ = [name for name in want if got[name] != want[name]]
+    return [f"Sample.{name} is {got[name]}, the table says {want[name]}" for name in differ]
+
+
+#: ``Sample`` stays written out (the training thread builds one per sample): it is checked
+#: against the field table (``_wire.SAMPLE_FIELDS``) here, at import.
+assert not sample_problems(), sample_problems()
 
 #: ``Sample`` from a tuple of its fields without NamedTuple's argument parsing: the training
 #: thread builds one per sample (0.1 µs instead of 0.5 µs).
@@ -41,12 +57,14 @@ def _indices(*names: str) -> tuple[int, ...]:
     return tuple(Sample._fields.index(name) for name in names)
 
 
-_INTEGER = _indices("seq", "step")
-_FLOAT_REQUIRED = _indices("b_small", "b_big", "g_small_sq", "g_big_sq")
-_FLOAT_OPTIONAL = _indices("examples", "loss", "lr", "time")
+_WIRE = [f for f in _wire.SAMPLE_FIELDS if f.wire]
+_INTEGER = _indices(*(f.name for f in _WIRE if f.type is int))
+_FLOAT_REQUIRED = _indices(*(f.name for f in _WIRE if f.type is float and not f.nullable))
+_FLOAT_OPTIONAL = _indices(*(f.name for f in _WIRE if f.type is float and f.nullable))
 #: The range of each optional column (``_wire.SAMPLE_RANGES``), by index: outside, null.
 _RANGES = {Sample._fields.index(name): r for name, r in _wire.SAMPLE_RANGES.items()}
 _SERIES = Sample._fields.index("series")
+assert all(_RANGES.get(i) for i in _FLOAT_OPTIONAL), "every optional float field has a range"
 
 
 def _open(name: str) -> int:

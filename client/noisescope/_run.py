@@ -131,21 +131,18 @@ class Run:
 
     def _start(self, transport: Transport | None) -> None:
         settings = self.settings
-        body = {
-            "project": self.project,
-            "task": self.task,
-            "name": self.name,
-            "config": self.config,
-            "tags": self.tags,
-            "batch_size": self.batch_size,
-            "units": self.units,
-            "status": "running",
-            "started_at": _now_iso(),
-        }
-        if self.parent_run_id is not None:
-            # Only branches send these, so a server without them still takes ordinary runs.
-            body["parent_run_id"] = self.parent_run_id
-            body["branch_step"] = self.branch_step
+        body = _wire.run_body(
+            project=self.project,
+            task=self.task,
+            name=self.name,
+            config=self.config,
+            tags=self.tags,
+            batch_size=self.batch_size,
+            units=self.units,
+            started_at=_now_iso(),
+            parent_run_id=self.parent_run_id,
+            branch_step=self.branch_step,
+        )
         try:
             shared = settings.all_ranks and settings.world_size > 1
             name = f"{self.id}.rank{settings.rank}" if shared else None

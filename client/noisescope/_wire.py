@@ -9,27 +9,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Final
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypedDict
 from urllib.parse import quote
 
 API_PREFIX: Final = "/api/v1"
-
-#: Per-sample columns, in storage order. ``loss`` and ``lr`` may hold nulls.
-SAMPLE_COLUMNS: Final = (
-    "seq",
-    "step",
-    "examples",
-    "b_small",
-    "b_big",
-    "g_small_sq",
-    "g_big_sq",
-    "loss",
-    "lr",
-    "time",
-    "series",
-)
-REQUIRED_COLUMNS: Final = ("seq", "step", "b_small", "b_big", "g_small_sq", "g_big_sq")
-NULLABLE_COLUMNS: Final = ("examples", "loss", "lr", "time")
 
 UNITS: Final = ("examples", "tokens")
 
@@ -42,7 +26,66 @@ NOTICE_EVENT_KIND: Final = "notice"
 #: ``branch``: a branch run's outcome (``noisescope.branch``), payload ``{"loss": float | null,
 #: "diverged": bool}`` (null loss when it diverged); the server's branch reader reads it.
 BRANCH_EVENT_KIND: Final = "branch"
+#: ``batch_size``: a batch-size change (``noisescope.schedule``), payload its ``BatchDecision``;
+#: the charts mark it, and the sweep analysis reads the batch in use from it.
+BATCH_SIZE_EVENT_KIND: Final = "batch_size"
+#: Every event kind with a meaning of its own.
+EVENT_KINDS: Final = (BATCH_SIZE_EVENT_KIND, EVAL_EVENT_KIND, NOTICE_EVENT_KIND, BRANCH_EVENT_KIND)
 RUN_STATUSES: Final = ("running", "finished", "failed", "crashed")
+
+
+class RunBody(TypedDict, total=False):
+    """The body of ``PUT /api/v1/runs/{run_id}`` (the server's ``RunPut`` has these fields and
+    is checked against them at import): the client builds it with ``run_body``."""
+
+    project: str
+    task: str
+    name: str
+    config: dict[str, Any]
+    tags: list[str]
+    batch_size: float | None
+    units: str
+    status: str
+    started_at: str
+    #: A branch run (``noisescope.branch``): the run it branched from and the parent's step.
+    parent_run_id: str
+    branch_step: int
+
+
+RUN_BODY_FIELDS: Final = tuple(RunBody.__annotations__)
+
+
+def run_body(
+    *,
+    project: str,
+    task: str,
+    name: str,
+    config: dict[str, Any],
+    tags: list[str],
+    batch_size: float | None,
+    units: str,
+    started_at: str,
+    parent_run_id: str | None = None,
+    branch_step: int | None = None,
+) -> RunBody:
+    """A new run's body (status ``running``); only a branch carries ``parent_run_id`` and
+    ``branch_step``, so a server without them still takes ordinary runs."""
+    body: RunBody = {
+        "project": project,
+        "task": task,
+        "name": name,
+        "config": config,
+        "tags": tags,
+        "batch_size": batch_size,
+        "units": units,
+        "status": "running",
+        "started_at": started_at,
+    }
+    if parent_run_id is not None and branch_step is not None:
+        body["parent_run_id"] = parent_run_id
+        body["branch_step"] = branch_step
+    return body
+
 
 #: Limits the server enforces and the client respects when batching.
 MAX_SAMPLES_PER_REQUEST: Final = 50_000
@@ -62,15 +105,167 @@ MAX_SUMMED: Final = 2.0**960
 #: Unix seconds of 0001-01-01T00:00:00 and 9999-12-31T23:59:59 UTC: the times the server stores
 #: (a sample's or an event's ``time`` lies between; the difference of two is a float).
 TIME_RANGE: Final = (-62_135_596_800.0, 253_402_300_799.0)
+
+
+# --- the sample schema -------------------------------------------------------------------------
+
+#: How a ``sample_block`` column sums a field over a block's samples: ``count`` of non-null
+#: values, ``sum`` of them (null when there are none), ``min``, ``max``. Each is exact and
+#: merges by adding (counts, sums) or widening (extremes), so any union of blocks is exact.
+Aggregate = Literal["count", "sum", "min", "max"]
+
+
+@dataclass(frozen=True)
+class SampleField:
+    """One field of a sample: THE definition every form of the sample schema (the wire
+    columns, the client's ``Sample``, validation, the stored table and its block sums, the
+    OpenAPI schema) is derived from or checked against (DEVELOPERS.md, adding a sample field).
+    """
+
+    name: str
+    type: type[int] | type[float] | type[str]
+    #: Its description in the OpenAPI schema of the samples body.
+    doc: str
+    #: A samples body must carry the column.
+    required: bool = False
+    #: May be null (an absent column is all null); else an absent column takes ``default``.
+    nullable: bool = False
+    #: The values the server accepts (it sums or subtracts them: they must stay floats); the
+    #: client sends a value outside as null. ``range_why`` is the reason, in the 422's words.
+    range: tuple[float, float] | None = None
+    range_why: str = ""
+    #: On the wire; False: computed by the server at ingest and stored beside the wire fields.
+    wire: bool = True
+    #: An argument of ``log_sample`` (positional when required, else keyword with ``default``);
+    #: False: the client fills it in (``seq``, ``time``).
+    logged: bool = True
+    default: object = None
+    #: The ``sample_block`` columns summing this field, in table order, and how each does.
+    blocks: tuple[tuple[str, Aggregate], ...] = ()
+
+
+#: Every field of a stored sample, in storage order (``run_id`` comes first in the table).
+SAMPLE_FIELDS: Final = (
+    # a sample's n in its block is the count of its seq (never null)
+    SampleField(
+        "seq", int, "unique per run", required=True, logged=False, blocks=(("n", "count"),)
+    ),
+    SampleField(
+        "step",
+        int,
+        "optimizer step",
+        required=True,
+        blocks=(("step_min", "min"), ("step_max", "max")),
+    ),
+    SampleField(
+        "examples",
+        float,
+        "examples (or tokens) seen so far",
+        nullable=True,
+        range=(0.0, MAX_SUMMED),
+        range_why="examples (tokens) seen, counted from 0, at most noisescope._wire.MAX_SUMMED",
+        blocks=(("examples_min", "min"), ("examples_max", "max")),
+    ),
+    SampleField("b_small", float, "small batch size, > 0", required=True),
+    SampleField(
+        "b_big", float, "big batch size, > b_small", required=True, blocks=(("b_big_max", "max"),)
+    ),
+    SampleField("g_small_sq", float, "|G_small|^2, >= 0", required=True),
+    SampleField("g_big_sq", float, "|G_big|^2, >= 0", required=True),
+    SampleField(
+        "g_sq_est",
+        float,
+        "the sample's unbiased |G|^2 estimate (noisescope.estimators)",
+        wire=False,
+        logged=False,
+        blocks=(("sum_g_sq", "sum"),),
+    ),
+    SampleField(
+        "trace_sigma_est",
+        float,
+        "the sample's unbiased tr(Sigma) estimate (noisescope.estimators)",
+        wire=False,
+        logged=False,
+        blocks=(("sum_trace_sigma", "sum"),),
+    ),
+    SampleField(
+        "loss",
+        float,
+        "training loss",
+        nullable=True,
+        range=(-MAX_SUMMED, MAX_SUMMED),
+        range_why="the server sums it: at most noisescope._wire.MAX_SUMMED in magnitude",
+        blocks=(("n_loss", "count"), ("sum_loss", "sum")),
+    ),
+    SampleField(
+        "lr",
+        float,
+        "learning rate",
+        nullable=True,
+        range=(-MAX_SUMMED, MAX_SUMMED),
+        range_why="the server sums it: at most noisescope._wire.MAX_SUMMED in magnitude",
+        blocks=(("n_lr", "count"), ("sum_lr", "sum")),
+    ),
+    SampleField(
+        "time",
+        float,
+        "Unix time of the step",
+        nullable=True,
+        range=TIME_RANGE,
+        range_why="Unix seconds from 0001-01-01 to 9999-12-31 UTC, noisescope._wire.TIME_RANGE",
+        logged=False,
+        blocks=(("time_min", "min"), ("time_max", "max")),
+    ),
+    SampleField("series", str, '"" for the whole model, else a layer/group name', default=""),
+)
+FIELDS_BY_NAME: Final = {f.name: f for f in SAMPLE_FIELDS}
+
+#: Per-sample columns on the wire, in storage order. ``examples``, ``loss``, ``lr`` and ``time``
+#: may hold nulls.
+SAMPLE_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS if f.wire)
+#: A sample's stored columns after ``run_id``: the wire columns and the server's estimates.
+STORED_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS)
+REQUIRED_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS if f.wire and f.required)
+NULLABLE_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS if f.wire and f.nullable)
 #: The range of each optional sample column the server reads arithmetic from: ``loss`` and
 #: ``lr`` are summed, ``examples`` counted from 0 and ``time`` a Unix time (the server refuses
 #: a value outside with the request; the client sends it as null, as a non-finite one).
-SAMPLE_RANGES: Final = {
-    "examples": (0.0, MAX_SUMMED),
-    "loss": (-MAX_SUMMED, MAX_SUMMED),
-    "lr": (-MAX_SUMMED, MAX_SUMMED),
-    "time": TIME_RANGE,
-}
+SAMPLE_RANGES: Final = {f.name: f.range for f in SAMPLE_FIELDS if f.range is not None}
+#: ``log_sample``'s arguments: the positional ones in order, then the keyword ones.
+LOGGED_POSITIONAL: Final = tuple(f.name for f in SAMPLE_FIELDS if f.logged and f.required)
+LOGGED_KEYWORD: Final = tuple(f.name for f in SAMPLE_FIELDS if f.logged and not f.required)
+#: The columns of a ``sample_block`` row after ``run_id``: its key, then each field's sums as
+#: ``(column, aggregate, field)`` in table order.
+BLOCK_KEY: Final = ("series", "block")
+BLOCK_AGGREGATES: Final = tuple(
+    (column, how, f.name) for f in SAMPLE_FIELDS for column, how in f.blocks
+)
+BLOCK_COLUMNS: Final = (*BLOCK_KEY, *(column for column, _, _ in BLOCK_AGGREGATES))
+
+
+def _table_problems(fields: tuple[SampleField, ...]) -> list[str]:
+    """What the readers of the table cannot take (validation and the block sums handle these
+    kinds of field and no others): each a sentence, none for a good table."""
+    problems = []
+    for f in fields:
+        if f.type is int and not (f.required and not f.nullable and f.range is None):
+            problems.append(f"{f.name}: an int field is required, not nullable and has no range")
+        if f.type is str and f.name != "series":
+            problems.append(f"{f.name}: series is the one str field")
+        if f.range is not None and not (f.type is float and f.range_why):
+            problems.append(f"{f.name}: a range is for a float field and says why (range_why)")
+        if f.required and f.nullable:
+            problems.append(f"{f.name}: a required field cannot be nullable")
+        if not f.wire and (f.required or f.nullable or f.logged):
+            problems.append(f"{f.name}: a server-computed field is not sent, logged or null")
+        if f.logged and not f.wire:
+            problems.append(f"{f.name}: a logged field travels on the wire")
+        if not f.required and not f.nullable and f.wire and f.default is None:
+            problems.append(f"{f.name}: an optional non-null field needs a default")
+    return problems
+
+
+assert not _table_problems(SAMPLE_FIELDS), _table_problems(SAMPLE_FIELDS)
 
 
 #: A run id: 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter, digit or ``_``.

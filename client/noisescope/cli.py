@@ -12,6 +12,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+# What the server's subcommands share with the client (``noisescope_server.cli``): where the
+# two meet by default and the one URL check.
+from noisescope._config import DEFAULT_DASHBOARD_PORT as DEFAULT_DASHBOARD_PORT
+from noisescope._config import DEFAULT_PORT as DEFAULT_PORT
+from noisescope._config import DEFAULT_URL as DEFAULT_URL
+from noisescope._config import check_url as check_url
+from noisescope._config import url_argument as url_argument
+
 SERVER_COMMANDS = {
     "up": "start the ingest server and the dashboard on a local SQLite database",
     "server": "run the ingest/query HTTP server",

@@ -35,6 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
+from noisescope import _wire
 from noisescope.estimators import NoiseSamples, scaled_lr, two_batch_estimates
 
 __all__ = ["BatchDecision", "BatchSizeScheduler", "LRRule", "NormsSample", "scaled_lr"]
@@ -44,8 +45,9 @@ logger = logging.getLogger("noisescope")
 LRRule = Literal["linear", "sqrt", "none"]
 _LR_RULES = ("linear", "sqrt", "none")
 
-#: The event kind batch-size changes are logged under (the dashboard marks these on charts).
-EVENT_KIND = "batch_size"
+#: The event kind batch-size changes are logged under (the dashboard marks these on charts):
+#: ``noisescope.protocol.BATCH_SIZE_EVENT_KIND``, named here too for the scheduler's users.
+EVENT_KIND = _wire.BATCH_SIZE_EVENT_KIND
 
 
 class NormsSample(Protocol):

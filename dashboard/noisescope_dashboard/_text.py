@@ -1,9 +1,9 @@
 """Words and numbers as a page shows them: escaping, labels, number formats.
 
-Numbers go through ``noisescope._format`` (the formatter the API's own sentences use), so a
-table cell, a metric and a verdict write "1,860", never "1.86e+03". User text (run, task and
-project names, tags, config values) goes through ``md`` wherever Streamlit renders Markdown,
-so ``**x**``, ``<b>x</b>`` or ``[a](javascript:...)`` appear literally.
+Numbers go through ``noisescope.protocol.format_*`` (the formatter the API's own sentences
+use), so a table cell, a metric and a verdict write "1,860", never "1.86e+03". User text (run,
+task and project names, tags, config values) goes through ``md`` wherever Streamlit renders
+Markdown, so ``**x**``, ``<b>x</b>`` or ``[a](javascript:...)`` appear literally.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from noisescope import RunSummary, _format
+from noisescope import RunSummary, protocol
 from noisescope.estimators import (
     CURRENT_FRACTION,
     CURRENT_MAX_FACTOR,
@@ -70,7 +70,7 @@ def _finite(value: float | None) -> bool:
 
 def count(value: float | None) -> str:
     """A batch size, step or example count ("1,860", "2.1M"); a dash when there is none."""
-    return _format.count(value) if value is not None else DASH
+    return protocol.format_count(value) if value is not None else DASH
 
 
 def at_least(bound: float | None) -> str:
@@ -80,7 +80,7 @@ def at_least(bound: float | None) -> str:
 
 def whole(value: float | None) -> str:
     """A count read as a whole number ("6" devices, "98" examples); a dash when there is none."""
-    return _format.whole(value) if value is not None else DASH
+    return protocol.format_whole(value) if value is not None else DASH
 
 
 def ratio(value: float | None, *, limit: float | None = None) -> str:
@@ -88,7 +88,9 @@ def ratio(value: float | None, *, limit: float | None = None) -> str:
     (a threshold the page judges by) it never reads as the other side of it ("1.494×")."""
     if value is None:
         return DASH
-    return f"{_format.ratio(value) if limit is None else _format.ratio_beside(value, limit)}×"
+    if limit is None:
+        return f"{protocol.format_ratio(value)}×"
+    return f"{protocol.format_ratio_beside(value, limit)}×"
 
 
 def interval(lo: float | None, hi: float | None) -> str:
@@ -103,7 +105,7 @@ def loss(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return DASH
     if abs(value) >= 100:
-        return _format.count(value)
+        return protocol.format_count(value)
     if value == 0:
         return "0"
     decimals = max(0, 2 - math.floor(math.log10(abs(value))))

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from noisescope import _wire
+from noisescope import protocol
 from noisescope_server import __version__, db
 from noisescope_server.api import branching, health, ingest, query, recommend, runs, tokens
 from noisescope_server.api._body import format_validation_error
@@ -81,7 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         summary="Ingest and query gradient-noise-scale measurements of training runs.",
         lifespan=lifespan,
-        openapi_url=f"{_wire.API_PREFIX}/openapi.json",
+        openapi_url=f"{protocol.API_PREFIX}/openapi.json",
         docs_url=None,
         redoc_url=None,
     )
@@ -89,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _install_docs_ui(app)
     for module in (health, runs, ingest, query, branching, recommend, tokens):
         app.include_router(
-            module.router, prefix=_wire.API_PREFIX, dependencies=[Depends(_no_nul_in_url)]
+            module.router, prefix=protocol.API_PREFIX, dependencies=[Depends(_no_nul_in_url)]
         )
     app.add_middleware(RunIdGuard)
     if not any(isinstance(f, _ClientFaultsAtInfo) for f in connections_log.filters):
@@ -100,7 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 #: Swagger UI's and ReDoc's files, served by the server itself: FastAPI's default pages load them
 #: from a CDN, so they are blank without internet and tell third parties who reads the docs.
-DOCS_ASSETS = f"{_wire.API_PREFIX}/docs/assets"
+DOCS_ASSETS = f"{protocol.API_PREFIX}/docs/assets"
 
 
 def _install_docs_ui(app: FastAPI) -> None:
@@ -108,13 +108,13 @@ def _install_docs_ui(app: FastAPI) -> None:
     ``fastapi-offline`` distribution ships (FastAPI's "self-hosting" recipe); URLs under the
     ASGI root path, as FastAPI's own pages, so they also work behind a path-prefix proxy."""
     app.mount(DOCS_ASSETS, StaticFiles(directory=str(files("fastapi_offline") / "static")), "docs")
-    openapi = f"{_wire.API_PREFIX}/openapi.json"
-    redirect = f"{_wire.API_PREFIX}/docs/oauth2-redirect"
+    openapi = f"{protocol.API_PREFIX}/openapi.json"
+    redirect = f"{protocol.API_PREFIX}/docs/oauth2-redirect"
 
     def root(request: Request) -> str:
         return str(request.scope.get("root_path", "")).rstrip("/")
 
-    @app.get(f"{_wire.API_PREFIX}/docs", include_in_schema=False)
+    @app.get(f"{protocol.API_PREFIX}/docs", include_in_schema=False)
     async def _swagger_ui(request: Request) -> HTMLResponse:
         at = root(request)
         return get_swagger_ui_html(
@@ -132,7 +132,7 @@ def _install_docs_ui(app: FastAPI) -> None:
     async def _swagger_ui_redirect() -> HTMLResponse:
         return get_swagger_ui_oauth2_redirect_html()
 
-    @app.get(f"{_wire.API_PREFIX}/redoc", include_in_schema=False)
+    @app.get(f"{protocol.API_PREFIX}/redoc", include_in_schema=False)
     async def _redoc(request: Request) -> HTMLResponse:
         at = root(request)
         page = get_redoc_html(

@@ -16,10 +16,10 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from noisescope import _wire
-from noisescope._results import BranchPointResult, RunBranches
+from noisescope import protocol
 from noisescope.estimators import epsilon_problem, local_critical_batch
 from noisescope.forecast import plateau
+from noisescope.protocol import BranchPointResult, RunBranches
 from noisescope_server.models import BLOCK_SIZE, Event, Run, Sample, SampleBlock
 from noisescope_server.queries._common import finite_number, scoped_run
 
@@ -47,7 +47,7 @@ def _latest_payloads(conn: Any, run_ids: list[int], kind: str) -> dict[int, dict
 def _parent_losses(conn: Any, run_id: int) -> list[tuple[int, float]]:
     rows = conn.execute(
         select(Event.step, Event.payload)
-        .where(Event.run_id == run_id, Event.kind == _wire.EVAL_EVENT_KIND)
+        .where(Event.run_id == run_id, Event.kind == protocol.EVAL_EVENT_KIND)
         .order_by(Event.step, Event.id)
     )
     out = []
@@ -195,7 +195,7 @@ def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = No
                 Run.parent_uid == run_uid, Run.project_id == parent.project_id
             )
         ).all()
-        outcomes = _latest_payloads(conn, [int(k.id) for k in kids], _wire.BRANCH_EVENT_KIND)
+        outcomes = _latest_payloads(conn, [int(k.id) for k in kids], protocol.BRANCH_EVENT_KIND)
         parent_losses = _parent_losses(conn, int(parent.id))
         steps = sorted({int(k.branch_step or 0) for k in kids})
         parent_examples = {step: _examples_at(conn, int(parent.id), step) for step in steps}

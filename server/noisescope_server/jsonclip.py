@@ -1,10 +1,10 @@
 """Stored JSON values (run configs, event payloads) made answerable whatever is stored.
 
-Writes refuse a value nested deeper than ``noisescope._wire.MAX_JSON_DEPTH``; rows stored
+Writes refuse a value nested deeper than ``noisescope.protocol.MAX_JSON_DEPTH``; rows stored
 before that rule (or written around the API) may nest up to the database's own limit, which
 the response encoder cannot write (orjson stops at 254 levels). Reads therefore clip: each
 container at the limit's depth that still holds containers is replaced by ``CLIPPED``, and an
-object larger than ``_wire.MAX_JSON_BYTES`` (which every run list would carry) by a marker,
+object larger than ``protocol.MAX_JSON_BYTES`` (which every run list would carry) by a marker,
 and an integer beyond 64 bits (which orjson cannot write) by the float the body parser makes
 of one.
 """
@@ -15,30 +15,30 @@ from typing import Any
 
 import orjson
 
-from noisescope import _wire
+from noisescope import protocol
 
 __all__ = ["CLIPPED", "TOO_LARGE", "TOO_LARGE_KEY", "clip_json", "encode"]
 
 #: What stands in for the part of a stored value nested deeper than the limit.
-CLIPPED = f"<nested deeper than {_wire.MAX_JSON_DEPTH} levels: not shown>"
-#: What stands in for a stored object larger than ``_wire.MAX_JSON_BYTES``: ``{key: text}``.
+CLIPPED = f"<nested deeper than {protocol.MAX_JSON_DEPTH} levels: not shown>"
+#: What stands in for a stored object larger than ``protocol.MAX_JSON_BYTES``: ``{key: text}``.
 TOO_LARGE_KEY = "<not shown>"
-TOO_LARGE = f"stored value larger than {_wire.MAX_JSON_BYTES} bytes as JSON"
+TOO_LARGE = f"stored value larger than {protocol.MAX_JSON_BYTES} bytes as JSON"
 _INT64_MIN = -(2**63)
 
 
-def clip_json(value: Any, limit: int = _wire.MAX_JSON_DEPTH) -> Any:
+def clip_json(value: Any, limit: int = protocol.MAX_JSON_DEPTH) -> Any:
     """``value`` unchanged when it nests at most ``limit`` levels and, being an object, is at
-    most ``_wire.MAX_JSON_BYTES`` as JSON; else a copy cut at the limit's depth, or for a too
+    most ``protocol.MAX_JSON_BYTES`` as JSON; else a copy cut at the limit's depth, or for a too
     large object ``{TOO_LARGE_KEY: TOO_LARGE}``."""
-    if _wire.json_depth(value, limit) > limit:
+    if protocol.json_depth(value, limit) > limit:
         value = _clip(value, limit)
     try:
         encoded = orjson.dumps(value)
     except TypeError:  # an integer beyond 64 bits, stored around the API
         value = _wide_ints_as_floats(value)
         encoded = orjson.dumps(value)
-    if isinstance(value, dict) and len(encoded) > _wire.MAX_JSON_BYTES:
+    if isinstance(value, dict) and len(encoded) > protocol.MAX_JSON_BYTES:
         return {TOO_LARGE_KEY: TOO_LARGE}
     return value
 

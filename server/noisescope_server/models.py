@@ -23,8 +23,9 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeEngine
 
-from noisescope import _wire
+from noisescope import protocol
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY, not a BIGINT one.
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
@@ -90,17 +91,9 @@ class Run(Base):
     branch_step: Mapped[int | None] = mapped_column(BigInteger)
 
 
-#: Where the per-sample estimates stand among the wire columns: right after the two squared
-#: norms they are computed from.
-_NORMS_END = _wire.SAMPLE_COLUMNS.index("g_big_sq") + 1
 #: A sample's stored columns after ``run_id``, in table order: the wire columns plus the
-#: per-sample estimates. The insert path and the CSV export both follow it.
-SAMPLE_COLUMNS: Final = (
-    *_wire.SAMPLE_COLUMNS[:_NORMS_END],
-    "g_sq_est",
-    "trace_sigma_est",
-    *_wire.SAMPLE_COLUMNS[_NORMS_END:],
-)
+#: per-sample estimates (``protocol.SAMPLE_FIELDS``). The insert path and the CSV export follow it.
+SAMPLE_COLUMNS: Final = protocol.STORED_COLUMNS
 
 
 class Sample(Base):
@@ -187,3 +180,39 @@ class Token(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+# --- the models against the field table (``protocol.SAMPLE_FIELDS``), at import ------------------
+
+#: The column type of each field type of the table.
+SQL_TYPES: Final[dict[type, type[TypeEngine[Any]]]] = {int: BigInteger, float: Double, str: String}
+
+
+def table_problems(fields: tuple[protocol.SampleField, ...] = protocol.SAMPLE_FIELDS) -> list[str]:
+    """Where ``Sample`` and ``SampleBlock`` (written out, for typed queries) differ from the
+    field table: each a sentence, none when they agree. ``sample_block``'s columns are the
+    key and each field's aggregates; a count is a BigInteger, an extreme or sum of an int
+    field too, else a Double, nullable when the field is (a block of nulls sums to null)."""
+    problems = []
+    want: list[tuple[str, type, bool | None]] = [("run_id", BigInteger, False)]
+    want += [(f.name, SQL_TYPES[f.type], f.nullable) for f in fields]
+    got = [(c.name, type(c.type), c.nullable) for c in Sample.__table__.columns]
+    if [(name, kind) for name, kind, _ in got] != [(name, kind) for name, kind, _ in want]:
+        problems.append(f"Sample's columns {got} are not the table's {want}")
+    for (name, _, got_null), (_, _, want_null) in zip(got[1:], want[1:], strict=False):
+        if got_null != want_null:
+            problems.append(f"Sample.{name} nullable={got_null}, the table says {want_null}")
+    block_want: list[tuple[str, type, bool | None]] = [("run_id", BigInteger, False)]
+    block_want.append(("series", String, False))
+    block_want += [("block", BigInteger, False)]
+    for f in fields:
+        for column, how in f.blocks:
+            kind = BigInteger if how == "count" or f.type is int else Double
+            block_want.append((column, kind, how != "count" and f.nullable))
+    block_got = [(c.name, type(c.type), c.nullable) for c in SampleBlock.__table__.columns]
+    if sorted(block_got, key=str) != sorted(block_want, key=str):
+        problems.append(f"SampleBlock's columns {block_got} are not the table's {block_want}")
+    return problems
+
+
+assert not table_problems(), table_problems()

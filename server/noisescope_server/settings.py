@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from noisescope import _wire
-from noisescope._wire import run_page_url
+from noisescope import protocol
+from noisescope.protocol import run_page_url
 
 __all__ = ["AUTH_MODES", "AuthMode", "Settings", "default_database_url", "default_home"]
 
@@ -75,14 +75,14 @@ class Settings:
     database_url: str
     auth: AuthMode = "off"
     admin_token: str | None = None
-    max_body_bytes: int = _wire.MAX_BODY_BYTES
-    max_samples: int = _wire.MAX_SAMPLES_PER_REQUEST
+    max_body_bytes: int = protocol.MAX_BODY_BYTES
+    max_samples: int = protocol.MAX_SAMPLES_PER_REQUEST
     #: Apply Alembic migrations when the app starts (under a lock; safe with many workers).
     migrate: bool = True
     #: The dashboard's base URL, for the run links in PUT answers (None: no links).
     dashboard_url: str | None = None
     #: A "running" run silent this long (seconds) reads as "crashed".
-    crash_after: float = _wire.CRASH_AFTER
+    crash_after: float = protocol.CRASH_AFTER
     #: The longest a request body may take to arrive (seconds).
     read_timeout: float = READ_TIMEOUT
 
@@ -99,10 +99,10 @@ class Settings:
             database_url=env.get("NOISESCOPE_DATABASE_URL") or default_database_url(env),
             auth=parse_auth(env.get("NOISESCOPE_AUTH", "off")),
             admin_token=env.get("NOISESCOPE_ADMIN_TOKEN") or None,
-            max_body_bytes=int(env.get("NOISESCOPE_MAX_BODY_BYTES", _wire.MAX_BODY_BYTES)),
-            max_samples=int(env.get("NOISESCOPE_MAX_SAMPLES", _wire.MAX_SAMPLES_PER_REQUEST)),
+            max_body_bytes=int(env.get("NOISESCOPE_MAX_BODY_BYTES", protocol.MAX_BODY_BYTES)),
+            max_samples=int(env.get("NOISESCOPE_MAX_SAMPLES", protocol.MAX_SAMPLES_PER_REQUEST)),
             dashboard_url=env.get("NOISESCOPE_DASHBOARD_URL") or None,
-            crash_after=_seconds(env, "NOISESCOPE_CRASH_AFTER", _wire.CRASH_AFTER),
+            crash_after=_seconds(env, "NOISESCOPE_CRASH_AFTER", protocol.CRASH_AFTER),
             read_timeout=_seconds(env, "NOISESCOPE_READ_TIMEOUT", READ_TIMEOUT),
         )
         given = {k: v for k, v in overrides.items() if v is not None}

@@ -26,8 +26,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine, func, select
 
-from noisescope import _wire, sweep
-from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
+from noisescope import protocol, sweep
 from noisescope_server.errors import BadInput, Forbidden, NotFound
 from noisescope_server.models import Event, Project, Run, Task
 from noisescope_server.queries import LEVEL, BucketSums, bucket_sums, finite_number, run_status
@@ -67,7 +66,7 @@ def critical_batch(
     targets: Sequence[float] | None = None,
     loss: LossChoice = "auto",
     project_scope: int | None = None,
-    crash_after: float = _wire.CRASH_AFTER,
+    crash_after: float = protocol.CRASH_AFTER,
     include_diverged: bool = False,
 ) -> sweep.CriticalBatchReport:
     """The critical batch size of ``project/task`` per loss target (``noisescope.sweep``).
@@ -114,14 +113,14 @@ def critical_batch(
             select(Event.run_id, Event.kind, Event.step, Event.payload)
             .where(
                 Event.run_id.in_(run_ids),
-                Event.kind.in_([_wire.EVAL_EVENT_KIND, BATCH_SIZE_EVENT]),
+                Event.kind.in_([protocol.EVAL_EVENT_KIND, protocol.BATCH_SIZE_EVENT_KIND]),
             )
             .order_by(Event.run_id, Event.step, Event.id)
         ).all()
     evals: dict[int, list[tuple[float, float]]] = {}
     changed: set[int] = set()  # runs whose batch size changed (a scheduler's events)
     for run_id, kind, step, payload in events:
-        if kind == BATCH_SIZE_EVENT:
+        if kind == protocol.BATCH_SIZE_EVENT_KIND:
             changed.add(int(run_id))
             continue
         value = finite_number(payload.get("loss")) if isinstance(payload, dict) else None

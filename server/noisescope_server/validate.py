@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from noisescope import _wire
+from noisescope import protocol
 from noisescope.estimators import (
     epsilon_problem,
     two_batch_estimate_columns,
@@ -29,21 +29,19 @@ from noisescope_server.errors import BadInput
 __all__ = ["SampleBatch", "branch_plan_problem", "check_run_uid", "validate_samples"]
 
 _INT64_MAX = 2**63 - 1
-_INT_COLUMNS = ("seq", "step")
-FLOAT_COLUMNS = ("examples", "b_small", "b_big", "g_small_sq", "g_big_sq", "loss", "lr", "time")
+#: The wire columns by kind, from the field table (``protocol.SAMPLE_FIELDS``), which only
+#: has required int fields, float fields and the one str field, ``series``.
+_WIRE_FIELDS = [f for f in protocol.SAMPLE_FIELDS if f.wire]
+_INT_COLUMNS = tuple(f.name for f in _WIRE_FIELDS if f.type is int)
+FLOAT_COLUMNS = tuple(f.name for f in _WIRE_FIELDS if f.type is float)
 #: Float columns that clients send in order (their order lets block extremes be the ends).
 _ORDERED_FLOAT_COLUMNS = frozenset({"examples", "time"})
 #: Float columns that usually hold one value per request (checked once when they do).
 _USUALLY_UNIFORM_COLUMNS = frozenset({"b_small", "b_big", "lr"})
-#: Why each column has its range (``_wire.SAMPLE_RANGES``; the estimates are bounded alike).
-_RANGE_WHY = {
-    "examples": "examples (tokens) seen, counted from 0, at most noisescope._wire.MAX_SUMMED",
-    "loss": "the server sums it: at most noisescope._wire.MAX_SUMMED in magnitude",
-    "lr": "the server sums it: at most noisescope._wire.MAX_SUMMED in magnitude",
-    "time": "Unix seconds from 0001-01-01 to 9999-12-31 UTC, noisescope._wire.TIME_RANGE",
-}
+#: Why each column has its range (``protocol.SAMPLE_RANGES``; the estimates are bounded alike).
+_RANGE_WHY = {f.name: f.range_why for f in protocol.SAMPLE_FIELDS if f.range is not None}
 _SUMMED_RULE = (
-    f"beyond ±{_wire.MAX_SUMMED:.2g} (noisescope._wire.MAX_SUMMED), the largest magnitude "
+    f"beyond ±{protocol.MAX_SUMMED:.2g} (noisescope._wire.MAX_SUMMED), the largest magnitude "
     "the server sums (a run's sums of up to 2^63 of them stay finite)"
 )
 _NUMBER_TYPES = frozenset({int, float})
@@ -51,8 +49,8 @@ _NULLABLE_NUMBER_TYPES = frozenset({int, float, type(None)})
 
 
 def check_run_uid(run_uid: str) -> str:
-    """``run_uid`` if it is a valid run id (``_wire.run_id_problem``), else BadInput."""
-    problem = _wire.run_id_problem(run_uid)
+    """``run_uid`` if it is a valid run id (``protocol.run_id_problem``), else BadInput."""
+    problem = protocol.run_id_problem(run_uid)
     if problem is not None:
         raise BadInput(problem)
     return run_uid
@@ -87,7 +85,7 @@ class _Found:
 
 
 def validate_samples(
-    payload: Any, *, max_samples: int = _wire.MAX_SAMPLES_PER_REQUEST
+    payload: Any, *, max_samples: int = protocol.MAX_SAMPLES_PER_REQUEST
 ) -> SampleBatch:
     """Check a ``{"columns": {...}}`` body column by column; raise BadInput naming the problem.
 
@@ -103,7 +101,7 @@ def validate_samples(
     for name in FLOAT_COLUMNS:
         out[name] = _check_float_column(name, columns.get(name), n, found)
     out["series"] = _check_series(columns.get("series"), n, found)
-    for name, (lowest, highest) in _wire.SAMPLE_RANGES.items():
+    for name, (lowest, highest) in protocol.SAMPLE_RANGES.items():
         _check_range(name, out[name], found, lowest, highest)
     one_pair = n > 0 and {"b_small", "b_big"} <= found.uniform
     _check_batch_sizes(out["b_small"], out["b_big"], one_pair)
@@ -129,13 +127,13 @@ def _columns_of(payload: Any) -> dict[str, list[Any]]:
     if not isinstance(payload, dict) or not isinstance(payload.get("columns"), dict):
         raise BadInput('body must be a JSON object {"columns": {"seq": [...], "step": [...], ...}}')
     columns: dict[str, Any] = payload["columns"]
-    unknown = sorted(set(columns) - set(_wire.SAMPLE_COLUMNS))
+    unknown = sorted(set(columns) - set(protocol.SAMPLE_COLUMNS))
     if unknown:
         raise BadInput(
             f"unknown column(s) {', '.join(map(repr, unknown))}; "
-            f"expected {', '.join(_wire.SAMPLE_COLUMNS)}"
+            f"expected {', '.join(protocol.SAMPLE_COLUMNS)}"
         )
-    missing = [c for c in _wire.REQUIRED_COLUMNS if c not in columns]
+    missing = [c for c in protocol.REQUIRED_COLUMNS if c not in columns]
     if missing:
         raise BadInput(f"missing required column(s): {', '.join(missing)}")
     for name, col in columns.items():
@@ -216,7 +214,7 @@ def _check_float_column(name: str, col: list[Any] | None, n: int, found: _Found)
         found.uniform.add(name)
         if _only_numbers_equal(col[0]):  # then every element is a number equal to it
             return col
-    nullable = name in _wire.NULLABLE_COLUMNS
+    nullable = name in protocol.NULLABLE_COLUMNS
     allowed = _NULLABLE_NUMBER_TYPES if nullable else _NUMBER_TYPES
     kinds = set(map(type, col))
     if not kinds <= allowed:
@@ -246,7 +244,7 @@ def _check_finite(name: str, col: list[Any], values: list[Any]) -> None:
 
 
 def _check_range(name: str, col: list[Any], found: _Found, lowest: float, highest: float) -> None:
-    """Finite values (checked before) within ``[lowest, highest]`` (``_wire.SAMPLE_RANGES``),
+    """Finite values (checked before) within ``[lowest, highest]`` (``protocol.SAMPLE_RANGES``),
     so that the sums and differences the reads take of them stay floats."""
     values = col[:1] if name in found.uniform else col
     if name in found.null:
@@ -260,7 +258,7 @@ def _check_range(name: str, col: list[Any], found: _Found, lowest: float, highes
 
 
 def _check_series(series: list[Any] | None, n: int, found: _Found) -> list[Any]:
-    """Strings of at most ``_wire.MAX_NAME_LENGTH`` characters without NUL; absent: ``""``."""
+    """Strings of at most ``protocol.MAX_NAME_LENGTH`` characters without NUL; absent: ``""``."""
     if series is None:
         found.uniform.add("series")
         return [""] * n
@@ -273,9 +271,9 @@ def _check_series(series: list[Any] | None, n: int, found: _Found) -> list[Any]:
     if n and set(map(type, checked)) != {str}:
         i = _first_bad(series, lambda v: type(v) is str)
         raise BadInput(f"column 'series'[{i}] must be a string, got {series[i]!r:.40}")
-    if n and max(map(len, checked)) > _wire.MAX_NAME_LENGTH:
-        i = _first_bad(series, lambda v: len(v) <= _wire.MAX_NAME_LENGTH)
-        raise BadInput(f"column 'series'[{i}] is longer than {_wire.MAX_NAME_LENGTH} characters")
+    if n and max(map(len, checked)) > protocol.MAX_NAME_LENGTH:
+        i = _first_bad(series, lambda v: len(v) <= protocol.MAX_NAME_LENGTH)
+        raise BadInput(f"column 'series'[{i}] is longer than {protocol.MAX_NAME_LENGTH} characters")
     if n and "\x00" in "".join(checked):  # PostgreSQL text cannot hold U+0000
         i = _first_bad(series, lambda v: "\x00" not in v)
         raise BadInput(f"column 'series'[{i}] must not contain NUL (U+0000) characters")
@@ -317,7 +315,7 @@ def _estimates(out: dict[str, list[Any]], one_pair: bool) -> tuple[list[float], 
         )
         g_sq_est = [e[0] for e in pair_estimates]
         trace_sigma_est = [e[1] for e in pair_estimates]
-    limit = _wire.MAX_SUMMED
+    limit = protocol.MAX_SUMMED
     for estimate in (g_sq_est, trace_sigma_est):
         if not estimate:  # an empty body: nothing to check (min() of nothing raises)
             continue
@@ -355,7 +353,7 @@ _BRANCH_PLAN_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: type(v) in _NUMBER_TYPES and _is_finite(v) and v > 0,
         "a finite number > 0",
     ),
-    "parent_run_id": (lambda v: _wire.run_id_problem(v) is None, "a valid run id"),
+    "parent_run_id": (lambda v: protocol.run_id_problem(v) is None, "a valid run id"),
 }
 
 

@@ -64,7 +64,7 @@ class Sender:
         self,
         settings: Settings,
         run_id: str,
-        run_body: dict[str, Any],
+        run_body: _wire.RunBody,
         transport: Transport | None,
         spool: RunSpool | None,
         commit_open: Callable[[], None] | None = None,

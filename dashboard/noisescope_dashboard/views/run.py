@@ -16,7 +16,7 @@ import math
 import pandas as pd
 import streamlit as st
 
-from noisescope import ApiError, NotFoundError, RunSummary, _wire
+from noisescope import ApiError, NotFoundError, RunSummary, protocol
 from noisescope_dashboard import _branches, _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
 
@@ -25,7 +25,7 @@ DEFAULT_LAYERS = 8
 
 
 #: The shortest default window: the server gives a window its interval only from 32 samples
-#: on (``queries.MIN_INTERVAL_SAMPLES``), and the B_simple chart is about its interval.
+#: on (``estimators.MIN_INTERVAL_SAMPLES``), and the B_simple chart is about its interval.
 MIN_DEFAULT_WINDOW = 50
 
 
@@ -167,7 +167,9 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
         min_value=0,
         step=max(1, default_window(run.last_step) // 2),
         help="A trailing window of this many steps: sums of the per-sample estimates, ratio "
-        "last. It changes the curves only, never B_simple now.",
+        "last. It changes the curves only, never B_simple now. The critical batch size reads "
+        "the training loss through a centred window instead "
+        '(docs/science.md, "Two smoothers").',
         container=c2,
     )
     with c3:
@@ -354,7 +356,7 @@ def _parent_line(src: _data.Source, run: RunSummary) -> None:
     assert run.parent_uid is not None
     line = (
         f"This run is a branch of run [{md(run.parent_uid[:12])}]"
-        f"({_wire.run_page_url('', run.parent_uid)}) from its step {run.branch_step}."
+        f"({protocol.run_page_url('', run.parent_uid)}) from its step {run.branch_step}."
     )
     try:
         _data.run(src, run.parent_uid)

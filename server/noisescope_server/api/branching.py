@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
-from noisescope._results import RunBranches
 from noisescope.forecast import ForecastReport, forecast_report
+from noisescope.protocol import RunBranches
 from noisescope_server import branches, sweeps
 from noisescope_server.api.deps import EngineDep, ReadScope
 from noisescope_server.api.query import _json, _loss_targets, _task_path

@@ -1,6 +1,6 @@
 """The JSON query API: every number the dashboard (and ``noisescope.Api``) shows comes from here.
 
-Answers are the dataclasses of ``noisescope._results`` and ``noisescope.sweep``, which
+Answers are the dataclasses of ``noisescope.protocol`` and ``noisescope.sweep``, which
 ``noisescope.Api`` decodes back into the same classes.
 """
 
@@ -15,8 +15,9 @@ import orjson
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from noisescope import _wire
-from noisescope._results import (
+from noisescope import protocol
+from noisescope.estimators import MIN_SPEEDUP
+from noisescope.protocol import (
     EventRow,
     ParallelismPlan,
     RunSeries,
@@ -24,7 +25,6 @@ from noisescope._results import (
     SeriesInfo,
     TaskSummary,
 )
-from noisescope.estimators import MIN_SPEEDUP
 from noisescope.recommend import MAX_DEVICES, Reference, parallelism_plan
 from noisescope.sweep import CriticalBatchReport
 from noisescope_server import queries, sweeps
@@ -61,7 +61,7 @@ def get_runs(
     search: Annotated[
         str | None,
         Query(
-            max_length=_wire.MAX_NAME_LENGTH,
+            max_length=protocol.MAX_NAME_LENGTH,
             description="substring of the name, id or task (at most as long as a name)",
         ),
     ] = None,

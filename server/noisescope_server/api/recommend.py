@@ -14,9 +14,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 
-from noisescope._api import RecommendationResult
-from noisescope._results import RunSummary
 from noisescope.estimators import Interval, NoiseScaleInterval
+from noisescope.protocol import RecommendationResult, RunSummary
 from noisescope.recommend import recommend
 from noisescope_server import queries
 from noisescope_server.api.deps import EngineDep, ReadScope

@@ -1,5 +1,5 @@
 """Run ids in URLs: every path under ``/api/v1/runs/<id>`` and every ``?runs=`` list is checked
-against the one rule (``noisescope._wire.run_id_problem``) before routing.
+against the one rule (``noisescope.protocol.run_id_problem``) before routing.
 
 Before routing, because the router sees the percent-decoded path: ``..%2Fx`` would otherwise
 reach no route (a bare 404 that does not say why) and ``%2e%2e`` would be looked up as the run
@@ -16,17 +16,17 @@ import orjson
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from noisescope import _wire
+from noisescope import protocol
 
 __all__ = ["RunIdGuard", "check_run_ids"]
 
-_RUNS = f"{_wire.API_PREFIX}/runs/".encode()
+_RUNS = f"{protocol.API_PREFIX}/runs/".encode()
 
 
 def check_run_ids(run_ids: Iterable[str]) -> None:
     """422 naming the rule for the first invalid id of a ``?runs=`` list."""
     for run_id in run_ids:
-        problem = _wire.run_id_problem(run_id)
+        problem = protocol.run_id_problem(run_id)
         if problem is not None:
             raise HTTPException(422, f"query parameter runs: {problem}")
 
@@ -38,7 +38,7 @@ def _path_problem(method: str, raw_path: bytes) -> str | None:
     if not rest and method in ("GET", "HEAD"):
         return None  # "/runs/" is the run list with a trailing slash
     segment = rest.split(b"/", 1)[0]
-    return _wire.run_id_problem(unquote(segment.decode("latin-1"), errors="replace"))
+    return protocol.run_id_problem(unquote(segment.decode("latin-1"), errors="replace"))
 
 
 class RunIdGuard:

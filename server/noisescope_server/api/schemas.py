@@ -7,7 +7,7 @@ Samples are deliberately NOT modelled per sample: the columnar body is validated
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from noisescope import _wire
+from noisescope import protocol
 from noisescope_server.jsonclip import encode
 from noisescope_server.utc import in_utc_range
 from noisescope_server.validate import branch_plan_problem
@@ -46,18 +46,18 @@ def _no_nul(value: str) -> str:
 
 
 def _readable_back(value: dict[str, Any]) -> dict[str, Any]:
-    """Refuse a value nested deeper (``_wire.MAX_JSON_DEPTH``) or larger
-    (``_wire.MAX_JSON_BYTES``) than the API returns whole."""
-    depth = _wire.json_depth(value)
-    if depth > _wire.MAX_JSON_DEPTH:
+    """Refuse a value nested deeper (``protocol.MAX_JSON_DEPTH``) or larger
+    (``protocol.MAX_JSON_BYTES``) than the API returns whole."""
+    depth = protocol.json_depth(value)
+    if depth > protocol.MAX_JSON_DEPTH:
         raise ValueError(
-            f"nests more than {_wire.MAX_JSON_DEPTH} levels deep (the limit, "
+            f"nests more than {protocol.MAX_JSON_DEPTH} levels deep (the limit, "
             "noisescope._wire.MAX_JSON_DEPTH); flatten it, e.g. with dotted keys"
         )
     size = len(encode(value))
-    if size > _wire.MAX_JSON_BYTES:
+    if size > protocol.MAX_JSON_BYTES:
         raise ValueError(
-            f"is {size} bytes as JSON; the limit is {_wire.MAX_JSON_BYTES} bytes "
+            f"is {size} bytes as JSON; the limit is {protocol.MAX_JSON_BYTES} bytes "
             "(noisescope._wire.MAX_JSON_BYTES): keep hyperparameters here, store large "
             "objects elsewhere"
         )
@@ -65,12 +65,12 @@ def _readable_back(value: dict[str, Any]) -> dict[str, Any]:
 
 
 NoNul = AfterValidator(_no_nul)
-#: A run config or event payload: a JSON object no deeper than ``_wire.MAX_JSON_DEPTH``.
+#: A run config or event payload: a JSON object no deeper than ``protocol.MAX_JSON_DEPTH``.
 JsonObject = Annotated[dict[str, Any], AfterValidator(_readable_back)]
 
 
 def _run_id(value: str) -> str:
-    problem = _wire.run_id_problem(value)
+    problem = protocol.run_id_problem(value)
     if problem is not None:
         raise ValueError(problem)
     return value
@@ -81,7 +81,7 @@ RunId = Annotated[StrictStr, AfterValidator(_run_id)]
 StoredTime = Annotated[datetime, AfterValidator(in_utc_range)]
 Name = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=_wire.MAX_NAME_LENGTH, strip_whitespace=True),
+    StringConstraints(min_length=1, max_length=protocol.MAX_NAME_LENGTH, strip_whitespace=True),
     NoNul,
 ]
 Units = Literal["examples", "tokens"]
@@ -100,10 +100,10 @@ class RunPut(_Strict):
 
     project: Name
     task: Name
-    name: Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH), NoNul] = ""
+    name: Annotated[str, StringConstraints(max_length=protocol.MAX_NAME_LENGTH), NoNul] = ""
     config: JsonObject = Field(default_factory=dict)
-    tags: list[Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH), NoNul]] = Field(
-        default_factory=list, max_length=100
+    tags: list[Annotated[str, StringConstraints(max_length=protocol.MAX_NAME_LENGTH), NoNul]] = (
+        Field(default_factory=list, max_length=100)
     )
     batch_size: float | None = Field(default=None, gt=0)
     units: Units = "examples"
@@ -156,8 +156,8 @@ class EventItem(_Strict):
     payload: JsonObject = Field(default_factory=dict)
     time: float | None = Field(
         default=None,
-        ge=_wire.TIME_RANGE[0],
-        le=_wire.TIME_RANGE[1],
+        ge=protocol.TIME_RANGE[0],
+        le=protocol.TIME_RANGE[1],
         description="Unix seconds, within 0001-01-01..9999-12-31 UTC",
     )
     seq: int | None = Field(
@@ -175,11 +175,20 @@ class IngestResult(BaseModel):
 
 
 class TokenCreate(_Strict):
-    name: Annotated[str, StringConstraints(max_length=_wire.MAX_NAME_LENGTH), NoNul] = ""
+    name: Annotated[str, StringConstraints(max_length=protocol.MAX_NAME_LENGTH), NoNul] = ""
 
 
 def _column(items: dict[str, Any], description: str) -> dict[str, Any]:
     return {"type": "array", "items": items, "description": description}
+
+
+def _item(field: protocol.SampleField) -> dict[str, Any]:
+    """A wire column's element schema, from the field table (``protocol.SAMPLE_FIELDS``)."""
+    if field.type is int:
+        return {"type": "integer", "minimum": 0}
+    if field.type is str:
+        return {"type": "string", "maxLength": protocol.MAX_NAME_LENGTH}
+    return _NUM_NULL if field.nullable else _NUM
 
 
 _NUM = {"type": "number"}
@@ -192,27 +201,20 @@ SAMPLES_BODY_SCHEMA: dict[str, Any] = {
             "type": "object",
             "description": (
                 "One array per field, all the same length (at most "
-                f"{_wire.MAX_SAMPLES_PER_REQUEST} samples, {_wire.MAX_BODY_BYTES} bytes per "
+                f"{protocol.MAX_SAMPLES_PER_REQUEST} samples, {protocol.MAX_BODY_BYTES} bytes per "
                 "request). Re-sending a (run, seq) is ignored."
             ),
-            "required": list(_wire.REQUIRED_COLUMNS),
+            "required": list(protocol.REQUIRED_COLUMNS),
             "additionalProperties": False,
             "properties": {
-                "seq": _column({"type": "integer", "minimum": 0}, "unique per run"),
-                "step": _column({"type": "integer", "minimum": 0}, "optimizer step"),
-                "examples": _column(_NUM_NULL, "examples (or tokens) seen so far"),
-                "b_small": _column(_NUM, "small batch size, > 0"),
-                "b_big": _column(_NUM, "big batch size, > b_small"),
-                "g_small_sq": _column(_NUM, "|G_small|^2, >= 0"),
-                "g_big_sq": _column(_NUM, "|G_big|^2, >= 0"),
-                "loss": _column(_NUM_NULL, "training loss"),
-                "lr": _column(_NUM_NULL, "learning rate"),
-                "time": _column(_NUM_NULL, "Unix time of the step"),
-                "series": _column(
-                    {"type": "string", "maxLength": _wire.MAX_NAME_LENGTH},
-                    '"" for the whole model, else a layer/group name',
-                ),
+                f.name: _column(_item(f), f.doc) for f in protocol.SAMPLE_FIELDS if f.wire
             },
         }
     },
 }
+
+
+# The run body and its literals are the client's (``protocol.RunBody``), checked at import.
+assert tuple(RunPut.model_fields) == protocol.RUN_BODY_FIELDS, tuple(RunPut.model_fields)
+assert get_args(Units) == protocol.UNITS, get_args(Units)
+assert get_args(Status) == protocol.RUN_STATUSES, get_args(Status)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from noisescope._config import DEFAULT_DASHBOARD_PORT, DEFAULT_PORT, DEFAULT_URL, url_argument
+from noisescope.cli import DEFAULT_DASHBOARD_PORT, DEFAULT_PORT, DEFAULT_URL, url_argument
 from noisescope_server.cli._admin import (
     cmd_db_current,
     cmd_db_upgrade,

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from noisescope._config import DEFAULT_URL, check_url
+from noisescope.cli import DEFAULT_URL, check_url
 from noisescope_server.cli._database import describe_url, open_database, settings_from
 from noisescope_server.cli._serve import port_problem, url_host
 

@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 
-from noisescope._config import DEFAULT_PORT
+from noisescope.cli import DEFAULT_PORT
 from noisescope_server.cli._database import describe_url, open_database, settings_from
 from noisescope_server.settings import Settings
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 
-from noisescope import _wire
+from noisescope import protocol
 from noisescope_server.crud._sql import LOCK_RUN, TOUCH_RUN, insert_ignore
 from noisescope_server.db import write_transaction
 from noisescope_server.errors import BadInput, Conflict, Forbidden, NotFound
@@ -73,9 +73,8 @@ def require_run(conn: Connection, run_uid: str, project_scope: int | None) -> Ru
     """``lock_run``, or NotFound (unknown run) / Forbidden (run outside ``project_scope``)."""
     run = lock_run(conn, check_run_uid(run_uid))
     if run is None:
-        raise NotFound(
-            f"run {run_uid!r} does not exist: create it first with PUT {_wire.runs_path(run_uid)}"
-        )
+        path = protocol.runs_path(run_uid)
+        raise NotFound(f"run {run_uid!r} does not exist: create it first with PUT {path}")
     if project_scope is not None and run.project_id != project_scope:
         raise Forbidden(f"this token does not grant access to the project of run {run_uid!r}")
     return run

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 
+from noisescope import protocol
 from noisescope_server.crud import _sql
 from noisescope_server.crud._runs import require_run
 from noisescope_server.db import write_transaction
@@ -124,65 +125,91 @@ def _nonnull(values: list[Any]) -> list[Any]:
     return [v for v in values if v is not None]
 
 
+Aggregator = Callable[[int, int], Any]
+
+
+def _aggregator(how: str, field: protocol.SampleField, batch: SampleBatch) -> Aggregator:
+    """One ``sample_block`` column (``protocol.BLOCK_AGGREGATES``) over the rows ``[i, j)``.
+
+    What validation found (no nulls, ascending, one value) skips the null filter, gives the
+    extremes from the ends, or a sum of k equal values as k*x (one rounding, as math.fsum's).
+    """
+    name = field.name
+    values = batch.columns.get(name)
+    if values is None:  # a server-computed field
+        values = batch.g_sq_est if name == "g_sq_est" else batch.trace_sigma_est
+    as_stored: Callable[[Any], Any] = float if field.type is float else _same
+    nulls = name in batch.null_columns
+
+    def nonnull(i: int, j: int) -> list[Any]:
+        return _nonnull(values[i:j]) if nulls else values[i:j]
+
+    if name in batch.uniform_columns:  # one value, never null
+        first = float(values[0])
+        if how == "count":
+            return lambda i, j: j - i
+        if how == "sum":
+            return lambda i, j: (j - i) * first
+        return lambda i, j: as_stored(values[0])
+    fsum = math.fsum
+    if not nulls:  # the usual case: no filter, and a block is never empty
+        if how == "count":
+            return lambda i, j: j - i
+        if how == "sum":
+            return lambda i, j: fsum(values[i:j])
+        if name in batch.ascending_columns:  # the extremes are the ends
+            if how == "min":
+                return lambda i, j: as_stored(values[i])
+            return lambda i, j: as_stored(values[j - 1])
+        pick = min if how == "min" else max
+        return lambda i, j: as_stored(pick(values[i:j]))
+    if how == "count":
+        return lambda i, j: len(nonnull(i, j))
+    if how == "sum":
+
+        def total(i: int, j: int) -> float | None:
+            found = nonnull(i, j)
+            return fsum(found) if found else None
+
+        return total
+    end = 0 if how == "min" else -1
+    choose = min if how == "min" else max
+    ascending = name in batch.ascending_columns
+
+    def extreme(i: int, j: int) -> Any:
+        found = nonnull(i, j)
+        if not found:
+            return None
+        return as_stored(found[end] if ascending else choose(found))
+
+    return extreme
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
 def block_deltas(batch: SampleBatch) -> list[tuple[Any, ...]] | None:
     """Per-block sums of a batch whose seqs are ascending and share one series.
 
     Only for a batch whose rows were all new (hence distinct seqs: ascending is then strictly
     increasing). That is what clients send (one series per batch is the common case; anything
     else falls back to recomputing from ``sample``). Slices and C-level ``math.fsum``/``min``/
-    ``max`` keep this well under a microsecond per sample, and what validation found (no nulls,
-    ascending, one value) skips the null filter or gives a block's extremes from its ends.
-    Rows match ``_sql.BLOCK_COLUMNS``.
+    ``max`` keep this well under a microsecond per sample. Rows match ``_sql.BLOCK_COLUMNS``:
+    each column is its aggregate of the field table (``protocol.BLOCK_AGGREGATES``).
     """
     cols = batch.columns
     seq, series, n = cols["seq"], cols["series"], batch.n
     if n == 0 or "seq" not in batch.ascending_columns or "series" not in batch.uniform_columns:
         return None
-    nulls, ascending = batch.null_columns, batch.ascending_columns
-
-    def nonnull(name: str, i: int, j: int) -> list[Any]:
-        values = cols[name][i:j]
-        return _nonnull(values) if name in nulls else values
-
-    def extremes(name: str, values: list[Any]) -> tuple[Any, Any]:
-        if not values:
-            return None, None
-        if name in ascending:
-            return values[0], values[-1]
-        return min(values), max(values)
-
-    def total(name: str, i: int, j: int) -> tuple[int, float | None]:
-        """Count and exact sum of the non-null values; k equal values x sum to k*x (one
-        rounding, as math.fsum's)."""
-        if name in uniform:
-            return j - i, (j - i) * float(cols[name][0])
-        values = nonnull(name, i, j)
-        return len(values), math.fsum(values) if values else None
-
-    uniform = batch.uniform_columns
-    b_big = cols["b_big"]
-    b_big_max = float(b_big[0]) if "b_big" in uniform else None
-    g_sq, trace_sigma = batch.g_sq_est, batch.trace_sigma_est
+    fields = protocol.FIELDS_BY_NAME
+    columns = [_aggregator(how, fields[name], batch) for _, how, name in protocol.BLOCK_AGGREGATES]
     out: list[tuple[Any, ...]] = []
     i = 0
     while i < n:
         block = seq[i] // BLOCK_SIZE
         j = bisect.bisect_left(seq, (block + 1) * BLOCK_SIZE, i)
-        out.append(
-            (
-                series[0],
-                block,
-                j - i,
-                math.fsum(g_sq[i:j]),
-                math.fsum(trace_sigma[i:j]),
-                *total("loss", i, j),
-                *total("lr", i, j),
-                *extremes("step", cols["step"][i:j]),
-                *extremes("examples", nonnull("examples", i, j)),
-                *extremes("time", nonnull("time", i, j)),
-                float(max(b_big[i:j])) if b_big_max is None else b_big_max,
-            )
-        )
+        out.append((series[0], block, *[column(i, j) for column in columns]))
         i = j
     return out
 

@@ -9,15 +9,13 @@ from __future__ import annotations
 import functools
 import re
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import (
     ARRAY,
     BigInteger,
     Connection,
-    Double,
-    String,
     bindparam,
     func,
     select,
@@ -27,7 +25,16 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.sql.expression import Executable
 
-from noisescope_server.models import BLOCK_SIZE, SAMPLE_COLUMNS, Project, Run, Sample, SampleBlock
+from noisescope import protocol
+from noisescope_server.models import (
+    BLOCK_SIZE,
+    SAMPLE_COLUMNS,
+    SQL_TYPES,
+    Project,
+    Run,
+    Sample,
+    SampleBlock,
+)
 
 DIALECTS = ("sqlite", "postgresql")
 
@@ -113,13 +120,9 @@ def _pg_sample_insert() -> Executable:
     One statement with 14 array parameters per chunk: no per-row parameter limit and far fewer
     round trips than executemany.
     """
-    types: dict[str, Any] = {
-        "run_id": BigInteger,
-        "seq": BigInteger,
-        "step": BigInteger,
-        "series": String,
-    }
-    arrays = [bindparam(c, type_=ARRAY(types.get(c, Double))) for c in SAMPLE_INSERT_COLUMNS]
+    types: dict[str, Any] = {f.name: SQL_TYPES[f.type] for f in protocol.SAMPLE_FIELDS}
+    types["run_id"] = BigInteger
+    arrays = [bindparam(c, type_=ARRAY(types[c])) for c in SAMPLE_INSERT_COLUMNS]
     unnest = func.unnest(*arrays).table_valued(*SAMPLE_INSERT_COLUMNS).render_derived()
     return (
         pg.insert(Sample)
@@ -142,52 +145,29 @@ PG_SAMPLE_INSERT = _pg_binary_sql(_pg_sample_insert())
 
 # --- sample_block sums -------------------------------------------------------------------------
 
-#: SampleBlock's columns after run_id; the per-batch sums (``_samples.block_deltas``) and both
-#: block upserts follow this order.
-BLOCK_COLUMNS = (
-    "series",
-    "block",
-    "n",
-    "sum_g_sq",
-    "sum_trace_sigma",
-    "n_loss",
-    "sum_loss",
-    "n_lr",
-    "sum_lr",
-    "step_min",
-    "step_max",
-    "examples_min",
-    "examples_max",
-    "time_min",
-    "time_max",
-    "b_big_max",
-)
+#: SampleBlock's columns after run_id: its key, then the aggregates of the field table
+#: (``protocol.BLOCK_AGGREGATES``); the per-batch sums (``_samples.block_deltas``) and both block
+#: upserts follow this order.
+BLOCK_COLUMNS = protocol.BLOCK_COLUMNS
+#: Each aggregate as SQL over a column of ``sample`` (``count`` counts non-null values).
+_AGGREGATE_SQL: dict[str, Callable[[Any], Any]] = {
+    "count": func.count,
+    "sum": func.sum,
+    "min": func.min,
+    "max": func.max,
+}
 
 
 def _block_upsert(dialect_name: str) -> Executable:
     """Recompute the blocks of a seq range of one run from ``sample`` and upsert them."""
     s = Sample
     block = (s.seq // BLOCK_SIZE).label("block")
+    aggregates = [
+        _AGGREGATE_SQL[how](getattr(s, name)).label(column)
+        for column, how, name in protocol.BLOCK_AGGREGATES
+    ]
     source = (
-        select(
-            s.run_id,
-            s.series,
-            block,
-            func.count().label("n"),
-            func.sum(s.g_sq_est),
-            func.sum(s.trace_sigma_est),
-            func.count(s.loss),
-            func.sum(s.loss),
-            func.count(s.lr),
-            func.sum(s.lr),
-            func.min(s.step),
-            func.max(s.step),
-            func.min(s.examples),
-            func.max(s.examples),
-            func.min(s.time),
-            func.max(s.time),
-            func.max(s.b_big),
-        )
+        select(s.run_id, s.series, block, *aggregates)
         .where(
             s.run_id == bindparam("run_id"),
             s.seq >= bindparam("seq_lo"),
@@ -227,22 +207,18 @@ def _block_add_sql(dialect_name: str) -> str:
     def widen(c: str, f: str) -> str:
         return f"{c} = {f}(coalesce({t}.{c}, {e}.{c}), coalesce({e}.{c}, {t}.{c}))"
 
-    sets = [
-        add("n"),
-        add("sum_g_sq"),
-        add("sum_trace_sigma"),
-        add("n_loss"),
-        add_nullable("sum_loss"),
-        add("n_lr"),
-        add_nullable("sum_lr"),
-        widen("step_min", lo),
-        widen("step_max", hi),
-        widen("examples_min", lo),
-        widen("examples_max", hi),
-        widen("time_min", lo),
-        widen("time_max", hi),
-        widen("b_big_max", hi),
-    ]
+    nullable = {f.name for f in protocol.SAMPLE_FIELDS if f.nullable}
+
+    def merge(c: str, how: str, name: str) -> str:
+        """Counts and sums of never-null fields add; sums of nullable ones stay null until
+        a value comes; extremes widen."""
+        if how == "count" or (how == "sum" and name not in nullable):
+            return add(c)
+        if how == "sum":
+            return add_nullable(c)
+        return widen(c, lo if how == "min" else hi)
+
+    sets = [merge(column, how, name) for column, how, name in protocol.BLOCK_AGGREGATES]
     marks = ", ".join(["?" if dialect_name == "sqlite" else "%s"] * (len(BLOCK_COLUMNS) + 1))
     return (
         f"INSERT INTO {t} (run_id, {', '.join(BLOCK_COLUMNS)}) VALUES ({marks}) "

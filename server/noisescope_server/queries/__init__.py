@@ -1,6 +1,6 @@
 """The read side: the one place the HTTP query API reads stored runs from.
 
-Every function takes an ``Engine`` and returns plain frozen dataclasses (``noisescope._results``,
+Every function takes an ``Engine`` and returns plain frozen dataclasses (``noisescope.protocol``,
 the same classes ``noisescope.Api`` decodes), so the server, the dashboard and a notebook hold
 the very same fields. Aggregation happens in SQL: a series is bucketed to at most
 ``max_points`` buckets of *exact* sums of the per-sample unbiased estimates |𝒢|^2 and 𝒮
@@ -24,7 +24,7 @@ it from the caller's token. A run outside the scope raises ``errors.Forbidden``.
 
 from __future__ import annotations
 
-from noisescope._results import (
+from noisescope.protocol import (
     EventRow,
     RunSeries,
     RunSummary,

@@ -22,6 +22,7 @@ from sqlalchemy import (
     union_all,
 )
 
+from noisescope import protocol
 from noisescope_server.models import BLOCK_SIZE, Run, Sample, SampleBlock
 
 
@@ -56,47 +57,48 @@ class BucketSums:
 BLOCKS_PER_POINT = 1.0
 
 
+#: The ``sample_block`` columns bucketing reads, with the names it reads them under.
+_READ = {
+    "step_min": "step_lo",
+    "step_max": "step_hi",
+    "n": "n",
+    "sum_g_sq": "sum_g_sq",
+    "sum_trace_sigma": "sum_trace_sigma",
+    "n_loss": "n_loss",
+    "sum_loss": "sum_loss",
+    "n_lr": "n_lr",
+    "sum_lr": "sum_lr",
+    "examples_max": "examples_max",
+    "time_min": "time_min",
+    "time_max": "time_max",
+    "b_big_max": "b_big_max",
+}
+_AGGREGATES = {column: (how, name) for column, how, name in protocol.BLOCK_AGGREGATES}
+
+
+def _of_one_sample(column: str) -> Any:
+    """A ``sample_block`` column over one sample (the field table's aggregate of a block of
+    one): a count is 1 where the field is not null, a sum or an extreme the value itself."""
+    how, name = _AGGREGATES[column]
+    value = getattr(Sample, name)
+    if how != "count":
+        return value
+    if protocol.FIELDS_BY_NAME[name].nullable:
+        return case((value.is_(None), 0), else_=1)
+    return literal(1, BigInteger)
+
+
 def _sample_rows() -> Any:
     """Per-sample rows in the same shape as ``_block_rows`` (a sample is a block of one)."""
     s = Sample
     return select(
-        s.run_id,
-        s.series,
-        s.step.label("step_lo"),
-        s.step.label("step_hi"),
-        literal(1, BigInteger).label("n"),
-        s.g_sq_est.label("sum_g_sq"),
-        s.trace_sigma_est.label("sum_trace_sigma"),
-        case((s.loss.is_(None), 0), else_=1).label("n_loss"),
-        s.loss.label("sum_loss"),
-        case((s.lr.is_(None), 0), else_=1).label("n_lr"),
-        s.lr.label("sum_lr"),
-        s.examples.label("examples_max"),
-        s.time.label("time_min"),
-        s.time.label("time_max"),
-        s.b_big.label("b_big_max"),
+        s.run_id, s.series, *(_of_one_sample(c).label(label) for c, label in _READ.items())
     )
 
 
 def _block_rows() -> Any:
     b = SampleBlock
-    return select(
-        b.run_id,
-        b.series,
-        b.step_min.label("step_lo"),
-        b.step_max.label("step_hi"),
-        b.n,
-        b.sum_g_sq,
-        b.sum_trace_sigma,
-        b.n_loss,
-        b.sum_loss,
-        b.n_lr,
-        b.sum_lr,
-        b.examples_max,
-        b.time_min,
-        b.time_max,
-        b.b_big_max,
-    )
+    return select(b.run_id, b.series, *(getattr(b, c).label(label) for c, label in _READ.items()))
 
 
 def _sizes(conn: Connection, run_ids: Sequence[int]) -> dict[int, int]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, select
 
-from noisescope import _wire, sweep
+from noisescope import protocol, sweep
 from noisescope_server.errors import Forbidden, NotFound
 from noisescope_server.models import Project, Run, Task
 from noisescope_server.utc import utcnow
@@ -19,7 +19,7 @@ from noisescope_server.utc import utcnow
 LEVEL = 0.9
 
 
-def run_status(crash_after: float = _wire.CRASH_AFTER) -> Any:
+def run_status(crash_after: float = protocol.CRASH_AFTER) -> Any:
     """A run's status as readers see it: a stored "running" whose process has not been heard
     from (any write or heartbeat sets ``last_seen_at``) for ``crash_after`` seconds reads
     "crashed". Computed at read time, so a run that sends again reads "running" again and
@@ -29,7 +29,7 @@ def run_status(crash_after: float = _wire.CRASH_AFTER) -> Any:
     return case((and_(Run.status == "running", seen < cutoff), "crashed"), else_=Run.status)
 
 
-def run_select(crash_after: float = _wire.CRASH_AFTER) -> Any:
+def run_select(crash_after: float = protocol.CRASH_AFTER) -> Any:
     """The run columns a summary reads, with the status as ``run_status`` reads it."""
     return (
         select(
@@ -59,7 +59,7 @@ def scoped_run(
     conn: Connection,
     run_uid: str,
     project_scope: int | None,
-    crash_after: float = _wire.CRASH_AFTER,
+    crash_after: float = protocol.CRASH_AFTER,
 ) -> Any:
     """One run's row; ``NotFound`` for an unknown uid, ``Forbidden`` outside the scope."""
     row = conn.execute(run_select(crash_after).where(Run.uid == run_uid)).first()

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine, select
 
-from noisescope._results import RunSeries, SeriesPoint
+from noisescope.protocol import RunSeries, SeriesPoint
 from noisescope_server.models import BLOCK_SIZE, Run
 from noisescope_server.queries._buckets import BucketSums, bucket_sums
 from noisescope_server.queries._series import series_points, smooth_series

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
-from noisescope._results import EventRow
+from noisescope.protocol import EventRow
 from noisescope_server.jsonclip import clip_json
 from noisescope_server.models import SAMPLE_COLUMNS, Event, Sample
 from noisescope_server.queries._common import scoped_run

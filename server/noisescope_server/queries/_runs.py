@@ -10,9 +10,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, func, or_, select
 
-from noisescope import _wire, sweep
-from noisescope._results import RunSummary
-from noisescope.schedule import EVENT_KIND as BATCH_SIZE_EVENT
+from noisescope import protocol, sweep
+from noisescope.protocol import RunSummary
 from noisescope_server.jsonclip import clip_json
 from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
 from noisescope_server.queries._common import (
@@ -52,7 +51,7 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
     n_samples: dict[int, int] = {}
     last: dict[int, tuple[int, float | None]] = {}
     events: dict[tuple[int, str], dict[str, Any]] = {}
-    kinds = [_wire.EVAL_EVENT_KIND, BATCH_SIZE_EVENT, _wire.NOTICE_EVENT_KIND]
+    kinds = [protocol.EVAL_EVENT_KIND, protocol.BATCH_SIZE_EVENT_KIND, protocol.NOTICE_EVENT_KIND]
     for lo in range(0, len(run_ids), _ID_CHUNK):
         ids = list(run_ids[lo : lo + _ID_CHUNK])
         counts = select(SampleBlock.run_id, func.sum(SampleBlock.n)).where(
@@ -97,7 +96,7 @@ def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
         ids = list(run_ids[lo : lo + _ID_CHUNK])
         q = (
             select(Event.run_id, Event.step, Event.payload)
-            .where(Event.run_id.in_(ids), Event.kind == _wire.EVAL_EVENT_KIND)
+            .where(Event.run_id.in_(ids), Event.kind == protocol.EVAL_EVENT_KIND)
             .order_by(Event.run_id, Event.step, Event.id)
         )
         for run_id, step, payload in conn.execute(q):
@@ -150,9 +149,9 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     n_samples = facts.n_samples.get(run_id, 0)
     last = facts.last.get(run_id)
     last_loss = conn.execute(_LAST_LOSS, {"run_id": run_id}).scalar()
-    evaluation = facts.events.get((run_id, _wire.EVAL_EVENT_KIND))
-    change = facts.events.get((run_id, BATCH_SIZE_EVENT))
-    notice = facts.events.get((run_id, _wire.NOTICE_EVENT_KIND))
+    evaluation = facts.events.get((run_id, protocol.EVAL_EVENT_KIND))
+    change = facts.events.get((run_id, protocol.BATCH_SIZE_EVENT_KIND))
+    notice = facts.events.get((run_id, protocol.NOTICE_EVENT_KIND))
     in_use = _positive(change.get("batch_size")) if change else None
     source = "event" if in_use is not None else None
     if in_use is None and _positive(row.batch_size) is not None:
@@ -223,7 +222,7 @@ def list_runs(
     limit: int = 200,
     project_scope: int | None = None,
     current: bool = True,
-    crash_after: float = _wire.CRASH_AFTER,
+    crash_after: float = protocol.CRASH_AFTER,
 ) -> list[RunSummary]:
     """Runs, newest first, filtered by project/task name, tag, status (as ``run_status``
     reads it), a case-insensitive substring of name/uid/task (``search``) and start time; each
@@ -269,7 +268,7 @@ def get_run(
     run_uid: str,
     *,
     project_scope: int | None = None,
-    crash_after: float = _wire.CRASH_AFTER,
+    crash_after: float = protocol.CRASH_AFTER,
 ) -> RunSummary:
     """One run's summary; raises ``errors.NotFound`` for an unknown uid."""
     with engine.connect() as conn:

@@ -20,8 +20,8 @@ from sqlalchemy import (
     select,
 )
 
-from noisescope._results import RunSeries, SeriesInfo, SeriesPoint
 from noisescope.estimators import b_simple_and_reason, b_simple_interval
+from noisescope.protocol import RunSeries, SeriesInfo, SeriesPoint
 from noisescope_server.errors import BadInput
 from noisescope_server.models import BLOCK_SIZE, Sample, SampleBlock
 from noisescope_server.queries._common import LEVEL, fetch_tuples, scoped_run

@@ -6,8 +6,8 @@ import statistics
 
 from sqlalchemy import Engine, select
 
-from noisescope import _wire
-from noisescope._results import RunSummary, TaskSummary
+from noisescope import protocol
+from noisescope.protocol import RunSummary, TaskSummary
 from noisescope_server.models import Project
 from noisescope_server.queries._runs import list_runs
 
@@ -26,7 +26,7 @@ def task_summaries(
     project: str | None = None,
     *,
     project_scope: int | None = None,
-    crash_after: float = _wire.CRASH_AFTER,
+    crash_after: float = protocol.CRASH_AFTER,
 ) -> list[TaskSummary]:
     """One row per (project, task), for cross-task comparison."""
     runs = list_runs(

@@ -1,0 +1,141 @@
+"""The public contract between the client and the server (and the dashboard): what travels,
+in one module both sides import.
+
+- the wire format: the API prefix and paths, the limits, the run-id rule, the JSON bounds;
+- the sample schema: ``SAMPLE_FIELDS``, one declarative table (name, type, nullable, range,
+  block aggregates) from which the wire columns, validation, storage, the block sums and the
+  OpenAPI schema derive, or against which they are checked at import (DEVELOPERS.md, adding a
+  sample field);
+- the run body (``RunBody``, ``run_body``) and the event kinds with a meaning;
+- the answer types: the read API's answers, built by the server, decoded by ``noisescope.Api``;
+- the number format of every message (the API's sentences and the dashboard agree on it).
+
+The server and the dashboard import the client only through its public modules (this one,
+``estimators``, ``sweep``, ``schedule``, ``recommend``, ``forecast``, ``cli`` and the package
+itself); ``tests/test_layout.py`` holds the allow-list. The definitions live in the client's
+private modules (``_wire``, ``_results``, ``_api``, ``_format``), re-exported here unchanged.
+"""
+
+from __future__ import annotations
+
+from noisescope._api import RecommendationResult
+from noisescope._format import count as format_count
+from noisescope._format import ratio as format_ratio
+from noisescope._format import ratio_beside as format_ratio_beside
+from noisescope._format import whole as format_whole
+from noisescope._results import (
+    BranchPointResult,
+    EventRow,
+    ParallelismPlan,
+    ParallelismRow,
+    RunBranches,
+    RunSeries,
+    RunSummary,
+    SeriesInfo,
+    SeriesPoint,
+    TaskSummary,
+)
+from noisescope._wire import (
+    API_PREFIX,
+    BATCH_SIZE_EVENT_KIND,
+    BLOCK_AGGREGATES,
+    BLOCK_COLUMNS,
+    BLOCK_KEY,
+    BRANCH_EVENT_KIND,
+    CRASH_AFTER,
+    EVAL_EVENT_KIND,
+    EVENT_KINDS,
+    FIELDS_BY_NAME,
+    HEARTBEAT_INTERVAL,
+    LOGGED_KEYWORD,
+    LOGGED_POSITIONAL,
+    MAX_BODY_BYTES,
+    MAX_JSON_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_NAME_LENGTH,
+    MAX_SAMPLES_PER_REQUEST,
+    MAX_SUMMED,
+    NOTICE_EVENT_KIND,
+    NULLABLE_COLUMNS,
+    REQUIRED_COLUMNS,
+    RUN_BODY_FIELDS,
+    RUN_ID_PATTERN,
+    RUN_STATUSES,
+    SAMPLE_COLUMNS,
+    SAMPLE_FIELDS,
+    SAMPLE_RANGES,
+    STORED_COLUMNS,
+    TIME_RANGE,
+    UNITS,
+    Aggregate,
+    RunBody,
+    SampleField,
+    events_path,
+    heartbeat_path,
+    json_depth,
+    run_body,
+    run_id_problem,
+    run_page_url,
+    runs_path,
+    samples_path,
+)
+
+__all__ = [
+    "API_PREFIX",
+    "BATCH_SIZE_EVENT_KIND",
+    "BLOCK_AGGREGATES",
+    "BLOCK_COLUMNS",
+    "BLOCK_KEY",
+    "BRANCH_EVENT_KIND",
+    "CRASH_AFTER",
+    "EVAL_EVENT_KIND",
+    "EVENT_KINDS",
+    "FIELDS_BY_NAME",
+    "HEARTBEAT_INTERVAL",
+    "LOGGED_KEYWORD",
+    "LOGGED_POSITIONAL",
+    "MAX_BODY_BYTES",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_NAME_LENGTH",
+    "MAX_SAMPLES_PER_REQUEST",
+    "MAX_SUMMED",
+    "NOTICE_EVENT_KIND",
+    "NULLABLE_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "RUN_BODY_FIELDS",
+    "RUN_ID_PATTERN",
+    "RUN_STATUSES",
+    "SAMPLE_COLUMNS",
+    "SAMPLE_FIELDS",
+    "SAMPLE_RANGES",
+    "STORED_COLUMNS",
+    "TIME_RANGE",
+    "UNITS",
+    "Aggregate",
+    "BranchPointResult",
+    "EventRow",
+    "ParallelismPlan",
+    "ParallelismRow",
+    "RecommendationResult",
+    "RunBody",
+    "RunBranches",
+    "RunSeries",
+    "RunSummary",
+    "SampleField",
+    "SeriesInfo",
+    "SeriesPoint",
+    "TaskSummary",
+    "events_path",
+    "format_count",
+    "format_ratio",
+    "format_ratio_beside",
+    "format_whole",
+    "heartbeat_path",
+    "json_depth",
+    "run_body",
+    "run_id_problem",
+    "run_page_url",
+    "runs_path",
+    "samples_path",
+]
