@@ -294,3 +294,56 @@ def test_developers_md_layout_names_every_module() -> None:
             if not named:
                 missing.append(f"{package}/{path.name}")
     assert not missing, f"not in DEVELOPERS.md's layout: {missing}"
+
+
+#: The read side of the server: it fetches sums and hands them to ``noisescope.estimators``.
+READ_SIDE = [
+    *sorted((PACKAGES["noisescope_server"] / "queries").glob("*.py")),
+    PACKAGES["noisescope_server"] / "sweeps.py",
+    PACKAGES["noisescope_server"] / "branches.py",
+]
+#: What a window, smoother, fit or interval of its own would be called.
+MATHS_NAME = re.compile(
+    r"smooth|prefix|running|window|interval|jackknife|fieller|reblock|moment|fit"
+)
+#: The read side's functions named so that only hand the sums over, each to its policy.
+HAND_OVERS = {"smooth_series": "trailing_windows"}
+#: The estimators' parts, reached from the read side only through the named policies that use
+#: them (``bucket_noise_scales``, ``trailing_windows``, ``training_loss_curve``, ...).
+ESTIMATOR_PARTS = {
+    "b_simple_and_reason",
+    "b_simple_interval",
+    "block_moments",
+    "interval_from_blocks",
+    "reblock",
+    "smooth_training_loss",
+    "student_t_quantile",
+}
+
+
+def test_the_read_side_leaves_windows_smoothers_and_intervals_to_estimators() -> None:
+    """Issue 34: ``estimators`` owns every window, smoother and fit; ``queries`` (and the
+    sweep and branch reads) only fetch and hand the sums over. A function of theirs named like
+    one is a hand-over that calls its policy; none imports ``bisect`` or ``accumulate`` (a
+    window's running sums) or calls the parts the policies are built from."""
+    found = []
+    for path in READ_SIDE:
+        tree = ast.parse(path.read_text(), str(path))
+        where = path.relative_to(ROOT)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and MATHS_NAME.search(node.name):
+                called = {
+                    n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+                    for n in ast.walk(node)
+                    if isinstance(n, ast.Call)
+                }
+                if HAND_OVERS.get(node.name) not in called:
+                    found.append(f"{where}:{node.lineno} defines {node.name}")
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                names = {a.name for a in node.names} | {getattr(node, "module", None) or ""}
+                for bad in sorted(names & ({"bisect", "accumulate"} | ESTIMATOR_PARTS)):
+                    found.append(f"{where}:{node.lineno} imports {bad}")
+            elif isinstance(node, ast.Attribute) and node.attr in ESTIMATOR_PARTS:
+                found.append(f"{where}:{node.lineno} uses {node.attr}")
+    assert not found, found
+    assert len(READ_SIDE) >= 10 and any(p.name == "_series.py" for p in READ_SIDE)

@@ -27,10 +27,11 @@ from typing import Any, Literal
 from sqlalchemy import Engine, func, select
 
 from noisescope import protocol, sweep
+from noisescope.estimators import training_loss_curve
 from noisescope_server.errors import BadInput, Forbidden, NotFound
 from noisescope_server.models import Event, Project, Run, Task
 from noisescope_server.queries import LEVEL, BucketSums, bucket_sums, finite_number, run_status
-from noisescope_server.queries._common import MIN_EVALS, train_loss_curve
+from noisescope_server.queries._common import MIN_EVALS
 
 __all__ = ["LOSS_CHOICES", "MAX_POINTS_PER_RUN", "critical_batch"]
 
@@ -51,7 +52,7 @@ def _learning_rate(config: dict[str, Any], buckets: Sequence[BucketSums]) -> flo
 
 def _train_curve(buckets: Sequence[BucketSums]) -> tuple[list[float], list[float]]:
     kept = [b for b in buckets if b.loss is not None]
-    return train_loss_curve(
+    return training_loss_curve(
         [(b.step_lo + b.step) / 2.0 for b in kept],
         [float(b.loss) for b in kept if b.loss is not None],
         [float(b.n) for b in kept],

@@ -7,8 +7,10 @@ functions on sums computed in SQL.
 
 One module per job, in the order the paper builds them: ``_two_batch`` (the two-batch
 estimator, window sums, EMA, B_simple and B_noise), ``_stats`` (Student-t quantiles and
-Fieller's interval for a ratio), ``_intervals`` (a window's intervals from blocks of steps),
-``_current`` (the current-B_simple rule), ``_critical`` (the S-E model, the critical-batch fit,
+Fieller's interval for a ratio), ``_intervals`` (a window's intervals from blocks of steps, and
+each bucket's of a series), ``_smoothing`` (the two smoothers: a centred window of the training
+loss for crossings, trailing windows of exact sums for charts), ``_current`` (the
+current-B_simple rule), ``_critical`` (the S-E model, the critical-batch fit,
 parallelism), ``_efficiency`` (statistical efficiency, goodput, learning-rate rules) and
 ``_branching`` (the local critical batch from branching). Import from here:
 ``from noisescope.estimators import X``.
@@ -57,15 +59,28 @@ from ._efficiency import (
     statistical_efficiency,
 )
 from ._intervals import (
+    BUCKET_BLOCKS,
     INTERVAL_BLOCKS,
+    MIN_INTERVAL_SAMPLES,
     BlockMoments,
+    BucketNoiseScales,
     Interval,
     NoiseScaleInterval,
     b_simple_interval,
     block_moments,
+    bucket_blocks,
+    bucket_noise_scales,
     interval_from_blocks,
     interval_from_steps,
     reblock,
+)
+from ._smoothing import (
+    LOSS_WINDOW,
+    TrailingWindows,
+    run_fraction_window,
+    smooth_training_loss,
+    trailing_windows,
+    training_loss_curve,
 )
 from ._stats import LineFit, student_t_quantile, weighted_line_fit
 from ._two_batch import (
@@ -80,6 +95,7 @@ from ._two_batch import (
 )
 
 __all__ = [
+    "BUCKET_BLOCKS",
     "CURRENT_BLOCK",
     "CURRENT_FRACTION",
     "CURRENT_MAX_FACTOR",
@@ -91,9 +107,12 @@ __all__ = [
     "CURRENT_SHIFT_LEVEL",
     "EMA",
     "INTERVAL_BLOCKS",
+    "LOSS_WINDOW",
     "MAX_RESOLVED_JUMP",
+    "MIN_INTERVAL_SAMPLES",
     "MIN_SPEEDUP",
     "BlockMoments",
+    "BucketNoiseScales",
     "CriticalBatchFit",
     "CurrentNoiseScale",
     "Interval",
@@ -103,11 +122,14 @@ __all__ = [
     "NoiseScale",
     "NoiseScaleInterval",
     "Trailing",
+    "TrailingWindows",
     "b_noise_from_sums",
     "b_simple_and_reason",
     "b_simple_from_sums",
     "b_simple_interval",
     "block_moments",
+    "bucket_blocks",
+    "bucket_noise_scales",
     "compute_waste",
     "current_noise_scale",
     "current_window",
@@ -123,10 +145,14 @@ __all__ = [
     "local_critical_batch",
     "parallelism_limit",
     "reblock",
+    "run_fraction_window",
     "scaled_lr",
+    "smooth_training_loss",
     "statistical_efficiency",
     "steps_ratio",
     "student_t_quantile",
+    "trailing_windows",
+    "training_loss_curve",
     "two_batch_estimate_columns",
     "two_batch_estimates",
     "two_batch_sizes_ok",

@@ -1,5 +1,6 @@
 """Confidence intervals for a window's |G|^2, tr(Sigma) and B_simple from contiguous blocks of
-steps (docs/science.md, "Two-batch-size unbiased estimator": a window's interval)."""
+steps (docs/science.md, "Two-batch-size unbiased estimator": a window's interval), and the
+interval policy of a bucketed series (``bucket_noise_scales``)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._stats import fieller, fieller_lower_bound, student_t_quantile
-from ._two_batch import NoiseScale, _b_simple_rule
+from ._two_batch import NoiseScale, _b_simple_rule, b_simple_and_reason
 
 __all__ = [
+    "BUCKET_BLOCKS",
     "INTERVAL_BLOCKS",
+    "MIN_INTERVAL_SAMPLES",
     "BlockMoments",
+    "BucketNoiseScales",
     "Interval",
     "NoiseScaleInterval",
     "b_simple_interval",
     "block_moments",
+    "bucket_blocks",
+    "bucket_noise_scales",
     "interval_from_blocks",
     "interval_from_steps",
     "reblock",
@@ -274,3 +280,66 @@ def interval_from_steps(
     """``interval_from_blocks`` for a sequence of per-step estimates, in ``n_blocks`` blocks."""
     merged = reblock([1.0] * len(g_sq), g_sq, trace_sigma, n_blocks)
     return interval_from_blocks(*merged, level=level, max_blocks=n_blocks)
+
+
+# --- A bucketed series: each bucket's B_simple and interval -----------------------------------
+
+#: Smallest bucket of a series that gets its own interval: a handful of samples cut into blocks
+#: says nothing useful, and skipping them keeps short runs' 2000-point series cheap.
+MIN_INTERVAL_SAMPLES = 32
+#: Jackknife blocks per bucket of a series: a bucket is read as this many contiguous
+#: sub-buckets, the blocks of its own interval.
+BUCKET_BLOCKS = 4
+
+
+def bucket_blocks(n_samples: float, n_buckets: int) -> int:
+    """Sub-buckets to read per bucket for ``n_samples`` in ``n_buckets`` buckets:
+    ``BUCKET_BLOCKS`` where a bucket can hold ``MIN_INTERVAL_SAMPLES``, else 1 (the buckets
+    then get no interval, so reading them finer would buy nothing)."""
+    return BUCKET_BLOCKS if n_samples >= MIN_INTERVAL_SAMPLES * n_buckets else 1
+
+
+@dataclass(frozen=True)
+class BucketNoiseScales:
+    """``bucket_noise_scales``: one value per bucket, a column per field."""
+
+    g_sq: list[float]
+    trace_sigma: list[float]
+    b_simple: list[float | None]
+    reason: list[str | None]
+    lo: list[float | None]
+    hi: list[float | None]
+
+
+def bucket_noise_scales(
+    n: Sequence[float],
+    sum_g_sq: Sequence[float],
+    sum_trace_sigma: Sequence[float],
+    blocks: Sequence[tuple[Sequence[float], Sequence[float], Sequence[float]]] | None,
+    level: float = 0.9,
+) -> BucketNoiseScales:
+    """Each bucket's |G|^2 and tr(Sigma) (means of its sums) and B_simple (eq. 5, ratio of
+    sums, ``b_simple_and_reason``), with its ``level`` interval over its ``blocks`` (its
+    sub-buckets, or a smoothed window's buckets: ``b_simple_interval``) where it has a B_simple,
+    at least ``MIN_INTERVAL_SAMPLES`` samples and 2 blocks; no intervals without ``blocks``.
+
+    Column by column: a series holds thousands of buckets, and per-bucket calls were most of
+    a series read's time. Empty buckets get NaN means and no B_simple."""
+    rule = list(map(b_simple_and_reason, sum_g_sq, sum_trace_sigma, n))
+    b_simple = [r[0] for r in rule]
+    lo: list[float | None] = [None] * len(rule)
+    hi: list[float | None] = [None] * len(rule)
+    if blocks is not None:
+        for k, (b, count, bucket) in enumerate(zip(b_simple, n, blocks, strict=True)):
+            if b is not None and count >= MIN_INTERVAL_SAMPLES and len(bucket[0]) >= 2:
+                bounds = b_simple_interval(*bucket, level=level)
+                if bounds is not None:
+                    lo[k], hi[k] = bounds
+    return BucketNoiseScales(
+        g_sq=[g / c if c > 0 else math.nan for g, c in zip(sum_g_sq, n, strict=True)],
+        trace_sigma=[s / c if c > 0 else math.nan for s, c in zip(sum_trace_sigma, n, strict=True)],
+        b_simple=b_simple,
+        reason=[r[1] for r in rule],
+        lo=lo,
+        hi=hi,
+    )

@@ -9,8 +9,8 @@ per loss target:
 1. each run's crossing: the first step where its loss curve reaches the target, interpolated
    linearly between points (``crossing_step``). The curve is the run's evaluation loss when
    the task's runs logged one, else its training loss averaged over a centred window of
-   steps ``(1 ± LOSS_WINDOW) s`` (``smooth_training_loss``): a single noisy minibatch never
-   counts as reaching a target.
+   steps ``(1 ± LOSS_WINDOW) s`` (``estimators.smooth_training_loss``): a single noisy
+   minibatch never counts as reaching a target.
 2. the frontier (``frontier``): per batch size, the learning rate whose runs reached the target
    in the fewest steps, the median over its seeds (a seed that never got there counts as
    infinitely slow).
@@ -42,6 +42,8 @@ Import from here: ``from noisescope.sweep import analyse``.
 from __future__ import annotations
 
 from noisescope._public import report_all_as_public
+from noisescope.estimators import LOSS_WINDOW as LOSS_WINDOW
+from noisescope.estimators import smooth_training_loss as smooth_training_loss
 
 from ._analyse import (
     CURVE_POINTS,
@@ -58,7 +60,7 @@ from ._checks import (
     lr_grid_warnings,
     seed_warning,
 )
-from ._crossings import LOSS_WINDOW, crossing_step, smooth_training_loss
+from ._crossings import crossing_step
 from ._frontier import B_SIMPLE_WINDOW, BLOCKS_PER_RUN, b_simple_at_loss, frontier
 from ._report import (
     CriticalBatchReport,
@@ -80,7 +82,6 @@ __all__ = [
     "DIVERGED_GIVE_BACK",
     "DIVERGED_MIN_RISE",
     "DIVERGED_TAIL",
-    "LOSS_WINDOW",
     "MIN_BATCH_SIZES",
     "CriticalBatchReport",
     "CurvePoint",
@@ -99,7 +100,6 @@ __all__ = [
     "frontier",
     "lr_grid_warnings",
     "seed_warning",
-    "smooth_training_loss",
 ]
 
 report_all_as_public(__name__)

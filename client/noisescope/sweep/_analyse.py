@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from noisescope._format import count as _fmt
 from noisescope.estimators import (
+    LOSS_WINDOW,
     CriticalBatchFit,
     examples_ratio,
     fit_critical_batch,
@@ -15,7 +16,6 @@ from noisescope.estimators import (
 )
 
 from ._checks import divergence, lr_grid_warnings, seed_warning
-from ._crossings import LOSS_WINDOW
 from ._frontier import b_simple_at_loss, frontier, lr_key
 from ._report import (
     CriticalBatchReport,
@@ -52,8 +52,9 @@ def _round_near(value: float, tolerance: float) -> float:
 
 def _reachable_loss(run: SweepRun, loss_source: LossSource) -> float:
     """The lowest loss ``run``'s curve reaches (inf: none). On a smoothed training loss the
-    points whose window the end of the run cuts short (``smooth_training_loss``: at the last
-    point, the raw loss of one step) do not count: their dips are noise, not progress."""
+    points whose window the end of the run cuts short (``estimators.smooth_training_loss``: at
+    the last point, the raw loss of one step) do not count: their dips are noise, not
+    progress."""
     points = [(s, x) for s, x in zip(run.steps, run.losses, strict=True) if math.isfinite(x)]
     if loss_source == "train" and points:
         last = float(run.steps[-1])

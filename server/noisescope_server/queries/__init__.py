@@ -4,8 +4,9 @@ Every function takes an ``Engine`` and returns plain frozen dataclasses (``noise
 the same classes ``noisescope.Api`` decodes), so the server, the dashboard and a notebook hold
 the very same fields. Aggregation happens in SQL: a series is bucketed to at most
 ``max_points`` buckets of *exact* sums of the per-sample unbiased estimates |𝒢|^2 and 𝒮
-(docs/science.md, two-batch estimator); B_simple = sum 𝒮 / sum |𝒢|^2 and its interval (block
-jackknife + Fieller) are computed afterwards by ``noisescope.estimators``. Long runs are read
+(docs/science.md, two-batch estimator); B_simple = sum 𝒮 / sum |𝒢|^2, its interval (block
+jackknife + Fieller), every window and every smoother are computed afterwards by
+``noisescope.estimators``, to which these modules hand the sums they read. Long runs are read
 from ``sample_block`` (pre-summed blocks of 64 consecutive samples maintained at ingest), short
 ones from ``sample`` directly.
 
@@ -14,7 +15,7 @@ it from the caller's token. A run outside the scope raises ``errors.Forbidden``.
 
 - ``_runs``: the run list and one run's summary;
 - ``_current``: a run's current B_simple (its trailing window);
-- ``_series``: one run's bucketed series and its smoothing;
+- ``_series``: one run's bucketed series, smoothed on request (``estimators.trailing_windows``);
 - ``_buckets``: bucketed sums of several runs at once;
 - ``_compare``: several runs' series for the comparison charts;
 - ``_tasks``: projects and the per-task summary;
@@ -38,7 +39,6 @@ from noisescope_server.queries._compare import compare_series
 from noisescope_server.queries._raw import raw_samples_csv, run_events
 from noisescope_server.queries._runs import get_run, list_runs
 from noisescope_server.queries._series import (
-    MIN_INTERVAL_SAMPLES,
     XAxis,
     run_series,
     series_names,
@@ -48,7 +48,6 @@ from noisescope_server.queries._tasks import list_projects, task_summaries
 
 __all__ = [
     "LEVEL",
-    "MIN_INTERVAL_SAMPLES",
     "BucketSums",
     "EventRow",
     "RunSeries",

@@ -4,13 +4,12 @@ the project scope check, plain-tuple fetches and finite numbers from JSON."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, select
 
-from noisescope import protocol, sweep
+from noisescope import protocol
 from noisescope_server.errors import Forbidden, NotFound
 from noisescope_server.models import Project, Run, Task
 from noisescope_server.utc import utcnow
@@ -90,18 +89,3 @@ def finite_number(value: Any) -> float | None:
 #: Evaluations a run needs for its evaluation curve to count (the sweep's and the run
 #: summary's divergence read the same curve).
 MIN_EVALS = 2
-
-
-def train_loss_curve(
-    steps: Sequence[float], losses: Sequence[float], weights: Sequence[float]
-) -> tuple[list[float], list[float]]:
-    """A run's training loss as the sweep crosses targets on it: bucket means at the buckets'
-    middle steps, smoothed (``sweep.smooth_training_loss``, weighted by the samples that had a
-    loss); non-finite buckets are left out."""
-    kept = [
-        (float(s), float(x), float(w))
-        for s, x, w in zip(steps, losses, weights, strict=True)
-        if math.isfinite(x) and w > 0
-    ]
-    xs = [k[0] for k in kept]
-    return xs, sweep.smooth_training_loss(xs, [k[1] for k in kept], [k[2] for k in kept])

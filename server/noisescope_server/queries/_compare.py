@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine, select
 
+from noisescope.estimators import run_fraction_window
 from noisescope.protocol import RunSeries, SeriesPoint
 from noisescope_server.models import BLOCK_SIZE, Run
 from noisescope_server.queries._buckets import BucketSums, bucket_sums
@@ -44,7 +45,8 @@ def compare_series(
     project_scope: int | None = None,
 ) -> list[RunSeries]:
     """Whole-model series of several runs along steps, in one query, each smoothed over the
-    trailing ``window_fraction`` of its own step range (runs of different lengths alike).
+    trailing ``window_fraction`` of its own step range (``estimators.run_fraction_window``:
+    runs of different lengths alike).
 
     Points carry no interval (the comparison charts draw none). Unknown runs, and runs outside
     ``project_scope``, are left out.
@@ -69,8 +71,7 @@ def compare_series(
         points = by_run.get(uid)
         if points is None:
             continue
-        span = points[-1].step_hi - points[0].step_lo + 1
-        window = max(1.0, window_fraction * span) if window_fraction > 0 else 0.0
+        window = run_fraction_window(points[0].step_lo, points[-1].step_hi, window_fraction)
         smoothed = smooth_series(points, window, intervals=False) if window > 0 else points
         n = sum(p.n for p in points)
         source = "blocks" if n >= BLOCK_SIZE * COMPARE_MIN_BLOCKS else "samples"

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, func, or_, select
 
 from noisescope import protocol, sweep
+from noisescope.estimators import training_loss_curve
 from noisescope.protocol import RunSummary
 from noisescope_server.jsonclip import clip_json
 from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
@@ -22,7 +23,6 @@ from noisescope_server.queries._common import (
     run_select,
     run_status,
     scoped_run,
-    train_loss_curve,
 )
 from noisescope_server.queries._current import CurrentWindow, read_current
 from noisescope_server.utc import as_utc
@@ -88,8 +88,9 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
 def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
     """Why each run's loss diverged, judged by ``sweep.divergence`` on the curve the sweep
     analysis crosses targets on: its evaluations when it logged ``MIN_EVALS``, else its
-    training loss smoothed alike (``train_loss_curve``), here read at the block table's
-    resolution (64 samples a point) so the run list stays a few queries at any run length."""
+    training loss smoothed alike (``estimators.training_loss_curve``), here read at the block
+    table's resolution (64 samples a point) so the run list stays a few queries at any run
+    length."""
     evals: dict[int, list[tuple[float, float]]] = {}
     train: dict[int, tuple[list[float], list[float], list[float]]] = {}
     for lo in range(0, len(run_ids), _ID_CHUNK):
@@ -121,7 +122,7 @@ def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
             why = sweep.divergence([p[0] for p in points], [p[1] for p in points])
             curve = "evaluation loss"
         elif run_id in train:
-            why = sweep.divergence(*train_loss_curve(*train[run_id]))
+            why = sweep.divergence(*training_loss_curve(*train[run_id]))
             curve = "training loss (smoothed)"
         else:
             why = None

@@ -1,5 +1,7 @@
-"""One run's series: bucketed in SQL along step, examples or time, each bucket's interval
-from its sub-buckets, and trailing-window smoothing."""
+"""One run's series: bucketed in SQL along step, examples or time, and handed to the
+estimators: each bucket's B_simple and interval from its sub-buckets
+(``estimators.bucket_noise_scales``), trailing-window smoothing (``estimators.trailing_windows``).
+What is left here is fetching, summing sub-buckets into buckets, and building the points."""
 
 from __future__ import annotations
 
@@ -20,7 +22,12 @@ from sqlalchemy import (
     select,
 )
 
-from noisescope.estimators import b_simple_and_reason, b_simple_interval
+from noisescope.estimators import (
+    BUCKET_BLOCKS,
+    bucket_blocks,
+    bucket_noise_scales,
+    trailing_windows,
+)
 from noisescope.protocol import RunSeries, SeriesInfo, SeriesPoint
 from noisescope_server.errors import BadInput
 from noisescope_server.models import BLOCK_SIZE, Sample, SampleBlock
@@ -28,11 +35,6 @@ from noisescope_server.queries._common import LEVEL, fetch_tuples, scoped_run
 
 XAxis = Literal["step", "examples", "time"]
 X_AXES: tuple[XAxis, ...] = ("step", "examples", "time")
-#: Smallest bucket that gets its own interval: a handful of samples cut into sub-blocks says
-#: nothing useful, and skipping them keeps short runs' 2000-point series cheap.
-MIN_INTERVAL_SAMPLES = 32
-#: Sub-buckets per bucket: the blocks a bucket's own jackknife interval is computed from.
-_SUB = 4
 
 
 def _x_columns(x: XAxis, use_blocks: bool) -> tuple[Any, Any]:
@@ -131,7 +133,8 @@ def run_series(
     ``x`` (e.g. no ``examples`` logged) are left out. ``window`` > 0 smooths the series by
     trailing windows of that many steps (``smooth_series``). ``intervals=False`` skips the
     per-bucket interval (``b_simple_lo/hi`` None), which is most of the Python time on 2000
-    buckets. Raises ``errors.NotFound``.
+    buckets; each bucket is read as ``estimators.bucket_blocks`` sub-buckets, the blocks of its
+    interval. Raises ``errors.NotFound``.
     """
     if x not in X_AXES:
         raise BadInput(f"x must be one of {', '.join(X_AXES)}, got {x!r}")
@@ -150,8 +153,7 @@ def run_series(
         # Blocks once there are at least max_points/2 of them: scanning raw samples costs more
         # than the resolution gained (points then hold >= 64 samples each).
         use_blocks = n_samples >= BLOCK_SIZE * max_points // 2
-        # Sub-buckets only where a bucket can hold enough samples for its own interval.
-        sub = _SUB if intervals and n_samples >= MIN_INTERVAL_SAMPLES * max_points else 1
+        sub = bucket_blocks(n_samples, max_points) if intervals else 1
         fine = _fine_columns(conn, run_id, series, x, max_points * sub, use_blocks, x_min, x_max)
     if window > 0:  # a window's interval comes from its buckets, not from theirs
         points = smooth_series(_merge_fine(fine, False, sub), window, intervals=intervals)
@@ -170,7 +172,7 @@ def run_series(
 
 
 def _merge_fine(
-    fine: Sequence[Sequence[Any]], intervals: bool = True, sub: int = _SUB
+    fine: Sequence[Sequence[Any]], intervals: bool = True, sub: int = BUCKET_BLOCKS
 ) -> list[SeriesPoint]:
     """Sum sub-buckets into buckets; each bucket's sub-buckets are its jackknife blocks.
 
@@ -187,7 +189,7 @@ def _merge_fine(
     sum_loss = [float(v or 0.0) for v in c_sl]
     n_lr = [int(v or 0) for v in c_nr]
     sum_lr = [float(v or 0.0) for v in c_sr]
-    blocks: list[_Blocks] | None = None
+    blocks: list[tuple[list[int], list[float], list[float]]] | None = None
     if sub == 1:
         # Every fine bucket is a bucket (they are GROUP BY groups), and a sum of one value v
         # is 0 + v: the same numbers as summing one-element slices, without the slices.
@@ -243,12 +245,8 @@ def _max_known(values: Sequence[Any]) -> float | None:
     return max(known) if known else None
 
 
-#: A bucket's jackknife blocks: their sample counts, sums of |𝒢|^2 and sums of 𝒮.
-_Blocks = tuple[Sequence[float], Sequence[float], Sequence[float]]
-
-
 def series_points(
-    blocks: Sequence[_Blocks] | None,
+    blocks: Sequence[tuple[Sequence[float], Sequence[float], Sequence[float]]] | None,
     *,
     n: Sequence[int],
     sum_g: Sequence[float],
@@ -263,21 +261,12 @@ def series_points(
     batch_size: Sequence[float | None],
 ) -> list[SeriesPoint]:
     """Buckets' points from their sums, one column per field and one value per bucket;
-    empty buckets are left out. Each bucket's interval comes from its ``blocks`` taken as
-    jackknife blocks; no intervals without ``blocks``.
+    empty buckets are left out. Each bucket's B_simple and interval (over its ``blocks``; none
+    without) are ``estimators.bucket_noise_scales``'.
 
     Column by column: the answers hold thousands of buckets, and per-bucket calls were most
     of a series read's time."""
-    rule = list(map(b_simple_and_reason, sum_g, sum_s, n))
-    b_simple = [r[0] for r in rule]
-    lo: list[float | None] = [None] * len(rule)
-    hi: list[float | None] = [None] * len(rule)
-    if blocks is not None:
-        for k, (b, count, bucket) in enumerate(zip(b_simple, n, blocks, strict=True)):
-            if b is not None and count >= MIN_INTERVAL_SAMPLES and len(bucket[0]) >= 2:
-                bounds = b_simple_interval(*bucket, level=LEVEL)
-                if bounds is not None:
-                    lo[k], hi[k] = bounds
+    noise = bucket_noise_scales(n, sum_g, sum_s, blocks, level=LEVEL)
     return [
         SeriesPoint(
             x=(a + b) / 2.0,
@@ -289,17 +278,35 @@ def series_points(
             n=count,
             sum_g_sq=g,
             sum_trace_sigma=s,
-            g_sq=g / count,
-            trace_sigma=s / count,
-            b_simple=r[0],
+            g_sq=g_mean,
+            trace_sigma=s_mean,
+            b_simple=b_simple,
             b_simple_lo=low,
             b_simple_hi=high,
-            reason=r[1],
+            reason=reason,
             loss=mean_loss,
             lr=mean_lr,
             batch_size=batch,
         )
-        for a, b, first, last, ex, count, g, s, r, low, high, mean_loss, mean_lr, batch in zip(
+        for (
+            a,
+            b,
+            first,
+            last,
+            ex,
+            count,
+            g,
+            s,
+            g_mean,
+            s_mean,
+            b_simple,
+            reason,
+            low,
+            high,
+            mean_loss,
+            mean_lr,
+            batch,
+        ) in zip(
             x_lo,
             x_hi,
             step_lo,
@@ -308,9 +315,12 @@ def series_points(
             n,
             sum_g,
             sum_s,
-            rule,
-            lo,
-            hi,
+            noise.g_sq,
+            noise.trace_sigma,
+            noise.b_simple,
+            noise.reason,
+            noise.lo,
+            noise.hi,
             loss,
             lr,
             batch_size,
@@ -323,72 +333,40 @@ def series_points(
 def smooth_series(
     points: Sequence[SeriesPoint], window: float, *, intervals: bool = True
 ) -> list[SeriesPoint]:
-    """Trailing-window smoothing: each point sums the buckets whose steps end within the last
-    ``window`` steps before its own last step (ratio of sums, docs/science.md) and takes its
-    interval from those buckets as blocks. A window narrower than a bucket is that bucket.
+    """``points`` smoothed by trailing windows of ``window`` steps (``estimators.trailing_windows``:
+    exact sums, ratio last, each window's interval from its buckets). A window narrower than a
+    bucket is that bucket.
 
     The dashboard's smoothing control goes through here, so a smoothed curve and its band come
     from the same exact sums as the raw buckets. It never changes a run's current B_simple.
-    Running sums keep it linear in the number of points whatever the window.
     """
     if window <= 0:
         return list(points)
-    sums = _prefix_sums(points)
-    firsts = []
-    start = 0
-    for i, point in enumerate(points):
-        while start < i and points[start].step_hi <= point.step_hi - window:
-            start += 1
-        firsts.append(start)
-    ends = range(1, len(points) + 1)
-
-    def total(k: int) -> list[float]:
-        return [sums[hi][k] - sums[lo][k] for lo, hi in zip(firsts, ends, strict=True)]
-
-    n_loss, n_lr = total(3), total(5)
-    blocks = None
-    if intervals:
-        n, g, s = (
-            [p.n for p in points],
-            [p.sum_g_sq for p in points],
-            [p.sum_trace_sigma for p in points],
-        )
-        blocks = [(n[lo:hi], g[lo:hi], s[lo:hi]) for lo, hi in zip(firsts, ends, strict=True)]
+    windows = trailing_windows(
+        [p.step_hi for p in points],
+        window,
+        n=[p.n for p in points],
+        sum_g_sq=[p.sum_g_sq for p in points],
+        sum_trace_sigma=[p.sum_trace_sigma for p in points],
+        loss=[p.loss for p in points],
+        lr=[p.lr for p in points],
+        blocks=intervals,
+    )
+    firsts = windows.first
     return series_points(
-        blocks,
-        n=[int(v) for v in total(0)],
-        sum_g=total(1),
-        sum_s=total(2),
+        windows.blocks,
+        n=windows.n,
+        sum_g=windows.sum_g_sq,
+        sum_s=windows.sum_trace_sigma,
         x_lo=[points[lo].x_lo for lo in firsts],
         x_hi=[p.x_hi for p in points],
         step_lo=[points[lo].step_lo for lo in firsts],
         step_hi=[p.step_hi for p in points],
         examples_hi=[p.examples_hi for p in points],
-        loss=[t / w if w else None for t, w in zip(total(4), n_loss, strict=True)],
-        lr=[t / w if w else None for t, w in zip(total(6), n_lr, strict=True)],
+        loss=windows.loss,
+        lr=windows.lr,
         batch_size=[p.batch_size for p in points],
     )
-
-
-def _prefix_sums(points: Sequence[SeriesPoint]) -> list[tuple[float, ...]]:
-    """Running (n, sum_g, sum_s, n with loss, sum n*loss, n with lr, sum n*lr) over points."""
-    acc: list[tuple[float, ...]] = [(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)]
-    for p in points:
-        n_loss = p.n if p.loss is not None else 0
-        n_lr = p.n if p.lr is not None else 0
-        a = acc[-1]
-        acc.append(
-            (
-                a[0] + p.n,
-                a[1] + p.sum_g_sq,
-                a[2] + p.sum_trace_sigma,
-                a[3] + n_loss,
-                a[4] + n_loss * (p.loss or 0.0),
-                a[5] + n_lr,
-                a[6] + n_lr * (p.lr or 0.0),
-            )
-        )
-    return acc
 
 
 def series_names(
