@@ -1,4 +1,5 @@
-"""Shared fixtures: ``db_url`` (SQLite and PostgreSQL), ``live_server`` and ``one_torch_thread``.
+"""Shared fixtures: ``db_url`` (SQLite and PostgreSQL), ``app_server`` (the app in this process),
+``live_server`` (a real server process) and ``one_torch_thread``.
 
 ``db_url`` is parametrised over a temporary SQLite file and the PostgreSQL server at
 ``NOISESCOPE_TEST_PG`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``). Each
@@ -13,11 +14,15 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support import postgres
 from tests.support.servers import ServerProcess
+
+if TYPE_CHECKING:
+    from tests.support.inprocess import AppServer
 
 # Inductor compiles in this process, not in a worker pool: the 2-rank tests fork this process,
 # and a child inherits a pool whose threads did not survive the fork, so its first compilation
@@ -80,8 +85,19 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def app_server() -> Iterator[AppServer]:
+    """The server's app in this process (tests/support/inprocess.py) on a temporary SQLite
+    database: for tests of what the server stores and answers."""
+    from tests.support.inprocess import AppServer  # FastAPI's import only where it is used
+
+    with AppServer() as server:
+        yield server
+
+
+@pytest.fixture
 def live_server() -> Iterator[ServerProcess]:
-    """A real server (``python -m noisescope_server``) on a temporary SQLite database."""
+    """A real server (``python -m noisescope_server``) on a temporary SQLite database: for
+    tests that need the process (kills, restarts, other processes logging to it)."""
     with ServerProcess() as server:
         yield server
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from noisescope import Run, branch
+from noisescope import Run, Transport, branch
 from noisescope.branch import Branch, BranchPlan, BranchSweep
 from noisescope.estimators import LocalCriticalBatch, local_critical_batch
 
@@ -110,7 +110,14 @@ class DiesAfter(NoisyLeastSquares):
 
 
 def branch_logged_parent(
-    parent: Run, url: str, project: str, task: str, tmp: Path, *, quiet: bool = False
+    parent: Run,
+    url: str,
+    project: str,
+    task: str,
+    tmp: Path,
+    *,
+    quiet: bool = False,
+    transport: Transport | None = None,
 ) -> BranchSweep:
     """The servers' and the dashboard's fixture: a least-squares parent trained 50 SGD steps,
     its evaluation logged, then branched at step 50 (4 sizes x 2 seeds) with every branch run
@@ -130,5 +137,7 @@ def branch_logged_parent(
         parent_run_id=parent.id,
     )
     init_kwargs: dict[str, object] = {"dir": tmp / "spool", **({"quiet": True} if quiet else {})}
+    if transport is not None:  # e.g. an in-process server's (tests/support/inprocess.py)
+        init_kwargs["transport"] = transport
     log = branch.LogTo(project, task, url, init_kwargs=init_kwargs)
     return branch.run(plan, lsq, tmp / "store", log=log)

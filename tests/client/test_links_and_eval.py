@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import httpx
 import pytest
 
 import noisescope
 from noisescope import _wire
 from tests.client._fakes import FakeServer, wait_for
 from tests.support.database import query
+from tests.support.inprocess import AppServer
 from tests.support.servers import ServerProcess
 
 
@@ -20,8 +20,10 @@ def _link_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if "/run?run=" in line]
 
 
-def test_eval_loss_reaches_the_server_as_an_eval_event(live_server: ServerProcess) -> None:
-    run = noisescope.init(live_server.url, project="p", task="t", batch_size=8)
+def test_eval_loss_reaches_the_server_as_an_eval_event(app_server: AppServer) -> None:
+    run = noisescope.init(
+        app_server.url, project="p", task="t", batch_size=8, transport=app_server.transport()
+    )
     for step in range(5):
         run.log_sample(step, 8, 64, 2.0 + step, 1.0)
     run.log(step=2, eval_loss=0.5, examples=128)  # late, for an earlier step
@@ -29,11 +31,11 @@ def test_eval_loss_reaches_the_server_as_an_eval_event(live_server: ServerProces
     run.log(eval_loss=0.4)  # the current step
     run.log_sample(5, 8, 64, 7.0, 1.0)
     run.finish()
-    events = httpx.get(f"{live_server.url}/api/v1/runs/{run.id}/events", timeout=30).json()
+    events = app_server.client().get(f"/api/v1/runs/{run.id}/events").json()
     evals = [(e["step"], e["payload"]) for e in events if e["kind"] == _wire.EVAL_EVENT_KIND]
     assert evals == [(2, {"loss": 0.5, "examples": 128.0}), (4, {"loss": 0.4})]
     losses = query(
-        live_server.database_url,
+        app_server.database_url,
         "SELECT s.step, s.loss FROM sample s JOIN run r ON r.id = s.run_id "
         "WHERE r.uid = :uid ORDER BY s.seq",
         uid=run.id,
@@ -64,9 +66,7 @@ def test_non_finite_eval_loss_is_ignored_and_counted(
     assert sum("ignoring error in log call" in r.message for r in caplog.records) == 1
 
 
-def test_eval_loss_offline_is_spooled_and_synced(
-    tmp_path: Path, live_server: ServerProcess
-) -> None:
+def test_eval_loss_offline_is_spooled_and_synced(tmp_path: Path, app_server: AppServer) -> None:
     run = noisescope.init(
         project="p", task="t", mode="offline", dir=tmp_path, dashboard_url="http://d"
     )
@@ -74,8 +74,9 @@ def test_eval_loss_offline_is_spooled_and_synced(
     run.log(step=0, eval_loss=1.5)
     run.finish()
     assert run.page_url is None  # offline: no link
-    assert noisescope.sync(tmp_path, url=live_server.url).synced == [run.id]
-    events = httpx.get(f"{live_server.url}/api/v1/runs/{run.id}/events", timeout=30).json()
+    synced = noisescope.sync(tmp_path, url=app_server.url, transport=app_server.transport())
+    assert synced.synced == [run.id]
+    events = app_server.client().get(f"/api/v1/runs/{run.id}/events").json()
     assert [(e["kind"], e["payload"]) for e in events] == [("eval", {"loss": 1.5})]
 
 

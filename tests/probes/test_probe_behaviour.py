@@ -7,7 +7,6 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import torch
 import torch.distributed as dist
@@ -17,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import noisescope
 from noisescope.torch import GradientNoiseProbe, _rows
 from tests.probes.lsq_torch import ListSink
-from tests.support.servers import ServerProcess, free_port
+from tests.support.inprocess import AppServer
+from tests.support.servers import free_port
 
 
 def _mlp() -> nn.Sequential:
@@ -715,11 +715,13 @@ def test_a_probe_stopped_by_an_error_says_why_on_the_runs_page(
     assert "RuntimeError: injected failure" in payload["message"]
 
 
-def test_the_notice_reaches_the_server(live_server: ServerProcess) -> None:
+def test_the_notice_reaches_the_server(app_server: AppServer) -> None:
     model = _mlp()
-    run = noisescope.init(live_server.url, project="p", task="t", quiet=True)
+    run = noisescope.init(
+        app_server.url, project="p", task="t", quiet=True, transport=app_server.transport()
+    )
     _single_backward_steps(GradientNoiseProbe(model, run, source="micro"), model, 3)
     run.finish()
-    events = httpx.get(f"{live_server.url}/api/v1/runs/{run.id}/events", timeout=30).json()
+    events = app_server.client().get(f"/api/v1/runs/{run.id}/events").json()
     assert [e["kind"] for e in events] == ["notice"]
     assert "one batch size only" in events[0]["payload"]["message"]

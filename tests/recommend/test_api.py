@@ -1,7 +1,9 @@
-"""GET /api/v1/runs/{run_id}/recommendation through a real server, on SQLite and PostgreSQL.
+"""GET /api/v1/runs/{run_id}/recommendation through the server's app (in this process:
+tests/support/inprocess.py), on SQLite and PostgreSQL.
 
-Samples go in through the real client (``noisescope.init``), batch-size changes through the real
-scheduler (``Run.log_event``); the answer is checked against hand-computed values.
+Samples go in through the real client (``noisescope.init``, its sender thread, over the
+in-process transport), batch-size changes through the real scheduler (``Run.log_event``); the
+answer is checked against hand-computed values.
 """
 
 from __future__ import annotations
@@ -9,25 +11,31 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 import noisescope
 from noisescope.schedule import BatchSizeScheduler
-from tests.support.servers import ServerProcess
+from tests.support.inprocess import AppServer
 
 G_SQ, TRACE_SIGMA = 2.0, 300.0  # B_simple = 150
 
 
 @pytest.fixture
-def server(db_url: str) -> Iterator[ServerProcess]:
-    with ServerProcess(database_url=db_url) as srv:
+def server(db_url: str) -> Iterator[AppServer]:
+    with AppServer(database_url=db_url) as srv:
         yield srv
 
 
-def _log_run(url: str, tmp: str, *, with_schedule: bool) -> str:
+def _log_run(server: AppServer, tmp: str, *, with_schedule: bool) -> str:
     run = noisescope.init(
-        url, project="p", task="t", batch_size=32, dir=tmp, quiet=True, flush_timeout=30
+        server.url,
+        project="p",
+        task="t",
+        batch_size=32,
+        dir=tmp,
+        quiet=True,
+        flush_timeout=30,
+        transport=server.transport(),
     )
     sched = BatchSizeScheduler(
         micro_batch_size=8, max_batch_size=512, warmup_steps=5, cooldown_steps=5, run=run
@@ -47,15 +55,15 @@ def _log_run(url: str, tmp: str, *, with_schedule: bool) -> str:
     return run.id
 
 
-def test_recommendation_from_stored_samples(server: ServerProcess, tmp_path: object) -> None:
-    run_id = _log_run(server.url, str(tmp_path), with_schedule=True)
+def test_recommendation_from_stored_samples(server: AppServer, tmp_path: object) -> None:
+    run_id = _log_run(server, str(tmp_path), with_schedule=True)
     _check_scheduled_run(server, run_id)
-    # one server per backend (start-up is the slow part): the second case uses it too
-    _check_fallbacks_and_errors(server, _log_run(server.url, str(tmp_path), with_schedule=False))
+    # one server per backend: the second case uses it too
+    _check_fallbacks_and_errors(server, _log_run(server, str(tmp_path), with_schedule=False))
 
 
-def _check_scheduled_run(server: ServerProcess, run_id: str) -> None:
-    with httpx.Client(base_url=server.url, timeout=30) as http:
+def _check_scheduled_run(server: AppServer, run_id: str) -> None:
+    with server.client() as http:
         events = http.get(f"/api/v1/runs/{run_id}/events").json()
         assert [e["payload"]["batch_size"] for e in events] == [32, 64, 128]
         assert all(e["kind"] == "batch_size" for e in events)
@@ -90,8 +98,8 @@ def _check_scheduled_run(server: ServerProcess, run_id: str) -> None:
     assert rec["goodput_batch_size"] == 128
 
 
-def _check_fallbacks_and_errors(server: ServerProcess, run_id: str) -> None:
-    with httpx.Client(base_url=server.url, timeout=30) as http:
+def _check_fallbacks_and_errors(server: AppServer, run_id: str) -> None:
+    with server.client() as http:
         r = http.get(f"/api/v1/runs/{run_id}/recommendation")
         assert r.status_code == 200, r.text
         assert r.json()["batch_size_source"] == "run"

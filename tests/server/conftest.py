@@ -1,7 +1,11 @@
-"""Module-scoped real servers for the endpoint tests, on SQLite and on PostgreSQL.
+"""Module-scoped servers for the endpoint tests, on SQLite and on PostgreSQL.
 
-Starting a server costs seconds, so each test module shares one per backend; tests isolate
-themselves with unique run ids and project names.
+``server`` is the app in the test's process (``tests.support.inprocess.AppServer``: the same
+app and settings as ``python -m noisescope_server``, called through ASGI), which starts in a
+fraction of a second; ``server_process`` is the real process (``ServerProcess``), for tests of
+what only a process shows (raw bytes on a socket, its command line and environment). Each
+test module shares one per backend; tests isolate themselves with unique run ids and project
+names.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ import pytest
 from sqlalchemy import Engine, create_engine
 
 from tests.conftest import BACKENDS, fresh_database
+from tests.support.inprocess import AppServer
 from tests.support.servers import ServerProcess
+
+#: The module servers' limits: a 1 MiB body and 10 000 samples, so limit tests stay small.
+LIMITS = {"NOISESCOPE_MAX_BODY_BYTES": str(1 << 20), "NOISESCOPE_MAX_SAMPLES": "10000"}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -36,16 +44,22 @@ def engine(backend_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="module")
-def server(backend_url: str) -> Iterator[ServerProcess]:
-    """A real server (auth off; 1 MiB body limit so limit tests stay small)."""
-    limits = {"NOISESCOPE_MAX_BODY_BYTES": str(1 << 20), "NOISESCOPE_MAX_SAMPLES": "10000"}
-    with ServerProcess(database_url=backend_url, env=limits) as proc:
+def server(backend_url: str) -> Iterator[AppServer]:
+    """The app in this process (auth off; ``LIMITS``)."""
+    with AppServer(database_url=backend_url, env=LIMITS) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def server_process(backend_url: str) -> Iterator[ServerProcess]:
+    """A real server process (auth off; ``LIMITS``), on the same database as ``server``."""
+    with ServerProcess(database_url=backend_url, env=LIMITS) as proc:
         yield proc
 
 
 @pytest.fixture
-def client(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as c:
+def client(server: AppServer) -> Iterator[httpx.Client]:
+    with server.client() as c:
         yield c
 
 

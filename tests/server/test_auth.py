@@ -1,5 +1,6 @@
 """Projects and tokens: a token of project A can neither write nor read project B; revocation
-is immediate; secrets are stored hashed and never logged. Real servers, SQLite and PostgreSQL."""
+is immediate; secrets are stored hashed and never logged. The app in this process
+(tests/support/inprocess.py) with auth "write" and "all", on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -7,33 +8,33 @@ import hashlib
 import uuid
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from tests.server._data import columns, run_body
 from tests.support.database import query
-from tests.support.servers import ServerProcess
+from tests.support.inprocess import AppServer
 
 API = "/api/v1"
 ADMIN = "admin-secret-for-tests"
 
 
-def _server(url: str, auth: str) -> Iterator[ServerProcess]:
-    with ServerProcess(database_url=url, auth=auth, env={"NOISESCOPE_ADMIN_TOKEN": ADMIN}) as proc:
-        yield proc
+def _server(url: str, auth: str) -> Iterator[AppServer]:
+    with AppServer(database_url=url, auth=auth, env={"NOISESCOPE_ADMIN_TOKEN": ADMIN}) as app:
+        yield app
 
 
 @pytest.fixture(scope="module")
-def write_server(backend_url: str) -> Iterator[ServerProcess]:
+def write_server(backend_url: str) -> Iterator[AppServer]:
     yield from _server(backend_url, "write")
 
 
-def _token(base: str, project: str) -> str:
-    r = httpx.post(
-        f"{base}{API}/projects/{project}/tokens",
-        json={"name": f"{project}-ci"},
-        headers={"Authorization": f"Bearer {ADMIN}"},
-    )
+def _token(server: AppServer, project: str) -> str:
+    with server.client() as http:
+        r = http.post(
+            f"{API}/projects/{project}/tokens",
+            json={"name": f"{project}-ci"},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
     assert r.status_code == 201, r.text
     secret: str = r.json()["token"]
     return secret
@@ -44,28 +45,28 @@ def _bearer(token: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def projects(write_server: ServerProcess) -> dict[str, str]:
+def projects(write_server: AppServer) -> dict[str, str]:
     suffix = uuid.uuid4().hex[:6]
-    return {name: _token(write_server.url, f"{name}-{suffix}") for name in ("a", "b")}
+    return {name: _token(write_server, f"{name}-{suffix}") for name in ("a", "b")}
 
 
-def _project(projects: dict[str, str], name: str, base: str) -> str:
-    who = httpx.get(f"{base}{API}/auth/whoami", headers=_bearer(projects[name])).json()
+def _project(projects: dict[str, str], name: str, server: AppServer) -> str:
+    with server.client() as http:
+        who = http.get(f"{API}/auth/whoami", headers=_bearer(projects[name])).json()
     project: str = who["project"]
     return project
 
 
-def test_writing_needs_a_token(write_server: ServerProcess) -> None:
+def test_writing_needs_a_token(write_server: AppServer) -> None:
+    http = write_server.client()
     rid = uuid.uuid4().hex
-    r = httpx.put(f"{write_server.url}{API}/runs/{rid}", json=run_body())
+    r = http.put(f"{API}/runs/{rid}", json=run_body())
     assert r.status_code == 401
     assert "token" in r.json()["detail"]
-    r = httpx.put(
-        f"{write_server.url}{API}/runs/{rid}", json=run_body(), headers=_bearer("nsk_wrong")
-    )
+    r = http.put(f"{API}/runs/{rid}", json=run_body(), headers=_bearer("nsk_wrong"))
     assert r.status_code == 401
-    r = httpx.put(
-        f"{write_server.url}{API}/runs/{rid}",
+    r = http.put(
+        f"{API}/runs/{rid}",
         json=run_body(),
         headers={"Authorization": "Basic abc"},
     )
@@ -74,15 +75,15 @@ def test_writing_needs_a_token(write_server: ServerProcess) -> None:
 
 
 def test_token_of_a_cannot_write_or_read_b(
-    write_server: ServerProcess, projects: dict[str, str]
+    write_server: AppServer, projects: dict[str, str]
 ) -> None:
-    base = write_server.url
-    proj_a = _project(projects, "a", base)
-    proj_b = _project(projects, "b", base)
+    http = write_server.client()
+    proj_a = _project(projects, "a", write_server)
+    proj_b = _project(projects, "b", write_server)
     run_a, run_b = uuid.uuid4().hex, uuid.uuid4().hex
     with (
-        httpx.Client(base_url=base, headers=_bearer(projects["a"])) as a,
-        httpx.Client(base_url=base, headers=_bearer(projects["b"])) as b,
+        write_server.client(headers=_bearer(projects["a"])) as a,
+        write_server.client(headers=_bearer(projects["b"])) as b,
     ):
         assert a.put(f"{API}/runs/{run_a}", json=run_body(project=proj_a)).status_code == 201
         assert b.put(f"{API}/runs/{run_b}", json=run_body(project=proj_b)).status_code == 201
@@ -97,7 +98,7 @@ def test_token_of_a_cannot_write_or_read_b(
         assert a.patch(f"{API}/runs/{run_b}", json={"status": "failed"}).status_code == 403
         assert a.post(f"{API}/runs/{run_b}/heartbeat").status_code == 403
         assert a.post(f"{API}/runs/{run_a}/heartbeat").status_code == 204
-        assert httpx.post(f"{base}{API}/runs/{run_a}/heartbeat").status_code == 401
+        assert http.post(f"{API}/runs/{run_a}/heartbeat").status_code == 401
         # A reads B
         assert a.get(f"{API}/runs/{run_b}").status_code == 403
         assert a.get(f"{API}/runs/{run_b}/series").status_code == 403
@@ -119,44 +120,41 @@ def test_token_of_a_cannot_write_or_read_b(
         compared = a.get(f"{API}/series", params={"runs": [run_b, run_a]}).json()
         assert [s["run_uid"] for s in compared] == [run_a]  # B's run is left out for A
     # reading without a token is open in "write" mode
-    assert httpx.get(f"{base}{API}/runs/{run_b}").status_code == 200
+    assert http.get(f"{API}/runs/{run_b}").status_code == 200
 
 
-def test_revoke_takes_effect_at_once(write_server: ServerProcess) -> None:
-    base = write_server.url
+def test_revoke_takes_effect_at_once(write_server: AppServer) -> None:
+    http = write_server.client()
     project = f"rev-{uuid.uuid4().hex[:6]}"
-    created = httpx.post(f"{base}{API}/projects/{project}/tokens", headers=_bearer(ADMIN)).json()
+    created = http.post(f"{API}/projects/{project}/tokens", headers=_bearer(ADMIN)).json()
     rid = uuid.uuid4().hex
     headers = _bearer(created["token"])
     assert (
-        httpx.put(
-            f"{base}{API}/runs/{rid}", json=run_body(project=project), headers=headers
-        ).status_code
+        http.put(f"{API}/runs/{rid}", json=run_body(project=project), headers=headers).status_code
         == 201
     )
-    assert (
-        httpx.delete(f"{base}{API}/tokens/{created['id']}", headers=_bearer(ADMIN)).status_code
-        == 204
-    )
-    r = httpx.post(f"{base}{API}/runs/{rid}/samples", json={"columns": columns(3)}, headers=headers)
+    assert http.delete(f"{API}/tokens/{created['id']}", headers=_bearer(ADMIN)).status_code == 204
+    r = http.post(f"{API}/runs/{rid}/samples", json={"columns": columns(3)}, headers=headers)
     assert r.status_code == 401
-    listed = httpx.get(f"{base}{API}/projects/{project}/tokens", headers=_bearer(ADMIN)).json()
+    listed = http.get(f"{API}/projects/{project}/tokens", headers=_bearer(ADMIN)).json()
     assert listed[0]["revoked_at"] is not None
     assert "token" not in listed[0]  # the secret is never shown again
 
 
-def test_admin_endpoints_need_the_admin_token(write_server: ServerProcess) -> None:
-    r = httpx.post(f"{write_server.url}{API}/projects/x/tokens")
+def test_admin_endpoints_need_the_admin_token(write_server: AppServer) -> None:
+    http = write_server.client()
+    r = http.post(f"{API}/projects/x/tokens")
     assert r.status_code == 401
-    r = httpx.get(f"{write_server.url}{API}/projects/x/tokens", headers=_bearer("nope"))
+    r = http.get(f"{API}/projects/x/tokens", headers=_bearer("nope"))
     assert r.status_code == 401
 
 
 def test_secrets_are_stored_hashed_and_never_logged(
-    write_server: ServerProcess, projects: dict[str, str], backend_url: str
+    write_server: AppServer, projects: dict[str, str], backend_url: str
 ) -> None:
     secret = projects["a"]
-    httpx.get(f"{write_server.url}{API}/runs", headers=_bearer(secret))
+    http = write_server.client()
+    http.get(f"{API}/runs", headers=_bearer(secret))
     hashes = {r.token_hash for r in query(backend_url, "SELECT token_hash FROM token")}
     dump = " ".join(str(v) for row in query(backend_url, "SELECT * FROM token") for v in row)
     assert hashlib.sha256(secret.encode()).hexdigest() in hashes
@@ -165,15 +163,15 @@ def test_secrets_are_stored_hashed_and_never_logged(
 
 
 @pytest.fixture(scope="module")
-def read_server(backend_url: str) -> Iterator[ServerProcess]:
+def read_server(backend_url: str) -> Iterator[AppServer]:
     yield from _server(backend_url, "all")
 
 
-def test_auth_all_requires_a_token_to_read(read_server: ServerProcess) -> None:
-    base = read_server.url
-    assert httpx.get(f"{base}{API}/runs").status_code == 401
-    assert httpx.get(f"{base}{API}/tasks").status_code == 401
-    assert httpx.get(f"{base}{API}/health").status_code == 200  # liveness stays open
-    token = _token(base, f"all-{uuid.uuid4().hex[:6]}")
-    r = httpx.get(f"{base}{API}/runs", headers=_bearer(token))
+def test_auth_all_requires_a_token_to_read(read_server: AppServer) -> None:
+    http = read_server.client()
+    assert http.get(f"{API}/runs").status_code == 401
+    assert http.get(f"{API}/tasks").status_code == 401
+    assert http.get(f"{API}/health").status_code == 200  # liveness stays open
+    token = _token(read_server, f"all-{uuid.uuid4().hex[:6]}")
+    r = http.get(f"{API}/runs", headers=_bearer(token))
     assert r.status_code == 200

@@ -17,15 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.server._data import columns, run_body
+from tests.support.inprocess import AppServer
 
 API = "/api/v1"
 
 
 @pytest.fixture(scope="module")
-def target(server: Any) -> str:
+def target(server: AppServer) -> str:
     """One run with 20 stored samples that every bad request aims at."""
     rid = uuid.uuid4().hex
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         assert c.put(f"{API}/runs/{rid}", json=run_body()).status_code == 201
         r = c.post(f"{API}/runs/{rid}/samples", json={"columns": columns(20)})
         assert r.json()["inserted"] == 20

@@ -19,25 +19,33 @@ from noisescope.forecast import forecast_report
 from noisescope_server.models import Run
 from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares, branch_logged_parent
 from tests.server._data import columns, run_body
-from tests.support.servers import ServerProcess
+from tests.support.inprocess import AppServer
 from tests.support.synthetic_sweep import make_sweep, post
 
 
-def _parent_with_branches(server: ServerProcess, tmp_path: Path) -> tuple[str, Any, str]:
+def _parent_with_branches(server: AppServer, tmp_path: Path) -> tuple[str, Any, str]:
     project = f"br-{uuid.uuid4().hex[:8]}"
     parent = noisescope.init(
-        server.url, project=project, task="lsq", batch_size=4, dir=tmp_path / "spool", quiet=True
+        server.url,
+        project=project,
+        task="lsq",
+        batch_size=4,
+        dir=tmp_path / "spool",
+        quiet=True,
+        transport=server.transport(),
     )
-    result = branch_logged_parent(parent, server.url, project, "lsq", tmp_path)
+    result = branch_logged_parent(
+        parent, server.url, project, "lsq", tmp_path, transport=server.transport()
+    )
     parent.finish()
     return parent.id, result, project
 
 
 def test_branch_runs_are_linked_and_read_back_with_the_same_numbers(
-    server: ServerProcess, tmp_path: Path
+    server: AppServer, tmp_path: Path
 ) -> None:
     parent_id, result, project = _parent_with_branches(server, tmp_path)
-    api = noisescope.Api(server.url)
+    api = server.api()
     answer = api.branches(parent_id)
     assert isinstance(answer, noisescope.RunBranches) and answer.run_uid == parent_id
     (point,) = answer.points
@@ -61,10 +69,12 @@ def test_branch_runs_are_linked_and_read_back_with_the_same_numbers(
 
 
 def test_a_killed_and_resumed_logged_sweep_leaves_no_orphan_branch_runs(
-    server: ServerProcess, tmp_path: Path
+    server: AppServer, tmp_path: Path
 ) -> None:
     project = f"kill-{uuid.uuid4().hex[:8]}"
-    parent = noisescope.init(server.url, project=project, task="lsq", quiet=True)
+    parent = noisescope.init(
+        server.url, project=project, task="lsq", quiet=True, transport=server.transport()
+    )
     plan = branch.plan(
         step=0,
         batch_size=4,
@@ -76,17 +86,22 @@ def test_a_killed_and_resumed_logged_sweep_leaves_no_orphan_branch_runs(
         epsilon=0.02,
         parent_run_id=parent.id,
     )
-    log = branch.LogTo(project, "lsq", server.url, init_kwargs={"quiet": True})
+    log = branch.LogTo(
+        project,
+        "lsq",
+        server.url,
+        init_kwargs={"quiet": True, "transport": server.transport()},
+    )
     with pytest.raises(Killed):  # killed while training its 4th branch, whose run is open
         branch.run(plan, DiesAfter(3), tmp_path, log=log)
     branch.run(plan, NoisyLeastSquares(), tmp_path, log=log)
     parent.finish()
-    (point,) = noisescope.Api(server.url).branches(parent.id).points
+    (point,) = server.api().branches(parent.id).points
     assert point.n_runs == 6 and point.b_crit_lo is not None, point.reason
 
 
-def test_a_run_without_branches_and_an_unknown_run(server: ServerProcess, run_id: str) -> None:
-    with httpx.Client(base_url=server.url) as c:
+def test_a_run_without_branches_and_an_unknown_run(server: AppServer, run_id: str) -> None:
+    with server.client() as c:
         assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
         empty = c.get(f"/api/v1/runs/{run_id}/branches").json()
         assert empty["points"] == [] and empty["plateau_step"] is None
@@ -94,9 +109,9 @@ def test_a_run_without_branches_and_an_unknown_run(server: ServerProcess, run_id
         assert missing.status_code == 404 and "does not exist" in missing.json()["detail"]
 
 
-def test_a_branch_without_an_outcome_says_so(server: ServerProcess, run_id: str) -> None:
+def test_a_branch_without_an_outcome_says_so(server: AppServer, run_id: str) -> None:
     parent = run_id
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         assert c.put(f"/api/v1/runs/{parent}", json=run_body()).is_success
         for size in (8, 16):
             kid = uuid.uuid4().hex
@@ -106,8 +121,8 @@ def test_a_branch_without_an_outcome_says_so(server: ServerProcess, run_id: str)
     assert point["b_crit"] is None and "2 of 2 branch runs have no outcome" in point["reason"]
 
 
-def test_branches_in_other_units_are_left_out(server: ServerProcess, run_id: str) -> None:
-    with httpx.Client(base_url=server.url) as c:
+def test_branches_in_other_units_are_left_out(server: AppServer, run_id: str) -> None:
+    with server.client() as c:
         assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
         for size, units in ((8, "examples"), (512, "tokens")):
             body = run_body(batch_size=size, units=units, parent_run_id=run_id, branch_step=3)
@@ -129,9 +144,9 @@ def test_branches_in_other_units_are_left_out(server: ServerProcess, run_id: str
     ],
 )
 def test_bad_branch_fields_are_refused_and_nothing_is_stored(
-    server: ServerProcess, run_id: str, extra: dict[str, Any], field: str
+    server: AppServer, run_id: str, extra: dict[str, Any], field: str
 ) -> None:
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         r = c.put(f"/api/v1/runs/{run_id}", json=run_body(**extra))
         assert r.status_code == 422, r.text
         assert field in r.json()["detail"]
@@ -157,7 +172,7 @@ def test_bad_branch_fields_are_refused_and_nothing_is_stored(
     ],
 )
 def test_a_branch_plan_the_reader_cannot_use_is_refused_and_nothing_changes(
-    server: ServerProcess, run_id: str, plan: dict[str, Any]
+    server: AppServer, run_id: str, plan: dict[str, Any]
 ) -> None:
     """Issue 29: ε = -1 was accepted (201) and made GET /runs/{parent}/branches a 500."""
     parent = uuid.uuid4().hex
@@ -165,7 +180,7 @@ def test_a_branch_plan_the_reader_cannot_use_is_refused_and_nothing_changes(
     good["config"] = {"branch": {"epsilon": 0.01, "seed": 0, "multiplier": 1, "budget": 64}}
     bad = {**good, "config": {"branch": {**good["config"]["branch"], **plan}}}
     (name,) = plan
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         assert c.put(f"/api/v1/runs/{parent}", json=run_body()).is_success
         assert c.put(f"/api/v1/runs/{run_id}", json=good).status_code == 201
         for uid in (run_id, uuid.uuid4().hex):
@@ -178,15 +193,15 @@ def test_a_branch_plan_the_reader_cannot_use_is_refused_and_nothing_changes(
 
 
 def test_a_config_branch_that_is_no_object_is_an_ordinary_value(
-    server: ServerProcess, run_id: str
+    server: AppServer, run_id: str
 ) -> None:
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         body = run_body() | {"config": {"branch": "main", "lr": 0.1}}
         assert c.put(f"/api/v1/runs/{run_id}", json=body).status_code == 201
 
 
-def test_a_run_cannot_branch_from_itself(server: ServerProcess, run_id: str) -> None:
-    with httpx.Client(base_url=server.url) as c:
+def test_a_run_cannot_branch_from_itself(server: AppServer, run_id: str) -> None:
+    with server.client() as c:
         r = c.put(f"/api/v1/runs/{run_id}", json=run_body(parent_run_id=run_id, branch_step=0))
         assert r.status_code == 422 and "branch of itself" in r.json()["detail"]
 
@@ -195,12 +210,12 @@ def _put(c: httpx.Client, uid: str, **extra: Any) -> httpx.Response:
     return c.put(f"/api/v1/runs/{uid}", json=run_body(**extra))
 
 
-def test_parent_links_that_could_never_be_shown_are_refused(server: ServerProcess) -> None:
+def test_parent_links_that_could_never_be_shown_are_refused(server: AppServer) -> None:
     """Issue 29 item 8: a parent in another project, a branch of a branch and a cycle were
     accepted (201) and then invisible: a run's branches are read in its own project, one
     level deep. Each refusal names parent_run_id and stores nothing."""
     parent, kid, other, late = (uuid.uuid4().hex for _ in range(4))
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         assert _put(c, parent).status_code == 201
         assert _put(c, other, project="elsewhere").status_code == 201
         assert _put(c, kid, parent_run_id=parent, branch_step=5).status_code == 201
@@ -226,19 +241,19 @@ def test_parent_links_that_could_never_be_shown_are_refused(server: ServerProces
         assert point["run_ids"] == [kid]
 
 
-def test_a_parent_not_on_the_server_yet_is_accepted(server: ServerProcess) -> None:
+def test_a_parent_not_on_the_server_yet_is_accepted(server: AppServer) -> None:
     """A branch run may arrive before its parent (the client creates runs in the background,
     and sync delivers spooled runs in any order): its points show once the parent is there."""
     parent, kid = uuid.uuid4().hex, uuid.uuid4().hex
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         assert _put(c, kid, parent_run_id=parent, branch_step=2**63 - 1).status_code == 201
         assert _put(c, parent).status_code == 201
         (point,) = c.get(f"/api/v1/runs/{parent}/branches").json()["points"]
     assert point["run_ids"] == [kid] and point["step"] == 2**63 - 1
 
 
-def test_a_re_put_without_the_fields_keeps_the_link(server: ServerProcess, run_id: str) -> None:
-    with httpx.Client(base_url=server.url) as c:
+def test_a_re_put_without_the_fields_keeps_the_link(server: AppServer, run_id: str) -> None:
+    with server.client() as c:
         body = run_body(parent_run_id="p1", branch_step=4)
         assert c.put(f"/api/v1/runs/{run_id}", json=body).is_success
         assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
@@ -246,12 +261,12 @@ def test_a_re_put_without_the_fields_keeps_the_link(server: ServerProcess, run_i
     assert got["parent_uid"] == "p1" and got["branch_step"] == 4
 
 
-def test_the_forecast_endpoint_is_the_client_forecast_of_the_sweep(server: ServerProcess) -> None:
+def test_the_forecast_endpoint_is_the_client_forecast_of_the_sweep(server: AppServer) -> None:
     project = f"fc-{uuid.uuid4().hex[:8]}"
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         sweep_runs = make_sweep(200.0, (32, 64, 128, 256, 512), rng=random.Random(1))
         post(c, sweep_runs, project=project, task="s")
-    api = noisescope.Api(server.url)
+    api = server.api()
     targets = [2.0, 1.5, 1.0, 0.8]
     answer = api.critical_batch_forecast(project, "s", losses=[1.2, 0.6], targets=targets)
     before = api.critical_batch(project, "s", targets=targets)
@@ -261,7 +276,7 @@ def test_the_forecast_endpoint_is_the_client_forecast_of_the_sweep(server: Serve
     assert [p.extrapolation for p in answer.predictions] == [False, True]
     # branch runs of the task are no sweep points: the analysis and the law stay the same
     some_run = api.runs(project=project)[0].uid
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         for size in (32, 512):
             body = run_body(project=project, task="s", batch_size=size)
             body |= {"parent_run_id": some_run, "branch_step": 5}
@@ -270,7 +285,7 @@ def test_the_forecast_endpoint_is_the_client_forecast_of_the_sweep(server: Serve
     assert report.n_runs == expected_runs and any("2 branch runs" in w for w in report.warnings)
     again = api.critical_batch_forecast(project, "s", losses=[1.2, 0.6], targets=targets)
     assert again.predictions == answer.predictions
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         path = f"/api/v1/tasks/{project}/s/critical-batch/forecast"
         bad = c.get(path, params={"loss": "-1"})
         assert bad.status_code == 422 and "finite and positive" in bad.json()["detail"]
@@ -284,13 +299,13 @@ def test_the_forecast_endpoint_is_the_client_forecast_of_the_sweep(server: Serve
 
 
 def test_each_branch_point_gives_the_examples_its_parent_had_seen(
-    server: ServerProcess, run_id: str
+    server: AppServer, run_id: str
 ) -> None:
     """Steps 0..99 at 32 examples a step, blocks of 64 samples: step 50 falls inside the first
     block, 70 inside the second, 500 after the last sample; a parent logging no examples
     gives none."""
     bare = uuid.uuid4().hex
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         for parent, cols in ((run_id, columns(100)), (bare, columns(100))):
             assert c.put(f"/api/v1/runs/{parent}", json=run_body()).is_success
             if parent == bare:
@@ -300,8 +315,8 @@ def test_each_branch_point_gives_the_examples_its_parent_had_seen(
             for step in (50, 70, 500):
                 body = run_body(batch_size=8, parent_run_id=parent, branch_step=step)
                 assert c.put(f"/api/v1/runs/{uuid.uuid4().hex}", json=body).is_success
-        points = noisescope.Api(server.url).branches(run_id).points
-        bare_points = noisescope.Api(server.url).branches(bare).points
+        points = server.api().branches(run_id).points
+        bare_points = server.api().branches(bare).points
     assert [p.parent_examples for p in points] == [50 * 32.0, 70 * 32.0, 99 * 32.0]
     assert [p.parent_examples for p in bare_points] == [None, None, None]
 
@@ -319,26 +334,26 @@ def _branch_kid(
 
 
 def test_a_crossing_the_grid_does_not_resolve_is_served_as_a_bracket(
-    server: ServerProcess, run_id: str
+    server: AppServer, run_id: str
 ) -> None:
     """The first doubling already overshoots by ~30 ε: between 16 and 32, not "16.3"."""
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
         for size, factor in ((16, 1.0), (32, 1.3), (64, 1.6)):
             for seed, base in enumerate((1.0, 1.2)):
                 _branch_kid(c, run_id, size, seed, base * factor + 1e-4 * seed, 0.01)
-    (point,) = noisescope.Api(server.url).branches(run_id).points
+    (point,) = server.api().branches(run_id).points
     assert point.b_crit is None and (point.b_crit_lo, point.b_crit_hi) == (16.0, 32.0)
     assert point.b_crit_interpolated is not None and 16 < point.b_crit_interpolated < 17
     assert point.reason is not None and "between 16 and 32" in point.reason
 
 
 def test_stored_branch_runs_with_a_bad_epsilon_are_left_out_with_a_note(
-    server: ServerProcess, engine: Engine, run_id: str
+    server: AppServer, engine: Engine, run_id: str
 ) -> None:
     """Issue 29: rows accepted with ε = -1 (or 0) made GET /runs/{parent}/branches a 500; the
     write path refuses them now, so rows stored before are written around it here."""
-    with httpx.Client(base_url=server.url) as c:
+    with server.client() as c:
         assert c.put(f"/api/v1/runs/{run_id}", json=run_body()).is_success
         kids = {
             _branch_kid(c, run_id, size, 0, loss, 0.01): epsilon

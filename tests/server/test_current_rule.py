@@ -11,14 +11,13 @@ from typing import Any
 import httpx
 import pytest
 
-from noisescope import Api
 from noisescope.estimators import CURRENT_BLOCK
 from noisescope.recommend import NoiseTracker
 from noisescope.schedule import BatchSizeScheduler
 from noisescope_dashboard import _frames, _text
 from noisescope_server.models import BLOCK_SIZE
 from tests.server._data import run_body
-from tests.support.servers import ServerProcess
+from tests.support.inprocess import AppServer
 
 API = "/api/v1"
 B_SMALL, B_BIG = 8.0, 32.0
@@ -70,7 +69,7 @@ def test_storage_blocks_are_the_rule_s_blocks() -> None:
     [(3000, False), (3000, True), (12_000, False)],  # raw samples, a bound, storage blocks
 )
 def test_every_surface_gives_the_one_window(
-    server: ServerProcess, client: httpx.Client, n: int, fade: bool
+    server: AppServer, client: httpx.Client, n: int, fade: bool
 ) -> None:
     norms = _run_norms(n, fade=fade, seed=n + fade)
     run_id = uuid.uuid4().hex
@@ -80,7 +79,7 @@ def test_every_surface_gives_the_one_window(
         part = {name: values[lo : lo + 5000] for name, values in cols.items()}
         r = client.post(f"{API}/runs/{run_id}/samples", json={"columns": part})
         assert r.status_code == 200, r.text
-    api = Api(server.url)
+    api = server.api()
     run = api.run(run_id)
     rec = client.get(f"{API}/runs/{run_id}/recommendation").json()["recommendation"]
 

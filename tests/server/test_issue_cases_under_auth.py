@@ -15,31 +15,32 @@ import httpx
 import pytest
 
 from tests.server._data import columns, run_body
-from tests.support.servers import ServerProcess
+from tests.support.inprocess import AppServer
 
 API = "/api/v1"
 ADMIN = "admin-secret-for-tests"
 
 
 @pytest.fixture(scope="module", params=["off", "write", "all"])
-def auth_server(request: pytest.FixtureRequest, backend_url: str) -> Iterator[ServerProcess]:
+def auth_server(request: pytest.FixtureRequest, backend_url: str) -> Iterator[AppServer]:
     env = {"NOISESCOPE_ADMIN_TOKEN": ADMIN}
-    with ServerProcess(database_url=backend_url, auth=request.param, env=env) as proc:
-        yield proc
+    with AppServer(database_url=backend_url, auth=request.param, env=env) as app:
+        yield app
 
 
-def _client(server: ServerProcess, project: str) -> httpx.Client:
+def _client(server: AppServer, project: str) -> httpx.Client:
     """A client of ``project``: with that project's token when the server checks any."""
     headers = {}
     if server.auth != "off":
-        r = httpx.post(
-            f"{server.url}{API}/projects/{project}/tokens",
-            json={"name": "ci"},
-            headers={"Authorization": f"Bearer {ADMIN}"},
-        )
+        with server.client() as admin:
+            r = admin.post(
+                f"{API}/projects/{project}/tokens",
+                json={"name": "ci"},
+                headers={"Authorization": f"Bearer {ADMIN}"},
+            )
         assert r.status_code == 201, r.text
         headers["Authorization"] = f"Bearer {r.json()['token']}"
-    return httpx.Client(base_url=server.url + API, headers=headers, timeout=60)
+    return server.client(prefix=API, headers=headers)
 
 
 def _refused(r: httpx.Response, field: str) -> None:
@@ -60,7 +61,7 @@ def _put(c: httpx.Client, uid: str, project: str, **fields: Any) -> httpx.Respon
     return c.put(f"/runs/{uid}", json=run_body(project=project, task="t", **fields))
 
 
-def test_the_issues_cases_answer_by_name_and_change_nothing(auth_server: ServerProcess) -> None:
+def test_the_issues_cases_answer_by_name_and_change_nothing(auth_server: AppServer) -> None:
     suffix = uuid.uuid4().hex[:8]
     project, other = f"p-{suffix}", f"q-{suffix}"
     with _client(auth_server, project) as c, _client(auth_server, other) as o:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.server._data import columns, run_body
+from tests.support.servers import ServerProcess
 
 API = "/api/v1"
 RULE = "1-64 characters from A-Z a-z 0-9 _ . -"
@@ -77,8 +78,11 @@ def _raw_status(url: str, method: str, target: str) -> tuple[int, bytes]:
     "target", ["/runs/..", "/runs/../samples", "/runs/./events", "/runs/../x/heartbeat"]
 )
 @pytest.mark.parametrize("method", ["GET", "PUT", "POST"])
-def test_literal_dot_segments_are_refused(server: object, method: str, target: str) -> None:
-    status, answer = _raw_status(server.url, method, API + target)  # type: ignore[attr-defined]
+def test_literal_dot_segments_are_refused(
+    server_process: ServerProcess, method: str, target: str
+) -> None:
+    """Raw bytes on a socket (httpx would resolve the dot segments): a real process."""
+    status, answer = _raw_status(server_process.url, method, API + target)
     assert status == 422, answer
     assert RULE.encode() in answer
 

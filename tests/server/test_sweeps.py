@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-import noisescope
+from tests.support.inprocess import AppServer
 from tests.support.synthetic_sweep import L0, SynthRun, make_sweep, post
 
 API = "/api/v1"
@@ -27,10 +27,10 @@ def critical(client: httpx.Client, project: str, task: str, **params: Any) -> di
 
 
 @pytest.fixture(scope="module")
-def sweep_project(server: Any) -> str:
+def sweep_project(server: AppServer) -> str:
     """One project holding the module's sweeps (posted once per backend)."""
     project = f"sweep-{uuid.uuid4().hex[:8]}"
-    with httpx.Client(base_url=server.url, timeout=60) as client:
+    with server.client() as client:
         for task, evals in (("evals", True), ("train", False)):
             runs = make_sweep(B_CRIT, BATCHES, seeds=2, seed_spread=0.03, rng=random.Random(5))
             post(client, runs, project=project, task=task, evals=evals, train_noise=0.05)
@@ -109,7 +109,7 @@ def test_runs_that_cannot_be_on_the_curve_are_left_out_with_their_reason(
 
 
 def test_an_undetermined_b_crit_is_null_with_the_estimate_named_as_such(
-    client: httpx.Client,
+    server: AppServer, client: httpx.Client
 ) -> None:
     project = f"above-{uuid.uuid4().hex[:8]}"
     post(
@@ -121,7 +121,7 @@ def test_an_undetermined_b_crit_is_null_with_the_estimate_named_as_such(
         assert not t["determined"] and t["warnings"]
         assert (t["b_crit"], t["b_crit_lo"], t["b_crit_hi"]) == (None, None, None)
         assert t["b_crit_estimate"] > 0
-    api = noisescope.Api(str(client.base_url))
+    api = server.api()
     decoded = api.critical_batch(project, "t")
     assert decoded.targets[0].b_crit is None
     assert decoded.targets[0].b_crit_estimate == report["targets"][0]["b_crit_estimate"]
@@ -199,14 +199,16 @@ def test_unknown_tasks_and_bad_targets_are_4xx(client: httpx.Client, sweep_proje
         assert len(r.text) < 400, "the refusal names the task without echoing it whole"
 
 
-def test_names_with_slashes_and_odd_characters_are_reachable(client: httpx.Client) -> None:
+def test_names_with_slashes_and_odd_characters_are_reachable(
+    server: AppServer, client: httpx.Client
+) -> None:
     for project, task in (
         (f"slash/{uuid.uuid4().hex[:8]}", "a/b"),
         (f"odd {uuid.uuid4().hex[:8]} %2F?#", "ü & <b>x</b>"),
     ):
         runs = make_sweep(B_CRIT, (32, 128, 512), lrs=((0.3, 1.0),))
         post(client, runs, project=project, task=task)
-        report = noisescope.Api(str(client.base_url)).critical_batch(project, task)
+        report = server.api().critical_batch(project, task)
         assert (report.project, report.task) == (project, task)
         assert report.n_runs == 3 and report.targets
 

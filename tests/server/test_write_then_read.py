@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import uuid
 
-import httpx
 from hypothesis import HealthCheck, given, settings
 
 from tests.server._data import columns, run_body
-from tests.support.servers import ServerProcess
+from tests.support.inprocess import AppServer
 from tests.support.write_then_read import (
     Story,
     read_everything,
@@ -21,8 +20,8 @@ from tests.support.write_then_read import (
 )
 
 
-def test_no_accepted_write_makes_a_read_fail(server: ServerProcess) -> None:
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+def test_no_accepted_write_makes_a_read_fail(server: AppServer) -> None:
+    with server.client() as c:
 
         @settings(
             max_examples=10,
@@ -38,11 +37,11 @@ def test_no_accepted_write_makes_a_read_fail(server: ServerProcess) -> None:
         check()
 
 
-def test_steps_at_the_ends_of_int64_are_read_back(server: ServerProcess) -> None:
+def test_steps_at_the_ends_of_int64_are_read_back(server: AppServer) -> None:
     """Steps 0 and 2^63 - 1 are valid; bucketing them for GET /series multiplied the span by
     max_points, past bigint on PostgreSQL ('bigint out of range', a 422 on a read)."""
     rid = uuid.uuid4().hex
-    with httpx.Client(base_url=server.url + "/api/v1", timeout=60) as c:
+    with server.client(prefix="/api/v1") as c:
         assert c.put(f"/runs/{rid}", json=run_body()).status_code == 201
         cols = columns(2)
         cols["step"] = [0, 2**63 - 1]

@@ -17,8 +17,13 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from noisescope import Api, HTTPTransport
 from noisescope_server.cli import server_command
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["ServerProcess", "free_port", "wait_for_health"]
 
@@ -121,6 +126,26 @@ class ServerProcess:
             self.kill()
             raise RuntimeError(f"{exc}\n--- server log ---\n{self.log()[offset:]}") from exc
         return self
+
+    def client(self, token: str | None = None, prefix: str = "", **kwargs: Any) -> httpx.Client:
+        """An ``httpx.Client`` on the server (``base_url`` is ``url + prefix``, 30 s timeout
+        unless given); ``token``: a bearer token on every request. The same call as
+        ``AppServer.client`` (tests/support/inprocess.py)."""
+        import httpx  # a test dependency; experiments and benchmarks import this module too
+
+        headers = dict(kwargs.pop("headers", {}) or {})
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        kwargs.setdefault("timeout", 30)
+        return httpx.Client(base_url=self.url + prefix, headers=headers, **kwargs)
+
+    def transport(self, token: str | None = None) -> HTTPTransport:
+        """The client's own ``HTTPTransport`` to the server (as ``AppServer.transport``)."""
+        return HTTPTransport(self.url, token)
+
+    def api(self, token: str | None = None, **kwargs: Any) -> Api:
+        """``noisescope.Api`` on the server (as ``AppServer.api``)."""
+        return Api(self.url, token=token, **kwargs)
 
     def log(self) -> str:
         try:
