@@ -183,6 +183,12 @@ def _work(rank: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def ds_runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    # DeepSpeed's CPU backend JIT-compiles its shared-memory allreduce (a C++ build of minutes
+    # on a busy 2-core machine) under a lock file in ~/.cache/torch_extensions; a build killed
+    # part-way (a test timeout) leaves the lock, and every later run on the machine waits on it
+    # forever. Its engines reduce through torch.distributed (gloo) without it, as the probe
+    # does; the ranks inherit the edit (DeepSpeed keeps this dict for edits to persist).
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return on_two_ranks(_work, tmp_path_factory.mktemp("deepspeed"))
 
 
