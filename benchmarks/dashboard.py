@@ -37,24 +37,22 @@ import io
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks._versions import ROOT, Worker, code_env, export, reply, worker_process
+
 VIEWS = Path("noisescope_dashboard") / "views"
 BASELINE = "3df171c"
 TARGET = 1.5
 BATCH = 20_000
 #: Prefix of a worker's answers on its stdout (anything else there is ignored).
-MARK = "@@bench "
 BIG_UID = "big" + "0" * 29
 
 
@@ -67,7 +65,7 @@ def _uid(i: int) -> str:
 
 def _build(url: str, big_n: int, n_runs: int, per_run: int) -> float:
     """Ingest the runs through ``crud``; seconds taken."""
-    from benchmarks.ingest import make_columns
+    from benchmarks.ingest import ingest_run
     from noisescope_server import crud, db
 
     engine = db.make_engine(url)
@@ -75,42 +73,14 @@ def _build(url: str, big_n: int, n_runs: int, per_run: int) -> float:
     t0 = time.perf_counter()
 
     def ingest(uid: str, n: int, task: str, seed: int) -> None:
-        crud.upsert_run(
-            engine,
-            uid,
-            crud.RunIn(project="bench", task=task, name=uid, batch_size=256, status="finished"),
-        )
-        for start in range(0, n, BATCH):
-            cols = make_columns(min(BATCH, n - start), start, seed + start)
-            crud.ingest_samples(
-                engine, uid, crud.validate_samples({"columns": cols}, max_samples=BATCH)
-            )
+        run = crud.RunIn(project="bench", task=task, name=uid, batch_size=256, status="finished")
+        ingest_run(engine, uid, run, n, seed, BATCH)
 
     ingest(BIG_UID, big_n, "one-big-run", 0)
     for i in range(n_runs):
         ingest(_uid(i), per_run, f"task{i % 5}", 1000 + i)
     engine.dispose()
     return time.perf_counter() - t0
-
-
-def _export(rev: str, dest: Path) -> str:
-    """``git archive rev client server dashboard migrations`` into ``dest``; the short hash."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", f"{rev}^{{commit}}"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    archive = subprocess.run(
-        ["git", "archive", commit, "client", "server", "dashboard", "migrations"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(dest, filter="data")
-    return commit
 
 
 # --- the worker: one dashboard's pages in AppTest ----------------------------------------------
@@ -129,10 +99,6 @@ def _worker(views: Path, server_pid: int | None) -> int:
     import noisescope
     import noisescope_dashboard
     import noisescope_server
-
-    def reply(obj: dict[str, Any]) -> None:
-        sys.stdout.write(MARK + json.dumps(obj) + "\n")
-        sys.stdout.flush()
 
     server = psutil.Process(server_pid) if server_pid else None
 
@@ -220,10 +186,9 @@ def _worker(views: Path, server_pid: int | None) -> int:
 
     reply(
         {
-            "modules": {
-                m.__name__: str(m.__file__)
-                for m in (noisescope, noisescope_server, noisescope_dashboard)
-            }
+            "modules": [
+                str(m.__file__) for m in (noisescope, noisescope_server, noisescope_dashboard)
+            ]
         }
     )
     tests: dict[str, AppTest] = {}
@@ -273,86 +238,18 @@ def _worker(views: Path, server_pid: int | None) -> int:
     return 0
 
 
-class _Worker:
-    """One dashboard (old or new) in a subprocess running ``_worker``."""
-
-    def __init__(self, label: str, views: Path, env: dict[str, str], log: Path, pid: int | None):
-        self.label = label
-        self.log = log
-        self._log_file = open(log, "w")  # noqa: SIM115 (closed in close())
-        command = [sys.executable, "-m", "benchmarks.dashboard", "--worker", str(views)]
-        if pid is not None:
-            command += ["--server-pid", str(pid)]
-        self.proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log_file,
-            text=True,
-        )
-        self.modules: dict[str, str] = self._read()["modules"]
-
-    def _read(self) -> dict[str, Any]:
-        stdout: IO[str] | None = self.proc.stdout
-        assert stdout is not None
-        for line in stdout:
-            if line.startswith(MARK):
-                answer: dict[str, Any] = json.loads(line[len(MARK) :])
-                return answer
-        tail = self.log.read_text(errors="replace")[-4000:]
-        raise RuntimeError(f"{self.label} dashboard worker ended:\n{tail}")
-
-    def render(self, page: str, query: dict[str, Any], mode: str = "time") -> dict[str, Any]:
-        """One cold render; ``mode`` "calls" also times each API call, "profile" runs cProfile."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"page": page, "query": query, "mode": mode}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log_file.close()
+def _render(worker: Worker, page: str, query: dict[str, Any], mode: str = "time") -> dict[str, Any]:
+    """One cold render; ``mode`` "calls" also times each API call, "profile" runs cProfile."""
+    return worker.ask({"page": page, "query": query, "mode": mode})
 
 
-@contextlib.contextmanager
-def _worker_process(
-    label: str, views: Path, env: dict[str, str], log: Path, pid: int | None = None
-) -> Iterator[_Worker]:
-    worker = _Worker(label, views, env, log, pid)
-    try:
-        yield worker
-    finally:
-        worker.close()
-
-
-def _env(**set_: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOISESCOPE_")}
-    env.pop("PYTHONPATH", None)
-    env.update(set_)
-    return env
-
-
-def _code_path(root: Path) -> str:
-    """``PYTHONPATH`` for the packages of the checkout at ``root``: each dashboard runs that
-    checkout's code, whatever the virtual environment has installed."""
-    return os.pathsep.join(str(root / d) for d in ("client", "server", "dashboard"))
-
-
-def _check_modules(worker: _Worker, under: Path) -> None:
-    for name, path in worker.modules.items():
-        if not Path(path).resolve().is_relative_to(under.resolve()):
-            raise RuntimeError(
-                f"{worker.label} dashboard imported {name} from {path}, not from under {under}"
-            )
+def _dashboard(
+    label: str, root: Path, env: dict[str, str], log: Path, pid: int | None = None
+) -> contextlib.AbstractContextManager[Worker]:
+    """The dashboard of the checkout at ``root`` in a worker, running that checkout's code."""
+    args = [str(root / "dashboard" / VIEWS)] + ([] if pid is None else ["--server-pid", str(pid)])
+    env = code_env(root, ("client", "server", "dashboard"), **env)
+    return worker_process(label, "benchmarks.dashboard", args, env, log)
 
 
 # --- the comparison -----------------------------------------------------------------------
@@ -446,12 +343,12 @@ def _where(page: _Page, timed: dict[str, Any]) -> str:
     )
 
 
-def _print_profile(page: _Page, new: _Worker, old: _Worker) -> None:
+def _print_profile(page: _Page, new: Worker, old: Worker) -> None:
     """Where a cold render's time goes: the new page's API calls (timed, not profiled), then
     cProfile of the new and the old page's script thread (wall clock, so waiting for the server
     shows as socket reads; cProfile slows the code it profiles)."""
     err = sys.stderr
-    timed = new.render(page.name, page.new_query, mode="calls")
+    timed = _render(new, page.name, page.new_query, mode="calls")
     print(f"\n=== {page.name} page, new: one cold render, API calls timed ===", file=err)
     print(
         f"dashboard CPU {timed['cpu']:.3f} s (of which AppTest's main thread, waiting: "
@@ -466,7 +363,7 @@ def _print_profile(page: _Page, new: _Worker, old: _Worker) -> None:
             file=err,
         )
     for label, worker, query in (("new", new, page.new_query), ("old", old, page.old_query)):
-        answer = worker.render(page.name, query, mode="profile")
+        answer = _render(worker, page.name, query, mode="profile")
         print(f"\n=== {page.name} page, {label}: cProfile of the script thread ===", file=err)
         print(answer["profile"], file=err)
 
@@ -483,31 +380,29 @@ def run(quick: bool = False, baseline: str = BASELINE, profile: bool = False) ->
         url = f"sqlite:///{tmp / 'bench.db'}"
         build_s = _build(url, big_n, n_runs, per_run)
         old_root = tmp / "baseline"
-        commit = _export(baseline, old_root)
-        old_env = _env(NOISESCOPE_DATABASE_URL=url, PYTHONPATH=_code_path(old_root))
+        commit = export(baseline, old_root, ("client", "server", "dashboard", "migrations"))
         with ServerProcess(database_url=url) as server:
             assert server.proc is not None
-            new_env = _env(NOISESCOPE_URL=server.url, PYTHONPATH=_code_path(ROOT))
             with (
-                _worker_process(
-                    "old", old_root / "dashboard" / VIEWS, old_env, tmp / "old.log"
+                _dashboard(
+                    "old", old_root, {"NOISESCOPE_DATABASE_URL": url}, tmp / "old.log"
                 ) as old,
-                _worker_process(
-                    "new", ROOT / "dashboard" / VIEWS, new_env, tmp / "new.log", server.proc.pid
+                _dashboard(
+                    "new", ROOT, {"NOISESCOPE_URL": server.url}, tmp / "new.log", server.proc.pid
                 ) as new,
             ):
-                _check_modules(old, old_root)
-                _check_modules(new, ROOT)
+                old.check_modules(old_root)
+                new.check_modules(ROOT)
                 for i in range(repeats):
                     for page in pages:
                         sides = [(old, page.old_query, page.old), (new, page.new_query, page.new)]
                         for worker, query, results in sides[:: 1 if i % 2 == 0 else -1]:
-                            results.append(worker.render(page.name, query))
+                            results.append(_render(worker, page.name, query))
                 table, ratios = _table(pages)
                 # where each page over the target spends its CPU: one more cold render of the
                 # new page with every API call timed (not profiled, so not slowed)
                 where = [
-                    _where(page, new.render(page.name, page.new_query, mode="calls"))
+                    _where(page, _render(new, page.name, page.new_query, mode="calls"))
                     for page, ratio in zip(pages, ratios, strict=True)
                     if ratio > TARGET
                 ]

@@ -68,6 +68,19 @@ def make_columns(n: int, start: int, seed: int) -> dict[str, list[Any]]:
     }
 
 
+def ingest_run(engine: Any, uid: str, run: Any, n: int, seed: int, batch: int = 20_000) -> None:
+    """One run (a ``crud.RunIn``) and ``n`` samples of ``make_columns`` through ``crud``, the
+    server's write path (so ``sample_block`` is maintained as in production)."""
+    from noisescope_server import crud
+
+    crud.upsert_run(engine, uid, run)
+    for start in range(0, n, batch):
+        cols = make_columns(min(batch, n - start), start, seed + start)
+        crud.ingest_samples(
+            engine, uid, crud.validate_samples({"columns": cols}, max_samples=batch)
+        )
+
+
 def _rows(run_id: int, cols: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
     from noisescope.estimators import two_batch_estimates
 

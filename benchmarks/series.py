@@ -33,28 +33,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import io
 import itertools
 import json
 import os
 import random
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks._versions import ROOT, Worker, code_env, export, reply, worker_process
+
 #: The commit before the series read was rewritten (issue 32).
 BASELINE = "af93a16"
 #: An earlier commit whose docs/benchmarks.md measured run_series at 42 ms (10k samples).
 EARLIER = "88c53f5"
-MARK = "@@bench "
 #: In-process calls per version, case and round.
 CALLS = 5
 BATCH = 20_000
@@ -71,7 +68,7 @@ def _uid(n: int, i: int = 0) -> str:
 
 def _build(url: str, sizes: list[int], n_small: int) -> float:
     """The series runs and ``n_small`` runs of 10k samples through ``crud``; seconds taken."""
-    from benchmarks.ingest import make_columns
+    from benchmarks.ingest import ingest_run
     from noisescope_server import crud, db
 
     engine = db.make_engine(url)
@@ -80,12 +77,7 @@ def _build(url: str, sizes: list[int], n_small: int) -> float:
     runs = [(n, _uid(n)) for n in sizes] + [(10_000, _uid(10_000, i + 1)) for i in range(n_small)]
     for k, (n, uid) in enumerate(runs):
         run = crud.RunIn(project="bench", task="series", batch_size=256, status="finished")
-        crud.upsert_run(engine, uid, run)
-        for start in range(0, n, BATCH):
-            cols = make_columns(min(BATCH, n - start), start, 1000 * k + start)
-            crud.ingest_samples(
-                engine, uid, crud.validate_samples({"columns": cols}, max_samples=BATCH)
-            )
+        ingest_run(engine, uid, run, n, 1000 * k, BATCH)
     engine.dispose()
     return time.perf_counter() - t0
 
@@ -207,10 +199,6 @@ def _worker(urls: list[str]) -> int:
 
     engines = [db.make_engine(url) for url in urls]
 
-    def reply(obj: dict[str, Any]) -> None:
-        sys.stdout.write(MARK + json.dumps(obj) + "\n")
-        sys.stdout.flush()
-
     reply({"modules": [noisescope.__file__, noisescope_server.__file__]})
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -226,59 +214,8 @@ def _worker(urls: list[str]) -> int:
     return 0
 
 
-class _Worker:
-    def __init__(self, label: str, env: dict[str, str], urls: list[str], log: Path) -> None:
-        self.label = label
-        self.log = log
-        self._log_file = open(log, "w")  # noqa: SIM115 (closed in close())
-        command = [sys.executable, "-m", "benchmarks.series", "--worker", *urls]
-        self.proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log_file,
-            text=True,
-        )
-        self.modules: list[str] = self._read()["modules"]
-
-    def _read(self) -> dict[str, Any]:
-        stdout: IO[str] | None = self.proc.stdout
-        assert stdout is not None
-        for line in stdout:
-            if line.startswith(MARK):
-                answer: dict[str, Any] = json.loads(line[len(MARK) :])
-                return answer
-        raise RuntimeError(f"{self.label} worker ended:\n{self.log.read_text()[-4000:]}")
-
-    def ask(self, case: dict[str, Any], repeat: int, db: int = 0) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"case": case, "repeat": repeat, "db": db}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log_file.close()
-
-
-@contextlib.contextmanager
-def _worker_process(
-    label: str, env: dict[str, str], urls: list[str], log: Path
-) -> Iterator[_Worker]:
-    worker = _Worker(label, env, urls, log)
-    try:
-        yield worker
-    finally:
-        worker.close()
+def _ask(worker: Worker, case: dict[str, Any], repeat: int, db: int = 0) -> dict[str, Any]:
+    return worker.ask({"case": case, "repeat": repeat, "db": db})
 
 
 # --- the two versions -------------------------------------------------------------------------
@@ -287,35 +224,9 @@ def _worker_process(
 def _export(rev: str, dest: Path) -> str:
     """``git archive rev client server migrations`` into ``dest`` (the migrations inside the
     server package, where an installed one has them); the short hash."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", f"{rev}^{{commit}}"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    archive = subprocess.run(
-        ["git", "archive", commit, "client", "server", "migrations"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(dest, filter="data")
+    commit = export(rev, dest, ("client", "server", "migrations"))
     (dest / "migrations").rename(dest / "server" / "noisescope_server" / "migrations")
     return commit
-
-
-def _env(root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NOISESCOPE_")}
-    env["PYTHONPATH"] = os.pathsep.join(str(root / d) for d in ("client", "server"))
-    return env
-
-
-def _check_modules(label: str, files: list[str], under: Path) -> None:
-    for path in files:
-        if not Path(path).resolve().is_relative_to(under.resolve()):
-            raise RuntimeError(f"the {label} worker imported {path}, not from under {under}")
 
 
 @dataclass
@@ -403,14 +314,14 @@ def _http(
 
 
 def _measure(
-    cases: list[_Case], workers: dict[str, _Worker], servers: dict[str, Any], rounds: int
+    cases: list[_Case], workers: dict[str, Worker], servers: dict[str, Any], rounds: int
 ) -> None:
     labels = list(workers)
     for r in range(rounds):
         for c in cases:
             for label in labels if r % 2 == 0 else labels[::-1]:
                 # the least of a round's calls: the one other load on the machine slowed least
-                got = workers[label].ask(c.case, repeat=CALLS)
+                got = _ask(workers[label], c.case, repeat=CALLS)
                 c.cpu.setdefault(label, []).append(min(got["cpu"]))
                 c.wall.setdefault(label, []).append(min(got["wall"]))
                 c.sha.setdefault(label, set()).add(got["sha"])
@@ -483,11 +394,13 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
         with contextlib.ExitStack() as stack:
             workers, servers = {}, {}
             for label, root in roots.items():
-                env = _env(root)
+                env = code_env(root, ("client", "server"))
                 workers[label] = stack.enter_context(
-                    _worker_process(label, env, [url, varied_url], tmp / f"{label}.log")
+                    worker_process(
+                        label, "benchmarks.series", [url, varied_url], env, tmp / f"{label}.log"
+                    )
                 )
-                _check_modules(label, workers[label].modules, root)
+                workers[label].check_modules(root)
                 server = stack.enter_context(
                     ServerProcess(database_url=url, env={"PYTHONPATH": env["PYTHONPATH"]})
                 )
@@ -497,7 +410,7 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
             differ = [
                 json.dumps(case)
                 for case in varied
-                if len({w.ask(case, repeat=0, db=1)["sha"] for w in workers.values()}) > 1
+                if len({_ask(w, case, repeat=0, db=1)["sha"] for w in workers.values()}) > 1
             ]
             _measure(cases, workers, servers, rounds)
     per_point = {label: _per_point(cases, label) for label in roots}
