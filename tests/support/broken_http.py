@@ -8,10 +8,11 @@ import contextlib
 import gzip
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from tests.support.loopback import LoopbackServer
 
 __all__ = ["Answer", "BrokenServer", "bomb", "json_answer", "reset", "trickle"]
 
@@ -74,32 +75,16 @@ def reset(after: bytes = b"") -> Behaviour:
     return send
 
 
-class BrokenServer:
+class BrokenServer(LoopbackServer):
     """Listens on a free loopback port; each connection's request head is read, then
     ``behaviour`` (settable at any time) answers it, and the connection is closed."""
 
     def __init__(self, behaviour: Behaviour) -> None:
         self.behaviour = behaviour
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self.requests: list[bytes] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        self._sock.settimeout(0.1)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(30)
             head = b""
@@ -111,14 +96,3 @@ class BrokenServer:
                     head += data
                 self.requests.append(head)
                 self.behaviour(conn)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._sock.close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> BrokenServer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
