@@ -23,14 +23,14 @@ Fault = int | tuple[int, dict[str, str]] | Exception
 class FakeServer:
     """Thread-safe fake of the HTTP API; ``faults`` are consumed one per request first."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, down: bool = False) -> None:
         self.lock = threading.Lock()
         self.runs: dict[str, dict[str, Any]] = {}
         self.samples: dict[str, dict[int, dict[str, Any]]] = {}
         self.events: dict[str, dict[int, dict[str, Any]]] = {}
         self.faults: list[Fault] = []
         #: While True every request raises TransportError (server unreachable).
-        self.down = False
+        self.down = down
         self.delay = 0.0
         self.requests: list[tuple[float, Request]] = []
         self.batch_sizes: list[int] = []

@@ -203,8 +203,7 @@ def test_sync_needs_no_space(tmp_path: Path, full_disk: FullDisk) -> None:
 def test_an_outage_onto_a_full_disk(tmp_path: Path, full_disk: FullDisk) -> None:
     """Online, the server down: what the disk took is delivered by sync, the rest counted."""
     full_disk.hit, full_disk.room = segment_file, 40_000
-    fake = FakeServer()
-    fake.down = True
+    fake = FakeServer(down=True)
     run = noisescope.init(
         project="p", transport=fake, dir=tmp_path, flush_timeout=0.2, memory_max=2000,
         batch_max=500, backoff_base=0.01, backoff_max=0.05,

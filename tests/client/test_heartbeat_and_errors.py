@@ -195,8 +195,7 @@ def test_finish_says_that_it_waits_for_a_server_that_does_not_answer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("NOISESCOPE_QUIET")
-    fake = FakeServer()
-    fake.down = True
+    fake = FakeServer(down=True)
     run = noisescope.init(url="http://down.test:1", transport=fake, dir=tmp_path, flush_timeout=1.5)
     run.log_sample(0, 8, 64, 2.0, 1.0)
     run.finish()
@@ -215,8 +214,7 @@ def test_ctrl_c_while_finish_waits_spools_the_rest_says_so_and_stops(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("NOISESCOPE_QUIET")
-    fake = FakeServer()
-    fake.down = True
+    fake = FakeServer(down=True)
     run = noisescope.init(url="http://down.test:1", transport=fake, dir=tmp_path)
     for step in range(10):
         run.log_sample(step, 8, 64, 2.0, 1.0)
@@ -237,8 +235,7 @@ def test_ctrl_c_while_finish_waits_spools_the_rest_says_so_and_stops(
 
 
 def test_a_recovered_outage_leaves_no_last_error() -> None:
-    fake = FakeServer()
-    fake.down = True
+    fake = FakeServer(down=True)
     run = noisescope.init(url="http://flaky.test:1", transport=fake, backoff_base=0.01)
     run.log_sample(0, 8, 64, 2.0, 1.0)
     assert wait_for(lambda: run.status().last_error is not None)
@@ -287,8 +284,7 @@ def test_a_server_that_is_down_is_said_once_at_the_first_failure(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="noisescope")
-    fake = FakeServer()
-    fake.down = True
+    fake = FakeServer(down=True)
     run = noisescope.init(url="http://down.test:1", transport=fake, backoff_base=0.01)
     run.log_sample(0, 8, 64, 2.0, 1.0)
     assert wait_for(lambda: any("cannot deliver" in r.getMessage() for r in caplog.records))

@@ -166,8 +166,7 @@ def test_evaluations_reach_the_spool_while_the_run_goes_on(tmp_path: Path, mode:
     """With the server down (or offline) an evaluation is on disk within the crash-loss bound,
     not only when finish() gives up."""
     root = tmp_path / "spool"
-    fake = FakeServer()
-    fake.down = True
+    fake = FakeServer(down=True)
     run = noisescope.init(
         transport=fake,
         dir=root,

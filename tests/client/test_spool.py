@@ -135,8 +135,7 @@ def test_events_of_an_offline_run_are_spooled_and_synced(tmp_path: Path) -> None
 
 
 def test_events_left_at_finish_during_an_outage_are_spooled(tmp_path: Path) -> None:
-    fake = FakeServer()
-    fake.down = True
+    fake = FakeServer(down=True)
     run = noisescope.init(project="p", transport=fake, dir=tmp_path, flush_timeout=0.2)
     run.log_sample(0, 8, 64, 2.0, 1.0)
     run.log_event(0, "batch_size", {"to": 128})
@@ -148,8 +147,7 @@ def test_events_left_at_finish_during_an_outage_are_spooled(tmp_path: Path) -> N
 
 
 def test_a_later_online_run_delivers_what_a_dead_run_left_in_the_spool(tmp_path: Path) -> None:
-    fake = FakeServer()
-    fake.down = True
+    fake = FakeServer(down=True)
     url = "http://orphan.test:1"
     dead = noisescope.init(project="p", url=url, transport=fake, dir=tmp_path, flush_timeout=0.1)
     for step in range(50):
