@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _cli
 from benchmarks._versions import ROOT, Worker, code_env, export, reply, worker_process
 
 VIEWS = Path("noisescope_dashboard") / "views"
@@ -449,12 +450,7 @@ __all__: list[Any] = ["run"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.dashboard",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser = _cli.parser("benchmarks.dashboard", __doc__)
     parser.add_argument(
         "--baseline",
         default=BASELINE,

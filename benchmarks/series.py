@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _cli
 from benchmarks._versions import ROOT, Worker, code_env, export, reply, worker_process
 
 #: The commit before the series read was rewritten (issue 32).
@@ -477,12 +478,7 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.series",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser = _cli.parser("benchmarks.series", __doc__)
     parser.add_argument(
         "--baseline", default=BASELINE, metavar="REV", help="the earlier revision (%(default)s)"
     )
