@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +48,24 @@ def code_env(root: Path, packages: Iterable[str], **set_: str) -> dict[str, str]
     env["PYTHONPATH"] = os.pathsep.join(str(root / d) for d in packages)
     env.update(set_)
     return env
+
+
+def server_cpu(pid: int) -> Callable[[], float]:
+    """A reading of the user + system CPU seconds of the process ``pid`` and its children (a
+    server and its workers), as psutil reports them."""
+    import psutil  # type: ignore[import-untyped]
+
+    server = psutil.Process(pid)
+
+    def cpu() -> float:
+        total = 0.0
+        for proc in [server, *server.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = proc.cpu_times()
+                total += t.user + t.system
+        return total
+
+    return cpu
 
 
 def reply(obj: dict[str, Any]) -> None:

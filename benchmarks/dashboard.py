@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _cli
+from benchmarks import _cli, _versions
 from benchmarks._versions import ROOT, Worker, code_env, export, reply, worker_process
 
 VIEWS = Path("noisescope_dashboard") / "views"
@@ -66,22 +66,14 @@ def _uid(i: int) -> str:
 
 def _build(url: str, big_n: int, n_runs: int, per_run: int) -> float:
     """Ingest the runs through ``crud``; seconds taken."""
-    from benchmarks.ingest import ingest_run
-    from noisescope_server import crud, db
+    from benchmarks.ingest import load_runs
+    from noisescope_server.crud import RunIn
 
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    t0 = time.perf_counter()
+    def run(uid: str, task: str) -> RunIn:
+        return RunIn(project="bench", task=task, name=uid, batch_size=256, status="finished")
 
-    def ingest(uid: str, n: int, task: str, seed: int) -> None:
-        run = crud.RunIn(project="bench", task=task, name=uid, batch_size=256, status="finished")
-        ingest_run(engine, uid, run, n, seed, BATCH)
-
-    ingest(BIG_UID, big_n, "one-big-run", 0)
-    for i in range(n_runs):
-        ingest(_uid(i), per_run, f"task{i % 5}", 1000 + i)
-    engine.dispose()
-    return time.perf_counter() - t0
+    small = [(_uid(i), run(_uid(i), f"task{i % 5}"), per_run, 1000 + i) for i in range(n_runs)]
+    return load_runs(url, [(BIG_UID, run(BIG_UID, "one-big-run"), big_n, 0), *small], BATCH)
 
 
 # --- the worker: one dashboard's pages in AppTest ----------------------------------------------
@@ -92,7 +84,6 @@ def _worker(views: Path, server_pid: int | None) -> int:
     import cProfile
     import pstats
 
-    import psutil
     import pyarrow as pa  # type: ignore[import-untyped]
     import streamlit as st
     from streamlit.testing.v1 import AppTest
@@ -101,17 +92,7 @@ def _worker(views: Path, server_pid: int | None) -> int:
     import noisescope_dashboard
     import noisescope_server
 
-    server = psutil.Process(server_pid) if server_pid else None
-
-    def server_cpu() -> float:
-        if server is None:
-            return 0.0
-        total = 0.0
-        for proc in [server, *server.children(recursive=True)]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                t = proc.cpu_times()
-                total += t.user + t.system
-        return total
+    server_cpu = _versions.server_cpu(server_pid) if server_pid else lambda: 0.0
 
     def check(at: AppTest, page: str) -> dict[str, int]:
         """Fail on an exception or an error message; count what the page drew."""

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,17 +68,23 @@ def make_columns(n: int, start: int, seed: int) -> dict[str, list[Any]]:
     }
 
 
-def ingest_run(engine: Any, uid: str, run: Any, n: int, seed: int, batch: int = 20_000) -> None:
-    """One run (a ``crud.RunIn``) and ``n`` samples of ``make_columns`` through ``crud``, the
-    server's write path (so ``sample_block`` is maintained as in production)."""
-    from noisescope_server import crud
+def load_runs(url: str, runs: Iterable[tuple[str, Any, int, int]], batch: int = 20_000) -> float:
+    """Migrate the database at ``url``, then load ``runs`` (uid, ``crud.RunIn``, samples, seed):
+    each run and ``make_columns``' samples through ``crud``, the server's write path (so
+    ``sample_block`` is maintained as in production). Seconds the loading took."""
+    from noisescope_server import crud, db
 
-    crud.upsert_run(engine, uid, run)
-    for start in range(0, n, batch):
-        cols = make_columns(min(batch, n - start), start, seed + start)
-        crud.ingest_samples(
-            engine, uid, crud.validate_samples({"columns": cols}, max_samples=batch)
-        )
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    t0 = time.perf_counter()
+    for uid, run, n, seed in runs:
+        crud.upsert_run(engine, uid, run)
+        for start in range(0, n, batch):
+            cols = make_columns(min(batch, n - start), start, seed + start)
+            samples = crud.validate_samples({"columns": cols}, max_samples=batch)
+            crud.ingest_samples(engine, uid, samples)
+    engine.dispose()
+    return time.perf_counter() - t0
 
 
 def _rows(run_id: int, cols: dict[str, list[Any]]) -> list[tuple[Any, ...]]:

@@ -47,7 +47,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import _cli
-from benchmarks._versions import ROOT, Worker, code_env, export, reply, worker_process
+from benchmarks._versions import (
+    ROOT,
+    Worker,
+    code_env,
+    export,
+    reply,
+    server_cpu,
+    worker_process,
+)
 
 #: The commit before the series read was rewritten (issue 32).
 BASELINE = "af93a16"
@@ -69,18 +77,12 @@ def _uid(n: int, i: int = 0) -> str:
 
 def _build(url: str, sizes: list[int], n_small: int) -> float:
     """The series runs and ``n_small`` runs of 10k samples through ``crud``; seconds taken."""
-    from benchmarks.ingest import ingest_run
-    from noisescope_server import crud, db
+    from benchmarks.ingest import load_runs
+    from noisescope_server.crud import RunIn
 
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    t0 = time.perf_counter()
+    run = RunIn(project="bench", task="series", batch_size=256, status="finished")
     runs = [(n, _uid(n)) for n in sizes] + [(10_000, _uid(10_000, i + 1)) for i in range(n_small)]
-    for k, (n, uid) in enumerate(runs):
-        run = crud.RunIn(project="bench", task="series", batch_size=256, status="finished")
-        ingest_run(engine, uid, run, n, 1000 * k, BATCH)
-    engine.dispose()
-    return time.perf_counter() - t0
+    return load_runs(url, [(uid, run, n, 1000 * k) for k, (n, uid) in enumerate(runs)], BATCH)
 
 
 VARIED = ["plain", "noisy", "gaps", "resumed", "tiny", "empty", "huge", "blocks", "child"]
@@ -279,22 +281,6 @@ def _cases(sizes: list[int], n_runs: int) -> list[_Case]:
     return cases
 
 
-def _server_cpu(pid: int) -> Callable[[], float]:
-    import psutil  # type: ignore[import-untyped]
-
-    proc = psutil.Process(pid)
-
-    def cpu() -> float:
-        total = 0.0
-        for p in [proc, *proc.children(recursive=True)]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                t = p.cpu_times()
-                total += t.user + t.system
-        return total
-
-    return cpu
-
-
 def _http(
     base: str, case: _Case, cpu: Callable[[], float], batch: int
 ) -> tuple[list[float], float, str]:
@@ -406,7 +392,7 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
                     ServerProcess(database_url=url, env={"PYTHONPATH": env["PYTHONPATH"]})
                 )
                 assert server.proc is not None
-                servers[label] = {"url": server.url, "cpu": _server_cpu(server.proc.pid)}
+                servers[label] = {"url": server.url, "cpu": server_cpu(server.proc.pid)}
             varied = _varied_cases()
             differ = [
                 json.dumps(case)
