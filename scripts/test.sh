@@ -40,5 +40,6 @@ say "mypy --strict"
 mypy
 say "pytest"
 # Two workers, each taking whole files (a module's fixtures are made once): on 2 cores the
-# suite takes about half as long. Arguments after these win (-n 0: one process).
-python -m pytest -n 2 --dist loadfile "$@"
+# suite takes about half as long; files with slow tests go first (tests/conftest.py), so no
+# long file runs alone at the end. Arguments after these win (-n 0: one process).
+python -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"

@@ -21,6 +21,25 @@ import pytest
 from tests.support import postgres
 from tests.support.servers import ServerProcess
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a ``slow`` test first, then the rest by their number of tests (most first).
+
+    scripts/test.sh hands whole files to 2 xdist workers in this order
+    (``--no-loadscope-reorder``), so the longest files start early instead of one of them
+    running alone at the end while the other worker idles (xdist's own order, by number of
+    tests, left the README steps' 4-minute test for last)."""
+    by_file: dict[str, list[pytest.Item]] = {}
+    slow: set[str] = set()
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        by_file.setdefault(path, []).append(item)
+        if item.get_closest_marker("slow") is not None:
+            slow.add(path)
+    order = sorted(by_file, key=lambda path: (path not in slow, -len(by_file[path])))
+    items[:] = [item for path in order for item in by_file[path]]
+
+
 if TYPE_CHECKING:
     from tests.support.inprocess import AppServer
 

@@ -17,6 +17,8 @@ pytest.importorskip("sklearn")
 
 from experiments.current_truth import RunOutcome, render, run_study, study_runs, summary
 
+pytestmark = pytest.mark.slow  # 36 training runs, about 1.5 min
+
 SEEDS = (0, 1, 2)
 
 
