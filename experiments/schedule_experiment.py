@@ -521,7 +521,7 @@ def save_figure(result: dict[str, Any], path: Path) -> None:
             for s, b, _, _ in rows
         ]
         traj += [
-            {"step": s, "series": f"B_simple EMA ({variant})", "value": n}
+            {"step": s, "series": f"B_simple now, scheduler ({variant})", "value": n}
             for s, _, n, _ in rows
             if n
         ]
