@@ -30,13 +30,14 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from experiments.tasks import TASKS, TaskSpec, make_trainer
 from noisescope import _format
-from noisescope.estimators import examples_ratio, fit_critical_batch, steps_ratio
+from noisescope.estimators import fit_critical_batch
 from noisescope.schedule import BatchSizeScheduler
 
 __all__ = ["main", "run_fixed", "run_schedule"]
@@ -136,30 +137,43 @@ class _Observer:
         return self.sched.noise_scale
 
 
-#: Scheduler settings compared. "default": the library defaults (EMA horizon ~50 steps, 50
-#: warm-up and cool-down steps, sized for runs of thousands of steps). "fast": the same rule
-#: with a ~10-step horizon, for runs that reach their targets in a few hundred steps.
-#: "fast-sqrt": "fast" with the square-root learning-rate rule (an ablation of the lr rule).
+#: Scheduler settings compared. "default": the library defaults (the batch follows the current
+#: B_simple; learning rate ε_max/(1 + B_simple/B) with ε_max = ``max_lr``; 50 warm-up and
+#: cool-down steps). "sqrt": the batch follows √(B_simple · B_ref) instead. "linear": the
+#: earlier default learning-rate rule (tuned base lr, linear in B up to ``max_lr``).
+#: "noise-lr-only": the default learning-rate rule with the batch held at the smallest one (what
+#: the learning-rate rule alone buys). "fast" and "fast-sqrt": the linear and square-root rules
+#: with 10-step warm-up and cool-down. "branch": follows the branch-measured local critical
+#: batch size (experiments.branching.branch_hook) instead of B_simple.
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "fast": {"warmup_steps": 10, "cooldown_steps": 10},
+    "sqrt": {"policy": "sqrt"},
+    "linear": {"lr_rule": "linear"},
+    "noise-lr-only": {"grows": False},
+    "fast": {"warmup_steps": 10, "cooldown_steps": 10, "lr_rule": "linear"},
     "fast-sqrt": {"warmup_steps": 10, "cooldown_steps": 10, "lr_rule": "sqrt"},
-    # Follows the branch-measured local critical batch size instead of B_simple
-    # (experiments.branching.branch_hook): no B_simple, no warm-up or cool-down.
-    "branch": {"warmup_steps": 0, "cooldown_steps": 0},
+    "branch": {"warmup_steps": 0, "cooldown_steps": 0, "lr_rule": "linear"},
 }
 
 
 def make_scheduler(
-    spec: TaskSpec, base_lr: float, max_lr: float, variant: str = "default"
+    spec: TaskSpec,
+    base_lr: float,
+    max_lr: float,
+    variant: str = "default",
+    *,
+    batch: int | None = None,
 ) -> BatchSizeScheduler:
-    """The schedule under test: library defaults except the batch range and ``VARIANTS``."""
+    """The schedule under test: library defaults except the batch range and ``VARIANTS``;
+    ``batch`` holds the batch there (the learning-rate rule alone, at a fixed batch)."""
     granularity = spec.micro_batches  # the task splits each batch into this many micro-batches
-    settings: dict[str, Any] = {"lr_rule": "linear", **VARIANTS[variant]}
+    settings: dict[str, Any] = dict(VARIANTS[variant])
+    min_batch = batch or max(spec.batch_sizes[0], granularity)
+    grows = settings.pop("grows", True) and batch is None
     return BatchSizeScheduler(
         micro_batch_size=granularity,
-        min_batch_size=max(spec.batch_sizes[0], granularity),
-        max_batch_size=spec.batch_sizes[-1],
+        min_batch_size=min_batch,
+        max_batch_size=spec.batch_sizes[-1] if grows else min_batch,
         base_lr=base_lr,
         max_lr=max_lr,
         **settings,
@@ -173,8 +187,10 @@ def run_schedule(
     seed: int,
     targets: Sequence[float],
     variant: str = "default",
+    *,
+    batch: int | None = None,
 ) -> Trace:
-    sched = make_scheduler(spec, base_lr, max_lr, variant)
+    sched = make_scheduler(spec, base_lr, max_lr, variant, batch=batch)
     lr_of = lambda: sched.lr  # noqa: E731
     if variant == "branch":
         import tempfile
@@ -188,15 +204,61 @@ def run_schedule(
     return _train(spec, seed, targets, lr_of, lambda: sched.batch_size, obs, record_every=10)
 
 
-def _cached(path: Path, compute: Any) -> Trace:
-    if path.exists():
-        return Trace.from_json(json.loads(path.read_text()))
-    trace: Trace = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(trace.to_json()))
-    tmp.replace(path)
-    return trace
+@dataclass(frozen=True)
+class _Job:
+    """One training run, picklable for a worker process: a fixed batch (``variant`` None) or
+    a schedule variant (at a held ``batch`` for the control)."""
+
+    path: Path
+    spec: TaskSpec
+    seed: int
+    targets: tuple[float, ...]
+    lr: float
+    batch: int | None = None
+    variant: str | None = None
+    max_lr: float = 0.0
+
+    def run(self) -> None:
+        if self.variant is None:
+            assert self.batch is not None
+            trace = run_fixed(self.spec, self.batch, self.lr, self.seed, self.targets)
+        else:
+            trace = run_schedule(
+                self.spec,
+                self.lr,
+                self.max_lr,
+                self.seed,
+                self.targets,
+                self.variant,
+                batch=self.batch,
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(trace.to_json()))
+        tmp.replace(self.path)
+
+
+def _run_job(job: _Job) -> None:
+    job.run()
+
+
+def _run_all(jobs: list[_Job], workers: int, log: Any) -> dict[Path, Trace]:
+    """Every job's trace: the cached ones read, the others run on ``workers`` processes."""
+    todo = [job for job in jobs if not job.path.exists()]
+    if todo:
+        log(f"{len(todo)} of {len(jobs)} runs to train on {workers} process(es)")
+    if workers > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            for done, _ in enumerate(as_completed(pool.submit(_run_job, j) for j in todo), 1):
+                _.result()
+                if done % max(1, len(todo) // 20) == 0 or done == len(todo):
+                    log(f"  {done}/{len(todo)} runs trained")
+    else:
+        for done, job in enumerate(todo, 1):
+            job.run()
+            if done % max(1, len(todo) // 20) == 0 or done == len(todo):
+                log(f"  {done}/{len(todo)} runs trained")
+    return {job.path: Trace.from_json(json.loads(job.path.read_text())) for job in jobs}
 
 
 def _median_or_none(values: list[float | None]) -> float | None:
@@ -221,13 +283,79 @@ def _best_lr(
     return None if best is None else (best[0], best[2])
 
 
+def _frontier(traces: dict[int, dict[float, list[Trace]]], target: float) -> dict[str, Any] | None:
+    """Per batch size its best learning rate's steps and examples to ``target``, and the
+    hyperbola S = S_min(1 + B_crit/B) fitted to them (None with fewer than 3 batch sizes)."""
+    per_b = {b: best for b in traces if (best := _best_lr(traces[b], target)) is not None}
+    if len(per_b) < 3:
+        return None
+    med_steps = {b: statistics.median(h[0] for h in v[1]) for b, v in per_b.items()}
+    med_ex = {b: statistics.median(h[1] for h in v[1]) for b, v in per_b.items()}
+    bs = sorted(per_b)
+    # The frontier product needs the hyperbola: no B_crit (S_min or E_min <= 0), no product.
+    fit = fit_critical_batch(bs, [med_steps[b] for b in bs])
+    nan = float("nan")
+    return {
+        "fixed": {
+            str(b): {
+                "lr": per_b[b][0],
+                "steps": _stats([float(h[0]) for h in per_b[b][1]]),
+                "examples": _stats([h[1] for h in per_b[b][1]]),
+            }
+            for b in bs
+        },
+        "small": min(per_b, key=lambda b: (med_ex[b], b)),
+        "large": min(per_b, key=lambda b: (med_steps[b], -b)),
+        "s_min": nan if fit.b_crit is None else fit.s_min,
+        "e_min": nan if fit.b_crit is None else fit.e_min,
+        "b_crit": nan if fit.b_crit is None else fit.b_crit,
+        "b_crit_lo": fit.b_crit_lo,
+        "b_crit_hi": fit.b_crit_hi,
+        "b_crit_level": fit.level,
+        "b_crit_reason": fit.reason,
+    }
+
+
+def _against(entry: dict[str, Any], frontier: dict[str, Any]) -> dict[str, Any]:
+    """Where a schedule stands against a fixed-batch frontier: its place on the fitted
+    hyperbola, the fixed batches at least as good on both counts (medians), and the fixed
+    batches whose seeds' ranges overlap the schedule's on steps and on examples alike."""
+    steps, examples = entry["steps"], entry["examples"]
+    out: dict[str, Any] = {
+        "dominated_by": [
+            int(b)
+            for b, f in frontier["fixed"].items()
+            if f["steps"]["median"] <= steps["median"]
+            and f["examples"]["median"] <= examples["median"]
+        ],
+        "overlaps": [
+            int(b)
+            for b, f in frontier["fixed"].items()
+            if _overlap(f["steps"], steps) and _overlap(f["examples"], examples)
+        ],
+    }
+    if math.isfinite(frontier["s_min"]):
+        s_rel = steps["median"] / frontier["s_min"]
+        e_rel = examples["median"] / frontier["e_min"]
+        out.update(
+            steps_over_min=s_rel,
+            examples_over_min=e_rel,
+            frontier_product=(s_rel - 1.0) * (e_rel - 1.0),
+        )
+    return out
+
+
+def _overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a["min"] <= b["max"] and b["min"] <= a["max"]
+
+
 def _stats(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.schedule_experiment")
-    p.add_argument("--task", default="lsq", choices=["lsq", "digits"])
+    p.add_argument("--task", default="lsq", choices=sorted(TASKS))
     p.add_argument("--repeats", type=int, default=None, help="default: 5 (2 with --quick)")
     p.add_argument("--quick", action="store_true", help="the task's quick sweep, 2 repeats")
     p.add_argument("--out", type=Path, default=Path("experiments/runs/schedule"))
@@ -235,9 +363,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--targets", default=None, help="comma-separated loss targets (default: the task's)"
     )
-    p.add_argument("--variants", default="default,fast,fast-sqrt", help=f"of {', '.join(VARIANTS)}")
+    p.add_argument(
+        "--control",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run every fixed batch under the default learning-rate rule",
+    )
+    p.add_argument("--jobs", type=int, default=1, help="training processes (default 1)")
+    p.add_argument("--batch-sizes", default=None, help="comma-separated (default: the task's)")
+    p.add_argument("--lrs", default=None, help="comma-separated (default: the task's grid)")
+    p.add_argument(
+        "--variants", default="default,sqrt,linear,noise-lr-only", help=f"of {', '.join(VARIANTS)}"
+    )
     args = p.parse_args(argv)
     spec = TASKS[args.task].sized(args.quick)
+    if args.batch_sizes:
+        spec = replace(spec, batch_sizes=tuple(sorted(int(b) for b in args.batch_sizes.split(","))))
+    if args.lrs:
+        spec = replace(spec, lrs=tuple(float(lr) for lr in args.lrs.split(",")))
     repeats = args.repeats or (2 if args.quick else 5)
     targets = (
         tuple(float(t) for t in args.targets.split(",")) if args.targets else spec.loss_targets
@@ -248,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
     lowest = min(targets)
     tag = "_".join(f"{t:g}" for t in sorted(targets, reverse=True))
+    if args.batch_sizes or args.lrs:  # another grid: another cache
+        tag += "_grid_" + "_".join(f"{x:g}" for x in (*spec.batch_sizes, *spec.lrs))
     out = args.out / ("quick" if args.quick else "full") / f"{spec.name}_targets_{tag}"
     t0 = time.monotonic()
     seeds = list(range(repeats))
@@ -256,100 +401,72 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t0:6.0f}s] {msg}", file=sys.stderr, flush=True)
 
     # 1. fixed batch sizes x learning rates x seeds
-    fixed: dict[int, dict[float, list[Trace]]] = {}
-    for b in spec.batch_sizes:
-        fixed[b] = {}
-        for lr in spec.lrs:
-            fixed[b][lr] = [
-                _cached(
-                    out / f"fixed_B{b}_lr{lr:g}_s{s}.json",
-                    lambda b=b, lr=lr, s=s: run_fixed(spec, b, lr, s, targets),
-                )
-                for s in seeds
-            ]
-        log(f"fixed B={b} done")
-    # 2. the schedule: base lr over the same grid, cap = best lr of the largest fixed batch
+    def fixed_job(b: int, lr: float, s: int) -> _Job:
+        return _Job(out / f"fixed_B{b}_lr{lr:g}_s{s}.json", spec, s, targets, lr, batch=b)
+
+    done = _run_all(
+        [fixed_job(b, lr, s) for b in spec.batch_sizes for lr in spec.lrs for s in seeds],
+        args.jobs,
+        log,
+    )
+    fixed = {
+        b: {lr: [done[fixed_job(b, lr, s).path] for s in seeds] for lr in spec.lrs}
+        for b in spec.batch_sizes
+    }
+    # 2. the schedule: base lr over the same grid, cap = best lr of the largest fixed batch;
+    # 3. the control: every fixed batch under the schedule's own (default) learning-rate rule
     b_max = spec.batch_sizes[-1]
     cap = _best_lr(fixed[b_max], lowest) or _best_lr(fixed[b_max], max(targets))
     max_lr = cap[0] if cap is not None else max(spec.lrs)
-    scheds: dict[str, dict[float, list[Trace]]] = {}
-    for variant in variants:
-        scheds[variant] = {}
-        for lr in spec.lrs:
-            if lr > max_lr:
-                continue  # base lr above the cap would be capped from the first step
-            scheds[variant][lr] = [
-                _cached(
-                    out / f"sched_{variant}_lr{lr:g}_cap{max_lr:g}_s{s}.json",
-                    lambda lr=lr, s=s, v=variant: run_schedule(spec, lr, max_lr, s, targets, v),
-                )
-                for s in seeds
-            ]
-        log(f"schedule {variant} done")
+    base_lrs = [lr for lr in spec.lrs if lr <= max_lr]  # above the cap: capped from step one
+
+    def sched_job(variant: str, lr: float, s: int) -> _Job:
+        name = f"sched_{variant}_lr{lr:g}_cap{max_lr:g}_s{s}.json"
+        return _Job(out / name, spec, s, targets, lr, variant=variant, max_lr=max_lr)
+
+    def control_job(b: int, lr: float, s: int) -> _Job:
+        name = f"fixednoise_B{b}_lr{lr:g}_cap{max_lr:g}_s{s}.json"
+        return _Job(out / name, spec, s, targets, lr, b, "default", max_lr)
+
+    held = [b for b in spec.batch_sizes if b % spec.micro_batches == 0] if args.control else []
+    done = _run_all(
+        [sched_job(v, lr, s) for v in variants for lr in base_lrs for s in seeds]
+        + [control_job(b, lr, s) for b in held for lr in base_lrs for s in seeds],
+        args.jobs,
+        log,
+    )
+    scheds = {
+        v: {lr: [done[sched_job(v, lr, s).path] for s in seeds] for lr in base_lrs}
+        for v in variants
+    }
+    fixed_noise = {
+        b: {lr: [done[control_job(b, lr, s).path] for s in seeds] for lr in base_lrs} for b in held
+    }
 
     rows: list[dict[str, Any]] = []
     for target in targets:
-        per_b: dict[int, tuple[float, list[tuple[int, float]]]] = {}
-        for b in spec.batch_sizes:
-            best = _best_lr(fixed[b], target)
-            if best is not None:
-                per_b[b] = best
-        if len(per_b) < 3:
+        frontier = _frontier(fixed, target)
+        if frontier is None:
             rows.append({"target": target, "missing": True})
             continue
-        med_steps = {b: statistics.median(h[0] for h in v[1]) for b, v in per_b.items()}
-        med_ex = {b: statistics.median(h[1] for h in v[1]) for b, v in per_b.items()}
-        small = min(per_b, key=lambda b: (med_ex[b], b))
-        large = min(per_b, key=lambda b: (med_steps[b], -b))
-        bs = sorted(per_b)
-        # The frontier product needs the hyperbola: no B_crit (S_min or E_min <= 0), no product.
-        fit = fit_critical_batch(bs, [med_steps[b] for b in bs])
-        nan = float("nan")
-        b_crit = nan if fit.b_crit is None else fit.b_crit
-        s_min, e_min = (nan, nan) if fit.b_crit is None else (fit.s_min, fit.e_min)
-        row: dict[str, Any] = {
-            "target": target,
-            "fixed": {
-                str(b): {
-                    "lr": per_b[b][0],
-                    "steps": _stats([float(h[0]) for h in per_b[b][1]]),
-                    "examples": _stats([h[1] for h in per_b[b][1]]),
-                }
-                for b in bs
-            },
-            "small": small,
-            "large": large,
-            "s_min": s_min,
-            "e_min": e_min,
-            "b_crit": b_crit,
-            "b_crit_lo": fit.b_crit_lo,
-            "b_crit_hi": fit.b_crit_hi,
-            "b_crit_level": fit.level,
-            "b_crit_reason": fit.reason,
-            "schedules": {},
-        }
+        row: dict[str, Any] = {"target": target, **frontier, "schedules": {}}
+        control = _frontier(fixed_noise, target) if fixed_noise else None
+        if control is not None:
+            row["control"] = control
         for variant, sched in scheds.items():
             s_best = _best_lr(sched, target)
             if s_best is None:
                 continue
-            sched_steps = [float(h[0]) for h in s_best[1]]
-            sched_ex = [h[1] for h in s_best[1]]
             entry: dict[str, Any] = {
                 "base_lr": s_best[0],
                 "max_lr": max_lr,
-                "steps": _stats(sched_steps),
-                "examples": _stats(sched_ex),
+                "steps": _stats([float(h[0]) for h in s_best[1]]),
+                "examples": _stats([h[1] for h in s_best[1]]),
             }
-            if math.isfinite(s_min):
-                s_rel = statistics.median(sched_steps) / s_min
-                e_rel = statistics.median(sched_ex) / e_min
-                entry["frontier_product"] = (s_rel - 1.0) * (e_rel - 1.0)
-                entry["steps_over_min"] = s_rel
-                entry["examples_over_min"] = e_rel
+            entry.update(_against(entry, frontier))
+            if control is not None:
+                entry["control"] = _against(entry, control)
             row["schedules"][variant] = entry
-        if math.isfinite(b_crit):
-            # a fixed batch at B_crit costs 2x the minimum steps and 2x the minimum examples
-            row["at_b_crit"] = [steps_ratio(b_crit, b_crit), examples_ratio(b_crit, b_crit)]
         rows.append(row)
     # each schedule's batch trajectory at its chosen base lr (seed 0), for the figure
     trajectories: dict[str, list[Any]] = {}
@@ -390,56 +507,91 @@ def _fmt(s: dict[str, float]) -> str:
 
 
 def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
+    rows = [r for r in result["rows"] if not r.get("missing")]
+    control = any("control" in r for r in rows)
     lines = [
         f"Task `{spec.name}` ({spec.title}), {result['repeats']} repeats (seeds 0–"
         f"{result['repeats'] - 1}); median [min–max] over repeats; learning rate tuned per "
-        "fixed batch and per schedule variant on the same grid (fewest median steps).",
+        "fixed batch and per schedule variant on the same grid (fewest median steps). "
+        '"As good": a fixed batch whose median steps and examples are both at most the '
+        "schedule's; \"within range\": a fixed batch whose seeds' min–max ranges overlap the "
+        "schedule's on steps and on examples alike.",
         "",
     ]
+    for r in result["rows"]:
+        if r.get("missing"):
+            lines.append(f"Loss {r['target']:g}: fewer than 3 fixed batch sizes reached it.")
     for variant, settings in result["variants"].items():
-        lines += [
-            f"Schedule variant `{variant}` ({settings or 'library defaults'}):",
-            "",
-            "| loss target | schedule steps | best small B: steps | schedule examples | "
-            "best large B: examples | fewer steps than small? | fewer examples than large? | "
-            "S/S_min, E/E_min | (S/S_min−1)(E/E_min−1) | fixed B with fewer steps AND examples |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for row in result["rows"]:
-            sc = row.get("schedules", {}).get(variant)
-            if row.get("missing") or sc is None:
-                lines.append(f"| {row['target']:g} | not reached by all repeats | | | | | | | | |")
+        head = (
+            "| loss target | schedule steps | schedule examples | best small B: steps "
+            "| best large B: examples | S/S_min, E/E_min | (S/S_min−1)(E/E_min−1) "
+            "| fixed B as good | fixed B within range |"
+        )
+        rule = "|---|---|---|---|---|---|---|---|---|"
+        if control:
+            head += " same lr rule, fixed: product; as good |"
+            rule += "---|"
+        lines += [f"Schedule variant `{variant}` ({settings or 'library defaults'}):", ""]
+        lines += [head, rule]
+        wins = apart = counted = 0
+        for row in rows:
+            sc = row["schedules"].get(variant)
+            if sc is None:
+                lines.append(f"| {row['target']:g} | not reached by all repeats |" + " |" * 7)
                 continue
+            counted += 1
             small = row["fixed"][str(row["small"])]
             large = row["fixed"][str(row["large"])]
-            win_s = sc["steps"]["median"] < small["steps"]["median"]
-            win_e = sc["examples"]["median"] < large["examples"]["median"]
-            rel = (
-                f"{sc['steps_over_min']:.2f}, {sc['examples_over_min']:.2f}"
-                if "steps_over_min" in sc
-                else "n/a"
-            )
-            prod = f"{sc['frontier_product']:.2f}" if "frontier_product" in sc else "n/a"
-            dominating = [
-                b
-                for b, f in row["fixed"].items()
-                if f["steps"]["median"] <= sc["steps"]["median"]
-                and f["examples"]["median"] <= sc["examples"]["median"]
-            ]
-            dom = ", ".join(f"B={b}" for b in dominating) or "none"
-            lines.append(
-                f"| {row['target']:g} | {_fmt(sc['steps'])} "
+            inside = sc.get("frontier_product", math.inf) < 1.0
+            wins += inside and not sc["dominated_by"]
+            apart += not sc["overlaps"]
+            line = (
+                f"| {row['target']:g} | {_fmt(sc['steps'])} | {_fmt(sc['examples'])} "
                 f"| {_fmt(small['steps'])} (B={row['small']}) "
-                f"| {_fmt(sc['examples'])} | {_fmt(large['examples'])} (B={row['large']}) "
-                f"| {'yes' if win_s else 'no'} | {'yes' if win_e else 'no'} | {rel} | {prod} "
-                f"| {dom} |"
+                f"| {_fmt(large['examples'])} (B={row['large']}) | {_place(sc)} "
+                f"| {_bs(sc['dominated_by'])} | {_bs(sc['overlaps'])} |"
             )
-        lines.append("")
+            if control:
+                ctl = sc.get("control")
+                line += f" {_product(ctl)}; {_bs(ctl['dominated_by'])} |" if ctl else " n/a |"
+            lines.append(line)
+        lines += [
+            "",
+            f"`{variant}`: undominated and inside the fitted hyperbola at {wins} of "
+            f"{len(rows)} targets; its seeds' range apart from every fixed batch's on steps "
+            f"or on examples at {apart} of {len(rows)}"
+            + (f" (reached all repeats at {counted})." if counted < len(rows) else "."),
+            "",
+        ]
     lines.append(
         "Fixed-batch frontier per target (best lr per B; fit S = S_min(1 + B_crit/B)): "
-        + "; ".join(_frontier_fit(r) for r in result["rows"] if not r.get("missing"))
+        + "; ".join(_frontier_fit(r) for r in rows)
     )
+    if control:
+        lines += [
+            "",
+            "The same, fixed batches under the schedule's default learning-rate rule: "
+            + "; ".join(
+                _frontier_fit({"target": r["target"], **r["control"]})
+                for r in rows
+                if "control" in r
+            ),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _bs(batches: list[int]) -> str:
+    return ", ".join(f"B={b}" for b in batches) or "none"
+
+
+def _product(entry: dict[str, Any]) -> str:
+    return f"{entry['frontier_product']:.2f}" if "frontier_product" in entry else "n/a"
+
+
+def _place(entry: dict[str, Any]) -> str:
+    if "steps_over_min" not in entry:
+        return "n/a | n/a"
+    return f"{entry['steps_over_min']:.2f}, {entry['examples_over_min']:.2f} | {_product(entry)}"
 
 
 def _frontier_fit(row: dict[str, Any]) -> str:
@@ -474,48 +626,83 @@ def _point(target: float, who: str, label: str, stats: dict[str, Any]) -> dict[s
     }
 
 
+CONTROL = "fixed batch, default lr rule"
+HYPERBOLA = "fitted hyperbola"
+
+
 def save_figure(result: dict[str, Any], path: Path) -> None:
     import altair as alt
     import pandas as pd
 
+    targets = result["targets"]
     points: list[dict[str, Any]] = []
+    curve: list[dict[str, Any]] = []
     for row in result["rows"]:
         if row.get("missing"):
             continue
         for b, f in row["fixed"].items():
             points.append(_point(row["target"], "fixed batch", f"B={b}", f))
+        for b, f in row.get("control", {}).get("fixed", {}).items():
+            points.append(_point(row["target"], CONTROL, f"B={b}", f))
         for variant, sc in row["schedules"].items():
             points.append(_point(row["target"], f"schedule ({variant})", variant, sc))
+        if math.isfinite(row["b_crit"]):  # the fitted hyperbola, B from B_crit/16 to 16·B_crit
+            curve += [
+                {
+                    "target": f"loss {row['target']:g}",
+                    "k": k,
+                    "steps": row["s_min"] * (1.0 + 2.0 ** (-k / 4)),
+                    "examples": row["e_min"] * (1.0 + 2.0 ** (k / 4)),
+                }
+                for k in range(-16, 17)
+            ]
     whos = ["fixed batch"] + [f"schedule ({v})" for v in result["variants"]]
-    palette = ["#7f7f7f", "#d62728", "#1f77b4", "#2ca02c"][: len(whos)]
+    if any(p["who"] == CONTROL for p in points):
+        whos.insert(1, CONTROL)
+    palette = ["#7f7f7f", "#bcbd22", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
     color = alt.Color(
         "who:N",
         title=None,
-        scale=alt.Scale(domain=whos, range=palette),
-        legend=alt.Legend(orient="bottom"),
+        scale=alt.Scale(domain=whos, range=palette[: len(whos)]),
+        legend=alt.Legend(orient="bottom", columns=3),
     )
-    base = alt.Chart(pd.DataFrame(points))
-    dots = base.mark_point(filled=True, size=50).encode(
-        x=alt.X("examples:Q", scale=alt.Scale(type="log"), title="examples to target"),
-        y=alt.Y("steps:Q", scale=alt.Scale(type="log"), title="optimizer steps to target"),
+    curve_rows = [{**c, "who": HYPERBOLA} for c in curve]
+    base = alt.Chart(pd.DataFrame(points + curve_rows))
+    marks = base.transform_filter(alt.datum.who != HYPERBOLA)
+    x_log = alt.X("examples:Q", scale=alt.Scale(type="log"), title="examples to target")
+    y_log = alt.Y("steps:Q", scale=alt.Scale(type="log"), title="optimizer steps to target")
+    dots = marks.mark_point(filled=True, size=50).encode(
+        x=x_log,
+        y=y_log,
         color=color,
-        tooltip=["label:N", "steps:Q", "examples:Q"],
+        tooltip=["who:N", "label:N", "steps:Q", "examples:Q"],
     )
-    ybars = base.mark_rule().encode(x="examples:Q", y="steps_lo:Q", y2="steps_hi:Q", color=color)
-    xbars = base.mark_rule().encode(x="examples_lo:Q", x2="examples_hi:Q", y="steps:Q", color=color)
+    hyperbola = (
+        base.transform_filter(alt.datum.who == HYPERBOLA)
+        .mark_line(color="#7f7f7f", strokeDash=[4, 3], clip=True)
+        .encode(x="examples:Q", y="steps:Q", order="k:Q")
+    )
+    ybars = marks.mark_rule().encode(x="examples:Q", y="steps_lo:Q", y2="steps_hi:Q", color=color)
+    xbars = marks.mark_rule().encode(
+        x="examples_lo:Q", x2="examples_hi:Q", y="steps:Q", color=color
+    )
     text = (
         base.transform_filter(alt.datum.who == "fixed batch")
         .mark_text(dx=16, dy=-6, fontSize=9)
         .encode(x="examples:Q", y="steps:Q", text="label:N", color=color)
     )
     frontier = (
-        alt.layer(ybars, xbars, dots, text)
+        alt.layer(hyperbola, ybars, xbars, dots, text)
         .properties(width=210, height=190)
-        .facet(facet=alt.Facet("target:N", title=None, sort=None), columns=3)
+        .facet(
+            facet=alt.Facet("target:N", title=None, sort=[f"loss {t:g}" for t in targets]),
+            columns=2,
+        )
         .resolve_scale(x="independent", y="independent")
     )
     traj: list[dict[str, Any]] = []
-    for variant, rows in result["trajectories"].items():
+    shown = dict(list(result["trajectories"].items())[:1])  # the first variant: the default
+    for variant, rows in shown.items():
         traj += [
             {"step": s, "series": f"batch size, schedule ({variant})", "value": b}
             for s, b, _, _ in rows
@@ -537,7 +724,7 @@ def save_figure(result: dict[str, Any], path: Path) -> None:
             y=alt.Y("value:Q", scale=alt.Scale(type="log"), title="examples"),
             color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")),
         )
-        .properties(width=520, height=200, title="Batch size chosen by the schedules (seed 0)")
+        .properties(width=440, height=200, title="Batch size chosen by the schedule (seed 0)")
     )
     chart = (
         alt.vconcat(frontier, lines)

@@ -36,14 +36,29 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
 from noisescope import _wire
-from noisescope.estimators import NoiseSamples, scaled_lr, two_batch_estimates
+from noisescope.estimators import (
+    NoiseSamples,
+    adaptive_batch_target,
+    noise_scaled_lr,
+    scaled_lr,
+    two_batch_estimates,
+)
 
-__all__ = ["BatchDecision", "BatchSizeScheduler", "LRRule", "NormsSample", "scaled_lr"]
+__all__ = [
+    "BatchDecision",
+    "BatchSizeScheduler",
+    "LRRule",
+    "NormsSample",
+    "Policy",
+    "scaled_lr",
+]
 
 logger = logging.getLogger("noisescope")
 
-LRRule = Literal["linear", "sqrt", "none"]
-_LR_RULES = ("linear", "sqrt", "none")
+LRRule = Literal["noise", "linear", "sqrt", "none"]
+_LR_RULES = ("noise", "linear", "sqrt", "none")
+Policy = Literal["sqrt", "critical"]
+_POLICIES = ("sqrt", "critical")
 
 #: The event kind batch-size changes are logged under (the dashboard marks these on charts):
 #: ``noisescope.protocol.BATCH_SIZE_EVENT_KIND``, named here too for the scheduler's users.
@@ -115,9 +130,22 @@ class BatchSizeScheduler:
             micro-batches, so the "micro" probe source always has two batch sizes to compare.
         max_batch_size: largest effective batch (rounded down to whole micro-batches).
         base_lr: learning rate tuned at ``base_batch_size`` (default: the starting batch);
-            None leaves the learning rate to the user (``lr`` stays None).
-        lr_rule: "linear", "sqrt" or "none": how the learning rate follows the batch.
-        max_lr: cap on the scaled learning rate (large batches hit a stability limit).
+            None leaves the learning rate to the user (``lr`` stays None) unless the rule is
+            "noise".
+        lr_rule: how the learning rate follows the batch. "noise" (the default when ``max_lr``
+            is given): ε_max/(1 + B_simple/B) with ε_max = ``max_lr``, the best SGD step at
+            batch B in docs/science.md's model (``estimators.noise_scaled_lr``), which also
+            lowers the learning rate as the noise scale grows at a fixed batch; until the first
+            measurement, ``base_lr`` scaled linearly (or ``max_lr``/2 without one). "linear"
+            (the default without ``max_lr``), "sqrt" (Adam family) or "none": ``base_lr``
+            scaled by B, B^½ or 1, capped at ``max_lr``.
+        max_lr: the largest learning rate: ε_max of the "noise" rule, the cap of the others
+            (large batches hit a stability limit); the best learning rate of a large batch.
+        policy: "critical" (default): the batch follows ``target_ratio · B_simple``; "sqrt":
+            ``target_ratio · √(B_simple · reference_batch_size)``, the batch that minimises
+            steps + examples/B_ref (``estimators.adaptive_batch_target``).
+        reference_batch_size: B_ref of the "sqrt" policy, the examples one step is worth;
+            default √(min_batch_size · max_batch_size).
         target_ratio: aim for ``target_ratio · B_simple`` (1.0: the critical-batch point).
         hysteresis: relative band the target must leave before the batch changes.
         max_step_factor: largest factor one change may grow (or shrink) the batch by; the
@@ -138,9 +166,11 @@ class BatchSizeScheduler:
         min_batch_size: int | None = None,
         max_batch_size: int,
         base_lr: float | None = None,
-        lr_rule: LRRule = "linear",
+        lr_rule: LRRule | None = None,
         base_batch_size: float | None = None,
         max_lr: float | None = None,
+        policy: Policy = "critical",
+        reference_batch_size: float | None = None,
         target_ratio: float = 1.0,
         hysteresis: float = 0.5,
         max_step_factor: float = 2.0,
@@ -165,8 +195,18 @@ class BatchSizeScheduler:
                 f"max_batch_size ({max_batch_size}) must hold at least min_batch_size "
                 f"({min_batch_size}) in whole micro-batches of {micro_batch_size}"
             )
+        if lr_rule is None:
+            lr_rule = "linear" if max_lr is None else "noise"
         if lr_rule not in _LR_RULES:
-            raise ValueError(f"lr_rule must be 'linear', 'sqrt' or 'none', got {lr_rule!r}")
+            raise ValueError(
+                f"lr_rule must be 'noise', 'linear', 'sqrt' or 'none', got {lr_rule!r}"
+            )
+        if lr_rule == "noise" and max_lr is None:
+            raise ValueError("lr_rule='noise' needs max_lr (best lr of a large batch)")
+        if policy not in _POLICIES:
+            raise ValueError(f"policy must be 'sqrt' or 'critical', got {policy!r}")
+        if reference_batch_size is not None and not reference_batch_size > 0:
+            raise ValueError(f"reference_batch_size must be positive, got {reference_batch_size}")
         if not target_ratio > 0:
             raise ValueError(f"target_ratio must be positive, got {target_ratio}")
         if not hysteresis >= 0:
@@ -186,6 +226,10 @@ class BatchSizeScheduler:
         self.lr_rule: LRRule = lr_rule
         self.base_batch_size = float(base_batch_size or self.batch_size)
         self.max_lr = max_lr
+        self.policy: Policy = policy
+        self.reference_batch_size = float(
+            reference_batch_size or math.sqrt(self.min_batch_size * self.max_batch_size)
+        )
         self.target_ratio = target_ratio
         self.hysteresis = hysteresis
         self.max_step_factor = max_step_factor
@@ -237,9 +281,16 @@ class BatchSizeScheduler:
         return self._noise_scale
 
     def _lr_for(self, batch_size: int) -> float | None:
+        rule: str = self.lr_rule
+        if rule == "noise" and self.max_lr is not None:
+            if self._noise_scale is not None:
+                return noise_scaled_lr(self.max_lr, batch_size, self._noise_scale)
+            if self.base_lr is None:
+                return self.max_lr / 2.0  # no measurement yet: take the batch to be at B_noise
+            rule = "linear"  # no measurement yet: the tuned base lr, linear in B up to the cap
         if self.base_lr is None:
             return None
-        lr = scaled_lr(self.base_lr, batch_size, self.base_batch_size, self.lr_rule)
+        lr = scaled_lr(self.base_lr, batch_size, self.base_batch_size, rule)
         return min(lr, self.max_lr) if self.max_lr is not None else lr
 
     def apply_lr(self, optimizer: Any) -> None:
@@ -280,10 +331,19 @@ class BatchSizeScheduler:
         return self._decide(step, self._current_noise_scale())
 
     def update(self, step: int, noise_scale: float | None) -> BatchDecision | None:
-        """Decide from an already smoothed noise scale (e.g. from the server or a tracker)."""
+        """Decide from an already smoothed noise scale (e.g. from the server or a tracker); the
+        "noise" learning-rate rule reads it too."""
+        if noise_scale is not None and math.isfinite(noise_scale) and noise_scale >= 0:
+            self._noise_scale = noise_scale
         return self._decide(step, noise_scale)
 
     # -- the decision -----------------------------------------------------------------------
+    def target_for(self, noise_scale: float) -> float:
+        """The batch the policy asks for at this noise scale (before ``target_ratio``)."""
+        if self.policy == "sqrt":
+            return adaptive_batch_target(noise_scale, self.reference_batch_size)
+        return noise_scale
+
     def _decide(self, step: int, noise_scale: float | None) -> BatchDecision | None:
         self._observed += 1
         if noise_scale is None or not math.isfinite(noise_scale) or noise_scale < 0:
@@ -296,7 +356,7 @@ class BatchSizeScheduler:
         ):
             return None
         current = self.batch_size
-        target = self.target_ratio * noise_scale
+        target = self.target_ratio * self.target_for(noise_scale)
         band = 1.0 + self.hysteresis
         if target >= current * band:
             wanted = min(target, current * self.max_step_factor)

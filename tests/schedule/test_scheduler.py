@@ -251,3 +251,44 @@ def test_state_dict_round_trip_continues_identically() -> None:
 def test_bad_arguments_say_what_to_fix(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _sched(**kwargs)
+
+
+def test_the_noise_rule_is_the_best_sgd_step_at_the_current_noise_scale() -> None:
+    """ε = ε_max/(1 + B_simple/B) (estimators.noise_scaled_lr): the default once max_lr is set;
+    before the first measurement the tuned base lr, linear in B and capped."""
+    sched = _sched(base_lr=0.1, max_lr=0.8, max_batch_size=64)
+    assert sched.lr_rule == "noise"
+    assert sched.lr == pytest.approx(0.1)  # nothing measured yet: base_lr at the base batch
+    for step in range(100):
+        sched.update(step, 64.0)  # 16 -> 32 -> 64
+    assert sched.batch_size == 64
+    assert sched.lr == pytest.approx(0.8 / (1.0 + 64.0 / 64.0))
+    sched.update(100, 192.0)  # the noise scale grows: at the same batch the step shrinks
+    assert sched.batch_size == 64  # at its maximum
+    assert sched.lr == pytest.approx(0.8 / (1.0 + 192.0 / 64.0))
+    assert _sched(max_lr=0.8).lr == pytest.approx(0.4)  # no base lr: take B at B_noise
+    assert _sched(base_lr=0.1).lr_rule == "linear"  # no max_lr: the linear rule as before
+
+
+def test_the_sqrt_policy_asks_for_the_geometric_mean_of_b_simple_and_b_ref() -> None:
+    sched = _sched(policy="sqrt", reference_batch_size=64.0, max_step_factor=64.0)
+    assert sched.target_for(4096.0) == pytest.approx(512.0)
+    for step in range(100):
+        sched.update(step, 4096.0)
+    assert sched.batch_size == 512
+    assert sched.decisions[-1].target_batch_size == pytest.approx(512.0)
+    default = _sched(policy="sqrt")  # B_ref = √(min · max) = √(16 · 1024)
+    assert default.reference_batch_size == pytest.approx(128.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lr_rule": "noise"}, "needs max_lr"),
+        ({"policy": "cubic"}, "policy"),
+        ({"policy": "sqrt", "reference_batch_size": 0.0}, "reference_batch_size"),
+    ],
+)
+def test_bad_policy_arguments_say_what_to_fix(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _sched(**kwargs)

@@ -52,9 +52,11 @@ from ._current import (
     current_window,
 )
 from ._efficiency import (
+    adaptive_batch_target,
     goodput,
     goodput_optimal_batch,
     interpolate_throughput,
+    noise_scaled_lr,
     scaled_lr,
     statistical_efficiency,
 )
@@ -123,6 +125,7 @@ __all__ = [
     "NoiseScaleInterval",
     "Trailing",
     "TrailingWindows",
+    "adaptive_batch_target",
     "b_noise_from_sums",
     "b_simple_and_reason",
     "b_simple_from_sums",
@@ -143,6 +146,7 @@ __all__ = [
     "interval_from_blocks",
     "interval_from_steps",
     "local_critical_batch",
+    "noise_scaled_lr",
     "parallelism_limit",
     "reblock",
     "run_fraction_window",

@@ -7,9 +7,11 @@ import math
 from collections.abc import Sequence
 
 __all__ = [
+    "adaptive_batch_target",
     "goodput",
     "goodput_optimal_batch",
     "interpolate_throughput",
+    "noise_scaled_lr",
     "scaled_lr",
     "statistical_efficiency",
 ]
@@ -125,3 +127,35 @@ def scaled_lr(base_lr: float, batch_size: float, base_batch_size: float, rule: s
     if not (batch_size > 0 and base_batch_size > 0):
         raise ValueError("batch sizes must be positive")
     return float(base_lr * (batch_size / base_batch_size) ** powers[rule])
+
+
+def noise_scaled_lr(max_lr: float, batch_size: float, noise_scale: float) -> float:
+    """ε_opt(B) = ε_max / (1 + B_noise/B): the best SGD step size at batch B.
+
+    McCandlish et al. 2018, Sec. 2.1 (the step that maximises the expected loss decrease of a
+    noisy quadratic step); ``max_lr`` is ε_max, the best step at an infinite batch, which on a
+    real model is the stability-limited learning rate of a large batch. Linear in B well below
+    B_noise, flat above it: the "linear" rule with its cap, with the knee where the noise is.
+    """
+    if not (max_lr > 0 and batch_size > 0):
+        raise ValueError("max_lr and batch_size must be positive")
+    if not (noise_scale >= 0 and math.isfinite(noise_scale)):
+        raise ValueError(f"noise_scale must be finite and >= 0, got {noise_scale}")
+    return max_lr / (1.0 + noise_scale / batch_size)
+
+
+def adaptive_batch_target(noise_scale: float, reference_batch: float) -> float:
+    """B(t) = √(B_noise(t) · B_ref): the batch that minimises S + E/B_ref over a run.
+
+    In docs/science.md's model a step at batch B costs dS = dS_min (1 + B_noise/B) and
+    dE = dS_min (B + B_noise); minimising dS + dE/B_ref at each moment gives B² = B_noise · B_ref
+    (derivation in docs/adaptive_batch.md). Whatever B_ref, the run then lies strictly inside the
+    fixed-batch hyperbola (S/S_min − 1)(E/E_min − 1) = 1 whenever B_noise changes during the run
+    (Cauchy–Schwarz), while B = κ·B_noise lies on it: B_ref is the exchange rate, the number of
+    examples one optimizer step is worth.
+    """
+    if not (reference_batch > 0 and math.isfinite(reference_batch)):
+        raise ValueError(f"reference_batch must be positive, got {reference_batch}")
+    if not (noise_scale >= 0 and math.isfinite(noise_scale)):
+        raise ValueError(f"noise_scale must be finite and >= 0, got {noise_scale}")
+    return math.sqrt(noise_scale * reference_batch)
