@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from experiments import sections
 from experiments.tasks import TASKS, TaskSpec, make_trainer
 from noisescope import _format
 from noisescope.estimators import fit_critical_batch
@@ -126,11 +128,17 @@ def run_fixed(spec: TaskSpec, batch: int, lr: float, seed: int, targets: Sequenc
 
 
 class _Observer:
-    def __init__(self, sched: BatchSizeScheduler) -> None:
+    """Feeds each step's norms to the scheduler in its batch units: a task that measures in
+    tokens reports b_small and b_big in tokens, while the batch counts sequences, and B_simple
+    (linear in the b's, docs/science.md eq. 3-4) is then in tokens too."""
+
+    def __init__(self, sched: BatchSizeScheduler, per_example: float = 1.0) -> None:
         self.sched = sched
+        self.per_example = per_example
 
     def __call__(self, step: int, res: Any) -> None:
-        self.sched.observe_norms(step, res.b_small, res.b_big, res.g_small_sq, res.g_big_sq)
+        b_small, b_big = res.b_small / self.per_example, res.b_big / self.per_example
+        self.sched.observe_norms(step, b_small, b_big, res.g_small_sq, res.g_big_sq)
 
     @property
     def noise_scale(self) -> float | None:
@@ -138,22 +146,25 @@ class _Observer:
 
 
 #: Scheduler settings compared. "default": the library defaults (the batch follows the current
-#: B_simple; learning rate ε_max/(1 + B_simple/B) with ε_max = ``max_lr``; 50 warm-up and
-#: cool-down steps). "sqrt": the batch follows √(B_simple · B_ref) instead. "linear": the
-#: earlier default learning-rate rule (tuned base lr, linear in B up to ``max_lr``).
-#: "noise-lr-only": the default learning-rate rule with the batch held at the smallest one (what
-#: the learning-rate rule alone buys). "fast" and "fast-sqrt": the linear and square-root rules
-#: with 10-step warm-up and cool-down. "branch": follows the branch-measured local critical
-#: batch size (experiments.branching.branch_hook) instead of B_simple.
+#: B_simple; tuned base learning rate, linear in B up to ``max_lr``; 50 warm-up and cool-down
+#: steps). "noise": the learning rate ε_max/(1 + B_simple/B) with ε_max = ``max_lr``.
+#: "noise-sqrt": that, with the batch following √(B_simple · B_ref). "noise-lr-only": the noise
+#: rule with the batch held at the smallest one (what the learning-rate rule alone buys).
+#: "fast" and "fast-sqrt": the linear and square-root rules with 10-step warm-up and cool-down.
+#: "branch": follows the branch-measured local critical batch size
+#: (experiments.branching.branch_hook) instead of B_simple.
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "sqrt": {"policy": "sqrt"},
-    "linear": {"lr_rule": "linear"},
-    "noise-lr-only": {"grows": False},
+    "noise": {"lr_rule": "noise"},
+    "noise-sqrt": {"lr_rule": "noise", "policy": "sqrt"},
+    "noise-lr-only": {"lr_rule": "noise", "grows": False},
     "fast": {"warmup_steps": 10, "cooldown_steps": 10, "lr_rule": "linear"},
     "fast-sqrt": {"warmup_steps": 10, "cooldown_steps": 10, "lr_rule": "sqrt"},
     "branch": {"warmup_steps": 0, "cooldown_steps": 0, "lr_rule": "linear"},
 }
+
+#: The control: every fixed batch under this variant's learning-rate rule.
+CONTROL_VARIANT = "noise"
 
 
 def make_scheduler(
@@ -200,7 +211,7 @@ def run_schedule(
         with tempfile.TemporaryDirectory() as store:
             hook = branch_hook(spec, sched, Path(store))
             return _train(spec, seed, targets, lr_of, lambda: sched.batch_size, hook=hook)
-    obs = _Observer(sched)
+    obs = _Observer(sched, spec.tokens_per_example)
     return _train(spec, seed, targets, lr_of, lambda: sched.batch_size, obs, record_every=10)
 
 
@@ -367,13 +378,22 @@ def main(argv: list[str] | None = None) -> int:
         "--control",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also run every fixed batch under the default learning-rate rule",
+        help="also run every fixed batch under the noise learning-rate rule",
+    )
+    p.add_argument(
+        "--page",
+        type=Path,
+        default=None,
+        help="rewrite this page's section schedule-TASK with the command, tables and figure "
+        "(docs/adaptive_batch.md)",
     )
     p.add_argument("--jobs", type=int, default=1, help="training processes (default 1)")
     p.add_argument("--batch-sizes", default=None, help="comma-separated (default: the task's)")
     p.add_argument("--lrs", default=None, help="comma-separated (default: the task's grid)")
     p.add_argument(
-        "--variants", default="default,sqrt,linear,noise-lr-only", help=f"of {', '.join(VARIANTS)}"
+        "--variants",
+        default="default,noise,noise-sqrt,noise-lr-only",
+        help=f"of {', '.join(VARIANTS)}",
     )
     args = p.parse_args(argv)
     spec = TASKS[args.task].sized(args.quick)
@@ -414,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         for b in spec.batch_sizes
     }
     # 2. the schedule: base lr over the same grid, cap = best lr of the largest fixed batch;
-    # 3. the control: every fixed batch under the schedule's own (default) learning-rate rule
+    # 3. the control: every fixed batch under the noise learning-rate rule
     b_max = spec.batch_sizes[-1]
     cap = _best_lr(fixed[b_max], lowest) or _best_lr(fixed[b_max], max(targets))
     max_lr = cap[0] if cap is not None else max(spec.lrs)
@@ -426,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def control_job(b: int, lr: float, s: int) -> _Job:
         name = f"fixednoise_B{b}_lr{lr:g}_cap{max_lr:g}_s{s}.json"
-        return _Job(out / name, spec, s, targets, lr, b, "default", max_lr)
+        return _Job(out / name, spec, s, targets, lr, b, CONTROL_VARIANT, max_lr)
 
     held = [b for b in spec.batch_sizes if b % spec.micro_batches == 0] if args.control else []
     done = _run_all(
@@ -497,6 +517,16 @@ def main(argv: list[str] | None = None) -> int:
         log(f"figure written to {figure}")
     except Exception as exc:  # the table is the result; a figure failure is reported
         log(f"figure not written: {exc!r}")
+    if args.page is not None:
+        command = " ".join(["python -m experiments.schedule_experiment", *(argv or sys.argv[1:])])
+        text = args.page.read_text() if args.page.exists() else ""
+        link = Path(os.path.relpath(figure, args.page.parent)).as_posix()
+        body = (
+            f"```bash long\n{command}\n```\n\n{table}\n"
+            f"![{spec.name}: schedule vs fixed batch sizes]({link})"
+        )
+        args.page.write_text(sections.replace(text, f"schedule-{spec.name}", body))
+        log(f"section schedule-{spec.name} of {args.page} rewritten")
     log("done")
     return 0
 
@@ -529,11 +559,11 @@ def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
         )
         rule = "|---|---|---|---|---|---|---|---|---|"
         if control:
-            head += " same lr rule, fixed: product; as good |"
+            head += " fixed B, noise lr rule: product; as good |"
             rule += "---|"
         lines += [f"Schedule variant `{variant}` ({settings or 'library defaults'}):", ""]
         lines += [head, rule]
-        wins = apart = counted = 0
+        wins = apart = control_wins = counted = 0
         for row in rows:
             sc = row["schedules"].get(variant)
             if sc is None:
@@ -544,7 +574,11 @@ def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
             large = row["fixed"][str(row["large"])]
             inside = sc.get("frontier_product", math.inf) < 1.0
             wins += inside and not sc["dominated_by"]
-            apart += not sc["overlaps"]
+            apart += inside and not sc["dominated_by"] and not sc["overlaps"]
+            ctl = sc.get("control")
+            control_wins += bool(
+                ctl and ctl.get("frontier_product", math.inf) < 1.0 and not ctl["dominated_by"]
+            )
             line = (
                 f"| {row['target']:g} | {_fmt(sc['steps'])} | {_fmt(sc['examples'])} "
                 f"| {_fmt(small['steps'])} (B={row['small']}) "
@@ -552,15 +586,20 @@ def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
                 f"| {_bs(sc['dominated_by'])} | {_bs(sc['overlaps'])} |"
             )
             if control:
-                ctl = sc.get("control")
                 line += f" {_product(ctl)}; {_bs(ctl['dominated_by'])} |" if ctl else " n/a |"
             lines.append(line)
         lines += [
             "",
             f"`{variant}`: undominated and inside the fitted hyperbola at {wins} of "
-            f"{len(rows)} targets; its seeds' range apart from every fixed batch's on steps "
-            f"or on examples at {apart} of {len(rows)}"
-            + (f" (reached all repeats at {counted})." if counted < len(rows) else "."),
+            f"{len(rows)} targets, and also with its seeds' range apart from every fixed "
+            f"batch's on steps or on examples at {apart} of {len(rows)}"
+            + (
+                "; against fixed batches under the noise learning-rate rule, undominated "
+                f"and inside their hyperbola at {control_wins} of {len(rows)}"
+                if control
+                else ""
+            )
+            + (f" (reached by all repeats at {counted})." if counted < len(rows) else "."),
             "",
         ]
     lines.append(
@@ -570,7 +609,7 @@ def markdown(result: dict[str, Any], spec: TaskSpec) -> str:
     if control:
         lines += [
             "",
-            "The same, fixed batches under the schedule's default learning-rate rule: "
+            "The same, fixed batches under the noise learning-rate rule: "
             + "; ".join(
                 _frontier_fit({"target": r["target"], **r["control"]})
                 for r in rows
@@ -626,7 +665,7 @@ def _point(target: float, who: str, label: str, stats: dict[str, Any]) -> dict[s
     }
 
 
-CONTROL = "fixed batch, default lr rule"
+CONTROL = "fixed batch, noise lr rule"
 HYPERBOLA = "fitted hyperbola"
 
 

@@ -254,10 +254,9 @@ def test_bad_arguments_say_what_to_fix(kwargs: dict[str, Any], message: str) -> 
 
 
 def test_the_noise_rule_is_the_best_sgd_step_at_the_current_noise_scale() -> None:
-    """ε = ε_max/(1 + B_simple/B) (estimators.noise_scaled_lr): the default once max_lr is set;
-    before the first measurement the tuned base lr, linear in B and capped."""
-    sched = _sched(base_lr=0.1, max_lr=0.8, max_batch_size=64)
-    assert sched.lr_rule == "noise"
+    """ε = ε_max/(1 + B_simple/B) (estimators.noise_scaled_lr); before the first measurement
+    the tuned base lr, linear in B and capped."""
+    sched = _sched(base_lr=0.1, max_lr=0.8, max_batch_size=64, lr_rule="noise")
     assert sched.lr == pytest.approx(0.1)  # nothing measured yet: base_lr at the base batch
     for step in range(100):
         sched.update(step, 64.0)  # 16 -> 32 -> 64
@@ -266,8 +265,9 @@ def test_the_noise_rule_is_the_best_sgd_step_at_the_current_noise_scale() -> Non
     sched.update(100, 192.0)  # the noise scale grows: at the same batch the step shrinks
     assert sched.batch_size == 64  # at its maximum
     assert sched.lr == pytest.approx(0.8 / (1.0 + 192.0 / 64.0))
-    assert _sched(max_lr=0.8).lr == pytest.approx(0.4)  # no base lr: take B at B_noise
-    assert _sched(base_lr=0.1).lr_rule == "linear"  # no max_lr: the linear rule as before
+    no_base = _sched(max_lr=0.8, lr_rule="noise")
+    assert no_base.lr == pytest.approx(0.4)  # no base lr, nothing measured: B taken at B_noise
+    assert _sched(base_lr=0.1, max_lr=0.8).lr_rule == "linear"  # the default
 
 
 def test_the_sqrt_policy_asks_for_the_geometric_mean_of_b_simple_and_b_ref() -> None:
