@@ -1,24 +1,26 @@
-"""Noise-scale-guided batch-size schedule vs fixed batch sizes.
+"""Noise-scale-guided batch-size schedule vs fixed batch sizes (docs/adaptive_batch.md).
 
-``nice -n 10 python -m experiments.schedule_experiment [--task lsq|digits] [--repeats 5]
-[--quick]`` trains, on one reproduction task (``experiments.tasks``), with fixed seeds:
+``python -m experiments.schedule_experiment --all --jobs 2 --page docs/adaptive_batch.md`` runs
+the page's study (``STUDY``: each task with its targets and grid); ``--task T`` one task. With
+fixed seeds, on a reproduction task (``experiments.tasks``) it trains:
 
 1. every fixed batch size of the task's sweep with every learning rate of its grid, ``repeats``
-   times (seeds 0..repeats-1 for the initialisation and the batch sampler); per batch size the
-   learning rate with the fewest median steps to the target (all repeats must reach it);
-2. ``noisescope.schedule.BatchSizeScheduler``: starts at the smallest batch, grows the batch
-   (micro-batches of the task's granularity) toward B_simple, linear learning-rate rule capped at
-   the best learning rate of the largest fixed batch; its base learning rate is tuned on the same
-   grid by the same rule.
+   times (seeds 0..repeats-1 for the initialisation and the batch sampler); per batch size and
+   target the learning rate with the fewest median steps (all repeats must reach it): the
+   frontier;
+2. ``noisescope.schedule.BatchSizeScheduler`` in each of ``VARIANTS``: starts at the smallest
+   batch and grows by micro-batches of the task's granularity; ``max_lr`` is the best learning
+   rate of the largest fixed batch, the base learning rate is tuned on the same grid;
+3. the control: every fixed batch under the noise learning-rate rule.
 
-For each loss target it reports steps and examples to the target (median and min-max over
-repeats) for the schedule, the best fixed *small* batch (fewest examples) and the best fixed
-*large* batch (fewest steps), and where the schedule sits against the fixed-batch frontier
-(S/S_min - 1)(E/E_min - 1) = 1 fitted with ``estimators.fit_critical_batch`` (a product below 1
-means the schedule beats every fixed batch size, which a fixed-batch model cannot do).
+Per loss target it reports steps and examples (median and min-max over repeats), where the
+schedule lies against the hyperbola (S/S_min - 1)(E/E_min - 1) = 1 fitted to the frontier with
+``estimators.fit_critical_batch`` (below 1: inside, which no fixed batch of the model reaches),
+the fixed batches at least as good on both counts, and those whose seeds' ranges overlap it.
 
-Cached per run under ``experiments/runs/schedule/<task>/``; writes the markdown table to
-``<out>/<task>.md`` and the figure to ``docs/figures/adaptive_batch_<task>.png``.
+Runs are cached under ``experiments/runs/schedule/``; the tables go to ``result.md`` there and,
+with ``--page``, into the page's section ``schedule-<task>`` with the figure
+(``docs/figures/adaptive_batch_<task>.png``).
 """
 
 from __future__ import annotations
@@ -161,6 +163,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fast": {"warmup_steps": 10, "cooldown_steps": 10, "lr_rule": "linear"},
     "fast-sqrt": {"warmup_steps": 10, "cooldown_steps": 10, "lr_rule": "sqrt"},
     "branch": {"warmup_steps": 0, "cooldown_steps": 0, "lr_rule": "linear"},
+}
+
+#: The study of docs/adaptive_batch.md (``--all``): per task, the settings its section ran with.
+STUDY: dict[str, list[str]] = {
+    "lsq": ["--repeats", "3", "--targets", "1,0.75,0.6,0.55"],
+    "digits": ["--repeats", "3", "--targets", "1,0.5,0.3,0.2"],
+    "charlm": [
+        *("--repeats", "3", "--targets", "2.3,2,1.8,1.6"),
+        *("--batch-sizes", "4,8,16,32,64", "--lrs", "0.008,0.004,0.002"),
+    ],
 }
 
 #: The control: every fixed batch under this variant's learning-rate rule.
@@ -395,7 +407,16 @@ def main(argv: list[str] | None = None) -> int:
         default="default,noise,noise-sqrt,noise-lr-only",
         help=f"of {', '.join(VARIANTS)}",
     )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="the study of docs/adaptive_batch.md: every task of STUDY with its settings "
+        "(--jobs and --page pass through)",
+    )
     args = p.parse_args(argv)
+    if args.all:
+        common = ["--jobs", str(args.jobs)] + (["--page", str(args.page)] if args.page else [])
+        return max(main(["--task", task, *settings, *common]) for task, settings in STUDY.items())
     spec = TASKS[args.task].sized(args.quick)
     if args.batch_sizes:
         spec = replace(spec, batch_sizes=tuple(sorted(int(b) for b in args.batch_sizes.split(","))))
