@@ -341,8 +341,6 @@ class BatchSizeScheduler:
     def update(self, step: int, noise_scale: float | None) -> BatchDecision | None:
         """Decide from an already smoothed noise scale (e.g. from the server or a tracker); the
         "noise" learning-rate rule reads it too."""
-        if noise_scale is not None and math.isfinite(noise_scale) and noise_scale >= 0:
-            self._noise_scale = noise_scale
         return self._decide(step, noise_scale)
 
     # -- the decision -----------------------------------------------------------------------
@@ -356,6 +354,7 @@ class BatchSizeScheduler:
         self._observed += 1
         if noise_scale is None or not math.isfinite(noise_scale) or noise_scale < 0:
             return None  # not yet measurable: keep the batch
+        self._noise_scale = noise_scale  # what the "noise" learning-rate rule reads
         if self._observed <= self.warmup_steps:
             return None
         if (
