@@ -32,7 +32,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -261,33 +261,28 @@ class _Job:
         tmp.replace(self.path)
 
 
-def _run_job(job: _Job) -> None:
-    job.run()
-
-
 def _run_all(jobs: list[_Job], workers: int, log: Any) -> dict[Path, Trace]:
     """Every job's trace: the cached ones read, the others run on ``workers`` processes."""
     todo = [job for job in jobs if not job.path.exists()]
     if todo:
         log(f"{len(todo)} of {len(jobs)} runs to train on {workers} process(es)")
-    if workers > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            for done, _ in enumerate(as_completed(pool.submit(_run_job, j) for j in todo), 1):
-                _.result()
-                if done % max(1, len(todo) // 20) == 0 or done == len(todo):
-                    log(f"  {done}/{len(todo)} runs trained")
-    else:
-        for done, job in enumerate(todo, 1):
-            job.run()
-            if done % max(1, len(todo) // 20) == 0 or done == len(todo):
-                log(f"  {done}/{len(todo)} runs trained")
+    for done, _ in enumerate(_train_each(todo, workers), 1):
+        if done % max(1, len(todo) // 20) == 0 or done == len(todo):
+            log(f"  {done}/{len(todo)} runs trained")
     return {job.path: Trace.from_json(json.loads(job.path.read_text())) for job in jobs}
 
 
-def _median_or_none(values: list[float | None]) -> float | None:
-    if not values or any(v is None for v in values):
-        return None
-    return statistics.median(v for v in values if v is not None)
+def _train_each(todo: list[_Job], workers: int) -> Iterator[None]:
+    """Runs the jobs, in this process or on a pool, yielding as each one finishes."""
+    if workers > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            for future in as_completed([pool.submit(job.run) for job in todo]):
+                future.result()  # a worker's exception surfaces here
+                yield
+    else:
+        for job in todo:
+            job.run()
+            yield
 
 
 def _best_lr(
