@@ -359,18 +359,13 @@ class NoiseTracker:
         b_big: float,
         g_small_sq: float,
         g_big_sq: float,
-        *,
-        examples: float | None = None,
-        series: str = "",
-        loss: float | None = None,
-        lr: float | None = None,
+        **fields: Any,
     ) -> None:
+        """``Sink.log_sample``: every field goes on to the run unread; the tracker reads the
+        two-batch measurement of the whole-model series."""
         if self.run is not None:
-            self.run.log_sample(
-                step, b_small, b_big, g_small_sq, g_big_sq,
-                examples=examples, series=series, loss=loss, lr=lr,
-            )  # fmt: skip
-        if series:
+            self.run.log_sample(step, b_small, b_big, g_small_sq, g_big_sq, **fields)
+        if fields.get("series", ""):
             return
         try:  # on the training thread: a bad sample is skipped, never raised
             g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 
 from ._stats import student_t_quantile
 
-__all__ = ["MAX_RESOLVED_JUMP", "LocalCriticalBatch", "epsilon_problem", "local_critical_batch"]
-
 # Continuations of one checkpoint at batch sizes b_0 < b_1 < ..., all trained on the same number
 # of examples, end at losses L(b). The local critical batch size is the largest batch whose loss
 # stays within a relative tolerance eps of the smallest batch's: L(b) <= (1 + eps) L(b_0). On

@@ -10,17 +10,6 @@ from dataclasses import dataclass
 
 from ._stats import fieller, weighted_line_fit
 
-__all__ = [
-    "MIN_SPEEDUP",
-    "CriticalBatchFit",
-    "compute_waste",
-    "doubling_speedup",
-    "examples_ratio",
-    "fit_critical_batch",
-    "parallelism_limit",
-    "steps_ratio",
-]
-
 
 def steps_ratio(batch_size: float, b_crit: float) -> float:
     """S / S_min = 1 + B_crit / B: optimizer steps relative to the minimum."""

@@ -18,23 +18,6 @@ from ._intervals import (
 )
 from ._stats import student_t_quantile
 
-__all__ = [
-    "CURRENT_BLOCK",
-    "CURRENT_FRACTION",
-    "CURRENT_MAX_FACTOR",
-    "CURRENT_MAX_FRACTION",
-    "CURRENT_MAX_REL_WIDTH",
-    "CURRENT_MIN_BLOCK",
-    "CURRENT_MIN_SAMPLES",
-    "CURRENT_RAW_LIMIT",
-    "CURRENT_SHIFT_LEVEL",
-    "CurrentNoiseScale",
-    "NoiseSamples",
-    "Trailing",
-    "current_noise_scale",
-    "current_window",
-]
-
 # --- The current B_simple of a run -------------------------------------------------------
 #
 # One definition of "B_simple now" (docs/science.md, "The current B_simple"), used by the

@@ -6,16 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = [
-    "adaptive_batch_target",
-    "goodput",
-    "goodput_optimal_batch",
-    "interpolate_throughput",
-    "noise_scaled_lr",
-    "scaled_lr",
-    "statistical_efficiency",
-]
-
 # --- Acting on the noise scale: statistical efficiency, goodput, batch-size targets ----------
 #
 # (Used by noisescope.schedule and noisescope.recommend.) In docs/science.md's model

@@ -11,23 +11,6 @@ from dataclasses import dataclass
 from ._stats import fieller, fieller_lower_bound, student_t_quantile
 from ._two_batch import NoiseScale, _b_simple_rule, b_simple_and_reason
 
-__all__ = [
-    "BUCKET_BLOCKS",
-    "INTERVAL_BLOCKS",
-    "MIN_INTERVAL_SAMPLES",
-    "BlockMoments",
-    "BucketNoiseScales",
-    "Interval",
-    "NoiseScaleInterval",
-    "b_simple_interval",
-    "block_moments",
-    "bucket_blocks",
-    "bucket_noise_scales",
-    "interval_from_blocks",
-    "interval_from_steps",
-    "reblock",
-]
-
 # --- Confidence intervals over windows of steps ---------------------------------------------
 #
 # Per-step estimates are strongly autocorrelated (the parameters move slowly, and with Adam or

@@ -21,15 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-__all__ = [
-    "LOSS_WINDOW",
-    "TrailingWindows",
-    "run_fraction_window",
-    "smooth_training_loss",
-    "trailing_windows",
-    "training_loss_curve",
-]
-
 #: The training loss at step s is its mean over steps (1 - LOSS_WINDOW) s .. (1 + LOSS_WINDOW) s
 #: (0.2: on the project's quick sweeps, crossings of the smoothed training loss fall within a
 #: few per cent of the evaluation loss's on average, where 0.1 crosses ~25% early on small

@@ -9,8 +9,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["LineFit", "fieller", "fieller_lower_bound", "student_t_quantile", "weighted_line_fit"]
-
 
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction for the regularised incomplete beta (modified Lentz)."""

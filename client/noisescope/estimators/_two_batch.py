@@ -12,17 +12,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "EMA",
-    "NoiseScale",
-    "b_noise_from_sums",
-    "b_simple_and_reason",
-    "b_simple_from_sums",
-    "two_batch_estimate_columns",
-    "two_batch_estimates",
-    "two_batch_sizes_ok",
-]
-
 
 def two_batch_estimates(
     b_small: float, b_big: float, g_small_sq: float, g_big_sq: float

@@ -27,14 +27,6 @@ from ._report import (
     TargetResult,
 )
 
-__all__ = [
-    "CURVE_POINTS",
-    "DEFAULT_TARGET_FRACTIONS",
-    "MIN_BATCH_SIZES",
-    "analyse",
-    "default_targets",
-]
-
 #: Default targets sit at these fractions of the way from the hardest common loss to the start.
 DEFAULT_TARGET_FRACTIONS = (0.5, 0.3, 0.15, 0.05)
 #: Fewest distinct batch sizes that must reach a target for a fit.

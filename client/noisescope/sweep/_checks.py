@@ -16,15 +16,6 @@ from noisescope._format import count as _fmt
 
 from ._report import FrontierPoint, SweepRun
 
-__all__ = [
-    "DIVERGED_GIVE_BACK",
-    "DIVERGED_MIN_RISE",
-    "DIVERGED_TAIL",
-    "divergence",
-    "lr_grid_warnings",
-    "seed_warning",
-]
-
 #: A run diverged when its loss at the end gives back at least this share of the progress it
 #: had made (its first loss minus its minimum): 0.5 is far past any noise of a smoothed or
 #: evaluation loss, and what "rising far above its minimum" looks like on the digits sweep of

@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["crossing_step"]
-
 
 def crossing_step(steps: Sequence[float], losses: Sequence[float], target: float) -> float | None:
     """First step where ``losses`` reaches ``target`` (≤), interpolated linearly; None if never.

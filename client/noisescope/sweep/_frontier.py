@@ -12,8 +12,6 @@ from noisescope.estimators import interval_from_blocks, reblock
 from ._crossings import crossing_step
 from ._report import FrontierPoint, SweepRun
 
-__all__ = ["BLOCKS_PER_RUN", "B_SIMPLE_WINDOW", "b_simple_at_loss", "frontier", "lr_key"]
-
 #: B_simple "at a loss" pools the noise samples over steps s*/B_SIMPLE_WINDOW .. s* B_SIMPLE_WINDOW.
 B_SIMPLE_WINDOW = 1.25
 

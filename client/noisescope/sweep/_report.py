@@ -7,18 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = [
-    "CriticalBatchReport",
-    "CurvePoint",
-    "ExcludedRun",
-    "FrontierPoint",
-    "LossSource",
-    "NoiseBucket",
-    "RunAtTarget",
-    "SweepRun",
-    "TargetResult",
-]
-
 LossSource = Literal["eval", "train"]
 
 
