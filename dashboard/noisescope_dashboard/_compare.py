@@ -92,33 +92,29 @@ def compare_section(
         part = points[points["units"] == unit]
         word = _text.units_word(str(unit))
         suffix = f" — {noun} in {word}" if len(units) > 1 else ""
-        # (name, what B_simple is drawn against, x column, x title, log x, caption)
-        views: list[tuple[str, str, str, str, bool, str | None]] = [
+        # (name, what B_simple is drawn against, its x axis, caption)
+        views: list[tuple[str, str, _charts.XAxis, str | None]] = [
             (
                 "loss",
                 "loss",
-                "loss",
-                "training loss (falls to the right)",
-                log_loss,
+                _charts.XAxis("loss", "training loss (falls to the right)", log_loss, True),
                 "The paper's view: the noise scale grows as the loss falls. Click a legend "
                 "entry to highlight it." + left_off,
             )
         ]
         if progress:
             x_title = f"{word} seen" if progress_x == "examples" else PROGRESS_AXES[progress_x]
-            views.append(("progress", "training progress", progress_x, x_title, log_x, None))
-        for name, against, x, x_title, view_log_x, caption in views:
+            x_axis = _charts.XAxis(progress_x, x_title, log_x)
+            views.append(("progress", "training progress", x_axis, None))
+        for name, against, x_axis, caption in views:
             title = f"B_simple against {against}{suffix}"
             drawn = part[~part["run"].isin(list(diverged))] if name == "loss" and left_off else part
             chart_with_downloads(
                 _charts.compare_chart(
                     drawn,
-                    x=x,
-                    x_title=x_title,
+                    x=x_axis,
                     color=color,
                     color_title=color_title,
-                    reverse_x=x == "loss",
-                    log_x=view_log_x,
                     log_y=log_y,
                     y_title=f"B_simple ({word})",
                     title=title,

@@ -23,6 +23,7 @@ from noisescope_dashboard import _text
 from noisescope_dashboard._charts._axes import (
     SCHEME,
     TALL,
+    XAxis,
     interval_ends,
     interval_rule,
     log_extent,
@@ -157,9 +158,8 @@ def chart(
     values = [*ok["value"], *band["lo"], *band["hi"], *pts["lo"].dropna(), *pts["hi"].dropna()]
     y_lo, y_hi = log_extent(values, 1.5)
     pts["lo_shown"], pts["hi_shown"] = interval_ends(pts["lo"], pts["hi"], y_lo, y_hi)
-    x_scale, x_axis = scale_axis(list(ok[x]), log_x, reverse=x == "loss")
     x_title = "loss (falls to the right)" if x == "loss" else f"{_text.units_word(units)} seen"
-    x_enc = alt.X(f"{x}:Q", title=x_title, scale=x_scale, axis=x_axis)
+    x_enc = XAxis(x, x_title, log=log_x, reverse=x == "loss").encoding(list(ok[x]))
     y_scale, y_axis = scale_axis([y_lo, y_hi], True, clamp=True)
     y_title = f"batch size ({_text.units_word(units)})"
     y = alt.Y("value:Q", title=y_title, scale=y_scale, axis=y_axis)

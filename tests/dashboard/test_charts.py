@@ -84,7 +84,7 @@ def test_b_simple_chart_band_line_batch_and_one_legend() -> None:
     events = pd.DataFrame(
         {"step": [20], "kind": ["batch_size"], "label": ["64 → 128"], "x": [20.0]}
     )
-    spec = _charts.b_simple_chart(_series(), x="x", x_title="step", events=events).to_dict()
+    spec = _charts.b_simple_chart(_series(), x=_charts.XAxis("x", "step"), events=events).to_dict()
     layers = spec_layers(spec)
     assert [_mark(layer) for layer in layers] == ["area", "line", "line", "rule"]
     band, line, batch, rule = layers
@@ -102,7 +102,7 @@ def test_b_simple_chart_band_line_batch_and_one_legend() -> None:
 
 
 def test_b_simple_chart_linear_scale() -> None:
-    spec = _charts.b_simple_chart(_series(), x="x", x_title="examples seen", log_y=False)
+    spec = _charts.b_simple_chart(_series(), x=_charts.XAxis("x", "examples seen"), log_y=False)
     line = spec_layers(spec.to_dict())[1]
     assert line["encoding"]["x"]["title"] == "examples seen"
     assert line["encoding"]["y"]["scale"].get("type", "linear") == "linear"
@@ -111,7 +111,7 @@ def test_b_simple_chart_linear_scale() -> None:
 def test_log_scale_drops_non_positive_values() -> None:
     frame = _series(4).assign(g_sq=[1.0, -2.0, 0.0, 3.0])
     chart = _charts.metric_chart(
-        frame, x="x", x_title="step", y="g_sq", y_title="|G|²", title="|G|²", log_y=True
+        frame, x=_charts.XAxis("x", "step"), y="g_sq", y_title="|G|²", title="|G|²", log_y=True
     )
     spec = chart.to_dict()
     data = next(iter(spec["datasets"].values()))
@@ -121,7 +121,7 @@ def test_log_scale_drops_non_positive_values() -> None:
 def test_loss_chart_draws_evaluations_as_points_in_its_legend() -> None:
     evals = pd.DataFrame({"step": [10, 20], "loss": [0.5, 0.3], "x": [10.0, 20.0]})
     spec = _charts.metric_chart(
-        _series(), x="x", x_title="step", y="loss", y_title="loss", title="Loss", evals=evals
+        _series(), x=_charts.XAxis("x", "step"), y="loss", y_title="loss", title="Loss", evals=evals
     ).to_dict()
     line, points = spec_layers(spec)
     assert _mark(points) == "point"
@@ -140,11 +140,9 @@ def test_compare_chart_has_an_uncut_legend_that_highlights_on_click() -> None:
     )
     spec = _charts.compare_chart(
         frame,
-        x="loss",
-        x_title="loss",
+        x=_charts.XAxis("loss", "loss", reverse=True),
         color="task",
         color_title="task",
-        reverse_x=True,
         title="t",
     ).to_dict()
     assert spec["encoding"]["color"]["field"] == "task"
@@ -232,7 +230,7 @@ def test_parallelism_charts() -> None:
 @pytest.mark.parametrize("n", [10, MAX_POINTS])
 def test_charts_ship_the_rows_they_are_given(n: int) -> None:
     """Builders never expand data: the server's bucket count is what reaches the browser."""
-    spec = _charts.b_simple_chart(_series(n), x="x", x_title="step").to_dict()
+    spec = _charts.b_simple_chart(_series(n), x=_charts.XAxis("x", "step")).to_dict()
     assert max(len(rows) for rows in spec["datasets"].values()) == n
 
 
@@ -241,7 +239,7 @@ def test_png_and_csv_downloads_render_offline() -> None:
 
     frame = _series(3)
     chart = _charts.metric_chart(
-        frame, x="x", x_title="step", y="g_sq", y_title="|G|²", title="|G|²"
+        frame, x=_charts.XAxis("x", "step"), y="g_sq", y_title="|G|²", title="|G|²"
     )
     png = _ui._png(chart, "|G|²")
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

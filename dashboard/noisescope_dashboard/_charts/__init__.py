@@ -15,7 +15,7 @@ its Vega-Lite ``description`` (read by screen readers and by the tests). Log axe
 
 from __future__ import annotations
 
-from noisescope_dashboard._charts._axes import AXIS_FORMAT, log_ticks, palette_colours
+from noisescope_dashboard._charts._axes import AXIS_FORMAT, XAxis, log_ticks, palette_colours
 from noisescope_dashboard._charts._comparison import compare_chart
 from noisescope_dashboard._charts._critical import (
     b_simple_vs_b_crit_chart,
@@ -27,6 +27,7 @@ from noisescope_dashboard._charts._what_if import speedup_chart, tradeoff_chart
 
 __all__ = [
     "AXIS_FORMAT",
+    "XAxis",
     "b_simple_chart",
     "b_simple_vs_b_crit_chart",
     "bcrit_vs_loss_chart",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import altair as alt
@@ -81,6 +82,25 @@ def x_encoding(
     """A quantitative x channel scaled and ticked for ``values`` (``scale_axis``)."""
     s, a = scale_axis(values, log, **scale)
     return alt.X(f"{field}:Q", title=title, scale=s, axis=a)
+
+
+@dataclass(frozen=True)
+class XAxis:
+    """The x axis a page draws its charts against: a column, its title, log or linear, and
+    (the loss, which falls as training goes on) reversed."""
+
+    field: str
+    title: str
+    log: bool = False
+    reverse: bool = False
+
+    def encoding(self, values: Iterable[float]) -> alt.X:
+        """The x channel, scaled and ticked for ``values``."""
+        scale = {"reverse": True} if self.reverse else {}
+        return x_encoding(self.field, self.title, values, log=self.log, **scale)
+
+    def tooltip(self) -> alt.Tooltip:
+        return alt.Tooltip(f"{self.field}:Q", title=self.title, format=TIP)
 
 
 def y_encoding(

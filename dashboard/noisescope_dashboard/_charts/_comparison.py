@@ -11,13 +11,13 @@ from noisescope_dashboard._charts._axes import (
     SCHEME,
     TALL,
     TIP,
+    XAxis,
     drawable,
     drawn_colours,
     finish,
     named_colours,
     values_in,
     wide_legend,
-    x_encoding,
     y_encoding,
 )
 
@@ -25,14 +25,11 @@ from noisescope_dashboard._charts._axes import (
 def compare_chart(
     frame: pd.DataFrame,
     *,
-    x: str,
-    x_title: str,
+    x: XAxis,
     color: str,
     color_title: str,
     title: str,
-    log_x: bool = False,
     log_y: bool = True,
-    reverse_x: bool = False,
     y_title: str = "B_simple (batch size)",
     colours: Mapping[str, str] | None = None,
 ) -> alt.LayerChart:
@@ -40,15 +37,15 @@ def compare_chart(
     (``run`` column); clicking a legend entry highlights it (Altair ``bind="legend"``).
     ``colours`` (name to colour, ``palette_colours``) keeps each name's colour across a page's
     charts; without it the colours follow this chart's names."""
-    data = drawable(frame, [x, "b_simple"], log_y)
-    if log_x:
-        data = data[data[x] > 0]
+    data = drawable(frame, [x.field, "b_simple"], log_y)
+    if x.log:
+        data = data[data[x.field] > 0]
     pick = alt.selection_point(fields=[color], bind="legend", name="legend_pick")
     chart = (
         alt.Chart(data)
         .mark_line(interpolate="monotone", strokeWidth=2)
         .encode(
-            x=x_encoding(x, x_title, values_in(data, x), log=log_x, reverse=reverse_x),
+            x=x.encoding(values_in(data, x.field)),
             y=y_encoding("b_simple", y_title, values_in(data, "b_simple"), log=log_y),
             color=alt.Color(
                 f"{color}:N",
@@ -65,7 +62,7 @@ def compare_chart(
             tooltip=[
                 alt.Tooltip("task:N", title="task"),
                 alt.Tooltip("run_name:N", title="run"),
-                alt.Tooltip(f"{x}:Q", title=x_title, format=TIP),
+                x.tooltip(),
                 alt.Tooltip("b_simple:Q", title="B_simple", format=TIP),
             ],
         )

@@ -13,12 +13,12 @@ from noisescope_dashboard._charts._axes import (
     SCHEME,
     TALL,
     TIP,
+    XAxis,
     drawable,
     finish,
     layered,
     values_in,
     wide_legend,
-    x_encoding,
     y_encoding,
 )
 
@@ -81,19 +81,17 @@ def event_names(events: pd.DataFrame | None, x: str) -> list[str]:
 
 def _b_simple_axes(
     frame: pd.DataFrame,
-    x: str,
-    x_title: str,
+    x: XAxis,
     y_title: str,
-    log_x: bool,
     log_y: bool,
     more_y: Sequence[float] = (),
 ) -> tuple[pd.DataFrame, pd.DataFrame, alt.X, alt.Y]:
     """B_simple's band and line rows (those these axes can draw) and the axes that hold both,
     and ``more_y``."""
-    band = drawable(frame, [x, "b_simple_lo", "b_simple_hi"], log_y)
-    line = drawable(frame, [x, "b_simple"], log_y)
+    band = drawable(frame, [x.field, "b_simple_lo", "b_simple_hi"], log_y)
+    line = drawable(frame, [x.field, "b_simple"], log_y)
     y_values = values_in(line, "b_simple") + values_in(band, "b_simple_lo", "b_simple_hi")
-    x_enc = x_encoding(x, x_title, values_in(frame, x), log=log_x)
+    x_enc = x.encoding(values_in(frame, x.field))
     y_enc = y_encoding("b_simple", y_title, [*y_values, *more_y], log=log_y)
     return band, line, x_enc, y_enc
 
@@ -111,9 +109,7 @@ def _band(band: pd.DataFrame, x_enc: alt.X, color: alt.Color, *, opacity: float)
 def b_simple_chart(
     frame: pd.DataFrame,
     *,
-    x: str,
-    x_title: str,
-    log_x: bool = False,
+    x: XAxis,
     log_y: bool = True,
     events: pd.DataFrame | None = None,
     y_title: str = "B_simple (batch size)",
@@ -124,13 +120,13 @@ def b_simple_chart(
     One legend names every layer: "B_simple", "90% interval", "batch in use" and, when there are
     any, "batch-size change". ``frame`` is ``_frames.series_points`` of a run's series.
     """
-    batch = drawable(frame, [x, "batch_size"], log_y)
+    batch = drawable(frame, [x.field, "batch_size"], log_y)
     band, line, x_enc, y_enc = _b_simple_axes(
-        frame, x, x_title, y_title, log_x, log_y, more_y=values_in(batch, "batch_size")
+        frame, x, y_title, log_y, more_y=values_in(batch, "batch_size")
     )
-    names = ["B_simple", "90% interval", "batch in use", *event_names(events, x)]
+    names = ["B_simple", "90% interval", "batch in use", *event_names(events, x.field)]
     color = _legend(B_LEGEND, names)
-    tip_x = alt.Tooltip(f"{x}:Q", title=x_title, format=TIP)
+    tip_x = x.tooltip()
     layers: list[Any] = [
         _band(band.assign(what="90% interval"), x_enc, color, opacity=0.45),
         alt.Chart(line.assign(what="B_simple"))
@@ -154,7 +150,7 @@ def b_simple_chart(
             color=color,
             tooltip=[tip_x, alt.Tooltip("batch_size:Q", title="batch in use", format=",")],
         ),
-        *_events(events, x, legend=True),
+        *_events(events, x.field, legend=True),
     ]
     return finish(layered(*layers), title)
 
@@ -162,26 +158,24 @@ def b_simple_chart(
 def metric_chart(
     frame: pd.DataFrame,
     *,
-    x: str,
-    x_title: str,
+    x: XAxis,
     y: str,
     y_title: str,
     title: str,
-    log_x: bool = False,
     log_y: bool = False,
     events: pd.DataFrame | None = None,
     evals: pd.DataFrame | None = None,
 ) -> alt.LayerChart:
     """One quantity (|G|², tr(Σ), loss, learning rate) against ``x``; ``evals`` (columns
     ``x`` and ``loss``) are evaluation losses drawn as points beside the training loss."""
-    data = drawable(frame, [x, y], log_y)
-    points = None if evals is None else drawable(evals, [x, "loss"], log_y)
+    data = drawable(frame, [x.field, y], log_y)
+    points = None if evals is None else drawable(evals, [x.field, "loss"], log_y)
     has_evals = points is not None and not points.empty
     y_values = values_in(data, y) + (values_in(points, "loss") if points is not None else [])
-    x_values = values_in(data, x) + (values_in(points, x) if points is not None else [])
-    x_enc = x_encoding(x, x_title, x_values, log=log_x)
+    x_values = values_in(data, x.field) + (values_in(points, x.field) if points is not None else [])
+    x_enc = x.encoding(x_values)
     y_enc = y_encoding(y, y_title, y_values, log=log_y)
-    tip_x = alt.Tooltip(f"{x}:Q", title=x_title, format=TIP)
+    tip_x = x.tooltip()
     line = alt.Chart(data).mark_line(interpolate="monotone")
     layers: list[Any] = []
     if has_evals and points is not None:
@@ -199,7 +193,7 @@ def metric_chart(
             alt.Chart(points.assign(what="evaluation loss"))
             .mark_point(filled=True, size=60)
             .encode(
-                x=alt.X(f"{x}:Q"),
+                x=alt.X(f"{x.field}:Q"),
                 y=alt.Y("loss:Q"),
                 color=color,
                 tooltip=[
@@ -214,21 +208,15 @@ def metric_chart(
                 x=x_enc, y=y_enc, tooltip=[tip_x, alt.Tooltip(f"{y}:Q", title=y_title, format=TIP)]
             )
         )
-    layers += _events(events, x, legend=False)
+    layers += _events(events, x.field, legend=False)
     return finish(layered(*layers), title)
 
 
 def layers_chart(
-    frame: pd.DataFrame,
-    *,
-    x: str,
-    x_title: str,
-    log_x: bool = False,
-    log_y: bool = True,
-    y_title: str = "B_simple (batch size)",
+    frame: pd.DataFrame, *, x: XAxis, log_y: bool = True, y_title: str = "B_simple (batch size)"
 ) -> alt.LayerChart:
     """B_simple per layer (``layer`` column), each over its own light band."""
-    band, line, x_enc, y_enc = _b_simple_axes(frame, x, x_title, y_title, log_x, log_y)
+    band, line, x_enc, y_enc = _b_simple_axes(frame, x, y_title, log_y)
     color = alt.Color(
         "layer:N", title="layer", scale=alt.Scale(scheme=SCHEME), legend=wide_legend()
     )
@@ -242,7 +230,7 @@ def layers_chart(
             color=color,
             tooltip=[
                 alt.Tooltip("layer:N"),
-                alt.Tooltip(f"{x}:Q", title=x_title, format=TIP),
+                x.tooltip(),
                 alt.Tooltip("b_simple:Q", title="B_simple", format=TIP),
             ],
         ),

@@ -182,7 +182,7 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
     events = _data.events(src, run.uid)
     marks = _frames.event_marks(events, points, x, t0)
     evals = _frames.eval_points(events, points, x, t0)
-    x_title = _x_title(x, run.units)
+    x_axis = _charts.XAxis("x", _x_title(x, run.units), log=log_x)
     slug = run.uid[:8]
     smoothing = (
         f"Each point: a trailing window of {int(window):,} steps, drawn at its middle"
@@ -192,9 +192,7 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
     _ui.chart_with_downloads(
         _charts.b_simple_chart(
             points,
-            x="x",
-            x_title=x_title,
-            log_x=log_x,
+            x=x_axis,
             log_y=log_y,
             events=marks,
             y_title=f"B_simple ({_text.units_word(run.units)})",
@@ -220,12 +218,10 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
         _ui.chart_with_downloads(
             _charts.metric_chart(
                 points,
-                x="x",
-                x_title=x_title,
+                x=x_axis,
                 y=y,
                 y_title=y_title,
                 title=title,
-                log_x=log_x,
                 log_y=log,
                 events=marks,
                 evals=evals if with_evals else None,
@@ -252,7 +248,7 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
             panel("lr", "Learning rate", "learning rate")
         else:
             st.caption("No learning rate logged: pass `lr=` to see it here.")
-    _layers(src, run, x=x, x_title=x_title, window=float(window), log_x=log_x, log_y=log_y)
+    _layers(src, run, x=x, x_axis=x_axis, window=float(window), log_y=log_y)
     st.download_button(
         "Raw samples (CSV)",
         data=lambda: _data.samples_csv(src, run.uid),
@@ -268,9 +264,8 @@ def _layers(
     run: RunSummary,
     *,
     x: str,
-    x_title: str,
+    x_axis: _charts.XAxis,
     window: float,
-    log_x: bool,
     log_y: bool,
 ) -> None:
     layers = [s.name for s in _data.series_names(src, run.uid) if s.name]
@@ -292,9 +287,7 @@ def _layers(
     _ui.chart_with_downloads(
         _charts.layers_chart(
             per_layer,
-            x="x",
-            x_title=x_title,
-            log_x=log_x,
+            x=x_axis,
             log_y=log_y,
             y_title=f"B_simple ({_text.units_word(run.units)})",
         ),
