@@ -25,9 +25,9 @@ from tests.support.servers import ServerProcess
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with a ``slow`` test first, then the rest by their number of tests (most first).
 
-    scripts/test.sh hands whole files to 2 xdist workers in this order
+    scripts/test.sh hands whole files to its xdist workers in this order
     (``--no-loadscope-reorder``), so the longest files start early instead of one of them
-    running alone at the end while the other worker idles (xdist's own order, by number of
+    running alone at the end while the other workers idle (xdist's own order, by number of
     tests, left the README steps' 4-minute test for last)."""
     by_file: dict[str, list[pytest.Item]] = {}
     slow: set[str] = set()
