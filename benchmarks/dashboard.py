@@ -164,7 +164,7 @@ def _worker(views: Path, server_pid: int | None) -> int:
         try:
             yield
         finally:
-            threading.setprofile(None)  # type: ignore[arg-type]
+            threading.setprofile(None)
 
     reply(
         {

@@ -49,13 +49,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 import torch._dynamo.config
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import Tensor, nn
+from torch.multiprocessing.spawn import start_processes
 from torch.nn import functional as F
 
 from benchmarks._meter import Meter, NoiseGauge, metered
@@ -112,7 +112,7 @@ class TinyGPT(nn.Module):
         return logits
 
 
-def _mlp() -> nn.Module:
+def _mlp() -> nn.Sequential:
     return nn.Sequential(
         nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
     )
@@ -279,6 +279,12 @@ class _Case:
                 probe.remove()
 
 
+def _compiled(base: nn.Module) -> nn.Module:
+    """A compiled copy of ``base`` (``torch.compile`` of a module returns the module's
+    ``OptimizedModule``, typed only as a callable)."""
+    return cast(nn.Module, torch.compile(copy.deepcopy(base)))
+
+
 class _CompiledPerExample(_Case):
     """A compiled model with the per-example probe. Dynamo does not guard on module hooks, so
     a probe attached to a model already compiled without it never runs its hooks: the probed
@@ -288,9 +294,7 @@ class _CompiledPerExample(_Case):
 
     def __init__(self, base: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> None:
         self.base = base
-        super().__init__(
-            torch.compile(copy.deepcopy(base)), batches, _per_example_probe, "per_example"
-        )
+        super().__init__(_compiled(base), batches, _per_example_probe, "per_example")
         self._probed: dict[Any, tuple[_Case, _Probe]] = {}
 
     def time(self, probed: bool, n: int, make: ProbeFactory | None = None) -> float:
@@ -298,7 +302,7 @@ class _CompiledPerExample(_Case):
             return super().time(probed and make is None, n, make)
         key = instrumentation()  # one probed copy per metering context
         if key not in self._probed:
-            model = torch.compile(copy.deepcopy(self.base))
+            model = _compiled(self.base)
             self._probed[key] = (_Case(model, self.batches, _per_example_probe, "per_example"),
                                  _per_example_probe(model))  # fmt: skip
         case, probe = self._probed[key]
@@ -366,7 +370,7 @@ def _cases(
             probe(source="micro"),
             ddp=True,
         ),
-        COMPILED_MICRO: _Case(torch.compile(copy.deepcopy(base)), micro4, probe(source="micro")),
+        COMPILED_MICRO: _Case(_compiled(base), micro4, probe(source="micro")),
         COMPILED_PER_EXAMPLE: _CompiledPerExample(base, full),
     }
 
@@ -507,7 +511,7 @@ def _fsdp_rows(quick: bool) -> list[Row]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "rows.json"))
-        mp.start_processes(
+        start_processes(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             _fsdp_worker, args=(port, out, quick), nprocs=2, join=True, start_method="fork"
         )
         return [Row(**r) for r in json.loads(Path(out).read_text())]

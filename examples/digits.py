@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         for step in range(args.steps):
             idx = torch.randint(len(x_train), (args.batch_size,), generator=gen)
             total = 0.0
-            for chunk in idx.split(micro):
+            for chunk in torch.split(idx, micro):
                 loss = loss_fn(model(x_train[chunk]), y_train[chunk]) / args.accumulation
                 loss.backward()
                 probe.micro_step(batch_size=len(chunk))

@@ -163,7 +163,7 @@ def step_on(trainer: Any, draws: torch.Tensor, lr: float) -> StepResult:
     if isinstance(trainer, DigitsMLP):
         micro = [
             (
-                lambda sl=draws[j * m : (j + 1) * m]: F.cross_entropy(  # type: ignore[misc]
+                lambda sl=draws[j * m : (j + 1) * m]: F.cross_entropy(
                     trainer.model(trainer.x[sl]), trainer.y[sl]
                 )
             )
@@ -174,10 +174,7 @@ def step_on(trainer: Any, draws: torch.Tensor, lr: float) -> StepResult:
     offsets = torch.arange(trainer.context)
     x = trainer.train[draws[:, None] + offsets]
     y = trainer.train[draws[:, None] + offsets + 1]
-    micro = [
-        (lambda sl=slice(j * m, (j + 1) * m): trainer._loss(x[sl], y[sl]))  # type: ignore[misc]
-        for j in range(k)
-    ]
+    micro = [(lambda sl=slice(j * m, (j + 1) * m): trainer._loss(x[sl], y[sl])) for j in range(k)]
     return _measured_step(trainer.params, trainer.opt, lr, micro, float(m * trainer.context))
 
 

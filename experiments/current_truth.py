@@ -207,7 +207,7 @@ class _Digits(_Task):
         z = W2·tanh(W1·x + b1) + b2 and cross-entropy, example i's gradient is δ2 = softmax(z) −
         onehot(y) for b2 and δ2·hᵀ for W2, δ1 = (W2ᵀδ2) ⊙ (1 − h²) for b1 and δ1·xᵀ for W1, so
         |g_i|² = |δ2|²(|h|² + 1) + |δ1|²(|x|² + 1)."""
-        first, _, second = self.model
+        first, _, second = self.model.children()
         assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
         with torch.no_grad():
             x = self.x.double()
