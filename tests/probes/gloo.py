@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessContext, start_processes
 
 from tests.support.servers import free_port
 
@@ -41,7 +41,8 @@ def on_two_ranks(work: Callable[[int], dict[str, Any]], out_dir: Path) -> list[d
     """fork: the children inherit the parent's imports (import what the wrappers import lazily
     before calling: torch._dynamo takes many seconds per process on a busy 2-core machine).
     Nothing here has started threads that a fork could break: no DataLoader workers, no CUDA."""
-    context = mp.start_processes(
+    # torch's start_processes has no annotations (with join=False it returns the context)
+    context: ProcessContext | None = start_processes(  # type: ignore[no-untyped-call]
         _worker,
         args=(free_port(), str(out_dir), work),
         nprocs=WORLD,

@@ -56,7 +56,8 @@ class Sampler:
 
 def mean_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     x, y = batch
-    return 0.5 * (model(x).squeeze(-1) - y).square().mean()
+    loss: torch.Tensor = 0.5 * (model(x).squeeze(-1) - y).square().mean()
+    return loss
 
 
 def finished(probe: Any, sink: ListSink) -> dict[str, Any]:

@@ -43,7 +43,8 @@ def _batches(p: LeastSquares, step: int, k: int, b: int) -> tuple[np.ndarray, np
 
 
 def _run_phase(rank: int, cfg: dict[str, int], readout: str = "auto") -> list[dict[str, Any]]:
-    return _train(rank, cfg, readout=readout)["rows"]
+    rows: list[dict[str, Any]] = _train(rank, cfg, readout=readout)["rows"]
+    return rows
 
 
 def _failing_norms(failing: list[bool]) -> Any:
@@ -94,6 +95,7 @@ def _train(
             probe.micro_step(batch_size=b)
         probe.step()
         with torch.no_grad():  # plain SGD (lr 0: the direct norms assume a fixed w)
+            assert model.weight.grad is not None
             model.weight -= lr * model.weight.grad
         ddp.zero_grad()
     probe.remove()

@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from noisescope.torch import GradientNoiseProbe
-from tests.probes.gloo import on_two_ranks
+from tests.probes.gloo import WORLD, on_two_ranks
 from tests.probes.lsq_torch import ListSink, finished, lsq_model
-from tests.probes.test_ddp import WORLD, _batches, _direct, _problem
+from tests.probes.test_ddp import _batches, _direct, _problem
 from tests.probes.test_fsdp import _direct_per_example
 from tests.probes.test_sources_truth import assert_truth
 
@@ -136,7 +136,7 @@ def _misuse(rank: int) -> dict[str, str]:
     said: dict[str, str] = {}
     for name, kwargs in (("layers", {"layers": True}), ("scaler", {"scaler": object()})):
         try:
-            GradientNoiseProbe(engine, ListSink(), **kwargs)  # type: ignore[arg-type]
+            GradientNoiseProbe(engine, ListSink(), **kwargs)
         except ValueError as exc:
             said[name] = str(exc)
     probe = GradientNoiseProbe(engine, ListSink())

@@ -24,9 +24,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
 from noisescope.torch import GradientNoiseProbe
-from tests.probes.gloo import on_two_ranks
+from tests.probes.gloo import WORLD, on_two_ranks
 from tests.probes.lsq_torch import ListSink, finished, lsq_model
-from tests.probes.test_ddp import WORLD, _batches, _direct, _problem
+from tests.probes.test_ddp import _batches, _direct, _problem
 from tests.probes.test_sources_truth import assert_truth
 
 EXACT = {"d": 6, "steps": 4, "b": 8}

@@ -44,7 +44,8 @@ class SeqModel(nn.Module):
         h = self.scale(self.ln(self.emb(ids)))
         h = torch.relu(self.proj(h))
         h = self.narrow(h)
-        return self.head(h.flatten(1))
+        out: Tensor = self.head(h.flatten(1))
+        return out
 
 
 class ConvModel(nn.Module):
@@ -58,7 +59,8 @@ class ConvModel(nn.Module):
     def forward(self, xs: tuple[Tensor, Tensor]) -> Tensor:
         a = torch.relu(self.c1(xs[0])).flatten(1)
         b = self.c2_nobias(torch.relu(self.c2(xs[1]))).flatten(1)
-        return self.out(torch.cat([a, b], 1))
+        out: Tensor = self.out(torch.cat([a, b], 1))
+        return out
 
 
 def _brute_force(
@@ -86,7 +88,8 @@ def _hooked(
     index = {id(p): i for i, (_, p) in enumerate(model.named_parameters())}
     norms = PerExampleNorms(model, index, method)  # type: ignore[arg-type]
     norms.armed = True
-    loss_per_example(model(inputs)).mean().backward()
+    # torch's Tensor.backward has no annotations: an "untyped call" to mypy
+    loss_per_example(model(inputs)).mean().backward()  # type: ignore[no-untyped-call]
     table = norms.take(torch.device("cpu"))
     norms.remove()
     return {name: table[i].double() for i, name in enumerate(names)}

@@ -87,7 +87,7 @@ def test_compiled_model_logs_the_eager_samples(source: str) -> None:
         model, sink = lsq_model(p, w), ListSink()
         forward = torch.compile(model) if compiled else None
         with compiled_counts() as counts:
-            _train(model, sink, p, source, 6, torch.float64, autocast=False, forward=forward)  # type: ignore[arg-type]
+            _train(model, sink, p, source, 6, torch.float64, autocast=False, forward=forward)
         rows[compiled] = sink.rows
         if compiled:
             breaks = counts.graph_breaks
@@ -116,6 +116,7 @@ def test_another_instance_compiled_without_hooks_does_not_hide_the_probes() -> N
     x = torch.randn(4, 6)
     model, sink = _mlp(), ListSink()
     compiled = torch.compile(model)
+    assert isinstance(compiled, nn.Module)  # an OptimizedModule; torch.compile is typed Callable
     probe = GradientNoiseProbe(compiled, sink, source="per_example")
     other = torch.compile(_mlp())
     other(x).sum().backward()  # same class, compiled first, without hooks
@@ -140,6 +141,7 @@ def test_a_graph_compiled_before_the_probe_is_named_in_the_error() -> None:
         other(x).sum().backward()
         model = _mlp()
         compiled = torch.compile(model)
+        assert isinstance(compiled, nn.Module)  # an OptimizedModule; torch.compile: a Callable
         probe = GradientNoiseProbe(compiled, ListSink(), source="per_example")
         compiled(x).sum().backward()
         with pytest.raises(RuntimeError, match="skip_nnmodule_hook_guards"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import pytest
 import torch
@@ -19,6 +19,12 @@ from tests.probes.lsq_torch import ListSink
 from tests.support.inprocess import AppServer
 from tests.support.servers import free_port
 
+if TYPE_CHECKING:
+    from typing import Unpack
+
+# torch's Tensor.backward and TorchDispatchMode have no annotations: calling them is an
+# "untyped call" to mypy, hence the type: ignore[no-untyped-call] on those lines.
+
 
 def _mlp() -> nn.Sequential:
     torch.manual_seed(0)
@@ -31,18 +37,28 @@ def _data(steps: int, k: int, b: int) -> tuple[Tensor, Tensor]:
 
 
 def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    return (model(x) - y).square().mean()
+    loss: Tensor = (model(x) - y).square().mean()
+    return loss
+
+
+class _StepFloats(TypedDict, total=False):
+    """The float keywords of ``GradientNoiseProbe.step``."""
+
+    batch_size: float
+    loss: float
+    lr: float
+    grad_scale: float
 
 
 def _train(
-    model: nn.Module, probe: GradientNoiseProbe, x: Tensor, y: Tensor, **step: float
+    model: nn.Module, probe: GradientNoiseProbe, x: Tensor, y: Tensor, **step: Unpack[_StepFloats]
 ) -> None:
     """``x[i, j]``: micro-batch j of step i; each step accumulates loss / k, then steps the
     probe (with ``step``'s keywords)."""
     steps, k, b = x.shape[:3]
     for i in range(steps):
         for j in range(k):
-            (_loss(model, x[i, j], y[i, j]) / k).backward()
+            (_loss(model, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
             probe.micro_step(batch_size=b)
         probe.step(**step)
         model.zero_grad()
@@ -83,7 +99,10 @@ def test_per_layer_series_match_direct_accumulation_norms() -> None:
         micro = _micro_grads(ref, x, y, i)
         for series, idx in (("0", [0, 1]), ("2", [2, 3])):
             small = sum(float(sum(m[p].square().sum() for p in idx)) for m in micro) / k
-            big = float(sum((sum(m[p] for m in micro) / k).square().sum() for p in idx))
+            # cast: typeshed types a sum() of tensors Tensor | Literal[0] (0 for no terms)
+            big = float(
+                sum((cast(Tensor, sum(m[p] for m in micro)) / k).square().sum() for p in idx)
+            )
             row = next(r for r in sink.series(series) if r["step"] == i)
             assert row["g_small_sq"] == pytest.approx(small, rel=1e-5)
             assert row["g_big_sq"] == pytest.approx(big, rel=1e-5)
@@ -158,11 +177,12 @@ def test_every_parameter_dtype_is_reduced_in_fp32_or_better(
     x = torch.randn(steps, k, b, 5).to(dtype)
 
     def loss(m: nn.Module, xb: Tensor) -> Tensor:
-        return m(xb).float().square().mean()
+        out: Tensor = m(xb).float().square().mean()
+        return out
 
     for i in range(steps):
         for j in range(k):
-            loss(model, x[i, j]).backward()
+            loss(model, x[i, j]).backward()  # type: ignore[no-untyped-call]
             probe.micro_step(batch_size=b)
         probe.step()
         model.zero_grad(set_to_none=set_to_none)
@@ -178,6 +198,7 @@ def test_every_parameter_dtype_is_reduced_in_fp32_or_better(
 
 def test_named_parameter_groups() -> None:
     model = _mlp()
+    assert isinstance(model[0].weight, nn.Parameter) and isinstance(model[2].weight, nn.Parameter)
     groups = {"weights": [model[0].weight, model[2].weight]}
     probe = GradientNoiseProbe(model, sink := ListSink(), source="micro", layers=groups)
     _train(model, probe, *_data(1, 2, 4))
@@ -192,7 +213,7 @@ def _run_amp(use_scaler: bool, tell_probe: bool) -> list[dict[str, float]]:
     x, y = _data(3, 2, 4)
     for i in range(3):
         for j in range(2):
-            scaler.scale(_loss(model, x[i, j], y[i, j]) / 2).backward()
+            scaler.scale(_loss(model, x[i, j], y[i, j]) / 2).backward()  # type: ignore[no-untyped-call]
             probe.micro_step(batch_size=4)
         probe.step()
         model.zero_grad()
@@ -248,7 +269,7 @@ def test_misuse_gets_clear_errors() -> None:
     with pytest.raises(ValueError, match="micro_loss"):
         GradientNoiseProbe(model, ListSink(), micro_loss="avg")  # type: ignore[arg-type]
     x, y = _data(1, 1, 4)
-    _loss(model, x[0, 0], y[0, 0]).backward()
+    _loss(model, x[0, 0], y[0, 0]).backward()  # type: ignore[no-untyped-call]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert probe.step(batch_size=4) is None
@@ -298,7 +319,10 @@ def test_small_batches_first_measures_only_the_first_micro_batch() -> None:
         assert row["g_small_sq"] == pytest.approx(
             float(sum(g.square().sum() for g in micro[0])), rel=1e-5
         )
-        big = sum(float((sum(m[p] for m in micro) / k).square().sum()) for p in range(4))
+        # cast: typeshed types a sum() of tensors Tensor | Literal[0] (0 for no terms)
+        big = sum(
+            float((cast(Tensor, sum(m[p] for m in micro)) / k).square().sum()) for p in range(4)
+        )
         assert row["g_big_sq"] == pytest.approx(big, rel=1e-5)
 
 
@@ -308,7 +332,7 @@ def test_per_example_max_measures_a_subset_with_the_full_batch_normalisation() -
     ref = copy.deepcopy(model)
     probe = GradientNoiseProbe(model, sink, source="per_example", per_example_max=3)
     x, y = _data(1, 1, 8)
-    _loss(model, x[0, 0], y[0, 0]).backward()
+    _loss(model, x[0, 0], y[0, 0]).backward()  # type: ignore[no-untyped-call]
     probe.step(batch_size=8)
     per_example = [
         sum(
@@ -344,11 +368,11 @@ def norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-class _NormCalls(TorchDispatchMode):
+class _NormCalls(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records, for each gradient norm computed in a backward, where its result went."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.outs: list[int | None] = []  # storage address of the out= slot, None if new
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -373,7 +397,7 @@ def test_hooks_write_norms_into_slots_made_once(first_read: str) -> None:
         for j in range(k):
             loss = _loss(model, x[i, j], y[i, j]) / k
             with calls:
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
             probe.micro_step(batch_size=b)
         probe.step()
         model.zero_grad()
@@ -399,10 +423,10 @@ def test_unmeasured_backwards_compute_nothing(norm_calls: list[int], first_read:
     for i in range(steps):
         for j in range(k):
             before = norm_calls[0]
-            (_loss(model, x[i, j], y[i, j]) / k).backward()
+            (_loss(model, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
             probe.micro_step(batch_size=b)
             calls.append(norm_calls[0] - before)
-            (_loss(twin, x[i, j], y[i, j]) / k).backward()
+            (_loss(twin, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
             every_step.micro_step(batch_size=b)
         probe.step()
         every_step.step()
@@ -436,7 +460,7 @@ def test_first_backward_read_from_grad_matches_the_hooks(
         for i in range(steps):
             for j in range(k):
                 before = norm_calls[0]
-                (_loss(model, x[i, j], y[i, j]) / k).backward()
+                (_loss(model, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
                 calls.append(norm_calls[0] - before)
                 probe.micro_step(batch_size=b)
             probe.step()
@@ -475,10 +499,10 @@ def test_first_backward_read_from_grad_when_a_submodule_is_called_directly(
     calls = []
     for j in range(k):
         before = norm_calls[0]
-        (_loss(wrapper.model, x[0, j], y[0, j]) / k).backward()
+        (_loss(wrapper.model, x[0, j], y[0, j]) / k).backward()  # type: ignore[no-untyped-call]
         calls.append(norm_calls[0] - before)
         probe.micro_step(batch_size=b)
-        (_loss(twin, x[0, j], y[0, j]) / k).backward()
+        (_loss(twin, x[0, j], y[0, j]) / k).backward()  # type: ignore[no-untyped-call]
         reference.micro_step(batch_size=b)
     probe.step()
     reference.step()
@@ -518,10 +542,10 @@ def test_first_backward_read_from_grad_in_a_one_process_group(
     for i in range(2):
         for j in range(k):
             before = norm_calls[0]
-            (_loss(model, x[i, j], y[i, j]) / k).backward()
+            (_loss(model, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
             calls.append(norm_calls[0] - before)
             probe.micro_step(batch_size=b)
-            (_loss(twin, x[i, j], y[i, j]) / k).backward()
+            (_loss(twin, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
             reference.micro_step(batch_size=b)
         probe.step()
         reference.step()
@@ -601,7 +625,7 @@ def test_an_error_inside_the_probe_stops_it_and_training_goes_on_unchanged(
         for i in range(steps):
             for m, opt in zip((model, twin), opts, strict=True):
                 for j in range(k):
-                    (_loss(m, x[i, j], y[i, j]) / k).backward()
+                    (_loss(m, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
                     if m is model:
                         probe.micro_step(batch_size=b)
                 if m is model:
@@ -644,7 +668,7 @@ def test_an_error_reading_the_gradients_is_kept_from_the_loop(
         for i in range(2):
             model.zero_grad(set_to_none=not grads_exist)
             for j in range(2):
-                (_loss(model, x[i, j], y[i, j]) / 2).backward()
+                (_loss(model, x[i, j], y[i, j]) / 2).backward()  # type: ignore[no-untyped-call]
                 probe.micro_step(batch_size=4)
             assert probe.step() is None
     assert probe.error == "RuntimeError: injected failure"
@@ -669,7 +693,7 @@ def _single_backward_steps(probe: GradientNoiseProbe, model: nn.Module, steps: i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for i in range(steps):
-            _loss(model, x[i, 0], y[i, 0]).backward()
+            _loss(model, x[i, 0], y[i, 0]).backward()  # type: ignore[no-untyped-call]
             probe.micro_step(batch_size=4)
             probe.step()
             model.zero_grad()
@@ -706,7 +730,7 @@ def test_a_probe_stopped_by_an_error_says_why_on_the_runs_page(
         for i in range(3):
             model.zero_grad(set_to_none=True)
             for j in range(2):
-                (_loss(model, x[i, j], y[i, j]) / 2).backward()
+                (_loss(model, x[i, j], y[i, j]) / 2).backward()  # type: ignore[no-untyped-call]
                 probe.micro_step(batch_size=4)
             probe.step()
     [(step, kind, payload)] = sink.events

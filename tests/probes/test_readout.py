@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -95,7 +95,7 @@ def _train(
 
 @pytest.mark.parametrize("source", ["micro", "per_example"])
 def test_deferred_step_reads_nothing_and_logs_what_immediate_logs(
-    monkeypatch: pytest.MonkeyPatch, source: str
+    monkeypatch: pytest.MonkeyPatch, source: Literal["micro", "per_example"]
 ) -> None:
     base = _model()
     sinks: dict[str, ListSink] = {}
@@ -110,7 +110,7 @@ def test_deferred_step_reads_nothing_and_logs_what_immediate_logs(
             source=source,
             layers=True,
             scaler=scaler,
-            readout=mode,  # type: ignore[arg-type]
+            readout=mode,
         )
         assert probe.readout == mode
         with _counting(monkeypatch) as reads:

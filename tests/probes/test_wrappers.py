@@ -20,8 +20,8 @@ class _Fsdp1Unit(FullyShardedDataParallel):
         self.add_module("inner", nn.Linear(4, 1))
 
     __getattr__ = nn.Module.__getattr__
-    named_modules = nn.Module.named_modules  # type: ignore[assignment]
-    named_parameters = nn.Module.named_parameters  # type: ignore[assignment]
+    named_modules = nn.Module.named_modules
+    named_parameters = nn.Module.named_parameters
 
 
 def _fsdp1_wrapped() -> nn.Module:
