@@ -13,9 +13,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-import httpx
 import pytest
 from sqlalchemy import Engine, create_engine
+from starlette.testclient import TestClient
 
 from tests.conftest import BACKENDS, fresh_database
 from tests.support.inprocess import AppServer
@@ -58,7 +58,7 @@ def server_process(backend_url: str) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def client(server: AppServer) -> Iterator[httpx.Client]:
+def client(server: AppServer) -> Iterator[TestClient]:
     with server.client() as c:
         yield c
 

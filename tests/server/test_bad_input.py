@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -183,6 +184,7 @@ def test_bad_events(client: httpx.Client, target: str, body: bytes) -> None:
 def test_bad_query_parameters(client: httpx.Client, target: str) -> None:
     assert client.get(f"{API}/runs/{target}/series", params={"max_points": 0}).status_code == 422
     assert client.get(f"{API}/runs", params={"limit": "many"}).status_code == 422
+    params: Mapping[str, str | float]
     for params in ({"targets": "nan"}, {"targets": "inf"}, {"targets": "x"}, {"loss": "both"}):
         r = client.get(f"{API}/tasks/p/t/critical-batch", params=params)
         assert r.status_code == 422, (params, r.text)
@@ -193,13 +195,14 @@ def test_bad_query_parameters(client: httpx.Client, target: str) -> None:
     r = client.get(f"{API}/series", params={"runs": [f"r{i}" for i in range(201)]})
     assert r.status_code == 422
     assert client.get(f"{API}/series", params={"runs": ["nope"]}).json() == []
-    for params in (
+    bad_plans: tuple[Mapping[str, str | float], ...] = (
         {"b_crit": -1, "per_device_batch": 8},
         {"b_crit": 100, "per_device_batch": 0},
         {"b_crit": 100, "per_device_batch": 8, "min_speedup": 2.5},
         {"b_crit": 100, "per_device_batch": 8, "max_devices": 0},
         {"b_crit": "1e400", "per_device_batch": 8},
-    ):
+    )
+    for params in bad_plans:
         r = client.get(f"{API}/parallelism", params=params)
         assert r.status_code == 422, (params, r.text)
     r = client.get(f"{API}/runs/{target}/series", params={"window": -5})

@@ -8,7 +8,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 from sqlalchemy import Engine, update
@@ -19,6 +18,7 @@ from noisescope.forecast import forecast_report
 from noisescope_server.models import Run
 from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares, branch_logged_parent
 from tests.server._data import columns, run_body
+from tests.support.http_clients import HttpClient, HttpResponse
 from tests.support.inprocess import AppServer
 from tests.support.synthetic_sweep import make_sweep, post
 
@@ -206,7 +206,7 @@ def test_a_run_cannot_branch_from_itself(server: AppServer, run_id: str) -> None
         assert r.status_code == 422 and "branch of itself" in r.json()["detail"]
 
 
-def _put(c: httpx.Client, uid: str, **extra: Any) -> httpx.Response:
+def _put(c: HttpClient, uid: str, **extra: Any) -> HttpResponse:
     return c.put(f"/api/v1/runs/{uid}", json=run_body(**extra))
 
 
@@ -322,7 +322,7 @@ def test_each_branch_point_gives_the_examples_its_parent_had_seen(
 
 
 def _branch_kid(
-    c: httpx.Client, parent: str, size: int, seed: int, loss: float, epsilon: object
+    c: HttpClient, parent: str, size: int, seed: int, loss: float, epsilon: object
 ) -> str:
     kid = uuid.uuid4().hex
     body = run_body(batch_size=size, parent_run_id=parent, branch_step=9)

@@ -30,6 +30,7 @@ def _silence(engine: Engine, rid: str, seconds: float) -> None:
 def _last_seen(engine: Engine, rid: str) -> datetime:
     with engine.connect() as conn:
         value = conn.execute(select(Run.last_seen_at).where(Run.uid == rid)).scalar_one()
+    assert value is not None
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
 
 

@@ -11,10 +11,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from tests.server._data import columns, run_body
+from tests.support.http_clients import HttpClient, HttpResponse
 from tests.support.inprocess import AppServer
 
 API = "/api/v1"
@@ -28,7 +29,7 @@ def auth_server(request: pytest.FixtureRequest, backend_url: str) -> Iterator[Ap
         yield app
 
 
-def _client(server: AppServer, project: str) -> httpx.Client:
+def _client(server: AppServer, project: str) -> TestClient:
     """A client of ``project``: with that project's token when the server checks any."""
     headers = {}
     if server.auth != "off":
@@ -43,13 +44,13 @@ def _client(server: AppServer, project: str) -> httpx.Client:
     return server.client(prefix=API, headers=headers)
 
 
-def _refused(r: httpx.Response, field: str) -> None:
+def _refused(r: HttpResponse, field: str) -> None:
     assert r.status_code == 422, (r.status_code, r.text)
     detail = r.json()["detail"]
     assert field in detail and "database" not in detail, detail
 
 
-def _answered(r: httpx.Response, field: str) -> None:
+def _answered(r: HttpResponse, field: str) -> None:
     """2xx, or a 4xx naming ``field`` that does not blame the database."""
     assert r.status_code < 500, (r.status_code, r.text)
     if r.status_code >= 400:
@@ -57,7 +58,7 @@ def _answered(r: httpx.Response, field: str) -> None:
         assert field in detail and "database" not in detail, detail
 
 
-def _put(c: httpx.Client, uid: str, project: str, **fields: Any) -> httpx.Response:
+def _put(c: HttpClient, uid: str, project: str, **fields: Any) -> HttpResponse:
     return c.put(f"/runs/{uid}", json=run_body(project=project, task="t", **fields))
 
 

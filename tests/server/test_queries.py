@@ -8,10 +8,9 @@ import math
 
 from sqlalchemy import Engine, select
 
-from noisescope.estimators import CURRENT_FRACTION, current_window
+from noisescope.estimators import CURRENT_FRACTION, CURRENT_RAW_LIMIT, current_window
 from noisescope_server import crud, db, queries
 from noisescope_server.models import BLOCK_SIZE, SampleBlock
-from noisescope_server.queries._current import CURRENT_RAW_LIMIT
 from tests.server._data import columns, expected_sums
 
 

@@ -5,6 +5,7 @@ may be ISO 8601 text or Unix seconds."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import httpx
 import pytest
@@ -26,7 +27,7 @@ API = "/api/v1"
         ("started_at", True),
     ],
 )
-def test_run_bodies_are_not_coerced(client: httpx.Client, field: str, value: object) -> None:
+def test_run_bodies_are_not_coerced(client: httpx.Client, field: str, value: Any) -> None:
     rid = uuid.uuid4().hex
     r = client.put(f"{API}/runs/{rid}", json=run_body(**{field: value}))
     assert r.status_code == 422, r.text

@@ -236,14 +236,23 @@ def test_parallelism_answers_the_device_question(client: httpx.Client) -> None:
         "(B_crit = 2,000 examples)."
     )
     assert plan["reference"] == "B_crit"
-    for bad in ({"b_crit": 0, "per_device_batch": 1}, {"b_crit": 5, "per_device_batch": 1,
-                "min_speedup": 2}, {"b_crit": "nan", "per_device_batch": 1}):  # fmt: skip
+    bads: tuple[dict[str, str | int], ...] = (
+        {"b_crit": 0, "per_device_batch": 1},
+        {"b_crit": 5, "per_device_batch": 1, "min_speedup": 2},
+        {"b_crit": "nan", "per_device_batch": 1},
+    )
+    for bad in bads:
         assert client.get(f"{API}/parallelism", params=bad).status_code == 422
 
 
 def test_parallelism_names_the_quantity_it_was_given(client: httpx.Client) -> None:
     """A B_simple passed as the critical batch size is called B_simple, taken as B_crit."""
-    params = {"b_crit": 100, "per_device_batch": 16, "batch_size": 64, "reference": "B_simple"}
+    params: dict[str, str | int] = {
+        "b_crit": 100,
+        "per_device_batch": 16,
+        "batch_size": 64,
+        "reference": "B_simple",
+    }
     r = client.get(f"{API}/parallelism", params=params)
     assert r.status_code == 200, r.text
     plan = r.json()

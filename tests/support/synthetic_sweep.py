@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from noisescope import sweep
+from tests.support.http_clients import HttpClient
 
 __all__ = ["SynthRun", "make_sweep", "post", "steps_to", "to_sweep_runs"]
 
@@ -116,7 +115,7 @@ def to_sweep_runs(runs: Sequence[SynthRun], *, noise: bool = True) -> list[sweep
 
 
 def post(
-    client: httpx.Client,
+    client: HttpClient,
     runs: Sequence[SynthRun],
     *,
     project: str,

@@ -14,8 +14,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 from hypothesis import strategies as st
+
+from tests.support.http_clients import HttpClient
 
 __all__ = ["Exchange", "Story", "read_everything", "server_errors", "stories", "write_story"]
 
@@ -142,13 +143,13 @@ class Exchange:
     detail: str
 
 
-def _send(c: httpx.Client, out: list[Exchange], method: str, path: str, **kw: Any) -> int:
+def _send(c: HttpClient, out: list[Exchange], method: str, path: str, **kw: Any) -> int:
     r = c.request(method, API + path, **kw)
     out.append(Exchange(f"{method} {path} {kw.get('params') or ''}", r.status_code, r.text[:300]))
     return r.status_code
 
 
-def write_story(c: httpx.Client, story: Story) -> list[Exchange]:
+def write_story(c: HttpClient, story: Story) -> list[Exchange]:
     """Every write of ``story``, in order (a refusal is fine; a 5xx is not)."""
     out: list[Exchange] = []
     for run in story.runs:
@@ -190,7 +191,7 @@ def _reads(story: Story) -> list[tuple[str, dict[str, Any]]]:
     return paths
 
 
-def read_everything(c: httpx.Client, story: Story) -> list[Exchange]:
+def read_everything(c: HttpClient, story: Story) -> list[Exchange]:
     """Every read route about what ``story`` wrote."""
     out: list[Exchange] = []
     for path, params in _reads(story):
