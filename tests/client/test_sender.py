@@ -9,6 +9,7 @@ import logging
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -277,7 +278,7 @@ def test_both_encoders_write_the_same_values(
 
     if not with_orjson:
         monkeypatch.setattr(_json, "orjson", None)
-    columns = {
+    columns: dict[str, list[Any]] = {
         "seq": [0, 1, 2**70],
         "g_small_sq": [0.1, 1e-300, 1.7646e9 + 0.123456],
         "loss": [None, 2.5, 1e22],

@@ -9,7 +9,7 @@ import pytest
 from noisescope.estimators import adaptive_batch_target, noise_scaled_lr
 
 # A run in pieces of equal minimal steps dS_min, with B_noise growing 100x as the loss falls.
-B_NOISE = [10.0 * 100.0 ** (i / 49) for i in range(50)]
+B_NOISE: list[float] = [10.0 * 100.0 ** (i / 49) for i in range(50)]
 S_MIN = float(len(B_NOISE))
 E_MIN = sum(B_NOISE)
 

@@ -71,6 +71,7 @@ def test_the_window_never_reaches_back_across_a_change_of_regime() -> None:
     early = noisy_steps(n_early, 10.0, 0.3, seed=1, g_sq=1000.0)
     late = noisy_steps(n_late, 300.0, 12.0, seed=2)
     blocks = tuple(a + b for a, b in zip(early, late, strict=True))
+    assert len(blocks) == 3  # (block_n, block_sum_g_sq, block_sum_trace_sigma)
     k, window = current_window(*blocks)
     assert k <= n_late  # no sample from before the change
     whole = interval_from_blocks(*blocks).b_simple

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -88,7 +89,7 @@ def test_a_record_becomes_what_the_server_would_receive() -> None:
 
 
 def test_noise_buckets_follow_changing_batch_sizes() -> None:
-    samples = {
+    samples: dict[str, Sequence[float]] = {
         "step": [1.0, 2.0, 3.0],
         "b_small": [1.0, 1.0, 2.0],
         "b_big": [4.0, 4.0, 8.0],
@@ -116,6 +117,7 @@ def test_analyse_recovers_the_model_through_noisescope_sweep() -> None:
     assert all(p.lr == 0.1 for p in t.points)
     assert t.b_crit == pytest.approx(B_CRIT, rel=0.1)
     assert t.b_crit_lo is not None and t.b_crit_hi is not None
+    assert t.b_crit is not None
     assert t.b_crit_lo < t.b_crit < t.b_crit_hi
     # The same numbers as calling the library directly: one analysis, not two.
     direct = sweep.analyse(runs, [1.0], loss_source="eval").targets[0]
@@ -161,6 +163,7 @@ def test_report_gives_b_crit_with_its_interval() -> None:
     cell = f"{t.b_crit:.3g} [{t.b_crit_lo:.3g}–{t.b_crit_hi:.3g}]"
     assert f"| 1 | {len(SIZES)} |" in text and cell in text
     assert "± s.e." not in text
+    assert t.b_crit is not None
     assert report.ratio(t) == pytest.approx(40.0 / t.b_crit)
     assert not any("not determined" in m for m in misses)
 

@@ -41,14 +41,17 @@ def test_b_crit_is_recovered_within_ten_percent_at_every_default_target(b_crit: 
         assert t.determined, t.warnings
         assert t.b_crit == pytest.approx(b_crit, rel=0.10)
         assert t.b_crit_lo is not None and t.b_crit_hi is not None
+        assert t.b_crit is not None
         assert t.b_crit_lo <= t.b_crit <= t.b_crit_hi
         assert len(t.points) == len(BATCHES)  # every batch size reaches every default target
         # B_simple at the same loss, from the same (frontier) runs: b_crit / 2 by construction
         assert t.b_simple == pytest.approx(b_crit / 2, rel=1e-9)
+        assert t.b_simple is not None and t.b_simple_hi is not None
         assert t.b_simple_lo is not None and t.b_simple_lo <= t.b_simple <= t.b_simple_hi
         steps = {c.batch_size: c.steps for c in t.curve}
         assert len(t.curve) == sweep.CURVE_POINTS
         for b, s in list(steps.items())[::10]:
+            assert t.s_min is not None
             assert s == pytest.approx(t.s_min * (1 + t.b_crit / b))
 
 
@@ -130,7 +133,7 @@ def test_default_targets_are_reached_by_every_batch_size_and_leave_out_stalled_o
     stalled = sweep.SweepRun("x", "stalled", 4096.0, 0.1, [0.0, 10.0], [3.5, 3.4])
     targets, warnings = sweep.default_targets([*runs, stalled])
     assert any("4,096" in w for w in warnings)
-    best = {}
+    best: dict[float, float] = {}
     for r in runs:
         best[r.batch_size] = min(best.get(r.batch_size, math.inf), min(r.losses))
     assert min(targets) > max(best.values())
