@@ -374,7 +374,7 @@ def test_the_team_server_commands_run_against_postgresql(pg_url: str, tmp_path: 
     url = f"http://127.0.0.1:{port}"
     try:
         try:
-            wait_for_health(url, 120, proc)  # type: ignore[arg-type]
+            wait_for_health(url, 120, proc)
         except Exception as exc:
             raise AssertionError(f"{exc}\n{log.read_text()}") from exc
         r = httpx.put(f"{url}/api/v1/runs/{uuid.uuid4().hex}", json=run_body(), timeout=30)

@@ -358,7 +358,8 @@ def test_the_torch_import_error_says_how_to_get_the_cpu_build() -> None:
 def _api_example() -> str:
     """docs/api.md's first Python block: the notebook example of ``noisescope.Api``."""
     text = (ROOT / "docs" / "api.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, re.S)[0]
+    block: str = re.findall(r"```python\n(.*?)```", text, re.S)[0]
+    return block
 
 
 DEFAULT_URL = "http://127.0.0.1:8765"

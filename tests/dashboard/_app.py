@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 from streamlit.testing.v1 import AppTest
+from streamlit.testing.v1.element_tree import Element
 
 __all__ = ["chart_data", "charts", "plain", "texts"]
 
@@ -23,7 +24,7 @@ def charts(at: AppTest) -> dict[str, dict[str, Any]]:
 
 def chart_data(at: AppTest) -> dict[str, list[pd.DataFrame]]:
     """The data frames each chart ships to the browser (Streamlit sends them as Arrow)."""
-    import pyarrow as pa
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type information
 
     out = {}
     for element in at.get("vega_lite_chart"):
@@ -41,8 +42,9 @@ def plain(markdown: str) -> str:
 
 def texts(at: AppTest) -> str:
     """Every text element's Markdown source, one per line."""
+    # cast: at.get(kind) is typed Element | Block for any kind; these kinds are elements
     parts = [
-        e.value
+        cast(Element, e).value
         for kind in ("title", "subheader", "markdown", "caption", "info", "warning", "error")
         for e in at.get(kind)
     ]

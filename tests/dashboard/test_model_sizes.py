@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -147,7 +148,7 @@ def test_the_legend_names_the_size_from_n_params_then_model_size_then_the_name(
 ) -> None:
     url, ids = stack
     run = replace(Api(url).run(ids["lm"]), name="my run")
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"n_params": 125_000_000}, "125M params"),
         ({"model_size": "1B"}, "1B"),
         ({"n_params": True, "model_size": " "}, "my run"),

@@ -25,7 +25,7 @@ B_CHART = "B_simple with its 90% interval and the batch in use"
 
 def _layer_marks(spec: dict[str, object]) -> list[str]:
     out = []
-    for layer in spec_layers(spec):  # type: ignore[arg-type]
+    for layer in spec_layers(spec):
         mark = layer["mark"]
         out.append(str(mark["type"] if isinstance(mark, dict) else mark))
     return out

@@ -21,6 +21,7 @@ from tests.integrations._lit import DigitsMLP, fit_on_two_ranks
 
 class ShardedDigits(DigitsMLP):
     def configure_model(self) -> None:
+        assert self.device_mesh is not None  # ModelParallelStrategy has set it up
         mesh = self.device_mesh["data_parallel"]
         for layer in self.net:
             if isinstance(layer, nn.Linear):

@@ -85,6 +85,7 @@ def _hf_record(server: ServerProcess, trainer: Trainer, callback: HuggingFaceCal
     samples = [(s["step"], s["g_small_sq"], s["g_big_sq"]) for s in stored_run(
         server, callback.run.id
     ).samples]  # fmt: skip
+    assert trainer.lr_scheduler is not None
     lr = trainer.lr_scheduler.get_last_lr()
     return _state(trainer.model, trainer.optimizer), losses, samples, lr
 
@@ -115,6 +116,7 @@ def test_hf_branching_leaves_the_parent_run_as_it_was(
         losses = {r.batch_size: r.loss for r in sweep.results if r.seed == 0}
         assert sweep.parent_loss is not None and all(v < sweep.parent_loss for v in losses.values())
         assert len(set(losses.values())) == 3
+    assert callback.run is not None
     assert sweeps[0].plan.parent_run_id == callback.run.id
     # 2 branch points x 3 batch sizes x 2 seeds, each a run linked to the parent
     runs = _branch_runs(server, callback.run.id)
@@ -239,6 +241,10 @@ class _ScheduledMLP(DigitsMLP):
     """The digits MLP with input dropout (the global RNG is part of the parent's state) and a
     step-interval scheduler, recording each training step's loss."""
 
+    # set by _lit after fit: the parent's state and learning rate at the end
+    trainer_state: tuple[dict[str, Tensor], dict[str, Any]]
+    lr_after: float
+
     def __init__(self) -> None:
         super().__init__(lr=0.1)
         self.losses: list[float] = []
@@ -270,8 +276,8 @@ def _lit(
         devices=1, default_root_dir=tmp_path, callbacks=[callback], **QUIET_LIGHTNING,
     )  # fmt: skip
     trainer.fit(module, digits_loader(8, n=64, shuffle=True))  # 8 micro-batches, 4 steps
-    module.trainer_state = _state(module, trainer.optimizers[0])  # type: ignore[attr-defined]
-    module.lr_after = trainer.optimizers[0].param_groups[0]["lr"]  # type: ignore[attr-defined]
+    module.trainer_state = _state(module, trainer.optimizers[0])
+    module.lr_after = trainer.optimizers[0].param_groups[0]["lr"]
     return module, callback
 
 
@@ -288,8 +294,8 @@ def test_lightning_branching_leaves_the_parent_run_as_it_was(
         branch_plan={**PLAN, "budget": 64}, branch_loss=_mlp_loss,
     )  # fmt: skip
     plain, plain_callback = _lit(server, tmp_path / "b")
-    _assert_same_state(module.trainer_state, plain.trainer_state)  # type: ignore[attr-defined]
-    assert module.lr_after == plain.lr_after == 0.025  # type: ignore[attr-defined]
+    _assert_same_state(module.trainer_state, plain.trainer_state)
+    assert module.lr_after == plain.lr_after == 0.025
     assert len(module.losses) == 8 and module.losses == plain.losses
     assert callback.run is not None and plain_callback.run is not None
     samples = stored_run(server, callback.run.id).samples
@@ -310,6 +316,7 @@ def test_lightning_branching_leaves_the_parent_run_as_it_was(
 
 
 def _mlp_loss(m: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+    assert isinstance(m.net, nn.Module)  # DigitsMLP's Sequential (typed Tensor | Module)
     return nn.functional.cross_entropy(m.net(batch[0]), batch[1])
 
 

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -244,7 +244,10 @@ def test_small_batches_first_measures_the_first_micro_batch_only(
     )
     trainer.train()
     reference(**batches[0])["loss"].backward()
-    first_sq = sum(float(p.grad.double().square().sum()) for p in reference.parameters())
+    # cast: .grad is Tensor | None; the backward above set every parameter's
+    first_sq = sum(
+        float(cast(Tensor, p.grad).double().square().sum()) for p in reference.parameters()
+    )
     assert callback.run is not None
     (sample,) = stored_run(server, callback.run.id).samples
     assert (sample["b_small"], sample["b_big"]) == (4, 16)

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import lightning.pytorch as pl
@@ -84,7 +84,10 @@ def test_small_batches_first_measures_the_first_micro_batch_only(
     reference = DigitsMLP()  # the same initial weights
     x, y = next(iter(digits_loader(16, n=48)))
     torch.nn.functional.cross_entropy(reference.net(x), y).backward()  # type: ignore[no-untyped-call]
-    first_sq = sum(float(p.grad.double().square().sum()) for p in reference.parameters())
+    # cast: .grad is Tensor | None; the backward above set every parameter's
+    first_sq = sum(
+        float(cast(Tensor, p.grad).double().square().sum()) for p in reference.parameters()
+    )
 
     callback = LightningCallback(
         project="integrations",

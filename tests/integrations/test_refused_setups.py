@@ -79,7 +79,8 @@ def test_fsdp1_is_refused_before_training(tmp_path: Path) -> None:
 
     from tests.support.servers import free_port
 
-    store = torch.distributed.TCPStore("127.0.0.1", free_port(), 1, is_master=True)
+    # TCPStore is public API, but torch.distributed imports it without re-exporting it
+    store = torch.distributed.TCPStore("127.0.0.1", free_port(), 1, is_master=True)  # type: ignore[attr-defined]
     torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         wrapped = FullyShardedDataParallel(
