@@ -158,7 +158,7 @@ class _LeastReads:
         self._reads = meter.wrap(self._read_step)
         slots = torch.zeros(len(self._params)).unbind(0)
         self._handles = [
-            p.register_post_accumulate_grad_hook(meter.wrap(self._hook(slot), hook=True))  # type: ignore[no-untyped-call]
+            p.register_post_accumulate_grad_hook(meter.wrap(self._hook(slot), hook=True))
             for p, slot in zip(self._params, slots, strict=True)
         ]
 
@@ -211,7 +211,7 @@ class _LeastGram:
         def on_grad(delta: Tensor) -> None:
             self._gram(x, delta.reshape(delta.shape[0], -1, delta.shape[-1]))
 
-        out.register_hook(on_grad)  # type: ignore[no-untyped-call]
+        out.register_hook(on_grad)
 
     def micro_step(self, batch_size: float) -> None:
         pass
@@ -253,7 +253,7 @@ class _Case:
                 model.set_requires_gradient_sync(j == k - 1)  # type: ignore[operator]
             with model.no_sync() if local else contextlib.nullcontext():  # type: ignore[operator]
                 loss = _loss(model, batch) / k
-                loss.backward()  # type: ignore[no-untyped-call]
+                loss.backward()
             if probe is not None:
                 probe.micro_step(batch_size=batch[0].shape[0])
         if probe is not None:
@@ -511,7 +511,7 @@ def _fsdp_rows(quick: bool) -> list[Row]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "rows.json"))
-        start_processes(  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        start_processes(
             _fsdp_worker, args=(port, out, quick), nprocs=2, join=True, start_method="fork"
         )
         return [Row(**r) for r in json.loads(Path(out).read_text())]

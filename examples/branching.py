@@ -39,7 +39,7 @@ class DigitsTrainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.opt.zero_grad()
-        F.cross_entropy(self.model(self.x[idx]), self.y[idx]).backward()  # type: ignore[no-untyped-call]
+        F.cross_entropy(self.model(self.x[idx]), self.y[idx]).backward()
         self.opt.step()
 
     # --- noisescope.branch.Branchable

@@ -328,7 +328,7 @@ def train(run: StudyRun) -> Trace:
         acc = torch.zeros(sum(p.numel() for p in params))
         for j in range(MICRO):
             loss = task.loss(idx[j * m : (j + 1) * m]) / MICRO
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()
             # the micro-batch gradient is the change of .grad, scaled back by k
             now = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
             g_small_sq += float(((now - acc) * MICRO).pow(2).sum()) / MICRO

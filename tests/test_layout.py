@@ -278,6 +278,22 @@ def test_the_scan_sees_the_imports_it_checks() -> None:
     assert _cycles(graph_probe) == [["a", "b"]]
 
 
+def test_mypy_checks_every_python_file() -> None:
+    """``mypy --strict`` (pyproject.toml's ``files``) reaches every Python file git tracks:
+    a new folder of code is type-checked from its first commit."""
+    import subprocess
+
+    import tomllib
+
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert tracked
+    unchecked = [f for f in tracked if not any(f.startswith(f"{d}/") for d in folders)]
+    assert not unchecked, f"add their folders to [tool.mypy] files: {unchecked}"
+
+
 def test_developers_md_layout_names_every_module() -> None:
     """Each top-level module and sub-package of the three products is in DEVELOPERS.md's layout."""
     text = (ROOT / "DEVELOPERS.md").read_text()

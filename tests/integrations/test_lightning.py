@@ -83,7 +83,7 @@ def test_small_batches_first_measures_the_first_micro_batch_only(
     torch.manual_seed(0)
     reference = DigitsMLP()  # the same initial weights
     x, y = next(iter(digits_loader(16, n=48)))
-    torch.nn.functional.cross_entropy(reference.net(x), y).backward()  # type: ignore[no-untyped-call]
+    torch.nn.functional.cross_entropy(reference.net(x), y).backward()
     # cast: .grad is Tensor | None; the backward above set every parameter's
     first_sq = sum(
         float(cast(Tensor, p.grad).double().square().sum()) for p in reference.parameters()

@@ -42,7 +42,7 @@ def on_two_ranks(work: Callable[[int], dict[str, Any]], out_dir: Path) -> list[d
     before calling: torch._dynamo takes many seconds per process on a busy 2-core machine).
     Nothing here has started threads that a fork could break: no DataLoader workers, no CUDA."""
     # torch's start_processes has no annotations (with join=False it returns the context)
-    context: ProcessContext | None = start_processes(  # type: ignore[no-untyped-call]
+    context: ProcessContext | None = start_processes(
         _worker,
         args=(free_port(), str(out_dir), work),
         nprocs=WORLD,

@@ -37,7 +37,7 @@ def _run(source: str, late: str | None, k: int) -> tuple[ListSink, GradientNoise
         for step in range(STEPS):
             for j in range(k):
                 # torch's Tensor.backward has no annotations: an "untyped call" to mypy
-                scaler.scale(mean_loss(model, sample(16)) / k).backward()  # type: ignore[no-untyped-call]
+                scaler.scale(mean_loss(model, sample(16)) / k).backward()
                 if j < k - 1:
                     probe.micro_step(batch_size=16)
             misused = late is not None and step in MISUSED

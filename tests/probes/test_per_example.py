@@ -89,7 +89,7 @@ def _hooked(
     norms = PerExampleNorms(model, index, method)  # type: ignore[arg-type]
     norms.armed = True
     # torch's Tensor.backward has no annotations: an "untyped call" to mypy
-    loss_per_example(model(inputs)).mean().backward()  # type: ignore[no-untyped-call]
+    loss_per_example(model(inputs)).mean().backward()
     table = norms.take(torch.device("cpu"))
     norms.remove()
     return {name: table[i].double() for i, name in enumerate(names)}

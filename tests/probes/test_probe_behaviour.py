@@ -22,8 +22,8 @@ from tests.support.servers import free_port
 if TYPE_CHECKING:
     from typing import Unpack
 
-# torch's Tensor.backward and TorchDispatchMode have no annotations: calling them is an
-# "untyped call" to mypy, hence the type: ignore[no-untyped-call] on those lines.
+# TorchDispatchMode.__init__ has no annotations; pyproject.toml's untyped_calls_exclude covers
+# calls into torch but not super().__init__(), hence its type: ignore[no-untyped-call].
 
 
 def _mlp() -> nn.Sequential:
@@ -58,7 +58,7 @@ def _train(
     steps, k, b = x.shape[:3]
     for i in range(steps):
         for j in range(k):
-            (_loss(model, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
+            (_loss(model, x[i, j], y[i, j]) / k).backward()
             probe.micro_step(batch_size=b)
         probe.step(**step)
         model.zero_grad()
@@ -182,7 +182,7 @@ def test_every_parameter_dtype_is_reduced_in_fp32_or_better(
 
     for i in range(steps):
         for j in range(k):
-            loss(model, x[i, j]).backward()  # type: ignore[no-untyped-call]
+            loss(model, x[i, j]).backward()
             probe.micro_step(batch_size=b)
         probe.step()
         model.zero_grad(set_to_none=set_to_none)
@@ -213,7 +213,7 @@ def _run_amp(use_scaler: bool, tell_probe: bool) -> list[dict[str, float]]:
     x, y = _data(3, 2, 4)
     for i in range(3):
         for j in range(2):
-            scaler.scale(_loss(model, x[i, j], y[i, j]) / 2).backward()  # type: ignore[no-untyped-call]
+            scaler.scale(_loss(model, x[i, j], y[i, j]) / 2).backward()
             probe.micro_step(batch_size=4)
         probe.step()
         model.zero_grad()
@@ -269,7 +269,7 @@ def test_misuse_gets_clear_errors() -> None:
     with pytest.raises(ValueError, match="micro_loss"):
         GradientNoiseProbe(model, ListSink(), micro_loss="avg")  # type: ignore[arg-type]
     x, y = _data(1, 1, 4)
-    _loss(model, x[0, 0], y[0, 0]).backward()  # type: ignore[no-untyped-call]
+    _loss(model, x[0, 0], y[0, 0]).backward()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert probe.step(batch_size=4) is None
@@ -332,7 +332,7 @@ def test_per_example_max_measures_a_subset_with_the_full_batch_normalisation() -
     ref = copy.deepcopy(model)
     probe = GradientNoiseProbe(model, sink, source="per_example", per_example_max=3)
     x, y = _data(1, 1, 8)
-    _loss(model, x[0, 0], y[0, 0]).backward()  # type: ignore[no-untyped-call]
+    _loss(model, x[0, 0], y[0, 0]).backward()
     probe.step(batch_size=8)
     per_example = [
         sum(
@@ -368,7 +368,7 @@ def norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-class _NormCalls(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class _NormCalls(TorchDispatchMode):
     """Records, for each gradient norm computed in a backward, where its result went."""
 
     def __init__(self) -> None:
@@ -397,7 +397,7 @@ def test_hooks_write_norms_into_slots_made_once(first_read: str) -> None:
         for j in range(k):
             loss = _loss(model, x[i, j], y[i, j]) / k
             with calls:
-                loss.backward()  # type: ignore[no-untyped-call]
+                loss.backward()
             probe.micro_step(batch_size=b)
         probe.step()
         model.zero_grad()
@@ -423,10 +423,10 @@ def test_unmeasured_backwards_compute_nothing(norm_calls: list[int], first_read:
     for i in range(steps):
         for j in range(k):
             before = norm_calls[0]
-            (_loss(model, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
+            (_loss(model, x[i, j], y[i, j]) / k).backward()
             probe.micro_step(batch_size=b)
             calls.append(norm_calls[0] - before)
-            (_loss(twin, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
+            (_loss(twin, x[i, j], y[i, j]) / k).backward()
             every_step.micro_step(batch_size=b)
         probe.step()
         every_step.step()
@@ -460,7 +460,7 @@ def test_first_backward_read_from_grad_matches_the_hooks(
         for i in range(steps):
             for j in range(k):
                 before = norm_calls[0]
-                (_loss(model, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
+                (_loss(model, x[i, j], y[i, j]) / k).backward()
                 calls.append(norm_calls[0] - before)
                 probe.micro_step(batch_size=b)
             probe.step()
@@ -499,10 +499,10 @@ def test_first_backward_read_from_grad_when_a_submodule_is_called_directly(
     calls = []
     for j in range(k):
         before = norm_calls[0]
-        (_loss(wrapper.model, x[0, j], y[0, j]) / k).backward()  # type: ignore[no-untyped-call]
+        (_loss(wrapper.model, x[0, j], y[0, j]) / k).backward()
         calls.append(norm_calls[0] - before)
         probe.micro_step(batch_size=b)
-        (_loss(twin, x[0, j], y[0, j]) / k).backward()  # type: ignore[no-untyped-call]
+        (_loss(twin, x[0, j], y[0, j]) / k).backward()
         reference.micro_step(batch_size=b)
     probe.step()
     reference.step()
@@ -542,10 +542,10 @@ def test_first_backward_read_from_grad_in_a_one_process_group(
     for i in range(2):
         for j in range(k):
             before = norm_calls[0]
-            (_loss(model, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
+            (_loss(model, x[i, j], y[i, j]) / k).backward()
             calls.append(norm_calls[0] - before)
             probe.micro_step(batch_size=b)
-            (_loss(twin, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
+            (_loss(twin, x[i, j], y[i, j]) / k).backward()
             reference.micro_step(batch_size=b)
         probe.step()
         reference.step()
@@ -625,7 +625,7 @@ def test_an_error_inside_the_probe_stops_it_and_training_goes_on_unchanged(
         for i in range(steps):
             for m, opt in zip((model, twin), opts, strict=True):
                 for j in range(k):
-                    (_loss(m, x[i, j], y[i, j]) / k).backward()  # type: ignore[no-untyped-call]
+                    (_loss(m, x[i, j], y[i, j]) / k).backward()
                     if m is model:
                         probe.micro_step(batch_size=b)
                 if m is model:
@@ -668,7 +668,7 @@ def test_an_error_reading_the_gradients_is_kept_from_the_loop(
         for i in range(2):
             model.zero_grad(set_to_none=not grads_exist)
             for j in range(2):
-                (_loss(model, x[i, j], y[i, j]) / 2).backward()  # type: ignore[no-untyped-call]
+                (_loss(model, x[i, j], y[i, j]) / 2).backward()
                 probe.micro_step(batch_size=4)
             assert probe.step() is None
     assert probe.error == "RuntimeError: injected failure"
@@ -693,7 +693,7 @@ def _single_backward_steps(probe: GradientNoiseProbe, model: nn.Module, steps: i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for i in range(steps):
-            _loss(model, x[i, 0], y[i, 0]).backward()  # type: ignore[no-untyped-call]
+            _loss(model, x[i, 0], y[i, 0]).backward()
             probe.micro_step(batch_size=4)
             probe.step()
             model.zero_grad()
@@ -730,7 +730,7 @@ def test_a_probe_stopped_by_an_error_says_why_on_the_runs_page(
         for i in range(3):
             model.zero_grad(set_to_none=True)
             for j in range(2):
-                (_loss(model, x[i, j], y[i, j]) / 2).backward()  # type: ignore[no-untyped-call]
+                (_loss(model, x[i, j], y[i, j]) / 2).backward()
                 probe.micro_step(batch_size=4)
             probe.step()
     [(step, kind, payload)] = sink.events

@@ -9,12 +9,13 @@ import math
 import uuid
 from typing import Any
 
-import httpx
 import orjson
 import pytest
+from starlette.testclient import TestClient
 
 from noisescope.estimators import NoiseScale, current_window, two_batch_estimates
 from tests.server._data import columns, expected_sums, run_body
+from tests.support.http_clients import HttpResponse
 
 API = "/api/v1"
 
@@ -24,21 +25,21 @@ def _norms(cols: dict[str, Any]) -> list[tuple[float, float, float, float]]:
     return list(zip(*(cols[n] for n in names), strict=True))
 
 
-def put_run(client: httpx.Client, run_id: str, **body: Any) -> httpx.Response:
+def put_run(client: TestClient, run_id: str, **body: Any) -> HttpResponse:
     return client.put(f"{API}/runs/{run_id}", json=run_body(**body))
 
 
-def post_samples(client: httpx.Client, run_id: str, cols: dict[str, Any]) -> httpx.Response:
+def post_samples(client: TestClient, run_id: str, cols: dict[str, Any]) -> HttpResponse:
     return client.post(f"{API}/runs/{run_id}/samples", json={"columns": cols})
 
 
-def test_health(client: httpx.Client) -> None:
+def test_health(client: TestClient) -> None:
     r = client.get(f"{API}/health")
     assert r.status_code == 200
     assert r.json() == {"status": "ok"}
 
 
-def test_openapi_is_published_with_every_endpoint(client: httpx.Client) -> None:
+def test_openapi_is_published_with_every_endpoint(client: TestClient) -> None:
     spec = client.get(f"{API}/openapi.json").json()
     paths = spec["paths"]
     for path in (
@@ -60,7 +61,7 @@ def test_openapi_is_published_with_every_endpoint(client: httpx.Client) -> None:
     assert "g_small_sq" in samples_schema["properties"]["columns"]["properties"]
 
 
-def test_put_run_is_idempotent(client: httpx.Client, run_id: str) -> None:
+def test_put_run_is_idempotent(client: TestClient, run_id: str) -> None:
     first = put_run(client, run_id, tags=["a"])
     assert first.status_code == 201, first.text
     assert first.json()["created"] is True
@@ -75,7 +76,7 @@ def test_put_run_is_idempotent(client: httpx.Client, run_id: str) -> None:
     assert len(client.get(f"{API}/runs", params={"search": run_id}).json()) == 1
 
 
-def test_run_cannot_move_to_another_project(client: httpx.Client, run_id: str) -> None:
+def test_run_cannot_move_to_another_project(client: TestClient, run_id: str) -> None:
     assert put_run(client, run_id, project="p-one").status_code == 201
     r = put_run(client, run_id, project="p-two")
     assert r.status_code == 409
@@ -83,7 +84,7 @@ def test_run_cannot_move_to_another_project(client: httpx.Client, run_id: str) -
     assert "p-one" not in r.json()["detail"]  # another project's name is not disclosed
 
 
-def test_samples_insert_and_resend_never_duplicates(client: httpx.Client, run_id: str) -> None:
+def test_samples_insert_and_resend_never_duplicates(client: TestClient, run_id: str) -> None:
     put_run(client, run_id)
     cols = columns(300)
     r = post_samples(client, run_id, cols)
@@ -98,7 +99,7 @@ def test_samples_insert_and_resend_never_duplicates(client: httpx.Client, run_id
     assert run["last_step"] == 399
 
 
-def test_gzip_body(client: httpx.Client, run_id: str) -> None:
+def test_gzip_body(client: TestClient, run_id: str) -> None:
     put_run(client, run_id)
     body = gzip.compress(orjson.dumps({"columns": columns(50)}))
     r = client.post(
@@ -110,7 +111,7 @@ def test_gzip_body(client: httpx.Client, run_id: str) -> None:
     assert r.json()["inserted"] == 50
 
 
-def test_series_sums_are_exact_and_ratio_comes_last(client: httpx.Client, run_id: str) -> None:
+def test_series_sums_are_exact_and_ratio_comes_last(client: TestClient, run_id: str) -> None:
     put_run(client, run_id)
     cols = columns(1000, seed=3)
     post_samples(client, run_id, cols)
@@ -150,7 +151,7 @@ def test_series_sums_are_exact_and_ratio_comes_last(client: httpx.Client, run_id
     assert client.get(f"{API}/runs/{run_id}/series", params={"x": "bogus"}).status_code == 422
 
 
-def test_list_runs_filters_and_current_b_simple(client: httpx.Client) -> None:
+def test_list_runs_filters_and_current_b_simple(client: TestClient) -> None:
     project = f"filters-{uuid.uuid4().hex[:8]}"
     ids = [uuid.uuid4().hex for _ in range(3)]
     put_run(client, ids[0], project=project, task="mnist", tags=["sweep"])
@@ -198,7 +199,7 @@ def test_list_runs_filters_and_current_b_simple(client: httpx.Client) -> None:
     assert project in client.get(f"{API}/projects").json()
 
 
-def test_patch_run_status(client: httpx.Client, run_id: str) -> None:
+def test_patch_run_status(client: TestClient, run_id: str) -> None:
     put_run(client, run_id)
     r = client.patch(f"{API}/runs/{run_id}", json={"status": "finished"})
     assert r.status_code == 200, r.text
@@ -208,7 +209,7 @@ def test_patch_run_status(client: httpx.Client, run_id: str) -> None:
     assert client.patch(f"{API}/runs/{run_id}", json={"status": "exploded"}).status_code == 422
 
 
-def test_events_idempotent_with_seq(client: httpx.Client, run_id: str) -> None:
+def test_events_idempotent_with_seq(client: TestClient, run_id: str) -> None:
     put_run(client, run_id)
     events = [
         {"step": 10, "kind": "batch_size", "payload": {"from": 32, "to": 64}, "seq": 0},
@@ -225,7 +226,7 @@ def test_events_idempotent_with_seq(client: httpx.Client, run_id: str) -> None:
     ]
 
 
-def test_series_names(client: httpx.Client, run_id: str) -> None:
+def test_series_names(client: TestClient, run_id: str) -> None:
     put_run(client, run_id)
     post_samples(client, run_id, columns(10))
     post_samples(client, run_id, columns(5, start=10, series="layer.0"))
@@ -235,7 +236,7 @@ def test_series_names(client: httpx.Client, run_id: str) -> None:
     assert sum(p["n"] for p in layer["points"]) == 5
 
 
-def test_csv_export_returns_the_raw_samples(client: httpx.Client, run_id: str) -> None:
+def test_csv_export_returns_the_raw_samples(client: TestClient, run_id: str) -> None:
     put_run(client, run_id)
     cols = columns(123)
     post_samples(client, run_id, cols)
@@ -249,7 +250,7 @@ def test_csv_export_returns_the_raw_samples(client: httpx.Client, run_id: str) -
     assert client.get(f"{API}/runs/nope/samples.csv").status_code == 404
 
 
-def test_tasks_summarise_their_runs(client: httpx.Client) -> None:
+def test_tasks_summarise_their_runs(client: TestClient) -> None:
     project = f"tasks-{uuid.uuid4().hex[:8]}"
     ids = []
     for batch, loss0 in ((32, 2.0), (128, 4.0)):
@@ -267,7 +268,7 @@ def test_tasks_summarise_their_runs(client: httpx.Client) -> None:
     assert tasks[0]["b_simple_max"] == pytest.approx(max(current))
 
 
-def test_unknown_run_is_404(client: httpx.Client) -> None:
+def test_unknown_run_is_404(client: TestClient) -> None:
     missing = uuid.uuid4().hex
     r = post_samples(client, missing, columns(3))
     assert r.status_code == 404

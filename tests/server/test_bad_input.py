@@ -11,11 +11,11 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from starlette.testclient import TestClient
 
 from tests.server._data import columns, run_body
 from tests.support.inprocess import AppServer
@@ -104,7 +104,7 @@ BAD_SAMPLES: list[tuple[str, bytes, dict[str, str], int, str]] = [
     [pytest.param(b, h, s, n, id=name) for name, b, h, s, n in BAD_SAMPLES],
 )
 def test_bad_samples_are_rejected_with_a_reason(
-    client: httpx.Client,
+    client: TestClient,
     target: str,
     body: bytes,
     headers: dict[str, str],
@@ -118,7 +118,7 @@ def test_bad_samples_are_rejected_with_a_reason(
 
 
 def test_a_bad_batch_stores_nothing_even_when_most_of_it_is_valid(
-    client: httpx.Client, target: str
+    client: TestClient, target: str
 ) -> None:
     cols = columns(500, start=5000)
     cols["b_big"][499] = cols["b_small"][499]  # only the last sample is bad
@@ -152,14 +152,14 @@ def test_a_bad_batch_stores_nothing_even_when_most_of_it_is_valid(
         pytest.param(b'{"project": "' + b"p" * 300 + b'", "task": "t"}', 422, "project", id="long"),
     ],
 )
-def test_bad_run_bodies(client: httpx.Client, body: bytes, status: int, needle: str) -> None:
+def test_bad_run_bodies(client: TestClient, body: bytes, status: int, needle: str) -> None:
     r = client.put(f"{API}/runs/{uuid.uuid4().hex}", content=body)
     assert r.status_code == status, r.text
     assert needle in r.json()["detail"]
 
 
 @pytest.mark.parametrize("bad_id", ["a%20b", "x" * 65, "%C3%A9t%C3%A9"])
-def test_bad_run_ids(client: httpx.Client, bad_id: str) -> None:
+def test_bad_run_ids(client: TestClient, bad_id: str) -> None:
     r = client.put(f"{API}/runs/{bad_id}", json=run_body())
     assert r.status_code == 422
     assert "run id" in r.json()["detail"]
@@ -175,13 +175,13 @@ def test_bad_run_ids(client: httpx.Client, bad_id: str) -> None:
         b'{"events": [{"step": 1, "kind": "m", "time": 1.7e308}]}',
     ],
 )
-def test_bad_events(client: httpx.Client, target: str, body: bytes) -> None:
+def test_bad_events(client: TestClient, target: str, body: bytes) -> None:
     r = client.post(f"{API}/runs/{target}/events", content=body)
     assert r.status_code == 422, r.text
     assert r.json()["detail"]
 
 
-def test_bad_query_parameters(client: httpx.Client, target: str) -> None:
+def test_bad_query_parameters(client: TestClient, target: str) -> None:
     assert client.get(f"{API}/runs/{target}/series", params={"max_points": 0}).status_code == 422
     assert client.get(f"{API}/runs", params={"limit": "many"}).status_code == 422
     params: Mapping[str, str | float]
@@ -217,7 +217,7 @@ def test_bad_query_parameters(client: httpx.Client, target: str) -> None:
     ],
 )
 def test_a_device_limit_beyond_2_24_is_an_answer_not_a_refusal(
-    client: httpx.Client, params: dict[str, float]
+    client: TestClient, params: dict[str, float]
 ) -> None:
     """Issue 29 item 7: the plan's derived max_devices (4x the limit) was refused as if the
     caller had sent it ('max_devices must be between 1 and 16777216, got 9223372036854775808')."""
@@ -237,7 +237,7 @@ def test_a_device_limit_beyond_2_24_is_an_answer_not_a_refusal(
     ],
 )
 def test_parallelism_inputs_outside_their_range_are_refused_by_name(
-    client: httpx.Client, params: dict[str, float], named: str
+    client: TestClient, params: dict[str, float], named: str
 ) -> None:
     """Issue 29 item 6: 5e-324 per device overflowed to an infinite device count, a 422 that
     blamed the database ('cannot convert float infinity to integer')."""
@@ -261,14 +261,14 @@ _column_maps = st.dictionaries(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(payload=st.one_of(_json_values, st.builds(lambda c: {"columns": c}, _column_maps)))
-def test_fuzzed_bodies_never_cause_a_5xx(client: httpx.Client, target: str, payload: Any) -> None:
+def test_fuzzed_bodies_never_cause_a_5xx(client: TestClient, target: str, payload: Any) -> None:
     r = client.post(f"{API}/runs/{target}/samples", content=json.dumps(payload).encode())
     assert r.status_code < 500, r.text
 
 
 @pytest.mark.parametrize("length", [201, 50_001, 60_000])
 def test_a_search_longer_than_any_name_is_refused_with_the_limit(
-    client: httpx.Client, length: int
+    client: TestClient, length: int
 ) -> None:
     """SQLite refuses LIKE patterns over 50 000 bytes (it was a 503 "retry"): the limit is the
     longest name, on both backends."""
@@ -280,7 +280,7 @@ def test_a_search_longer_than_any_name_is_refused_with_the_limit(
 
 @pytest.mark.parametrize("when", ["9999-12-31T23:00:00-14:00", "0001-01-01T00:00:00+14:00"])
 def test_a_time_beyond_the_utc_calendar_is_refused_by_name(
-    client: httpx.Client, target: str, when: str
+    client: TestClient, target: str, when: str
 ) -> None:
     """Issue 29 item 6: valid ISO 8601 whose offset carries it past 9999 or before year 1 in
     UTC was a 422 blaming the database ('date value out of range'); nothing changes."""

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import orjson
 import pytest
+from starlette.testclient import TestClient
 
 from tests.server._data import columns, run_body
 from tests.support.servers import ServerProcess
@@ -22,18 +23,18 @@ GZ = {"Content-Encoding": "gzip"}
 
 
 @pytest.fixture
-def target(client: httpx.Client) -> str:
+def target(client: TestClient) -> str:
     rid = uuid.uuid4().hex
     assert client.put(f"{API}/runs/{rid}", json=run_body()).status_code == 201
     return rid
 
 
-def _n_samples(client: httpx.Client, rid: str) -> int:
+def _n_samples(client: TestClient, rid: str) -> int:
     return int(client.get(f"{API}/runs/{rid}").json()["n_samples"])
 
 
 def test_a_multi_member_gzip_body_is_read_to_its_last_member(
-    client: httpx.Client, target: str
+    client: TestClient, target: str
 ) -> None:
     body = orjson.dumps({"columns": columns(30)})
     members = b"".join(gzip.compress(body[i : i + 50]) for i in range(0, len(body), 50))
@@ -45,9 +46,7 @@ def test_a_multi_member_gzip_body_is_read_to_its_last_member(
 @pytest.mark.parametrize(
     "tail", [b"garbage", b"\x00\x00\x00\x00", b"\x1f"], ids=["text", "zeros", "half-magic"]
 )
-def test_trailing_data_after_gzip_is_refused(
-    client: httpx.Client, target: str, tail: bytes
-) -> None:
+def test_trailing_data_after_gzip_is_refused(client: TestClient, target: str, tail: bytes) -> None:
     body = gzip.compress(orjson.dumps({"columns": columns(5)})) + tail
     r = client.post(f"{API}/runs/{target}/samples", content=body, headers=GZ)
     assert r.status_code == 400, r.text
@@ -55,7 +54,7 @@ def test_trailing_data_after_gzip_is_refused(
     assert _n_samples(client, target) == 0
 
 
-def test_trailing_data_after_deflate_is_refused(client: httpx.Client, target: str) -> None:
+def test_trailing_data_after_deflate_is_refused(client: TestClient, target: str) -> None:
     body = zlib.compress(orjson.dumps({"columns": columns(5)})) + b"xx"
     r = client.post(
         f"{API}/runs/{target}/samples", content=body, headers={"Content-Encoding": "deflate"}
@@ -63,7 +62,7 @@ def test_trailing_data_after_deflate_is_refused(client: httpx.Client, target: st
     assert r.status_code == 400 and "trailing data" in r.json()["detail"], r.text
 
 
-def test_the_bomb_guard_counts_every_member(client: httpx.Client, target: str) -> None:
+def test_the_bomb_guard_counts_every_member(client: TestClient, target: str) -> None:
     # two members of 0.6 MiB each: each alone is under the module server's 1 MiB limit
     member = gzip.compress(b" " * (600 << 10))
     r = client.post(f"{API}/runs/{target}/samples", content=member * 2, headers=GZ)

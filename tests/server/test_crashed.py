@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 from sqlalchemy import Engine, select, update
+from starlette.testclient import TestClient
 
 from noisescope import _wire
 from noisescope_server.models import Run
@@ -34,14 +35,12 @@ def _last_seen(engine: Engine, rid: str) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
 
 
-def _status(client: httpx.Client, rid: str) -> str:
+def _status(client: TestClient, rid: str) -> str:
     status: str = client.get(f"{API}/runs/{rid}").json()["status"]
     return status
 
 
-def test_a_silent_running_run_reads_crashed_everywhere(
-    client: httpx.Client, engine: Engine
-) -> None:
+def test_a_silent_running_run_reads_crashed_everywhere(client: TestClient, engine: Engine) -> None:
     project = f"crash-{uuid.uuid4().hex[:8]}"
     silent, alive, done = (uuid.uuid4().hex for _ in range(3))
     for rid in (silent, alive, done):
@@ -67,7 +66,7 @@ def test_a_silent_running_run_reads_crashed_everywhere(
 
 
 def test_a_heartbeat_brings_it_back_and_changes_nothing_else(
-    client: httpx.Client, engine: Engine
+    client: TestClient, engine: Engine
 ) -> None:
     rid = uuid.uuid4().hex
     client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
@@ -82,7 +81,7 @@ def test_a_heartbeat_brings_it_back_and_changes_nothing_else(
     assert changed == {"last_seen_at"}
 
 
-def test_heartbeat_errors(client: httpx.Client, run_id: str) -> None:
+def test_heartbeat_errors(client: TestClient, run_id: str) -> None:
     r = client.post(f"{API}/runs/{run_id}/heartbeat")
     assert r.status_code == 404 and "does not exist" in r.json()["detail"]
     client.put(f"{API}/runs/{run_id}", json=run_body()).raise_for_status()
@@ -96,7 +95,7 @@ def test_heartbeat_errors(client: httpx.Client, run_id: str) -> None:
     "write",
     ["put", "patch", "samples", "resent samples", "empty samples", "events", "no events"],
 )
-def test_every_write_refreshes_last_seen(client: httpx.Client, engine: Engine, write: str) -> None:
+def test_every_write_refreshes_last_seen(client: TestClient, engine: Engine, write: str) -> None:
     rid = uuid.uuid4().hex
     client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
     cols = columns(5)

@@ -8,8 +8,8 @@ import random
 import uuid
 from typing import Any
 
-import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from noisescope.estimators import CURRENT_BLOCK
 from noisescope.recommend import NoiseTracker
@@ -69,7 +69,7 @@ def test_storage_blocks_are_the_rule_s_blocks() -> None:
     [(3000, False), (3000, True), (12_000, False)],  # raw samples, a bound, storage blocks
 )
 def test_every_surface_gives_the_one_window(
-    server: AppServer, client: httpx.Client, n: int, fade: bool
+    server: AppServer, client: TestClient, n: int, fade: bool
 ) -> None:
     norms = _run_norms(n, fade=fade, seed=n + fade)
     run_id = uuid.uuid4().hex

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-import httpx
+from starlette.testclient import TestClient
 
 from tests.support.synthetic_sweep import L0, SynthRun, make_sweep, post
 
@@ -24,7 +24,7 @@ class _BlowUp(SynthRun):
         return super().loss(turn) + (step - turn) / (self.steps - turn) * L0
 
 
-def test_a_diverged_run_is_flagged_beside_its_status(client: httpx.Client) -> None:
+def test_a_diverged_run_is_flagged_beside_its_status(client: TestClient) -> None:
     project = f"diverged-{uuid.uuid4().hex[:8]}"
     good, other = make_sweep(200.0, (64, 256), lrs=((0.3, 1.0),))
     blown = _BlowUp(**dataclasses.asdict(other))

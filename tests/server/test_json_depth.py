@@ -8,9 +8,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import Engine, insert, select, update
+from starlette.testclient import TestClient
 
 from noisescope import _wire
 from noisescope_server.jsonclip import CLIPPED, TOO_LARGE, TOO_LARGE_KEY, clip_json
@@ -50,7 +50,7 @@ def test_clip_json_cuts_at_the_limit_and_keeps_the_rest() -> None:
 
 
 @pytest.mark.parametrize("depth", [LIMIT + 1, 300, 1000])
-def test_a_config_deeper_than_the_limit_is_refused(client: httpx.Client, depth: int) -> None:
+def test_a_config_deeper_than_the_limit_is_refused(client: TestClient, depth: int) -> None:
     rid = uuid.uuid4().hex
     config = '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)  # beyond json.dumps' recursion
     body = f'{{"project": "p", "task": "t", "config": {config}}}'
@@ -61,7 +61,7 @@ def test_a_config_deeper_than_the_limit_is_refused(client: httpx.Client, depth: 
     assert client.get(f"{API}/runs/{rid}").status_code == 404
 
 
-def test_an_event_payload_deeper_than_the_limit_is_refused(client: httpx.Client) -> None:
+def test_an_event_payload_deeper_than_the_limit_is_refused(client: TestClient) -> None:
     rid = uuid.uuid4().hex
     client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
     event = {"step": 1, "kind": "mark", "payload": nested(300)}
@@ -71,14 +71,14 @@ def test_an_event_payload_deeper_than_the_limit_is_refused(client: httpx.Client)
     assert client.get(f"{API}/runs/{rid}/events").json() == []
 
 
-def test_a_config_at_the_limit_reads_back_whole(client: httpx.Client) -> None:
+def test_a_config_at_the_limit_reads_back_whole(client: TestClient) -> None:
     rid = uuid.uuid4().hex
     config = {"x": nested(LIMIT - 1)}
     assert client.put(f"{API}/runs/{rid}", json=run_body(config=config)).status_code == 201
     assert client.get(f"{API}/runs/{rid}").json()["config"] == config
 
 
-def test_rows_stored_too_deep_are_clipped_on_read(client: httpx.Client, engine: Engine) -> None:
+def test_rows_stored_too_deep_are_clipped_on_read(client: TestClient, engine: Engine) -> None:
     """Stored through SQLAlchemy, around the API: every reader still gets a 200."""
     rid = uuid.uuid4().hex
     project = f"deep-{rid[:8]}"
@@ -103,7 +103,7 @@ def test_rows_stored_too_deep_are_clipped_on_read(client: httpx.Client, engine: 
     assert client.get(f"{API}/tasks").status_code == 200
 
 
-def test_a_config_or_payload_larger_than_the_size_limit_is_refused(client: httpx.Client) -> None:
+def test_a_config_or_payload_larger_than_the_size_limit_is_refused(client: TestClient) -> None:
     rid = uuid.uuid4().hex
     big = {"blob": "x" * _wire.MAX_JSON_BYTES}
     r = client.put(f"{API}/runs/{rid}", json=run_body(config=big))
@@ -118,7 +118,7 @@ def test_a_config_or_payload_larger_than_the_size_limit_is_refused(client: httpx
 
 
 def test_a_stored_config_larger_than_the_limit_reads_as_a_marker(
-    client: httpx.Client, engine: Engine
+    client: TestClient, engine: Engine
 ) -> None:
     rid = uuid.uuid4().hex
     client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
@@ -129,7 +129,7 @@ def test_a_stored_config_larger_than_the_limit_reads_as_a_marker(
 
 
 def test_rows_stored_with_integers_beyond_64_bits_read_back(
-    client: httpx.Client, engine: Engine
+    client: TestClient, engine: Engine
 ) -> None:
     """The response encoder writes 64-bit integers only: a wider one stored around the API
     reads back as the float the body parser would have made of it, not as a 500."""

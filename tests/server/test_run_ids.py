@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import socket
 
-import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from tests.server._data import columns, run_body
 from tests.support.servers import ServerProcess
@@ -46,7 +46,7 @@ ENTRIES = [
     ("method", "path", "body"), ENTRIES, ids=[f"{m} {p}" for m, p, _ in ENTRIES]
 )
 def test_every_entry_refuses_invalid_ids(
-    client: httpx.Client, method: str, path: str, body: object, spelling: str
+    client: TestClient, method: str, path: str, body: object, spelling: str
 ) -> None:
     r = client.request(method, API + path.format(id=spelling), json=body)
     assert r.status_code == 422, r.text
@@ -54,7 +54,7 @@ def test_every_entry_refuses_invalid_ids(
 
 
 @pytest.mark.parametrize("method", ["PUT", "PATCH", "POST"])
-def test_an_empty_id_is_refused(client: httpx.Client, method: str) -> None:
+def test_an_empty_id_is_refused(client: TestClient, method: str) -> None:
     for path in ("/runs/", "/runs//samples", "/runs//heartbeat"):
         r = client.request(method, API + path, json=run_body())
         assert r.status_code == 422, (path, r.text)
@@ -88,14 +88,14 @@ def test_literal_dot_segments_are_refused(
 
 
 @pytest.mark.parametrize("bad", [".", "..", "../x", "a" * 65, ""])
-def test_runs_lists_are_checked(client: httpx.Client, bad: str) -> None:
+def test_runs_lists_are_checked(client: TestClient, bad: str) -> None:
     r = client.get(f"{API}/series", params={"runs": ["ok", bad]})
     assert r.status_code == 422, r.text
     assert "runs" in r.json()["detail"] and RULE in r.json()["detail"]
 
 
 def test_valid_ids_still_work_and_the_list_keeps_its_trailing_slash(
-    client: httpx.Client,
+    client: TestClient,
 ) -> None:
     for rid in ("_x", "a.b-c_D", "9" * 64):
         assert client.put(f"{API}/runs/{rid}", json=run_body()).status_code in (200, 201)

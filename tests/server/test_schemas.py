@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from tests.server._data import run_body
 
@@ -27,7 +27,7 @@ API = "/api/v1"
         ("started_at", True),
     ],
 )
-def test_run_bodies_are_not_coerced(client: httpx.Client, field: str, value: Any) -> None:
+def test_run_bodies_are_not_coerced(client: TestClient, field: str, value: Any) -> None:
     rid = uuid.uuid4().hex
     r = client.put(f"{API}/runs/{rid}", json=run_body(**{field: value}))
     assert r.status_code == 422, r.text
@@ -44,7 +44,7 @@ def test_run_bodies_are_not_coerced(client: httpx.Client, field: str, value: Any
         ({"ended_at": True}, "ended_at"),
     ],
 )
-def test_patch_bodies_are_not_coerced(client: httpx.Client, body: object, field: str) -> None:
+def test_patch_bodies_are_not_coerced(client: TestClient, body: object, field: str) -> None:
     rid = uuid.uuid4().hex
     client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
     r = client.patch(f"{API}/runs/{rid}", json=body)
@@ -65,7 +65,7 @@ def test_patch_bodies_are_not_coerced(client: httpx.Client, body: object, field:
         ({"step": 1, "kind": "m", "time": True}, "time"),
     ],
 )
-def test_events_are_not_coerced(client: httpx.Client, event: object, field: str) -> None:
+def test_events_are_not_coerced(client: TestClient, event: object, field: str) -> None:
     rid = uuid.uuid4().hex
     client.put(f"{API}/runs/{rid}", json=run_body()).raise_for_status()
     r = client.post(f"{API}/runs/{rid}/events", json={"events": [event]})
@@ -74,7 +74,7 @@ def test_events_are_not_coerced(client: httpx.Client, event: object, field: str)
     assert client.get(f"{API}/runs/{rid}/events").json() == []
 
 
-def test_integers_are_numbers_and_times_stay_lax(client: httpx.Client) -> None:
+def test_integers_are_numbers_and_times_stay_lax(client: TestClient) -> None:
     rid = uuid.uuid4().hex
     body = run_body(batch_size=64, started_at="2026-01-02T03:04:05Z")
     assert client.put(f"{API}/runs/{rid}", json=body).status_code == 201

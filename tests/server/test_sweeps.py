@@ -8,8 +8,8 @@ import random
 import uuid
 from typing import Any
 
-import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from tests.support.inprocess import AppServer
 from tests.support.synthetic_sweep import L0, SynthRun, make_sweep, post
@@ -19,7 +19,7 @@ BATCHES = (16, 32, 64, 128, 256, 512)
 B_CRIT = 200.0
 
 
-def critical(client: httpx.Client, project: str, task: str, **params: Any) -> dict[str, Any]:
+def critical(client: TestClient, project: str, task: str, **params: Any) -> dict[str, Any]:
     r = client.get(f"{API}/tasks/{project}/{task}/critical-batch", params=params)
     assert r.status_code == 200, r.text
     report: dict[str, Any] = r.json()
@@ -38,7 +38,7 @@ def sweep_project(server: AppServer) -> str:
 
 
 def test_b_crit_from_evaluation_losses_is_within_ten_percent(
-    client: httpx.Client, sweep_project: str
+    client: TestClient, sweep_project: str
 ) -> None:
     report = critical(client, sweep_project, "evals")
     assert report["loss_source"] == "eval"
@@ -61,7 +61,7 @@ def test_b_crit_from_evaluation_losses_is_within_ten_percent(
 
 
 def test_b_crit_from_a_noisy_training_loss_is_within_ten_percent(
-    client: httpx.Client, sweep_project: str
+    client: TestClient, sweep_project: str
 ) -> None:
     report = critical(client, sweep_project, "train")
     assert report["loss_source"] == "train"
@@ -72,7 +72,7 @@ def test_b_crit_from_a_noisy_training_loss_is_within_ten_percent(
 
 
 def test_targets_can_be_given_and_the_loss_source_forced(
-    client: httpx.Client, sweep_project: str
+    client: TestClient, sweep_project: str
 ) -> None:
     report = critical(client, sweep_project, "evals", targets=[1.2, 0.9], loss="train")
     assert report["default_targets"] is False
@@ -86,7 +86,7 @@ def test_targets_can_be_given_and_the_loss_source_forced(
 
 
 def test_runs_that_cannot_be_on_the_curve_are_left_out_with_their_reason(
-    client: httpx.Client,
+    client: TestClient,
 ) -> None:
     project = f"mixed-{uuid.uuid4().hex[:8]}"
     runs = make_sweep(B_CRIT, (32, 128, 512), lrs=((0.3, 1.0),))
@@ -109,7 +109,7 @@ def test_runs_that_cannot_be_on_the_curve_are_left_out_with_their_reason(
 
 
 def test_an_undetermined_b_crit_is_null_with_the_estimate_named_as_such(
-    server: AppServer, client: httpx.Client
+    server: AppServer, client: TestClient
 ) -> None:
     project = f"above-{uuid.uuid4().hex[:8]}"
     post(
@@ -142,7 +142,7 @@ class _BlowUp(SynthRun):
 
 
 def test_diverged_runs_edges_of_the_grid_and_single_seeds_are_said_by_the_api(
-    client: httpx.Client,
+    client: TestClient,
 ) -> None:
     project = f"checks-{uuid.uuid4().hex[:8]}"
     rising = ((0.1, 0.55), (0.3, 0.8), (1.0, 1.0))  # the largest lr is the fastest
@@ -168,7 +168,7 @@ def test_diverged_runs_edges_of_the_grid_and_single_seeds_are_said_by_the_api(
 
 
 def test_some_runs_with_evaluations_fall_back_to_training_loss_for_all(
-    client: httpx.Client,
+    client: TestClient,
 ) -> None:
     project = f"some-evals-{uuid.uuid4().hex[:8]}"
     runs = make_sweep(B_CRIT, (32, 128, 512), lrs=((0.3, 1.0),))
@@ -179,7 +179,7 @@ def test_some_runs_with_evaluations_fall_back_to_training_loss_for_all(
     assert any("1 of 3 runs logged evaluation losses" in w for w in report["warnings"])
 
 
-def test_unknown_tasks_and_bad_targets_are_4xx(client: httpx.Client, sweep_project: str) -> None:
+def test_unknown_tasks_and_bad_targets_are_4xx(client: TestClient, sweep_project: str) -> None:
     r = client.get(f"{API}/tasks/{sweep_project}/no-such-task/critical-batch")
     assert r.status_code == 404
     assert "does not exist" in r.json()["detail"]
@@ -200,7 +200,7 @@ def test_unknown_tasks_and_bad_targets_are_4xx(client: httpx.Client, sweep_proje
 
 
 def test_names_with_slashes_and_odd_characters_are_reachable(
-    server: AppServer, client: httpx.Client
+    server: AppServer, client: TestClient
 ) -> None:
     for project, task in (
         (f"slash/{uuid.uuid4().hex[:8]}", "a/b"),
@@ -213,7 +213,7 @@ def test_names_with_slashes_and_odd_characters_are_reachable(
         assert report.n_runs == 3 and report.targets
 
 
-def test_parallelism_answers_the_device_question(client: httpx.Client) -> None:
+def test_parallelism_answers_the_device_question(client: TestClient) -> None:
     r = client.get(
         f"{API}/parallelism",
         params={"b_crit": 2000, "per_device_batch": 32, "s_min": 1000, "step_time": 0.5},
@@ -245,7 +245,7 @@ def test_parallelism_answers_the_device_question(client: httpx.Client) -> None:
         assert client.get(f"{API}/parallelism", params=bad).status_code == 422
 
 
-def test_parallelism_names_the_quantity_it_was_given(client: httpx.Client) -> None:
+def test_parallelism_names_the_quantity_it_was_given(client: TestClient) -> None:
     """A B_simple passed as the critical batch size is called B_simple, taken as B_crit."""
     params: dict[str, str | int] = {
         "b_crit": 100,

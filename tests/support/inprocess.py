@@ -6,9 +6,10 @@
 starts in a fraction of a second where ``ServerProcess`` takes seconds (a Python process
 importing FastAPI, SQLAlchemy and the app). Three ways in, all on one event loop:
 
-- ``client()``: an ``httpx.Client`` (Starlette's ``TestClient``) on the app, for tests that
-  speak HTTP with httpx; it follows no redirects and turns a server bug into a 500, as
-  ``httpx.Client(base_url=server.url)`` against the process does;
+- ``client()``: Starlette's ``TestClient`` on the app (httpx's API: an ``httpx.Client``, or
+  ``httpx2.Client`` where that package is installed; ``tests/support/http_clients.py`` names
+  both), for tests that speak HTTP; it follows no redirects and turns a server bug into a 500,
+  as ``httpx.Client(base_url=server.url)`` against the process does;
 - ``transport()``: a ``noisescope.Transport`` (``ASGITransport``) for ``noisescope.init(...,
   transport=)``, ``noisescope.Api(..., transport=)`` and ``sync``: the client's one I/O seam;
 - ``api()``: ``noisescope.Api`` on that transport.
@@ -153,7 +154,7 @@ class AppServer:
         return self._main.app.app  # type: ignore[attr-defined]
 
     def client(self, token: str | None = None, prefix: str = "", **kwargs: Any) -> TestClient:
-        """An ``httpx.Client`` on the app (``base_url`` is ``url + prefix``); ``token``: a
+        """A ``TestClient`` on the app (``base_url`` is ``url + prefix``); ``token``: a
         bearer token on every request. Closed with the server, or by the caller."""
         main = self._main
         assert main is not None and main.portal is not None, "start the AppServer first"

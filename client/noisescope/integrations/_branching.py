@@ -97,7 +97,7 @@ def _rng_state() -> dict[str, Any]:
         "python": random.getstate(),
         "numpy": np.random.get_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -202,7 +202,7 @@ class ModuleBranches:
                 chunk = idx[j : j + self.micro_batch_size]
                 batch = self.to_device(self.collate_fn([self.dataset[k] for k in chunk]))
                 loss = self.loss_fn(self.model, batch) * (len(chunk) / len(idx))
-                loss.backward()  # type: ignore[no-untyped-call]
+                loss.backward()
                 step_loss += float(loss.detach())
             if self.max_grad_norm:
                 nn.utils.clip_grad_norm_(params, self.max_grad_norm)

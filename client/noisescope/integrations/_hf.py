@@ -347,7 +347,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
                 queue_after_backward(lambda: self._after_backward(micro))
 
         for tensor in tensors:
-            tensor.register_hook(on_grad)  # type: ignore[no-untyped-call]
+            tensor.register_hook(on_grad)
 
     def _after_backward(self, micro: _Micro) -> None:
         """End of one micro-batch's backward (after DDP's all-reduce): feed the probe."""

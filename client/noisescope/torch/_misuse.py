@@ -107,7 +107,7 @@ class GradWatch:
             for m in dict.fromkeys(modules):
                 self._handles.append(m.register_forward_hook(wrap(self._after_forward, False)))
         else:  # once, not per forward: a forward hook and a tensor hook per forward cost more
-            self._handles.append(params[0].register_hook(self._on_grad_hook))  # type: ignore[no-untyped-call]
+            self._handles.append(params[0].register_hook(self._on_grad_hook))
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         """Inside a compiled caller (Lightning compiles ``training_step`` too) the hook is
@@ -117,7 +117,7 @@ class GradWatch:
             return
         out = _first_grad_tensor(output)
         if out is not None:
-            out.register_hook(self._on_grad_hook)  # type: ignore[no-untyped-call]
+            out.register_hook(self._on_grad_hook)
 
     def _on_grad(self, grad: Tensor) -> None:
         if self.armed and not self._pending:

@@ -269,7 +269,7 @@ class PerExampleNorms:
                         raise
                     self.on_error(exc)
 
-            out.register_hook(self._wrap(on_grad, True))  # type: ignore[no-untyped-call]
+            out.register_hook(self._wrap(on_grad, True))
 
         return hook
 

@@ -253,7 +253,7 @@ class GradientNoiseProbe:
             else:
                 for i, p in enumerate(self.params):
                     hook = wrap(rows.make_hook(i, rows.norm_of[i], fail), True)
-                    self._handles.append(p.register_hook(hook))  # type: ignore[no-untyped-call]
+                    self._handles.append(p.register_hook(hook))
             rows.hook_next(self._armed)
             if rows.per_parameter or self.layout.sharded:
                 return  # sharded: .grad never holds one backward's local gradient

@@ -229,7 +229,7 @@ class UnshardedHooks:
                     continue  # still sharded: not this forward's parameter
                 if seen is not None:
                     seen[1].remove()
-                handle = current.register_hook(self._make_hook(i, current.dtype))  # type: ignore[no-untyped-call]
+                handle = current.register_hook(self._make_hook(i, current.dtype))
                 hooked[key] = (current, handle)
 
         return pre_hook
