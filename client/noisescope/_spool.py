@@ -277,13 +277,7 @@ class RunSpool:
             _overwrite_file(self.dir / END_NAME, b" " * END_BYTES)
 
     def read_meta(self) -> dict[str, Any] | None:
-        if not self._is_inside():
-            return None
-        try:
-            meta = json.loads((self.dir / META_NAME).read_bytes())
-        except (OSError, ValueError):
-            return None
-        return meta if isinstance(meta, dict) else None
+        return self._read_object(META_NAME)
 
     def write_end(self, final: dict[str, Any]) -> None:
         """Record the run's final status (``{"status", "ended_at"}``) for sync, over the space
@@ -295,13 +289,18 @@ class RunSpool:
 
     def read_end(self) -> dict[str, Any] | None:
         """The final status ``write_end`` recorded; None for a running run (or a torn end)."""
+        return self._read_object(END_NAME)
+
+    def _read_object(self, name: str) -> dict[str, Any] | None:
+        """The JSON object in this spool's file ``name``; None when the spool folder is not
+        where it should be, or the file is missing, unreadable, torn or not an object."""
         if not self._is_inside():
             return None
         try:
-            end = json.loads((self.dir / END_NAME).read_bytes())
+            value = json.loads((self.dir / name).read_bytes())
         except (OSError, ValueError):
             return None
-        return end if isinstance(end, dict) else None
+        return value if isinstance(value, dict) else None
 
     def last_written(self) -> str:
         """When the run last wrote to its spool (UTC, ISO 8601): its end, as near as the spool

@@ -212,13 +212,10 @@ def current_noise_scale(
     if n_total < CURRENT_MIN_SAMPLES:
         return CurrentNoiseScale(
             0.0,
-            NoiseScaleInterval(
+            NoiseScaleInterval.unmeasured(
                 level,
                 n_total,
                 0,
-                None,
-                None,
-                None,
                 f"not yet measurable: {n_total:,.0f} samples so far; the current B_simple needs "
                 f"at least {CURRENT_MIN_SAMPLES}",
             ),

@@ -57,6 +57,11 @@ class NoiseScaleInterval:
     def measurable(self) -> bool:
         return self.b_simple is not None
 
+    @classmethod
+    def unmeasured(cls, level: float, n: float, n_blocks: int, reason: str) -> NoiseScaleInterval:
+        """A window too small for any estimate: no interval, no bound, and why."""
+        return cls(level, n, n_blocks, None, None, None, reason)
+
 
 def reblock(
     block_n: Sequence[float],
@@ -217,15 +222,8 @@ def interval_from_blocks(
     mom = block_moments(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks)
     n_total, m = mom.n, mom.n_blocks
     if m < 2:
-        return NoiseScaleInterval(
-            level,
-            n_total,
-            m,
-            None,
-            None,
-            None,
-            f"not yet measurable: an interval needs at least 2 blocks of steps, got {m}",
-        )
+        reason = f"not yet measurable: an interval needs at least 2 blocks of steps, got {m}"
+        return NoiseScaleInterval.unmeasured(level, n_total, m, reason)
     g_mean, s_mean = mom.g_sq, mom.trace_sigma
     var_g, var_s, cov_gs = mom.var_g_sq, mom.var_trace_sigma, mom.cov
     t = student_t_quantile(0.5 + level / 2.0, m - 1)
