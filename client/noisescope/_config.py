@@ -43,7 +43,7 @@ class Settings:
     #: Longest ``finish()`` (or interpreter exit) waits for the server before spooling the rest.
     flush_timeout: float = 30.0
     #: Samples per POST (the server accepts up to ``_wire.MAX_SAMPLES_PER_REQUEST``).
-    batch_max: int = 1000
+    batch_max: int = 4000
     #: A partial batch is sent after this many seconds.
     batch_interval: float = 1.0
     #: Samples held in memory; the sender spills to the spool beyond half of it.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import threading
 import time
@@ -184,9 +185,25 @@ class HTTPTransport:
         self._session.headers["User-Agent"] = "noisescope-client"
         if token:
             self._session.headers["Authorization"] = f"Bearer {token}"
+        self._read_environment_once(token)
         adapter = _watched_adapter()
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
+
+    def _read_environment_once(self, token: str | None) -> None:
+        """What requests would read from the environment on every request, read once for
+        this server: its proxy (``HTTP_PROXY``/``HTTPS_PROXY``, unless ``NO_PROXY`` names it),
+        a CA bundle (``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``) and, without a token, a
+        ``~/.netrc`` login. Scanning every variable for proxies on each POST was about a third
+        of a request's CPU; and a ``~/.netrc`` entry no longer replaces the bearer token."""
+        utils = self._requests.utils
+        self._session.trust_env = False
+        self._session.proxies.update(utils.get_environ_proxies(self.url))
+        bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+        if bundle:
+            self._session.verify = bundle
+        if not token:
+            self._session.auth = utils.get_netrc_auth(self.url)
 
     def handle_request(self, request: Request) -> Response:
         """The answer, read whole unless it passes ``request.max_answer_bytes`` (then
