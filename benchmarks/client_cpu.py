@@ -5,7 +5,7 @@ process is its whole CPU per sample: the ``log_sample`` call, the column convers
 encoding, compression and the HTTP request. Each figure is a process's CPU time
 (``time.process_time``: every thread) over the samples it delivered.
 
-1. *Per stage*, on batches of ``batch_max`` (1000) samples in this process: conversion to
+1. *Per stage*, on batches of ``batch_max`` samples in this process: conversion to
    columns, JSON encoding (orjson, and the standard library the client falls back to), gzip at
    level 1 (now) and 5 (before).
 2. *Through the client*: a child process logs samples as fast as it can into a real server and
@@ -31,8 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-TARGET_CPU_US = 4.0
-BATCH = 1000
+from noisescope import Settings
+
+#: The client's samples per POST (``batch_max``), for the stage costs and the pre-encoded rate.
+BATCH = Settings().batch_max
 CONFIGS = {
     "shipped": "as shipped (orjson, no gzip on loopback)",
     "stdlib": "standard-library JSON, no gzip on loopback",
@@ -189,7 +191,7 @@ def render(result: dict[str, Any], quick: bool) -> str:
         "Client CPU per sample (`time.process_time` of the process, every thread: the call, "
         "conversion, encoding, compression, HTTP), the cost the training process pays:",
         "",
-        "| stage, on batches of 1000 samples | CPU µs/sample |",
+        f"| stage, on batches of {BATCH} samples (`batch_max`) | CPU µs/sample |",
         "|---|---:|",
     ]
     for name, value in stages.items():
@@ -210,11 +212,11 @@ def render(result: dict[str, Any], quick: bool) -> str:
         )
     shipped = statistics.median(result["cpu"]["shipped"])
     stdlib = statistics.median(result["cpu"]["stdlib"])
-    verdict = "met" if shipped <= TARGET_CPU_US else "MISSED"
     lines += [
         "",
-        f"Client CPU per sample as shipped: {shipped:.2f} µs (target <= {TARGET_CPU_US:g}: "
-        f"{verdict}); {stdlib:.2f} µs without orjson.",
+        f"Client CPU per sample as shipped: {shipped:.2f} µs; {stdlib:.2f} µs without orjson. "
+        "Its target is judged beside the previous version, in one run "
+        '("Client: this version beside the previous one").',
         "",
         f"| {result['clients']} processes into one server (SQLite, 1 worker), batches of "
         f"{BATCH} | samples/s |",
