@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from noisescope.estimators import student_t_quantile, weighted_line_fit
+from noisescope.estimators import LineFit, student_t_quantile, weighted_line_fit
 
 __all__ = [
     "CriticalBatchForecast",
@@ -87,13 +87,8 @@ class CriticalBatchLaw:
     n_points: int
     loss_min: float
     loss_max: float
-    # The fit, for predictions: intercept and slope in logs, residual variance, weights' moments.
-    log_b_star: float
-    slope: float
-    s2: float
-    w_sum: float
-    x_mean: float
-    sxx: float
+    #: The fit, for predictions: log B_crit = line.intercept + line.slope log L.
+    line: LineFit
     reason: str | None = None
     #: The fitted measurements' (log L, half-width below, half-width above) in log B, by log L:
     #: the floor under every prediction's interval (the module docstring).
@@ -121,8 +116,8 @@ class CriticalBatchLaw:
         if not (loss > 0 and math.isfinite(loss)):
             raise ValueError(f"loss must be positive and finite, got {loss!r}")
         x0 = math.log(loss)
-        y0 = self.log_b_star + self.slope * x0
-        se = math.sqrt(self.s2 * (1.0 / self.w_sum + (x0 - self.x_mean) ** 2 / self.sxx))
+        y0 = self.line.intercept + self.line.slope * x0
+        se = math.sqrt(self.line.var_mean(x0))
         t = student_t_quantile(0.5 + self.level / 2.0, self.n_points - 2)
         below, above = self._floor(x0)
         y_lo, y_hi = y0 - max(t * se, below), y0 + max(t * se, above)
@@ -142,9 +137,10 @@ class CriticalBatchLaw:
     def _readable_losses(self) -> tuple[float, float]:
         """The losses whose predicted B_crit (without its interval) is a float, clamped to the
         positive floats."""
-        if self.slope == 0:
+        icept, slope = self.line.intercept, self.line.slope
+        if slope == 0:
             return _TINY, sys.float_info.max
-        ends = sorted((y - self.log_b_star) / self.slope for y in (_LOG_MIN, _LOG_MAX))
+        ends = sorted((y - icept) / slope for y in (_LOG_MIN, _LOG_MAX))
         return math.exp(max(ends[0], _LOG_TINY)), math.exp(min(ends[1], _LOG_MAX))
 
 
@@ -186,10 +182,7 @@ def fit_critical_batch_law(
     icept, slope = line.intercept, line.slope
     t = student_t_quantile(0.5 + level / 2.0, n - 2)
     se_slope = math.sqrt(line.var_slope)
-    common = (
-        level, n, min(losses), max(losses), icept, slope, line.s2, line.w_sum, line.x_mean,
-        line.sxx,
-    )  # fmt: skip
+    common = (level, n, min(losses), max(losses), line)
     widths = _widths(xs, ys, lows, highs)
     if slope >= 0:
         return CriticalBatchLaw(

@@ -144,7 +144,11 @@ class LineFit:
 
     @property
     def var_intercept(self) -> float:
-        return self.s2 * (1.0 / self.w_sum + self.x_mean**2 / self.sxx)
+        return self.var_mean(0.0)
+
+    def var_mean(self, x: float) -> float:
+        """Variance of the fitted line's value at ``x``: s2 (1/w_sum + (x - x_mean)^2 / sxx)."""
+        return self.s2 * (1.0 / self.w_sum + (x - self.x_mean) ** 2 / self.sxx)
 
     @property
     def cov(self) -> float:
