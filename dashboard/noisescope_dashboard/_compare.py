@@ -97,14 +97,16 @@ def compare_section(
             (
                 "loss",
                 "loss",
-                _charts.XAxis("loss", "training loss (falls to the right)", log_loss, True),
+                _charts.XAxis(
+                    "loss", "training loss (falls to the right)", log=log_loss, reverse=True
+                ),
                 "The paper's view: the noise scale grows as the loss falls. Click a legend "
                 "entry to highlight it." + left_off,
             )
         ]
         if progress:
             x_title = f"{word} seen" if progress_x == "examples" else PROGRESS_AXES[progress_x]
-            x_axis = _charts.XAxis(progress_x, x_title, log_x)
+            x_axis = _charts.XAxis(progress_x, x_title, log=log_x)
             views.append(("progress", "training progress", x_axis, None))
         for name, against, x_axis, caption in views:
             title = f"B_simple against {against}{suffix}"
