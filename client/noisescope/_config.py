@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 from urllib.parse import urlsplit
 
 from noisescope import _wire
@@ -85,21 +86,25 @@ def _env(name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = _env(name)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-
-
-def _env_bool(name: str) -> bool | None:
-    raw = _env(name)
-    if raw is None:
-        return None
+def _truthy(raw: str) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _number(raw: str) -> float:
+    return float(raw)
+
+
+#: The settings an environment variable sets when no argument does, and how its text reads.
+ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
+    "url": ("NOISESCOPE_URL", str),
+    "token": ("NOISESCOPE_TOKEN", str),
+    "mode": ("NOISESCOPE_MODE", str),
+    "dir": ("NOISESCOPE_DIR", str),
+    "flush_timeout": ("NOISESCOPE_FLUSH_TIMEOUT", _number),
+    "all_ranks": ("NOISESCOPE_ALL_RANKS", _truthy),
+    "quiet": ("NOISESCOPE_QUIET", _truthy),
+    "dashboard_url": ("NOISESCOPE_DASHBOARD_URL", str),
+}
 
 
 def detect_rank() -> tuple[int, int]:
@@ -170,50 +175,31 @@ def server_hint(url: str) -> str:
     return f"is it the dashboard? the server's default port is {DEFAULT_PORT}"
 
 
-def resolve(
-    *,
-    url: str | None = None,
-    token: str | None = None,
-    mode: str | None = None,
-    dir: str | os.PathLike[str] | None = None,
-    flush_timeout: float | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
-    all_ranks: bool | None = None,
-    quiet: bool | None = None,
-    dashboard_url: str | None = None,
-    **overrides: object,
-) -> Settings:
-    """Merge explicit arguments (win), ``NOISESCOPE_*`` env vars, and defaults."""
-    mode_value = (mode or _env("NOISESCOPE_MODE") or "online").strip().lower()
-    if mode_value not in MODES:
-        raise ValueError(
-            f"noisescope mode {mode_value!r} is not one of {', '.join(MODES)} "
-            "(set mode= or NOISESCOPE_MODE)"
-        )
-    detected_rank, detected_world = detect_rank()
-    root = dir if dir is not None else _env("NOISESCOPE_DIR")
-    env_all = _env_bool("NOISESCOPE_ALL_RANKS")
-    env_quiet = _env_bool("NOISESCOPE_QUIET")
-    fields: dict[str, object] = {
-        "url": check_url(url or _env("NOISESCOPE_URL") or DEFAULT_URL),
-        "token": token if token is not None else _env("NOISESCOPE_TOKEN"),
-        "mode": mode_value,
-        "dir": Path(root).expanduser() if root is not None else default_dir(),
-        "flush_timeout": (
-            flush_timeout
-            if flush_timeout is not None
-            else _env_float("NOISESCOPE_FLUSH_TIMEOUT", Settings.flush_timeout)
-        ),
-        "rank": rank if rank is not None else detected_rank,
-        "world_size": world_size if world_size is not None else detected_world,
-        "all_ranks": all_ranks if all_ranks is not None else bool(env_all),
-        "quiet": quiet if quiet is not None else bool(env_quiet),
-        "dashboard_url": dashboard_url or _env("NOISESCOPE_DASHBOARD_URL"),
-    }
-    known = set(Settings.__dataclass_fields__)
-    unknown = set(overrides) - known
+def resolve(**given: object) -> Settings:
+    """``Settings`` from the arguments given (None or "": not given), then the ``ENVIRONMENT``
+    variables, then the defaults; rank and world size not given are detected."""
+    unknown = set(given) - set(Settings.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown noisescope setting(s): {', '.join(sorted(unknown))}")
-    fields.update(overrides)
+    fields = {name: value for name, value in given.items() if value not in (None, "")}
+    for name, (variable, read) in ENVIRONMENT.items():
+        raw = _env(variable)
+        if name not in fields and raw is not None:
+            try:
+                fields[name] = read(raw)
+            except ValueError:
+                raise ValueError(f"{variable}={raw!r} is not a number") from None
+    mode = str(fields.get("mode", "online")).strip().lower()
+    if mode not in MODES:
+        raise ValueError(
+            f"noisescope mode {mode!r} is not one of {', '.join(MODES)} "
+            "(set mode= or NOISESCOPE_MODE)"
+        )
+    fields["mode"] = mode
+    fields["url"] = check_url(str(fields.get("url") or DEFAULT_URL))
+    if "dir" in fields:
+        fields["dir"] = Path(cast("str | os.PathLike[str]", fields["dir"])).expanduser()
+    detected_rank, detected_world = detect_rank()
+    fields.setdefault("rank", detected_rank)
+    fields.setdefault("world_size", detected_world)
     return Settings(**fields)  # type: ignore[arg-type]
