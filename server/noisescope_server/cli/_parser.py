@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from noisescope.cli import DEFAULT_DASHBOARD_PORT, DEFAULT_PORT, DEFAULT_URL, url_argument
 from noisescope_server.cli._admin import (
@@ -23,16 +23,16 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add up/server/dashboard/db/token to the ``noisescope`` parser."""
-    up = subparsers.add_parser(
+    up = _command(
+        subparsers,
         "up",
-        help="start the ingest server and the dashboard on a local SQLite database",
-        description=(
-            "Zero-setup local mode: applies migrations to a SQLite file (default "
-            "~/.noisescope/noisescope.db, or $NOISESCOPE_HOME), starts the ingest server and "
-            "the dashboard (a client of the server's HTTP API) on 127.0.0.1 with auth off, and "
-            "prints both URLs; training jobs print links to their runs' pages on that dashboard. "
-            "Ctrl-C stops both."
-        ),
+        cmd_up,
+        "start the ingest server and the dashboard on a local SQLite database",
+        "Zero-setup local mode: applies migrations to a SQLite file (default "
+        "~/.noisescope/noisescope.db, or $NOISESCOPE_HOME), starts the ingest server and "
+        "the dashboard (a client of the server's HTTP API) on 127.0.0.1 with auth off, and "
+        "prints both URLs; training jobs print links to their runs' pages on that dashboard. "
+        "Ctrl-C stops both.",
     )
     up.add_argument("--port", type=int, default=DEFAULT_PORT, help="server port (%(default)s)")
     up.add_argument(
@@ -43,27 +43,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     up.add_argument("--database-url", help="SQLAlchemy URL (default: the local SQLite file)")
     up.add_argument("--no-dashboard", action="store_true", help="start only the server")
-    up.set_defaults(func=cmd_up)
 
-    server = subparsers.add_parser(
+    server = _command(
+        subparsers,
         "server",
-        help="run the ingest/query HTTP server",
-        description=(
-            "Run the HTTP server. For teams: PostgreSQL via --database-url, several --workers, "
-            "--auth write, TLS at a reverse proxy (docs/deployment.md)."
-        ),
+        cmd_server,
+        "run the ingest/query HTTP server",
+        "Run the HTTP server. For teams: PostgreSQL via --database-url, several --workers, "
+        "--auth write, TLS at a reverse proxy (docs/deployment.md).",
     )
     _server_args(server)
-    server.set_defaults(func=cmd_server)
 
-    dash = subparsers.add_parser(
+    dash = _command(
+        subparsers,
         "dashboard",
-        help="run the Streamlit dashboard",
-        description=(
-            "Run the Streamlit dashboard: runs, noise-scale charts and recommendations. It reads "
-            "everything through a noisescope server's HTTP API, never the database, so it can "
-            "run on any machine that reaches the server. Ctrl-C stops it."
-        ),
+        cmd_dashboard,
+        "run the Streamlit dashboard",
+        "Run the Streamlit dashboard: runs, noise-scale charts and recommendations. It reads "
+        "everything through a noisescope server's HTTP API, never the database, so it can "
+        "run on any machine that reaches the server. Ctrl-C stops it.",
     )
     dash.add_argument(
         "--url",
@@ -82,34 +80,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--port", type=int, default=DEFAULT_DASHBOARD_PORT, help="dashboard port (%(default)s)"
     )
     dash.add_argument("--host", default="127.0.0.1", help="bind address (%(default)s)")
-    dash.set_defaults(func=cmd_dashboard)
 
     dbp = subparsers.add_parser("db", help="database maintenance (upgrade, current)")
     dbp.add_argument("--database-url", help="SQLAlchemy URL (default: $NOISESCOPE_DATABASE_URL)")
     dbsub = dbp.add_subparsers(dest="db_command", metavar="ACTION")
     dbsub.required = True
-    dbsub.add_parser("upgrade", help="apply migrations up to head").set_defaults(
-        func=cmd_db_upgrade
-    )
-    dbsub.add_parser("current", help="print the current and head revisions").set_defaults(
-        func=cmd_db_current
-    )
+    _command(dbsub, "upgrade", cmd_db_upgrade, "apply migrations up to head")
+    _command(dbsub, "current", cmd_db_current, "print the current and head revisions")
 
     tok = subparsers.add_parser("token", help="create, list and revoke project API tokens")
     tok.add_argument("--database-url", help="SQLAlchemy URL (default: $NOISESCOPE_DATABASE_URL)")
     toksub = tok.add_subparsers(dest="token_command", metavar="ACTION")
     toksub.required = True
-    create = toksub.add_parser("create", help="create a token; the secret is printed once")
+    create = _command(
+        toksub, "create", cmd_token_create, "create a token; the secret is printed once"
+    )
     create.add_argument("--project", required=True)
     create.add_argument("--name", default="")
-    create.set_defaults(func=cmd_token_create)
-    lst = toksub.add_parser("list", help="list tokens (never their secrets)")
+    lst = _command(toksub, "list", cmd_token_list, "list tokens (never their secrets)")
     lst.add_argument("--project")
-    lst.set_defaults(func=cmd_token_list)
-    rev = toksub.add_parser("revoke", help="revoke a token at once")
+    rev = _command(toksub, "revoke", cmd_token_revoke, "revoke a token at once")
     rev.add_argument("token_id", type=int)
     rev.add_argument("--project", help="only revoke if the token belongs to this project")
-    rev.set_defaults(func=cmd_token_revoke)
     # `noisescope token create --project P --database-url URL` (option after the action) works
     # too; SUPPRESS keeps a value given before the action when it is not repeated after it
     for action in (*dbsub.choices.values(), create, lst, rev):
@@ -118,6 +110,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             default=argparse.SUPPRESS,
             help="SQLAlchemy URL (also accepted before the action)",
         )
+
+
+def _command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    help: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """The subcommand ``name``, which runs ``func``; ``help`` is its line in the list and,
+    without a ``description``, its description too."""
+    command = subparsers.add_parser(name, help=help, description=description or help)
+    command.set_defaults(func=func)
+    return command
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
