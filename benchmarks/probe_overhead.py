@@ -59,6 +59,7 @@ from torch.multiprocessing.spawn import start_processes
 from torch.nn import functional as F
 
 from benchmarks._meter import Meter, NoiseGauge, metered
+from experiments.tasks import TransformerBlock
 from noisescope.torch import GradientNoiseProbe, _per_example
 from noisescope.torch._instrument import current as instrumentation
 
@@ -73,27 +74,6 @@ class _Sink:
         self.rows.append((args, kwargs))
 
 
-class _Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc = nn.Linear(d, 4 * d)
-        self.out = nn.Linear(4 * d, d)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        out: Tensor = x + self.out(F.gelu(self.fc(self.ln2(x))))
-        return out
-
-
 class TinyGPT(nn.Module):
     def __init__(
         self, vocab: int = 256, d: int = 128, heads: int = 4, layers: int = 2, t: int = 64
@@ -101,7 +81,7 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(t, d)
-        self.blocks = nn.Sequential(*[_Block(d, heads) for _ in range(layers)])
+        self.blocks = nn.Sequential(*[TransformerBlock(d, heads) for _ in range(layers)])
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab)
 

@@ -260,7 +260,9 @@ def stdlib_text(files: Sequence[str] = LM_FILES) -> tuple[bytes, bytes]:
     return b"\n".join(train), b"\n".join(val)
 
 
-class _Block(nn.Module):
+class TransformerBlock(nn.Module):
+    """Pre-norm causal self-attention and a GELU MLP, both residual (GPT-2's block)."""
+
     def __init__(self, d: int, heads: int):
         super().__init__()
         self.heads = heads
@@ -286,7 +288,7 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(256, d)
         self.pos = nn.Parameter(torch.zeros(context, d))
-        self.blocks = nn.Sequential(*[_Block(d, heads) for _ in range(layers)])
+        self.blocks = nn.Sequential(*[TransformerBlock(d, heads) for _ in range(layers)])
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, 256)
 

