@@ -155,6 +155,11 @@ def fit_columns(
     return fitted
 
 
+def described(helps: Mapping[str, str]) -> dict[str, Any]:
+    """Text columns shown under their own names, each with its tooltip (column to text)."""
+    return {name: st.column_config.TextColumn(name, help=text) for name, text in helps.items()}
+
+
 def table(
     data: Any,
     columns: Mapping[str, Any] | None = None,

@@ -186,26 +186,17 @@ def main(src: _data.Source) -> None:
     m3.metric("Extra compute there", _text.percent(last.waste if last else None))
     _ui.table(
         _frames.parallelism_table(plan, units),
-        column_config={
-            "S / S_min": st.column_config.TextColumn(
-                "S / S_min", help="Optimizer steps relative to the fewest possible"
-            ),
-            "E / E_min": st.column_config.TextColumn(
-                "E / E_min", help=f"{word.capitalize()} relative to the fewest possible"
-            ),
-            "speed-up": st.column_config.TextColumn("speed-up", help="Over one device"),
-            "this doubling": st.column_config.TextColumn(
-                "this doubling", help="Speed-up from the previous row's device count"
-            ),
-            "extra compute": st.column_config.TextColumn(
-                "extra compute", help="Share of the compute beyond the minimum, 1 − E_min/E"
-            ),
-            "doubling": st.column_config.TextColumn(
-                "doubling",
-                help=f"Whether the doubling to this row sped training up by at least "
+        column_config=_ui.described(
+            {
+                "S / S_min": "Optimizer steps relative to the fewest possible",
+                "E / E_min": f"{word.capitalize()} relative to the fewest possible",
+                "speed-up": "Over one device",
+                "this doubling": "Speed-up from the previous row's device count",
+                "extra compute": "Share of the compute beyond the minimum, 1 − E_min/E",
+                "doubling": f"Whether the doubling to this row sped training up by at least "
                 f"{plan.min_speedup:g}× (grey on the charts when not)",
-            ),
-        },
+            }
+        ),
     )
     if source.s_min is None:
         st.caption("Steps and time need S_min, which only a sweep fit gives: pick a B_crit source.")
