@@ -91,10 +91,14 @@ def _truthy(raw: str) -> bool:
 
 
 def _number(raw: str) -> float:
-    return float(raw)
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError("is not a number") from None
 
 
-#: The settings an environment variable sets when no argument does, and how its text reads.
+#: The settings an environment variable sets when no argument does, and how its text reads
+#: (a reader's ValueError says what is wrong with the text).
 ENVIRONMENT: dict[str, tuple[str, Callable[[str], object]]] = {
     "url": ("NOISESCOPE_URL", str),
     "token": ("NOISESCOPE_TOKEN", str),
@@ -183,12 +187,12 @@ def resolve(**given: object) -> Settings:
         raise TypeError(f"unknown noisescope setting(s): {', '.join(sorted(unknown))}")
     fields = {name: value for name, value in given.items() if value not in (None, "")}
     for name, (variable, read) in ENVIRONMENT.items():
-        raw = _env(variable)
-        if name not in fields and raw is not None:
+        raw = None if name in fields else _env(variable)
+        if raw is not None:
             try:
                 fields[name] = read(raw)
-            except ValueError:
-                raise ValueError(f"{variable}={raw!r} is not a number") from None
+            except ValueError as exc:
+                raise ValueError(f"{variable}={raw!r} {exc}") from None
     mode = str(fields.get("mode", "online")).strip().lower()
     if mode not in MODES:
         raise ValueError(
@@ -196,7 +200,7 @@ def resolve(**given: object) -> Settings:
             "(set mode= or NOISESCOPE_MODE)"
         )
     fields["mode"] = mode
-    fields["url"] = check_url(str(fields.get("url") or DEFAULT_URL))
+    fields["url"] = check_url(str(fields.get("url", DEFAULT_URL)))
     if "dir" in fields:
         fields["dir"] = Path(cast("str | os.PathLike[str]", fields["dir"])).expanduser()
     detected_rank, detected_world = detect_rank()
