@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 from noisescope import _format
-from noisescope._results import ParallelismPlan, ParallelismRow
+from noisescope._results import ParallelismPlan, ParallelismRow, RunSummary
 from noisescope._sink import Sink
 from noisescope.estimators import (
     MIN_SPEEDUP,
@@ -252,7 +252,7 @@ def _option(
 
 
 def recommend(
-    noise: CurrentNoiseScale | NoiseScaleInterval | NoiseScale | float | None,
+    noise: RunSummary | CurrentNoiseScale | NoiseScaleInterval | NoiseScale | float | None,
     batch_size: float,
     *,
     candidates: Sequence[float] | None = None,
@@ -264,7 +264,8 @@ def recommend(
 
     Args:
         noise: ``CurrentNoiseScale`` or ``NoiseScaleInterval`` (a window with its interval,
-            or a lower bound), ``NoiseScale`` (e.g. ``EMA.value``) or a plain B_simple.
+            or a lower bound), a run's ``RunSummary`` (its current window, as the server
+            measured it), ``NoiseScale`` (e.g. ``EMA.value``) or a plain B_simple.
         batch_size: the batch in use, in the units of the noise samples.
         candidates: batch sizes to predict for (default: powers of two around the batch and
             B_simple).
@@ -290,6 +291,9 @@ def recommend(
             b_simple, lo, hi = noise.b_simple.value, noise.b_simple.lo, noise.b_simple.hi
         else:
             b_simple, reason, lower = None, noise.reason, noise.b_simple_lower
+    elif isinstance(noise, RunSummary):
+        level, b_simple, lo, hi = noise.level, noise.b_simple, noise.b_simple_lo, noise.b_simple_hi
+        reason, lower = noise.b_simple_reason, noise.b_simple_lower
     elif isinstance(noise, NoiseScale):
         b_simple, reason = noise.b_simple, noise.reason
     elif noise is None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 import noisescope
+from noisescope.recommend import recommend
 from noisescope.schedule import BatchSizeScheduler
 from tests.support.inprocess import AppServer
 
@@ -96,6 +97,12 @@ def _check_scheduled_run(server: AppServer, run_id: str) -> None:
     assert by_b[128]["goodput"] == pytest.approx(3000 * b / (b + 128))
     assert by_b[512]["goodput"] == pytest.approx(4000 * b / (b + 512))
     assert rec["goodput_batch_size"] == 128
+    # the route is recommend() on the run's summary: the same answer, built in this process
+    throughput = {32.0: 1000.0, 128.0: 3000.0, 512.0: 4000.0}
+    with server.api() as api:
+        local = recommend(api.run(run_id), 128, candidates=[75, 300], throughput=throughput)
+        remote = api.recommendation(run_id, candidates=[75, 300], throughput=throughput)
+    assert remote.recommendation == local
 
 
 def _check_fallbacks_and_errors(server: AppServer, run_id: str) -> None:

@@ -14,7 +14,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 
-from noisescope.estimators import Interval, NoiseScaleInterval
 from noisescope.protocol import RecommendationResult, RunSummary
 from noisescope.recommend import recommend
 from noisescope_server import queries
@@ -89,22 +88,9 @@ def get_recommendation(
     rates = _parse_throughput(throughput) if throughput else None
     if not math.isfinite(reference_batch):
         raise HTTPException(422, "reference_batch must be finite")
-    b_iv = None
-    if run.b_simple is not None and run.b_simple_lo is not None and run.b_simple_hi is not None:
-        b_iv = Interval(run.b_simple, run.b_simple_lo, run.b_simple_hi)
-    noise = NoiseScaleInterval(
-        level=run.level,
-        n=run.window_samples,
-        n_blocks=0,
-        g_sq=None,
-        trace_sigma=None,
-        b_simple=b_iv,
-        reason=None if b_iv else run.b_simple_reason,
-        b_simple_lower=None if b_iv else run.b_simple_lower,
-    )
     with value_errors_as_bad_input():
         rec = recommend(
-            noise,
+            run,
             batch,
             candidates=cands,
             throughput=rates,
