@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from noisescope import protocol
-from noisescope.estimators import epsilon_problem, local_critical_batch
+from noisescope.estimators import branch_mean_loss, epsilon_problem, local_critical_batch
 from noisescope.forecast import plateau
 from noisescope.protocol import BranchPointResult, RunBranches
 from noisescope_server.models import BLOCK_SIZE, Event, Run, Sample, SampleBlock
@@ -134,16 +134,14 @@ def _point(
         by_batch[size].append((seed, math.inf if loss is None else loss))
     sizes = sorted(by_batch)
     losses = [[v for _, v in sorted(by_batch[b])] for b in sizes]
-    means = [
-        None if any(not math.isfinite(v) for v in row) else sum(row) / len(row) for row in losses
-    ]
+    means = [branch_mean_loss(row) for row in losses]
     base = BranchPointResult(
         step=step,
         parent_loss=parent_loss,
         epsilon=epsilon,
         level=LEVEL,
         batch_sizes=sizes,
-        mean_loss=means,
+        mean_loss=[m if math.isfinite(m) else None for m in means],
         seeds=min((len(r) for r in losses), default=0),
         n_runs=len(every_kid),
         run_ids=sorted(str(k.uid) for k in every_kid),

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from noisescope.estimators import MAX_RESOLVED_JUMP, local_critical_batch
+from noisescope.estimators import MAX_RESOLVED_JUMP, branch_mean_loss, local_critical_batch
 
 BASE = [1.0, 1.2, 0.9]
 
@@ -97,6 +97,15 @@ def test_any_finite_losses_give_an_answer_never_an_arithmetic_error(
     est = local_critical_batch(sizes, losses, epsilon=epsilon)
     for end in (est.b_crit, est.b_crit_lo, est.b_crit_hi):
         assert end is None or min(sizes) <= end <= max(sizes)
+
+
+def test_the_mean_loss_of_a_batch_size_is_inf_when_a_seed_diverged() -> None:
+    assert branch_mean_loss([1.0, 2.0, 4.5]) == 2.5
+    assert branch_mean_loss([1.0, math.nan]) == math.inf
+    assert branch_mean_loss([1.0, -math.inf]) == math.inf
+    assert branch_mean_loss([1e308, 1.5e308]) == pytest.approx(1.25e308)  # no overflow
+    est = local_critical_batch([1, 2, 4], [BASE, [1.0, 1.02, 1.04], [math.inf] * 3])
+    assert est.mean_loss == pytest.approx((branch_mean_loss(BASE), 1.02, math.inf))
 
 
 def test_a_huge_loss_is_read_like_any_other_scale() -> None:

@@ -22,6 +22,7 @@ from .._public import report_all_as_public
 from ._branching import (
     MAX_RESOLVED_JUMP,
     LocalCriticalBatch,
+    branch_mean_loss,
     epsilon_problem,
     local_critical_batch,
 )
@@ -131,6 +132,7 @@ __all__ = [
     "b_simple_from_sums",
     "b_simple_interval",
     "block_moments",
+    "branch_mean_loss",
     "bucket_blocks",
     "bucket_noise_scales",
     "compute_waste",

@@ -120,6 +120,17 @@ def _scale_of(values: Sequence[float]) -> float:
     return math.ldexp(1.0, max(-1021, min(exponent, 1023)))
 
 
+def branch_mean_loss(losses: Sequence[float]) -> float:
+    """One batch size's mean evaluation loss over its continuations (one per seed); inf when
+    any of them diverged (a non-finite loss): such a batch is far outside any tolerance. Summed
+    at the losses' own power-of-two scale, so finite losses near the float limit never
+    overflow to a false divergence."""
+    if any(not math.isfinite(v) for v in losses):
+        return math.inf
+    scale = _scale_of(losses)
+    return sum(v / scale for v in losses) / len(losses) * scale
+
+
 def local_critical_batch(
     batch_sizes: Sequence[float],
     losses: Sequence[Sequence[float]],
@@ -155,8 +166,7 @@ def local_critical_batch(
     # reference's magnitude, report the losses back at their own.
     scale = _scale_of(rows[0])
     rows = [[v / scale for v in r] for r in rows]
-    # A diverged continuation (non-finite loss) is simply far outside the tolerance.
-    means = [math.inf if any(not math.isfinite(v) for v in r) else sum(r) / len(r) for r in rows]
+    means = [branch_mean_loss(r) for r in rows]
     seeds = min(len(r) for r in rows)
     paired = all(len(r) == len(rows[0]) for r in rows)
 
