@@ -20,7 +20,6 @@ import os
 import random
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -84,10 +83,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     model = GPT2LMHeadModel(config)
     train = byte_sequences(args.micro_batch * args.accumulation * args.steps, args.max_len, 0)
-    init: dict[str, Any] = {"url": args.url} if args.url else {}
-    if args.mode:
-        init["mode"] = args.mode
-    callback = HuggingFaceCallback(project=args.project, task="bytes-gpt2", **init)
+    # url and mode None: $NOISESCOPE_URL / $NOISESCOPE_MODE or the defaults
+    callback = HuggingFaceCallback(
+        project=args.project, task="bytes-gpt2", url=args.url, mode=args.mode
+    )
     with tempfile.TemporaryDirectory() as out:
         training_args = TrainingArguments(
             output_dir=out,

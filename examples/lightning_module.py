@@ -64,14 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     pl.seed_everything(0)
-    init: dict[str, Any] = {"url": args.url} if args.url else {}
-    if args.mode:
-        init["mode"] = args.mode
     callback = LightningCallback(
         project=args.project,
         task="digits-mlp",
         name=args.name or f"mb{args.micro_batch}-k{args.accumulation}-d{args.devices}",
-        **init,
+        url=args.url,  # url and mode None: $NOISESCOPE_URL / $NOISESCOPE_MODE or the defaults
+        mode=args.mode,
     )
     trainer = pl.Trainer(
         max_epochs=args.epochs,
