@@ -38,7 +38,7 @@ def _token_run(url: str, tmp: Path) -> str:
         dir=tmp / "spool",
         quiet=True,
     )
-    cols = columns(200)
+    cols = columns(200, start=300)  # resumed at step 300: its window is 10% of 200 steps
     for i, step in enumerate(cols["step"]):
         run.log_sample(
             *log_sample_args(cols, i), examples=cols["examples"][i], loss=3.0 / (1.0 + step / 50.0)
@@ -63,6 +63,15 @@ def _shipped(frames: list[pd.DataFrame]) -> pd.DataFrame:
     )
 
 
+def _assert_smoothed_like_the_comparison(
+    api: Api, curve: pd.DataFrame, run_id: str, windows: dict[str, float]
+) -> None:
+    smoothed = api.series(run_id, x="step", window=windows[run_id]).points
+    by_step = {p.step_hi: p.b_simple for p in smoothed}
+    assert len(curve) > 10
+    assert list(curve["value"]) == pytest.approx([by_step[s] for s in curve["step"]])
+
+
 def test_compare_runs_draws_b_simple_and_local_b_crit_per_model_size_against_loss(
     make_app: MakeApp, stack: tuple[str, dict[str, str]]
 ) -> None:
@@ -76,6 +85,9 @@ def test_compare_runs_draws_b_simple_and_local_b_crit_per_model_size_against_los
     assert set(_shipped(frames[TOKENS_TITLE])["size"]) == {"7B"}
     assert set(shipped["size"]) == {f"{d} params" for d in SIZES.values()}
     api = Api(url)
+    # the B_simple lines are smoothed over the window the comparison charts above used
+    compared = api.compare(list(ids.values()), window_fraction=0.1)
+    windows = {s.run_uid: s.window_steps for s in compared}
     for name in SIZES:
         points = api.branches(ids[name]).points
         assert [p.step for p in points] == list(BRANCH_STEPS)
@@ -93,6 +105,11 @@ def test_compare_runs_draws_b_simple_and_local_b_crit_per_model_size_against_los
                 assert row["value"] == pytest.approx(p.b_crit_lo)
         curve = mine[mine["quantity"] == _sizes.B_SIMPLE]
         assert len(curve) > 10 and curve["lo"].notna().any() and curve["loss"].notna().all()
+        _assert_smoothed_like_the_comparison(api, curve, ids[name], windows)
+    lm = _shipped(frames[TOKENS_TITLE])
+    _assert_smoothed_like_the_comparison(
+        api, lm[lm["quantity"] == _sizes.B_SIMPLE], ids["lm"], windows
+    )
     spec = specs[EXAMPLES_TITLE]
     assert [layer["mark"]["type"] for layer in spec["layer"]] == ["area", "line", "rule", "point"]
     line = spec["layer"][1]["encoding"]

@@ -44,12 +44,11 @@ def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
         )
         return
     fraction = float(st.session_state.get("win", 0.1))
-    # each run's own series (the comparison series carry no interval), smoothed over the same
-    # fraction of the run as the charts above
-    series = [
-        _data.series(src, r.uid, x="step", window=fraction * float(r.last_step or 0))
-        for r in chosen
-    ]
+    # each run's own series (the comparison series carry no interval), smoothed over the
+    # window the charts above used for it (the server's, read from their cached answer)
+    compared = _data.compare(src, tuple(r.uid for r in chosen), fraction)
+    windows = {s.run_uid: s.window_steps for s in compared}
+    series = [_data.series(src, r.uid, x="step", window=windows.get(r.uid, 0.0)) for r in chosen]
     frame = _sizes.marks(chosen, series, branched)
     x = _state.radio(
         "Model sizes against", {"loss": "loss", "examples": "examples or tokens seen"}, key="sx"
