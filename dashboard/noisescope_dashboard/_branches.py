@@ -14,7 +14,7 @@ from typing import Any, cast
 import altair as alt
 import pandas as pd
 
-from noisescope import RunBranches, RunSeries
+from noisescope import BranchPointResult, RunBranches, RunSeries
 from noisescope.forecast import ForecastReport
 from noisescope_dashboard import _frames, _text
 from noisescope_dashboard._charts._axes import interval_ends, interval_rule, log_extent
@@ -29,6 +29,7 @@ __all__ = [
     "TITLE",
     "chart",
     "curve",
+    "local_mark",
     "marks",
     "table",
 ]
@@ -60,27 +61,26 @@ def _forecast_at(forecast: ForecastReport | None, loss: float | None) -> Any:
     return None
 
 
+def local_mark(point: BranchPointResult) -> dict[str, Any] | None:
+    """How a branch step's local B_crit is drawn: value, lo, hi and quantity (``LOCAL``, a
+    ``BRACKET`` at its middle in log B, or a ``LOWER`` bound); None when nothing is known."""
+    lo, hi = point.b_crit_lo, point.b_crit_hi
+    if point.b_crit is not None:
+        return {"value": point.b_crit, "lo": lo, "hi": hi, "quantity": LOCAL}
+    if lo is not None and hi is not None:  # the span; its middle is no measurement
+        return {"value": math.sqrt(lo * hi), "lo": lo, "hi": hi, "quantity": BRACKET}
+    if lo is not None:
+        return {"value": lo, "lo": lo, "hi": None, "quantity": LOWER}
+    return None
+
+
 def marks(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFrame:
     """One row per measurement at a branch step: step, value, lo, hi, quantity, interval."""
     rows: list[dict[str, Any]] = []
     for p in branches.points:
-        if p.b_crit is not None:
-            rows.append(
-                {"step": p.step, "value": p.b_crit, "lo": p.b_crit_lo, "hi": p.b_crit_hi}
-                | {"quantity": LOCAL}
-            )
-        elif p.b_crit_lo is not None and p.b_crit_hi is not None:
-            # a bracket: drawn as its span, the point at its middle in log B (no measurement)
-            mid = math.sqrt(p.b_crit_lo * p.b_crit_hi)
-            rows.append(
-                {"step": p.step, "value": mid, "lo": p.b_crit_lo, "hi": p.b_crit_hi}
-                | {"quantity": BRACKET}
-            )
-        elif p.b_crit_lo is not None:
-            rows.append(
-                {"step": p.step, "value": p.b_crit_lo, "lo": p.b_crit_lo, "hi": None}
-                | {"quantity": LOWER}
-            )
+        local = local_mark(p)
+        if local is not None:
+            rows.append({"step": p.step} | local)
         at = _forecast_at(forecast, p.parent_loss)
         if at is not None:
             rows.append(

@@ -20,6 +20,7 @@ import pandas as pd
 
 from noisescope import RunBranches, RunSeries, RunSummary
 from noisescope_dashboard import _text
+from noisescope_dashboard._branches import BRACKET, LOCAL, LOWER, local_mark
 from noisescope_dashboard._charts._axes import (
     SCHEME,
     TALL,
@@ -49,9 +50,6 @@ TITLE_SEEN = "Across model sizes: B_simple and the local critical batch size aga
 #: Config keys read for a run's model size, first found wins; else the run's name.
 SIZE_KEYS = ("n_params", "model_size")
 B_SIMPLE = "B_simple (90% band)"
-LOCAL = "local B_crit (branches, 90%)"
-LOWER = "local B_crit above (all branches within ε)"
-BRACKET = "local B_crit between two batch sizes (the grid does not resolve it)"
 _SHAPES = {LOCAL: "circle", LOWER: "triangle-up", BRACKET: "diamond"}
 _COLUMNS = ["run", "size", "n_params", "units", "quantity", "loss", "examples", "value"]
 _COLUMNS += ["lo", "hi", "step"]
@@ -114,22 +112,10 @@ def marks(
         base = {"run": run.uid, "size": size_label(run), "n_params": _n_params(run)}
         base["units"] = answer.units
         for b in answer.points:
-            if b.b_crit is not None:
-                value, lo, hi, quantity = b.b_crit, b.b_crit_lo, b.b_crit_hi, LOCAL
-            elif b.b_crit_lo is not None and b.b_crit_hi is not None:
-                # a bracket: its span, the point at its middle in log B (no measurement)
-                mid = math.sqrt(b.b_crit_lo * b.b_crit_hi)
-                value, lo, hi, quantity = mid, b.b_crit_lo, b.b_crit_hi, BRACKET
-            elif b.b_crit_lo is not None:
-                value, lo, hi, quantity = b.b_crit_lo, b.b_crit_lo, None, LOWER
-            else:
-                continue
-            rows.append(
-                base
-                | {"quantity": quantity, "loss": b.parent_loss, "examples": b.parent_examples}
-                | {"value": value}
-                | {"lo": lo, "hi": hi, "step": b.step}
-            )
+            local = local_mark(b)
+            if local is not None:
+                at = {"loss": b.parent_loss, "examples": b.parent_examples, "step": b.step}
+                rows.append(base | at | local)
     frame = pd.DataFrame(rows, columns=_COLUMNS)
     for c in ("n_params", "loss", "examples", "value", "lo", "hi"):
         frame[c] = pd.to_numeric(frame[c], errors="coerce").astype(float)
