@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from noisescope.cli import build_parser, main
+from noisescope.cli import SERVER_COMMANDS, build_parser, main
 from noisescope_server import cli as server_cli
 from noisescope_server import db
 from noisescope_server.cli import bind_socket, dashboard_command, dashboard_env
@@ -294,6 +294,13 @@ def test_a_signal_to_noisescope_dashboard_stops_streamlit(sig: signal.Signals) -
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
+
+
+def test_the_server_commands_have_the_help_lines_shown_without_the_server_install() -> None:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    shown = {c.dest: c.help for c in sub._choices_actions}
+    assert {name: shown[name] for name in SERVER_COMMANDS} == SERVER_COMMANDS
+    assert set(shown) - set(SERVER_COMMANDS) == {"sync"}  # the client's own
 
 
 def test_dashboard_url_option_is_checked() -> None:

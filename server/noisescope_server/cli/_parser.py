@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from noisescope.cli import DEFAULT_DASHBOARD_PORT, DEFAULT_PORT, DEFAULT_URL, url_argument
+from noisescope.cli import (
+    DEFAULT_DASHBOARD_PORT,
+    DEFAULT_PORT,
+    DEFAULT_URL,
+    SERVER_COMMANDS,
+    url_argument,
+)
 from noisescope_server.cli._admin import (
     cmd_db_current,
     cmd_db_upgrade,
@@ -22,12 +28,13 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add up/server/dashboard/db/token to the ``noisescope`` parser."""
+    """Add up/server/dashboard/db/token to the ``noisescope`` parser, with the help lines the
+    client shows for them without the server install (``noisescope.cli.SERVER_COMMANDS``)."""
     up = _command(
         subparsers,
         "up",
         cmd_up,
-        "start the ingest server and the dashboard on a local SQLite database",
+        SERVER_COMMANDS["up"],
         "Zero-setup local mode: applies migrations to a SQLite file (default "
         "~/.noisescope/noisescope.db, or $NOISESCOPE_HOME), starts the ingest server and "
         "the dashboard (a client of the server's HTTP API) on 127.0.0.1 with auth off, and "
@@ -48,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         subparsers,
         "server",
         cmd_server,
-        "run the ingest/query HTTP server",
+        SERVER_COMMANDS["server"],
         "Run the HTTP server. For teams: PostgreSQL via --database-url, several --workers, "
         "--auth write, TLS at a reverse proxy (docs/deployment.md).",
     )
@@ -58,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         subparsers,
         "dashboard",
         cmd_dashboard,
-        "run the Streamlit dashboard",
+        SERVER_COMMANDS["dashboard"],
         "Run the Streamlit dashboard: runs, noise-scale charts and recommendations. It reads "
         "everything through a noisescope server's HTTP API, never the database, so it can "
         "run on any machine that reaches the server. Ctrl-C stops it.",
@@ -81,14 +88,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     dash.add_argument("--host", default="127.0.0.1", help="bind address (%(default)s)")
 
-    dbp = subparsers.add_parser("db", help="database maintenance (upgrade, current)")
+    dbp = subparsers.add_parser("db", help=SERVER_COMMANDS["db"])
     dbp.add_argument("--database-url", help="SQLAlchemy URL (default: $NOISESCOPE_DATABASE_URL)")
     dbsub = dbp.add_subparsers(dest="db_command", metavar="ACTION")
     dbsub.required = True
     _command(dbsub, "upgrade", cmd_db_upgrade, "apply migrations up to head")
     _command(dbsub, "current", cmd_db_current, "print the current and head revisions")
 
-    tok = subparsers.add_parser("token", help="create, list and revoke project API tokens")
+    tok = subparsers.add_parser("token", help=SERVER_COMMANDS["token"])
     tok.add_argument("--database-url", help="SQLAlchemy URL (default: $NOISESCOPE_DATABASE_URL)")
     toksub = tok.add_subparsers(dest="token_command", metavar="ACTION")
     toksub.required = True
