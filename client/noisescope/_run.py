@@ -74,8 +74,9 @@ class Run:
         parent_run_id: str | None = None,
         branch_step: int | None = None,
     ) -> None:
-        if units not in _wire.UNITS:
-            raise ValueError(f"units must be one of {_wire.UNITS}, got {units!r}")
+        problem = _wire.units_problem(units)
+        if problem is not None:
+            raise ValueError(problem)
         if run_id is not None:
             problem = _wire.run_id_problem(run_id)
             if problem is not None:  # it names a spool folder and a URL path segment

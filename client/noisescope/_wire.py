@@ -274,6 +274,13 @@ RUN_ID_PATTERN: Final = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
 _RUN_ID_RE: Final = re.compile(RUN_ID_PATTERN)
 
 
+def units_problem(units: object) -> str | None:
+    """Why ``units`` is not what a run's sizes can count (``UNITS``), or None when it is."""
+    if units in UNITS:
+        return None
+    return f"units must be {' or '.join(repr(u) for u in UNITS)}, got {units!r}"
+
+
 def run_id_problem(run_id: object) -> str | None:
     """Why ``run_id`` is not a valid run id, or None when it is (client and server both ask)."""
     if isinstance(run_id, str) and _RUN_ID_RE.fullmatch(run_id):

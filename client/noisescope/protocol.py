@@ -78,6 +78,7 @@ from noisescope._wire import (
     run_page_url,
     runs_path,
     samples_path,
+    units_problem,
 )
 
 __all__ = [
@@ -138,4 +139,5 @@ __all__ = [
     "run_page_url",
     "runs_path",
     "samples_path",
+    "units_problem",
 ]

@@ -297,6 +297,19 @@ def test_units_follow_the_run_and_mismatch_is_refused() -> None:
         GradientNoiseProbe(model, TokenSink(), source="micro", units="examples")
 
 
+def test_unknown_units_get_the_runs_message() -> None:
+    """One rule (``protocol.units_problem``) for the run, the probe and the framework callbacks."""
+    from noisescope.protocol import units_problem
+
+    said = "units must be 'examples' or 'tokens', got 'sequences'"
+    assert units_problem("sequences") == said and units_problem("tokens") is None
+    with pytest.raises(ValueError, match="units must be") as by_run:
+        noisescope.init(mode="disabled", units="sequences")
+    with pytest.raises(ValueError, match="units must be") as by_probe:
+        GradientNoiseProbe(_mlp(), ListSink(), units="sequences")  # type: ignore[arg-type]
+    assert str(by_run.value) == str(by_probe.value) == said
+
+
 def test_batchnorm_refuses_per_example() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     with pytest.raises(ValueError, match="BatchNorm"):

@@ -42,8 +42,8 @@ class _TrackingCallback:
         init_kwargs: dict[str, Any],
         branching: BranchOptions | None = None,
     ) -> None:
-        if units not in (None, "examples", "tokens"):
-            raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
+        if units is not None and (problem := _wire.units_problem(units)):
+            raise ValueError(problem)
         if small_batches not in ("all", "first"):
             raise ValueError(f"small_batches must be 'all' or 'first', got {small_batches!r}")
         self.run = run

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from noisescope._sink import Sink
+from noisescope._wire import UNITS, units_problem
 
 from . import _normalise, _rows, _torch_api
 from ._deepspeed import STEP_ORDER, EngineGrads
@@ -120,10 +121,10 @@ class GradientNoiseProbe:
             raise ValueError(f"source must be 'auto', 'micro' or 'per_example', got {source!r}")
         sink_units = getattr(sink, "units", None)
         if units is None:
-            units = sink_units if sink_units in ("examples", "tokens") else "examples"
-        if units not in ("examples", "tokens"):
-            raise ValueError(f"units must be 'examples' or 'tokens', got {units!r}")
-        if sink_units in ("examples", "tokens") and sink_units != units:
+            units = sink_units if sink_units in UNITS else "examples"
+        if problem := units_problem(units):
+            raise ValueError(problem)
+        if sink_units in UNITS and sink_units != units:
             raise ValueError(
                 f"the probe counts {units} but the run was started with units={sink_units!r}: "
                 "pass the same units to noisescope.init() and the probe"
