@@ -13,7 +13,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from noisescope import RunSummary, protocol
+from noisescope import RunSummary, TaskSummary, protocol
 from noisescope.estimators import (
     CURRENT_FRACTION,
     CURRENT_MAX_FACTOR,
@@ -154,6 +154,11 @@ def units_word(units: str, *, singular: bool = False) -> str:
     """ "examples"/"tokens" (or "example"/"token")."""
     word = "tokens" if units == "tokens" else "examples"
     return word[:-1] if singular else word
+
+
+def task_units(task: TaskSummary) -> str:
+    """What a task's batch sizes count: its runs' units ("examples" when it has no run yet)."""
+    return task.units[0] if task.units else "examples"
 
 
 def task_key(project: str, task: str) -> str:

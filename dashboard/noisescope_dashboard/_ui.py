@@ -17,9 +17,9 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from noisescope import AnswerError, ApiError, NotFoundError
+from noisescope import AnswerError, ApiError, NotFoundError, TaskSummary
 
-from . import _data
+from . import _data, _state, _text
 from ._text import md
 
 __all__ = [
@@ -108,6 +108,22 @@ def not_found(what: str, detail: str = "") -> None:
     """A page opened on something that does not exist: say so, name it, and stop."""
     st.error(f"{what} not found" + (f": {md(detail)}" if detail else "") + f". {_PICK_ANOTHER}")
     st.stop()
+
+
+def pick_task(tasks: Sequence[TaskSummary], *, container: Any = None) -> TaskSummary:
+    """The task in ``?task=project/task``, else the picker's (first in ``tasks``' order); a URL
+    naming no task, or a server with none, stops the page saying so."""
+    by_key = {_text.task_key(t.project, t.task): t for t in tasks}
+    wanted = st.query_params.get("task")
+    if wanted and wanted not in by_key:
+        not_found(f"Task {md(wanted)}", "no task of that name on this server")
+    key = _state.select(
+        "Task (project/task)", list(by_key), key="task", keep=True, container=container
+    )
+    if key is None:
+        st.info("No task yet: tasks appear once training runs post samples.")
+        st.stop()
+    return by_key[str(key)]
 
 
 def run_page(main: Callable[[_data.Source], None]) -> None:

@@ -124,20 +124,12 @@ def _results(report: CriticalBatchReport) -> None:
 def main(src: _data.Source) -> None:
     st.title("Critical batch size")
     tasks = sorted(_data.tasks(src), key=lambda t: (-len(t.batch_sizes), t.project, t.task))
-    keys = {_text.task_key(t.project, t.task): t for t in tasks}
-    wanted = st.query_params.get("task")
-    if wanted and wanted not in keys:
-        _ui.not_found(f"Task {md(wanted)}", "no task of that name on this server")
     left, right = st.columns([2, 1])
-    key = _state.select("Task (project/task)", list(keys), key="task", keep=True, container=left)
-    if key is None:
-        st.info("No task yet.")
-        st.stop()
-    summary = keys[str(key)]
+    summary = _ui.pick_task(tasks, container=left)
     loss = _state.select(
         "Loss", list(LOSSES), key="loss", format_func=LOSSES.__getitem__, container=right
     )
-    units = _text.units_word(summary.units[0] if summary.units else "examples")
+    units = _text.units_word(_text.task_units(summary))
     st.caption(
         md(
             f"{_text.plural(summary.n_runs, 'run')} at "

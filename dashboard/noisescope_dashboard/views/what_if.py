@@ -37,7 +37,7 @@ class Estimate:
 def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
     """The task's possible critical batch sizes, keyed as in ``?source=``."""
     out: dict[str, Estimate] = {}
-    units = _text.units_word(task.units[0] if task.units else "examples")
+    units = _text.units_word(_text.task_units(task))
     swept = len(task.batch_sizes) >= MIN_BATCH_SIZES
     targets = _data.critical_batch(src, task.project, task.task).targets if swept else []
     for t in targets:
@@ -89,15 +89,8 @@ def _batch_input(label: str, key: str, default: int, container: Any) -> int:
 
 def main(src: _data.Source) -> None:
     st.title("What-if")
-    tasks = {_text.task_key(t.project, t.task): t for t in _data.tasks(src)}
-    wanted = st.query_params.get("task")
-    if wanted and wanted not in tasks:
-        _ui.not_found(f"Task {md(wanted)}", "no task of that name on this server")
-    key = _state.select("Task (project/task)", list(tasks), key="task", keep=True)
-    if key is None:
-        st.stop()
-    task = tasks[str(key)]
-    units = task.units[0] if task.units else "examples"
+    task = _ui.pick_task(_data.tasks(src))
+    units = _text.task_units(task)
     word = _text.units_word(units)
     options = sources(src, task)
     if not options:
