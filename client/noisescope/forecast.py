@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from noisescope.estimators import LineFit, student_t_quantile, weighted_line_fit
+from noisescope.estimators import LineFit, check_level, student_t_quantile, weighted_line_fit
 
 __all__ = [
     "CriticalBatchForecast",
@@ -153,8 +153,7 @@ def fit_critical_batch_law(
     level: float = 0.9,
 ) -> CriticalBatchLaw:
     """Fit log B_crit = log B* + k log L (k = -1/α_B) to measurements at >= 3 distinct losses."""
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    check_level(level)
     n = len(losses)
     if len(b_crits) != n:
         raise ValueError("losses and b_crits must have the same length")

@@ -31,6 +31,7 @@ from noisescope.estimators import (
     NoiseSamples,
     NoiseScale,
     NoiseScaleInterval,
+    check_level,
     compute_waste,
     doubling_speedup,
     examples_ratio,
@@ -349,8 +350,7 @@ class NoiseTracker:
     """
 
     def __init__(self, run: Sink | None = None, *, level: float = 0.9) -> None:
-        if not 0.0 < level < 1.0:
-            raise ValueError(f"level must be in (0, 1), got {level}")
+        check_level(level)
         self.run = run
         self.level = level
         self.samples = NoiseSamples()

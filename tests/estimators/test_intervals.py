@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -284,3 +284,24 @@ def test_b_simple_and_reason_is_noise_scale_from_sums(g: float, s: float, n: int
 def test_b_simple_interval_checks_its_level() -> None:
     with pytest.raises(ValueError, match="level"):
         b_simple_interval([1.0, 1.0], [1.0, 1.0], [2.0, 2.0], level=1.0)
+
+
+@pytest.mark.parametrize("level", [0.0, 1.0, -0.5, 1.5, math.nan])
+def test_every_interval_refuses_a_level_outside_0_1_with_one_message(level: float) -> None:
+    from noisescope.estimators import fit_critical_batch, local_critical_batch
+    from noisescope.forecast import fit_critical_batch_law
+    from noisescope.recommend import NoiseTracker
+
+    said = f"level must be in (0, 1), got {level}"
+    calls: list[Callable[[], object]] = [
+        lambda: interval_from_blocks([8, 8], [1.0, 1.0], [2.0, 2.0], level=level),
+        lambda: b_simple_interval([8, 8], [1.0, 1.0], [2.0, 2.0], level=level),
+        lambda: fit_critical_batch([8, 16, 32], [100, 60, 40], level=level),
+        lambda: local_critical_batch([1, 2], [[1.0], [1.1]], level=level),
+        lambda: fit_critical_batch_law([1.0, 0.5, 0.25], [10.0, 20.0, 40.0], level=level),
+        lambda: NoiseTracker(level=level),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="level must be") as refused:
+            call()
+        assert str(refused.value) == said

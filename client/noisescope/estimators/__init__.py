@@ -85,7 +85,7 @@ from ._smoothing import (
     trailing_windows,
     training_loss_curve,
 )
-from ._stats import LineFit, student_t_quantile, weighted_line_fit
+from ._stats import LineFit, check_level, student_t_quantile, weighted_line_fit
 from ._two_batch import (
     EMA,
     NoiseScale,
@@ -135,6 +135,7 @@ __all__ = [
     "branch_mean_loss",
     "bucket_blocks",
     "bucket_noise_scales",
+    "check_level",
     "compute_waste",
     "current_noise_scale",
     "current_window",

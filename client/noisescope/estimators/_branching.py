@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._stats import student_t_quantile
+from ._stats import check_level, student_t_quantile
 
 # Continuations of one checkpoint at batch sizes b_0 < b_1 < ..., all trained on the same number
 # of examples, end at losses L(b). The local critical batch size is the largest batch whose loss
@@ -144,8 +144,7 @@ def local_critical_batch(
     per seed); the smallest batch size is the reference. See the block comment above for the
     rule and the interval.
     """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    check_level(level)
     problem = epsilon_problem(epsilon)
     if problem is not None:
         raise ValueError(problem)

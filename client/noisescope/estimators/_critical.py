@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._stats import fieller, weighted_line_fit
+from ._stats import check_level, fieller, weighted_line_fit
 
 
 def steps_ratio(batch_size: float, b_crit: float) -> float:
@@ -54,8 +54,7 @@ def fit_critical_batch(
     ratio, with Student-t quantiles on n - 2 degrees of freedom (the same construction as
     B_simple's interval).
     """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    check_level(level)
     if len(batch_sizes) != len(steps):
         raise ValueError("batch_sizes and steps must have the same length")
     n = len(batch_sizes)

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._stats import fieller, fieller_lower_bound, student_t_quantile
+from ._stats import check_level, fieller, fieller_lower_bound, student_t_quantile
 from ._two_batch import NoiseScale, _b_simple_rule, b_simple_and_reason
 
 # --- Confidence intervals over windows of steps ---------------------------------------------
@@ -192,8 +192,7 @@ def b_simple_interval(
     """``interval_from_blocks(...).b_simple``'s ends (lo, hi), or None where it has none: the
     same numbers without the |G|^2 and tr(Sigma) intervals and the objects, for the server's
     interval of each of thousands of buckets per series."""
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    check_level(level)
     n_total, m, g_mean, s_mean, var_g, var_s, cov_gs = _moments(
         block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks
     )
@@ -217,8 +216,7 @@ def interval_from_blocks(
     ``max_blocks`` blocks are merged first (``reblock``) so that the blocks are long compared with
     the step-to-step correlation. Needs at least 2 non-empty blocks.
     """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    check_level(level)
     mom = block_moments(block_n, block_sum_g_sq, block_sum_trace_sigma, max_blocks)
     n_total, m = mom.n, mom.n_blocks
     if m < 2:
