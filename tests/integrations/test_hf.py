@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import pytest
 import torch
 from torch import Tensor, nn
@@ -164,6 +165,35 @@ class DigitsDataset(torch.utils.data.Dataset[dict[str, Tensor]]):
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         return {"x": self.x[i], "labels": self.y[i]}
+
+
+def test_a_measurement_that_fails_stops_measuring_and_says_why_never_training(
+    server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measure = HuggingFaceCallback._step
+    calls = [0]
+
+    def breaks_at_the_second_step(self: HuggingFaceCallback, micro: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("probe broke")
+        measure(self, micro)
+
+    monkeypatch.setattr(HuggingFaceCallback, "_step", breaks_at_the_second_step)
+    callback = _callback(server, tmp_path, task="digits-mlp")
+    args = _args(tmp_path, gradient_accumulation_steps=2, max_steps=3)
+    trainer = Trainer(
+        model=MeanLossClassifier(), args=args, train_dataset=DigitsDataset(24), callbacks=[callback]
+    )
+    with pytest.warns(UserWarning, match="not measuring this run"):
+        trainer.train()
+    assert trainer.state.global_step == 3 and calls[0] == 2  # trained on, measured no more
+    assert callback.run is not None
+    assert len(stored_run(server, callback.run.id).samples) == 1
+    events = httpx.get(f"{server.url}/api/v1/runs/{callback.run.id}/events", timeout=30).json()
+    assert [e["payload"]["message"] for e in events if e["kind"] == "notice"] == [
+        "not measuring this run: measurement failed: RuntimeError('probe broke')"
+    ]
 
 
 def test_mean_loss_model_in_examples_with_a_short_last_cycle(

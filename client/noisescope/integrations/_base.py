@@ -6,10 +6,11 @@ what is specific to its framework (where it hooks in, how it counts items and na
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from torch import Tensor, nn
@@ -167,6 +168,15 @@ class _TrackingCallback:
             self.probe = None
         if self.run is not None and self._owns_run:
             self.run.finish(status)
+
+    @contextlib.contextmanager
+    def _or_disable(self, what: str) -> Iterator[None]:
+        """A hook's measuring part: an exception in it stops measuring this run (``_disable``,
+        saying ``what`` failed and how), never the training."""
+        try:
+            yield
+        except Exception as exc:
+            self._disable(f"{what}: {exc!r}")
 
     def _disable(self, reason: str) -> None:
         """Stop measuring this run, once, and say why (in the log and on the run's page):

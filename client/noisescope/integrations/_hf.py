@@ -300,7 +300,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             return
         if not (module.training and torch.is_grad_enabled()):
             return
-        try:
+        with self._or_disable("could not read the micro-batch"):
             labels = _first_tensor(kwargs.get("shift_labels"))
             shifted = labels is not None
             if labels is None:
@@ -321,8 +321,6 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             else:
                 count = labels.ne(_IGNORE_INDEX).sum()
             self._micro = _Micro(count, kwargs.get("num_items_in_batch"), None)
-        except Exception as exc:
-            self._disable(f"could not read the micro-batch: {exc!r}")
 
     def _after_forward(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -354,7 +352,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         probe = self.probe
         if probe is None or self._disabled is not None:
             return
-        try:
+        with self._or_disable("measurement failed"):
             count = float(micro.count)
             if count > 0:  # a micro-batch whose labels are all ignored adds nothing
                 grad_scale = None
@@ -369,8 +367,6 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             sync = True if self._gradient_state is None else self._gradient_state.sync_gradients
             if sync and self._n_micro > 0:
                 self._step(micro)
-        except Exception as exc:
-            self._disable(f"measurement failed: {exc!r}")
 
     def _step(self, micro: _Micro) -> None:
         assert self.probe is not None

@@ -154,13 +154,11 @@ class LightningCallback(_TrackingCallback, pl.Callback):
     ) -> None:
         if self._disabled is not None:
             return
-        try:
+        with self._or_disable("could not read the micro-batch"):
             fn = self.batch_size_fn or extract_batch_size
             self._batch_items = float(fn(batch))
             if self.probe is None:
                 self._start(trainer, pl_module, self._batch_items)
-        except Exception as exc:
-            self._disable(f"could not read the micro-batch: {exc!r}")
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor
@@ -171,7 +169,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         probe, items = self.probe, self._batch_items
         if probe is None or items is None or self._disabled is not None:
             return
-        try:
+        with self._or_disable("measurement failed"):
             automatic = pl_module.automatic_optimization
             k = float(trainer.accumulate_grad_batches)
             if automatic:
@@ -187,8 +185,6 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             self._batch_items = None
             if automatic and not _accumulating(trainer):
                 self._step(trainer)
-        except Exception as exc:
-            self._disable(f"measurement failed: {exc!r}")
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
@@ -200,10 +196,8 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         if scaler is not None and scaler.is_enabled():
             self._disable("manual optimization with fp16 AMP: gradients are un-scaled here")
             return
-        try:
+        with self._or_disable("measurement failed"):
             self._step(trainer)
-        except Exception as exc:
-            self._disable(f"measurement failed: {exc!r}")
 
     def on_train_batch_end(
         self,
