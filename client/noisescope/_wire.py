@@ -7,6 +7,7 @@ insert rate.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -272,6 +273,14 @@ assert not _table_problems(SAMPLE_FIELDS), _table_problems(SAMPLE_FIELDS)
 #: Ids name spool folders and URL path segments, so ``.``, ``..`` and hidden names are refused.
 RUN_ID_PATTERN: Final = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
 _RUN_ID_RE: Final = re.compile(RUN_ID_PATTERN)
+
+
+def finite_number(value: Any) -> float | None:
+    """A finite number read from a JSON payload or config, else None (booleans, text, NaN and
+    infinities are not numbers here): how every reader takes an event's or a config's value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def units_problem(units: object) -> str | None:

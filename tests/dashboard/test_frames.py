@@ -92,6 +92,19 @@ def test_event_marks_leave_out_evaluations_and_notices() -> None:
     assert evals.to_dict("records") == [{"step": 20, "loss": 0.4, "x": 20.0}]
 
 
+def test_evaluation_points_take_only_numbers_as_the_server_does() -> None:
+    """An ``eval`` event's loss (and examples) is read by ``protocol.finite_number``, the rule
+    the server's divergence and sweep use: booleans, text and non-finite values are no loss."""
+    losses: list[object] = [0.4, True, "0.3", math.nan, math.inf, None, 2]
+    events = [EventRow(i, "eval", {"loss": v}, float(i), i) for i, v in enumerate(losses)]
+    events.append(EventRow(9, "eval", {"loss": 0.2, "examples": False}, 9.0, 9))
+    points = pd.DataFrame({"step": [0.0, 10.0], "x": [0.0, 1000.0]})
+    evals = _frames.eval_points(events, points, "examples")
+    assert evals["step"].tolist() == [0, 6, 9]
+    assert evals["loss"].tolist() == [0.4, 2.0, 0.2]
+    assert evals["x"].tolist() == [0.0, 600.0, 900.0]  # examples=False: placed by its step
+
+
 @pytest.mark.parametrize(
     ("value", "text"),
     [(1860, "1,860"), (2.1e6, "2.1M"), (12, "12"), (18.5, "18.5"), (None, "—")],

@@ -9,6 +9,7 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
+from noisescope import protocol
 from noisescope_dashboard._charts._axes import (
     SCHEME,
     TALL,
@@ -53,7 +54,10 @@ def _events(events: pd.DataFrame | None, x: str, *, legend: bool) -> list[Any]:
     if data.empty:
         return []
     data = data.assign(
-        what=["batch-size change" if k == "batch_size" else "other event" for k in data["kind"]]
+        what=[
+            "batch-size change" if k == protocol.BATCH_SIZE_EVENT_KIND else "other event"
+            for k in data["kind"]
+        ]
     )
     base = alt.Chart(data)
     rule = (
@@ -75,8 +79,8 @@ def event_names(events: pd.DataFrame | None, x: str) -> list[str]:
     if events is None or events.empty:
         return []
     kinds = set(events.dropna(subset=[x])["kind"])
-    names = ["batch-size change"] if "batch_size" in kinds else []
-    return names + (["other event"] if kinds - {"batch_size"} else [])
+    names = ["batch-size change"] if protocol.BATCH_SIZE_EVENT_KIND in kinds else []
+    return names + (["other event"] if kinds - {protocol.BATCH_SIZE_EVENT_KIND} else [])
 
 
 def _b_simple_axes(

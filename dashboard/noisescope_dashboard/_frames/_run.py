@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from noisescope import EventRow, RunSeries
+from noisescope import EventRow, RunSeries, protocol
 from noisescope_dashboard import _text
 
 _SERIES_COLUMNS = [
@@ -86,7 +86,7 @@ def _x_of(
 
 def _event_label(event: EventRow) -> str:
     payload = event.payload
-    if event.kind == "batch_size" and "batch_size" in payload:
+    if event.kind == protocol.BATCH_SIZE_EVENT_KIND and "batch_size" in payload:
         old = payload.get("old_batch_size")
         new = _number_text(payload["batch_size"])
         return f"batch size {_number_text(old)} → {new}" if old is not None else f"batch size {new}"
@@ -102,7 +102,7 @@ def _number_text(value: Any) -> str:
 
 
 #: Event kinds that are not marks: evaluations are points on the loss chart, notices text.
-NOT_MARKS = ("eval", "notice")
+NOT_MARKS = (protocol.EVAL_EVENT_KIND, protocol.NOTICE_EVENT_KIND)
 
 
 def event_marks(
@@ -128,18 +128,13 @@ def eval_points(
     evals = [
         e
         for e in events
-        if e.kind == "eval"
-        and isinstance(e.payload.get("loss"), (int, float))
-        and math.isfinite(float(e.payload["loss"]))
+        if e.kind == protocol.EVAL_EVENT_KIND
+        and protocol.finite_number(e.payload.get("loss")) is not None
     ]
     placed = _x_of(evals, points, x, t0)
     if x == "examples":  # an evaluation that says where it was has the last word
-        placed = [
-            float(e.payload["examples"])
-            if isinstance(e.payload.get("examples"), (int, float))
-            else v
-            for e, v in zip(evals, placed, strict=True)
-        ]
+        said = [protocol.finite_number(e.payload.get("examples")) for e in evals]
+        placed = [v if s is None else s for s, v in zip(said, placed, strict=True)]
     return pd.DataFrame(
         {
             "step": [e.step for e in evals],

@@ -3,13 +3,13 @@ the project scope check, plain-tuple fetches and finite numbers from JSON."""
 
 from __future__ import annotations
 
-import math
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, select
 
 from noisescope import protocol
+from noisescope.protocol import finite_number as finite_number
 from noisescope_server.errors import Forbidden, NotFound
 from noisescope_server.models import Project, Run, Task
 from noisescope_server.utc import utcnow
@@ -77,13 +77,6 @@ def fetch_tuples(
     cursor = conn.execute(stmt, parameters).cursor
     assert cursor is not None
     return list(cursor.fetchall())
-
-
-def finite_number(value: Any) -> float | None:
-    """A finite number from a JSON payload or config (booleans, text and NaN are not)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 #: Evaluations a run needs for its evaluation curve to count (the sweep's and the run
