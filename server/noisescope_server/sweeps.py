@@ -51,11 +51,13 @@ def _learning_rate(config: dict[str, Any], buckets: Sequence[BucketSums]) -> flo
 
 
 def _train_curve(buckets: Sequence[BucketSums]) -> tuple[list[float], list[float]]:
+    """Each bucket's mean loss weighted by the samples that carried one, as the run list's
+    divergence check reads it (``queries._runs._diverged``)."""
     kept = [b for b in buckets if b.loss is not None]
     return training_loss_curve(
         [(b.step_lo + b.step) / 2.0 for b in kept],
         [float(b.loss) for b in kept if b.loss is not None],
-        [float(b.n) for b in kept],
+        [float(b.n_loss) for b in kept],
     )
 
 

@@ -5,6 +5,7 @@ read from its blocks."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from sqlalchemy import Engine, select
 
@@ -14,17 +15,19 @@ from noisescope_server.models import BLOCK_SIZE, SampleBlock
 from tests.server._data import columns, expected_sums
 
 
-def _engine_with_runs(db_url: str) -> tuple[Engine, dict[str, dict[str, list[float]]], int]:
+def _engine_with_runs(db_url: str) -> tuple[Engine, dict[str, dict[str, list[Any]]], int]:
     """Runs "a" (1000 samples) and "b" (300) in project p, "c" in project q; p's id."""
     engine = db.make_engine(db_url)
     db.upgrade(engine)
-    data: dict[str, dict[str, list[float]]] = {}
+    data: dict[str, dict[str, list[Any]]] = {}
     project_p = 0
     for uid, project, n in (("a", "p", 1000), ("b", "p", 300), ("c", "q", 200)):
         ref, _ = crud.upsert_run(engine, uid, crud.RunIn(project=project, task="t", batch_size=32))
         if project == "p":
             project_p = ref.project_id
         data[uid] = columns(n, seed=len(data))
+        if uid == "b":  # a run whose loss is logged on every third step only
+            data[uid]["loss"] = [v if i % 3 == 0 else None for i, v in enumerate(data[uid]["loss"])]
         crud.ingest_samples(engine, uid, crud.validate_samples({"columns": data[uid]}))
     return engine, data, project_p
 
@@ -45,6 +48,12 @@ def test_bucket_sums_are_exact_per_run_from_samples_and_from_blocks(db_url: str)
             assert math.isclose(sum(b.sum_g_sq for b in mine), g_total, rel_tol=1e-9)
             assert math.isclose(sum(b.sum_trace_sigma for b in mine), s_total, rel_tol=1e-9)
             assert mine[-1].step == cols["step"][-1]
+            # each bucket's loss is the mean over the samples that carried one, and says how many
+            assert sum(b.n_loss for b in mine) == sum(v is not None for v in cols["loss"])
+            losses = [v for v in cols["loss"] if v is not None]
+            assert math.isclose(
+                sum((b.loss or 0.0) * b.n_loss for b in mine), sum(losses), rel_tol=1e-9
+            )
             assert mine[-1].batch_size == 32.0
     # block buckets hold whole blocks of 64: their sample counts are multiples of it
     sample_counts = [b.n for b in from_blocks if b.run_uid == "a"]

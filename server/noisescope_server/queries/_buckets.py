@@ -49,6 +49,8 @@ class BucketSums:
     loss: float | None
     lr: float | None
     batch_size: float | None
+    #: The samples ``loss`` is the mean of (those that carried a loss).
+    n_loss: int = 0
 
 
 #: A run is read from the server's ``sample_block`` sums (``BLOCK_SIZE`` samples each; a
@@ -198,6 +200,7 @@ def bucket_sums(
                 (func.sum(rows.c.sum_loss) / func.nullif(func.sum(rows.c.n_loss), 0)).label("loss"),
                 (func.sum(rows.c.sum_lr) / func.nullif(func.sum(rows.c.n_lr), 0)).label("lr"),
                 func.max(rows.c.b_big_max).label("batch_size"),
+                func.coalesce(func.sum(rows.c.n_loss), 0).label("n_loss"),
             )
             .join(
                 stats,
@@ -216,7 +219,8 @@ def _opt(value: Any) -> float | None:
 
 def _bucket_sums(row: Any) -> BucketSums:
     """Plain Python numbers: PostgreSQL returns sums of integers as Decimal."""
-    uid, series, bucket, n, g_sq, trace_sigma, step_lo, step, examples, time, loss, lr, batch = row
+    uid, series, bucket, n, g_sq, trace_sigma, step_lo, step, examples, time, loss, lr = row[:12]
+    batch, n_loss = row[12:]
     return BucketSums(
         str(uid),
         str(series),
@@ -231,4 +235,5 @@ def _bucket_sums(row: Any) -> BucketSums:
         _opt(loss),
         _opt(lr),
         _opt(batch),
+        int(n_loss),
     )
