@@ -62,15 +62,23 @@ def _forecast_at(forecast: ForecastReport | None, loss: float | None) -> Any:
 
 
 def local_mark(point: BranchPointResult) -> dict[str, Any] | None:
-    """How a branch step's local B_crit is drawn: value, lo, hi and quantity (``LOCAL``, a
-    ``BRACKET`` at its middle in log B, or a ``LOWER`` bound); None when nothing is known."""
+    """How a branch step's local B_crit is drawn: value, lo, hi, quantity (``LOCAL``, a
+    ``BRACKET`` at its middle in log B, or a ``LOWER`` bound) and the interval's text for its
+    tooltip; None when nothing is known."""
     lo, hi = point.b_crit_lo, point.b_crit_hi
-    if point.b_crit is not None:
-        return {"value": point.b_crit, "lo": lo, "hi": hi, "quantity": LOCAL}
+    span = _text.interval(lo, hi)
+    if point.b_crit is not None:  # one seed: a number with no spread to measure
+        return {"value": point.b_crit, "lo": lo, "hi": hi, "quantity": LOCAL} | {
+            "interval": span or "unknown"
+        }
     if lo is not None and hi is not None:  # the span; its middle is no measurement
-        return {"value": math.sqrt(lo * hi), "lo": lo, "hi": hi, "quantity": BRACKET}
+        return {"value": math.sqrt(lo * hi), "lo": lo, "hi": hi, "quantity": BRACKET} | {
+            "interval": span
+        }
     if lo is not None:
-        return {"value": lo, "lo": lo, "hi": None, "quantity": LOWER}
+        return {"value": lo, "lo": lo, "hi": None, "quantity": LOWER} | {
+            "interval": f"above {_text.count(lo)}"
+        }
     return None
 
 
@@ -86,12 +94,9 @@ def marks(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFram
             rows.append(
                 {"step": p.step, "value": at.b_crit, "lo": at.b_crit_lo, "hi": at.b_crit_hi}
                 | {"quantity": SWEEP_EXTRAPOLATED if at.extrapolation else SWEEP}
+                | {"interval": _text.interval(at.b_crit_lo, at.b_crit_hi) or "unknown"}
             )
-    frame = pd.DataFrame(rows, columns=_COLUMNS[:-1])
-    frame["interval"] = [
-        _text.interval(lo, hi) or "unknown" for lo, hi in zip(frame["lo"], frame["hi"], strict=True)
-    ]
-    return frame
+    return pd.DataFrame(rows, columns=_COLUMNS)
 
 
 def curve(series: RunSeries) -> pd.DataFrame:
@@ -118,12 +123,12 @@ def _open_interval(lo: float | None, hi: float | None) -> str:
 
 def _local_text(p: Any) -> str:
     """A number, "between lo and hi" (a bracket: the grid does not resolve the crossing),
-    "> lo" (every batch within ε) or "–"."""
+    "> lo" (every batch within ε) or a dash."""
     if p.b_crit is not None:
         return _text.count(p.b_crit)
     if p.b_crit_lo is not None and p.b_crit_hi is not None:
         return f"between {_text.count(p.b_crit_lo)} and {_text.count(p.b_crit_hi)}"
-    return f"> {_text.count(p.b_crit_lo)}" if p.b_crit_lo is not None else "–"
+    return f"> {_text.count(p.b_crit_lo)}" if p.b_crit_lo is not None else _text.DASH
 
 
 def table(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFrame:
@@ -139,7 +144,7 @@ def table(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFram
                 "90% interval": _open_interval(p.b_crit_lo, p.b_crit_hi)
                 if p.b_crit is not None or p.b_crit_hi is not None
                 else "",
-                "sweep B_crit at this loss": "–"
+                "sweep B_crit at this loss": _text.DASH
                 if at is None
                 else _text.count(at.b_crit) + (" (extrapolated)" if at.extrapolation else ""),
                 "batch sizes": ", ".join(_text.count(b) for b in p.batch_sizes),

@@ -52,7 +52,7 @@ SIZE_KEYS = ("n_params", "model_size")
 B_SIMPLE = "B_simple (90% band)"
 _SHAPES = {LOCAL: "circle", LOWER: "triangle-up", BRACKET: "diamond"}
 _COLUMNS = ["run", "size", "n_params", "units", "quantity", "loss", "examples", "value"]
-_COLUMNS += ["lo", "hi", "step"]
+_COLUMNS += ["lo", "hi", "step", "interval"]
 
 
 def _n_params(run: RunSummary) -> float | None:
@@ -179,10 +179,6 @@ def chart(
             .encode(x=x_enc, y=y, color=color, detail="run:N", order="step:Q")
         )
     if not pts.empty:
-        pts["interval"] = [
-            _text.interval(lo, hi) or f"above {_text.count(lo)}"
-            for lo, hi in zip(pts["lo"], pts["hi"], strict=True)
-        ]
         tip = [
             alt.Tooltip("size:N", title="model size"),
             alt.Tooltip("quantity:N", title=" "),

@@ -106,6 +106,7 @@ def test_marks_and_table_say_why_when_there_is_no_number() -> None:
     answer = RunBranches(str(uuid.uuid4()), "examples", [empty], None, None, "too few")
     frame = _branches.marks(answer, None)
     assert list(frame["quantity"]) == [_branches.LOWER] and list(frame["value"]) == [16.0]
+    assert list(frame["interval"]) == ["above 16"]  # the tooltip says what is known
     row = _branches.table(answer, None).iloc[0]
     assert row["local B_crit"] == "> 16" and "stayed within" in row["note"]
 
@@ -136,6 +137,12 @@ def test_a_bracket_is_drawn_and_written_as_its_two_grid_points() -> None:
     frame = _branches.marks(answer, None)
     assert list(frame["quantity"]) == [_branches.BRACKET, _branches.LOCAL]
     assert list(frame["lo"]) == [16.0, 32.0] and list(frame["hi"]) == [32.0, 64.0]
+    assert list(frame["interval"]) == ["16 – 32", "32 – 64"]
+    one_seed = replace(number, b_crit_lo=None, b_crit_hi=None, seeds=1)
+    mark = _branches.local_mark(one_seed)
+    assert (
+        mark is not None and mark["interval"] == "unknown" and mark["quantity"] == _branches.LOCAL
+    )
     assert 16.0 < frame["value"][0] < 32.0  # drawn across its span, never at 16.3
     rows = _branches.table(answer, None)
     assert list(rows["local B_crit"]) == ["between 16 and 32", "40"]
