@@ -57,13 +57,13 @@ def _student_t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
-@functools.lru_cache(maxsize=1024)  # pure; the server calls it once per bucket (2000/query)
 def check_level(level: float) -> None:
     """Refuse a confidence ``level`` outside (0, 1) (nan included): every interval's rule."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
 
 
+@functools.lru_cache(maxsize=1024)  # pure; the server calls it once per bucket (2000/query)
 def student_t_quantile(p: float, df: float) -> float:
     """Quantile of Student's t with ``df`` degrees of freedom (pure Python, ~1e-10 accurate)."""
     if not 0.0 < p < 1.0:
