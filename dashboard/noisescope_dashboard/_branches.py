@@ -67,7 +67,7 @@ def local_mark(point: BranchPointResult) -> dict[str, Any] | None:
     tooltip; None when nothing is known."""
     lo, hi = point.b_crit_lo, point.b_crit_hi
     span = _text.interval(lo, hi)
-    if point.b_crit is not None:  # one seed: a number with no spread to measure
+    if point.b_crit is not None:  # without an interval when one seed left no spread to measure
         return {"value": point.b_crit, "lo": lo, "hi": hi, "quantity": LOCAL} | {
             "interval": span or "unknown"
         }
