@@ -50,7 +50,7 @@ class BucketSums:
     lr: float | None
     batch_size: float | None
     #: The samples ``loss`` is the mean of (those that carried a loss).
-    n_loss: int = 0
+    n_loss: int
 
 
 #: A run is read from the server's ``sample_block`` sums (``BLOCK_SIZE`` samples each; a
@@ -219,8 +219,8 @@ def _opt(value: Any) -> float | None:
 
 def _bucket_sums(row: Any) -> BucketSums:
     """Plain Python numbers: PostgreSQL returns sums of integers as Decimal."""
-    uid, series, bucket, n, g_sq, trace_sigma, step_lo, step, examples, time, loss, lr = row[:12]
-    batch, n_loss = row[12:]
+    (uid, series, bucket, n, g_sq, trace_sigma, step_lo, step, examples, time, loss, lr, batch,
+     n_loss) = row  # fmt: skip
     return BucketSums(
         str(uid),
         str(series),
