@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _cli
 from noisescope import Settings
 
 #: The client's samples per POST (``batch_max``), for the stage costs and the pre-encoded rate.
@@ -239,6 +240,4 @@ def run(quick: bool) -> str:
 
 
 if __name__ == "__main__":
-    from benchmarks._cli import main
-
-    sys.exit(main("benchmarks.client_cpu", __doc__, run))
+    sys.exit(_cli.main("benchmarks.client_cpu", __doc__, run))

@@ -29,6 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _cli
+
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "_client_child.py"
 BASELINE_ENV = "NOISESCOPE_BENCH_BASELINE"
@@ -173,6 +175,4 @@ def run(quick: bool) -> str:
 
 
 if __name__ == "__main__":
-    from benchmarks._cli import main
-
-    sys.exit(main("benchmarks.client_versions", __doc__, run))
+    sys.exit(_cli.main("benchmarks.client_versions", __doc__, run))

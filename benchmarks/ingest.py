@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 import requests
 
+from benchmarks import _cli
 from benchmarks._venv import competitor_python
 from noisescope import _wire
 from noisescope_server.models import SAMPLE_COLUMNS
@@ -662,6 +663,4 @@ def run(quick: bool) -> str:
 
 
 if __name__ == "__main__":
-    from benchmarks._cli import main
-
-    sys.exit(main("benchmarks.ingest", __doc__, run))
+    sys.exit(_cli.main("benchmarks.ingest", __doc__, run))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _cli
 from benchmarks._meter import Meter, NoiseGauge, metered
 from tests.support.trainers import QUIET_HF, QUIET_LIGHTNING
 
@@ -383,7 +384,8 @@ def _alternating(fn: StepTimes, cfg: dict[str, Any], spool: Path, meter: Meter) 
     return ratios
 
 
-def render(results: dict[str, Any], quick: bool) -> str:
+def run(quick: bool) -> str:
+    results = collect(quick)
     configs = results["configs"]
     cfg = next(iter(configs.values()))
     sizes = ", ".join(
@@ -431,11 +433,5 @@ def render(results: dict[str, Any], quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(quick: bool) -> str:
-    return render(collect(quick), quick)
-
-
 if __name__ == "__main__":
-    from benchmarks._cli import main
-
-    sys.exit(main("benchmarks.integrations", __doc__, run))
+    sys.exit(_cli.main("benchmarks.integrations", __doc__, run))

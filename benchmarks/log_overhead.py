@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import noisescope
+from benchmarks import _cli
 from benchmarks._log_competitors import percentiles
 from benchmarks._venv import PINS, competitor_python
 from noisescope import Request, Response
@@ -203,7 +204,8 @@ def collect(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def render(rows: list[dict[str, Any]], quick: bool) -> str:
+def run(quick: bool) -> str:
+    rows = collect(quick)
     ours = next(r for r in rows if r["name"].startswith("noisescope `run.log_sample"))
     others = [
         r for r in rows if "error" not in r and not r["name"].startswith(("noisescope", "bare"))
@@ -257,11 +259,5 @@ def render(rows: list[dict[str, Any]], quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(quick: bool) -> str:
-    return render(collect(quick), quick)
-
-
 if __name__ == "__main__":
-    from benchmarks._cli import main
-
-    sys.exit(main("benchmarks.log_overhead", __doc__, run))
+    sys.exit(_cli.main("benchmarks.log_overhead", __doc__, run))

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 from torch.multiprocessing.spawn import start_processes
 from torch.nn import functional as F
 
+from benchmarks import _cli
 from benchmarks._meter import Meter, NoiseGauge, metered
 from experiments.tasks import TransformerBlock
 from noisescope.torch import GradientNoiseProbe, _per_example
@@ -605,6 +606,4 @@ def run(quick: bool = False) -> str:
 
 
 if __name__ == "__main__":
-    from benchmarks._cli import main
-
-    sys.exit(main("benchmarks.probe_overhead", __doc__, run))
+    sys.exit(_cli.main("benchmarks.probe_overhead", __doc__, run))

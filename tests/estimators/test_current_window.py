@@ -7,13 +7,8 @@ import random
 
 import pytest
 
+from noisescope import estimators
 from noisescope.estimators import (
-    CURRENT_FRACTION,
-    CURRENT_MAX_FACTOR,
-    CURRENT_MAX_FRACTION,
-    CURRENT_MAX_REL_WIDTH,
-    CURRENT_MIN_BLOCK,
-    CURRENT_MIN_SAMPLES,
     NoiseSamples,
     current_window,
     interval_from_blocks,
@@ -31,19 +26,19 @@ def noisy_steps(
 
 
 def test_below_the_minimum_there_is_no_number_and_the_reason_says_why() -> None:
-    k, window = current_window(*noisy_steps(CURRENT_MIN_SAMPLES - 1, 50.0, 0.01))
+    k, window = current_window(*noisy_steps(estimators.CURRENT_MIN_SAMPLES - 1, 50.0, 0.01))
     assert k == 0
     assert window.b_simple is None and window.lower_bound is None
     reason = window.interval.reason
     assert reason is not None
-    assert f"{CURRENT_MIN_SAMPLES - 1} samples so far" in reason
-    assert str(CURRENT_MIN_SAMPLES) in reason
+    assert f"{estimators.CURRENT_MIN_SAMPLES - 1} samples so far" in reason
+    assert str(estimators.CURRENT_MIN_SAMPLES) in reason
 
 
 def test_a_quiet_run_uses_its_most_recent_fraction() -> None:
     n = 5000
     k, window = current_window(*noisy_steps(n, 50.0, 0.05))
-    assert k == math.ceil(CURRENT_FRACTION * n)
+    assert k == math.ceil(estimators.CURRENT_FRACTION * n)
     assert window.b_simple == pytest.approx(50.0, rel=0.05)
     assert window.limit is None
     # it is exactly the block interval of those last k samples
@@ -54,14 +49,18 @@ def test_a_quiet_run_uses_its_most_recent_fraction() -> None:
 def test_a_noisy_steady_run_grows_its_window_until_the_interval_is_narrow_enough() -> None:
     n = 20_000
     k, window = current_window(*noisy_steps(n, 50.0, 12.0, seed=3))
-    assert math.ceil(CURRENT_FRACTION * n) < k <= math.ceil(CURRENT_MAX_FRACTION * n)
+    assert (
+        math.ceil(estimators.CURRENT_FRACTION * n)
+        < k
+        <= math.ceil(estimators.CURRENT_MAX_FRACTION * n)
+    )
     b_iv = window.interval.b_simple
     assert b_iv is not None
-    assert b_iv.hi - b_iv.lo <= CURRENT_MAX_REL_WIDTH * b_iv.value
+    assert b_iv.hi - b_iv.lo <= estimators.CURRENT_MAX_REL_WIDTH * b_iv.value
     # the half-size window was still too wide: the rule takes the smallest that is not
     n_b, g, s = noisy_steps(n, 50.0, 12.0, seed=3)
     half = interval_from_blocks(n_b[-(k // 2) :], g[-(k // 2) :], s[-(k // 2) :]).b_simple
-    assert half is None or half.hi - half.lo > CURRENT_MAX_REL_WIDTH * half.value
+    assert half is None or half.hi - half.lo > estimators.CURRENT_MAX_REL_WIDTH * half.value
 
 
 def test_the_window_never_reaches_back_across_a_change_of_regime() -> None:
@@ -89,7 +88,7 @@ def test_a_run_whose_gradient_is_all_noise_gives_a_lower_bound_from_its_recent_h
     g_sq = [rng.gauss(0.01, 1.0) for _ in range(n)]
     trace_sigma = [100.0 + rng.gauss(0, 10.0) for _ in range(n)]
     k, window = current_window([1.0] * n, g_sq, trace_sigma)
-    assert k <= math.ceil(CURRENT_MAX_FRACTION * n)  # the cap, not the whole run
+    assert k <= math.ceil(estimators.CURRENT_MAX_FRACTION * n)  # the cap, not the whole run
     assert window.b_simple is None
     bound = window.lower_bound
     assert bound is not None and bound > 0 and window.point == bound
@@ -122,7 +121,7 @@ def test_blocks_count_by_their_samples() -> None:
     g = [64.0] * blocks
     s = [64.0 * 30] * blocks
     k, window = current_window(n_b, g, s)
-    assert k == math.ceil(CURRENT_FRACTION * blocks * 64 / 64)
+    assert k == math.ceil(estimators.CURRENT_FRACTION * blocks * 64 / 64)
     assert window.b_simple == pytest.approx(30.0)
 
 
@@ -151,9 +150,11 @@ def test_a_number_is_stated_only_within_a_factor_two_else_its_lower_end() -> Non
     """A short run whose interval spans more than 2x either side of its value: the answer is
     the interval's lower end as a bound, never the point it cannot vouch for."""
     n_b, g, s = noisy_steps(64, 50.0, 2.0, seed=1)
-    measured = interval_from_blocks(n_b, g, s, max_blocks=64 // CURRENT_MIN_BLOCK).b_simple
+    measured = interval_from_blocks(
+        n_b, g, s, max_blocks=64 // estimators.CURRENT_MIN_BLOCK
+    ).b_simple
     assert measured is not None
-    assert measured.hi > CURRENT_MAX_FACTOR * measured.value  # too wide to state
+    assert measured.hi > estimators.CURRENT_MAX_FACTOR * measured.value  # too wide to state
     _, window = current_window(n_b, g, s)
     assert window.b_simple is None
     assert window.lower_bound == measured.lo
