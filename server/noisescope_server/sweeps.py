@@ -142,15 +142,18 @@ def critical_batch(
         if batch is None or batch <= 0:
             logged = [b.batch_size for b in mine if b.batch_size is not None]
             batch = max(logged) if logged else None
-        reason = None
+        out: tuple[sweep.ExclusionKind, str] | None = None
         if str(r.units) != units:
-            reason = f"counts {r.units}, the task's other runs count {units}"
+            out = "units", f"counts {r.units}, the task's other runs count {units}"
         elif batch is None:
-            reason = "no batch size: pass batch_size= to noisescope.init"
+            out = "no_batch_size", "no batch size: pass batch_size= to noisescope.init"
         elif int(r.id) in changed:
-            reason = "its batch size changed during the run; a sweep needs one batch size per run"
-        if reason is not None:
-            excluded.append(sweep.ExcludedRun(str(r.uid), str(r.name), reason))
+            out = (
+                "batch_size_changed",
+                "its batch size changed during the run; a sweep needs one batch size per run",
+            )
+        if out is not None:
+            excluded.append(sweep.ExcludedRun(str(r.uid), str(r.name), *out))
             continue
         candidates.append((r, float(batch), mine))  # type: ignore[arg-type]
 
@@ -178,14 +181,21 @@ def critical_batch(
             points = evals.get(int(r.id), [])
             if len(points) < MIN_EVALS:
                 excluded.append(
-                    sweep.ExcludedRun(str(r.uid), str(r.name), "fewer than 2 evaluation losses")
+                    sweep.ExcludedRun(
+                        str(r.uid),
+                        str(r.name),
+                        "too_few_evaluations",
+                        f"fewer than {MIN_EVALS} evaluation losses",
+                    )
                 )
                 continue
             steps, losses = [p[0] for p in points], [p[1] for p in points]
         else:
             steps, losses = _train_curve(mine)
             if not steps:
-                excluded.append(sweep.ExcludedRun(str(r.uid), str(r.name), "logged no loss"))
+                excluded.append(
+                    sweep.ExcludedRun(str(r.uid), str(r.name), "no_loss", "logged no loss")
+                )
                 continue
         sweep_runs.append(
             sweep.SweepRun(

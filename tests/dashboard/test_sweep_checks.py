@@ -8,6 +8,7 @@ import uuid
 
 import httpx
 import pandas as pd
+import streamlit as st
 
 from noisescope import Api
 from noisescope_dashboard import _frames, _text
@@ -69,3 +70,19 @@ def test_compare_tasks_leaves_a_diverged_run_off_the_loss_axis_and_says_so(
         at.checkbox(key="divloss").check().run()
         drawn = pd.concat(chart_data(at)["B_simple against loss"])
         assert set(drawn["run"].dropna()) == {good.uid, blown.uid}
+        # the Critical batch page lists a sweep's left-out runs under "Runs left out", and says
+        # why only when one diverged
+        three = make_sweep(200.0, (64, 256, 1024), lrs=((0.3, 1.0),))
+        again = [dataclasses.replace(r, uid=uuid.uuid4().hex) for r in (*three, three[0])]
+        post(client, three, project=project, task="sweep")
+        post(client, [_BlowUp(**dataclasses.asdict(again.pop()))], project=project, task="sweep")
+        post(client, again, project=project, task="units")
+        tokens = uuid.uuid4().hex
+        body = {"project": project, "task": "units", "batch_size": 4096, "units": "tokens"}
+        assert client.put(f"/api/v1/runs/{tokens}", json=body).status_code == 201
+        st.cache_data.clear()  # the task list read before these runs came
+        for task, diverged in (("sweep", True), ("units", False)):
+            at = make_app(server.url, "critical_batch", task=f"{project}/{task}")
+            assert "Runs left out" in [h.value for h in at.subheader]
+            notes = "\n".join(c.value for c in at.caption)
+            assert ("Runs whose loss diverged" in notes) is diverged, task

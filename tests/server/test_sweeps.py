@@ -82,6 +82,7 @@ def test_targets_can_be_given_and_the_loss_source_forced(
     report = critical(client, sweep_project, "train", loss="eval")
     assert len(report["excluded"]) == len(BATCHES) * 3 * 2
     assert {e["reason"] for e in report["excluded"]} == {"fewer than 2 evaluation losses"}
+    assert {e["kind"] for e in report["excluded"]} == {"too_few_evaluations"}
     assert any("3 or more" in w for w in report["warnings"])
 
 
@@ -101,6 +102,8 @@ def test_runs_that_cannot_be_on_the_curve_are_left_out_with_their_reason(
     reasons = {e["uid"]: e["reason"] for e in report["excluded"]}
     assert "batch size changed" in reasons[changed]
     assert "tokens" in reasons[tokens]
+    kinds = {e["uid"]: e["kind"] for e in report["excluded"]}
+    assert kinds == {changed: "batch_size_changed", tokens: "units"}
     assert report["batch_sizes"] == [128.0, 512.0]
     for t in report["targets"]:  # two batch sizes left: warnings, no confident number
         assert not t["determined"]
@@ -153,6 +156,7 @@ def test_diverged_runs_edges_of_the_grid_and_single_seeds_are_said_by_the_api(
     (out,) = report["excluded"]
     assert out["uid"] == blow_up.uid
     assert out["reason"].startswith("diverged: its loss rose from")
+    assert out["kind"] == "diverged"
     (said,) = [w for w in report["warnings"] if "diverged" in w]
     assert f"1 of {len(runs) + 1} runs diverged" in said and "B512-lr3" in said
     assert report["targets"]

@@ -123,7 +123,7 @@ def test_a_diverged_run_is_left_out_of_the_frontier_and_named_with_its_rise() ->
     runs = [*_clean(), _diverged_run()]
     report = sweep.analyse(runs, loss_source="eval")
     (out,) = report.excluded
-    assert out.uid == "blowup" and out.name == "B16-lr3"
+    assert (out.uid, out.name, out.kind) == ("blowup", "B16-lr3", "diverged")
     assert out.reason.startswith("diverged: its loss rose from 0.5")
     (said,) = [w for w in report.warnings if "diverged" in w]
     assert "1 of 37 runs diverged" in said and "left out of the frontier" in said

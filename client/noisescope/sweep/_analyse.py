@@ -252,7 +252,7 @@ def analyse(
         else:
             runs = [r for r in grid if r.uid not in blown]
             left_out += [
-                ExcludedRun(r.uid, r.name, f"diverged: {blown[r.uid]}")
+                ExcludedRun(r.uid, r.name, "diverged", f"diverged: {blown[r.uid]}")
                 for r in grid
                 if r.uid in blown
             ]

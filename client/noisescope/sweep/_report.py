@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 LossSource = Literal["eval", "train"]
+#: Why a run is left out of a sweep (``ExcludedRun.kind``); ``reason`` says it in words.
+ExclusionKind = Literal[
+    "units", "no_batch_size", "batch_size_changed", "too_few_evaluations", "no_loss", "diverged"
+]
 
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -137,10 +141,12 @@ class TargetResult:
 
 @dataclass(frozen=True)
 class ExcludedRun:
-    """A run the analysis left out, and why (e.g. its batch size changed, or it diverged)."""
+    """A run the analysis left out: ``kind`` says why for code (e.g. ``"diverged"``),
+    ``reason`` for people, with the run's own numbers."""
 
     uid: str
     name: str
+    kind: ExclusionKind
     reason: str
 
 

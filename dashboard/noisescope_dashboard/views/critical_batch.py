@@ -113,7 +113,7 @@ def _results(report: CriticalBatchReport) -> None:
     if report.excluded:
         st.subheader("Runs left out", anchor=False)
         _ui.table([{"run": e.name, "why": e.reason} for e in report.excluded])
-        if any(e.reason.startswith("diverged") for e in report.excluded):
+        if any(e.kind == "diverged" for e in report.excluded):
             st.caption(
                 "Runs whose loss diverged (it ended far above its minimum, or was not finite) "
                 "are left out of the frontier and of the default targets: their learning rate "
