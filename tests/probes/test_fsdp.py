@@ -13,7 +13,7 @@ examples stated in ``TRUTH``) give |G|^2, tr(Sigma), B_simple within 3% of the c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -43,19 +43,24 @@ SCALED = [("micro", 2), ("per_example", 1)]
 COMPILED = [("micro", 2), ("per_example", 1)]
 
 
+#: How a ``_train`` run differs from the plain one: a scaled loss, the deferred readout, or
+#: the probe made inside the first forward.
+Variant = Literal["plain", "scaled", "deferred", "made_in_forward"]
+
+
 def _train(
     rank: int,
     source: str,
-    d: int,
     k: int,
-    steps: int,
-    b: int,
-    scaled: bool = False,
-    readout: str = "auto",
-    made_in_forward: bool = False,
+    variant: Variant = "plain",
+    *,
+    d: int = EXACT["d"],
+    steps: int = EXACT["steps"],
+    b: int = EXACT["b"],
 ) -> dict[str, Any]:
     p, w = _problem(d)
-    scaler = torch.amp.GradScaler("cpu", init_scale=256.0, enabled=scaled)
+    made_in_forward = variant == "made_in_forward"
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0, enabled=variant == "scaled")
     model = lsq_model(p, w)
     # shard the weight's input dimension: both ranks hold half of it
     fully_shard(model, shard_placement_fn=lambda _param: Shard(1))
@@ -67,7 +72,7 @@ def _train(
             sink,
             source="auto" if source == "micro" else source,  # type: ignore[arg-type]
             scaler=scaler,
-            readout=readout,  # type: ignore[arg-type]
+            readout="deferred" if variant == "deferred" else "auto",
         )
 
     probes: list[GradientNoiseProbe] = []
@@ -125,22 +130,13 @@ def _mlp_steps(rank: int, source: str, k: int, compiled: bool, probe: bool) -> d
 
 
 def _work(rank: int) -> dict[str, Any]:
-    result = {
-        f"exact_{source}_{k}": _train(rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"])
-        for source, k in PHASES
-    }
+    result = {f"exact_{source}_{k}": _train(rank, source, k) for source, k in PHASES}
     for source, k in SCALED:
-        result[f"exact_{source}_{k}_scaled"] = _train(
-            rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], scaled=True
-        )
+        result[f"exact_{source}_{k}_scaled"] = _train(rank, source, k, "scaled")
     for source, k in SCALED:  # deferred readout: the same samples
-        result[f"exact_{source}_{k}_deferred"] = _train(
-            rank, source, EXACT["d"], k, EXACT["steps"], EXACT["b"], readout="deferred"
-        )
+        result[f"exact_{source}_{k}_deferred"] = _train(rank, source, k, "deferred")
     # the probe made inside the first forward, whose module owns the weight
-    result["exact_micro_2_made_in_forward"] = _train(
-        rank, "micro", EXACT["d"], 2, EXACT["steps"], EXACT["b"], made_in_forward=True
-    )
+    result["exact_micro_2_made_in_forward"] = _train(rank, "micro", 2, "made_in_forward")
     for source, k in COMPILED:
         variants = [(False, True), (True, True)] + ([(True, False)] if source == "micro" else [])
         for compiled, probe in variants:
@@ -149,7 +145,7 @@ def _work(rank: int) -> dict[str, Any]:
                 rank, source, k, compiled, probe
             )
     for name, (source, k, steps, b) in TRUTH.items():
-        result[f"truth_{name}"] = _train(rank, source, 32, k, steps, b)
+        result[f"truth_{name}"] = _train(rank, source, k, d=32, steps=steps, b=b)
     return result
 
 
