@@ -123,7 +123,6 @@ def compare_section(
                     colours=colours,
                 ),
                 drawn,
-                title=title,
                 name=f"{key}_b_simple_vs_{name}_{word}",
                 caption=caption,
             )

@@ -217,14 +217,17 @@ def chart_with_downloads(
     chart: Any,
     frame: pd.DataFrame,
     *,
-    title: str,
     name: str,
     caption: str | None = None,
     stretch: bool = True,
 ) -> None:
-    """A titled chart (the title above it, where it wraps instead of being clipped) with PNG
-    (rendered offline by vl-convert, on click) and CSV downloads of the data drawn, as
-    ``name.png`` and ``name.csv``; ``name`` (unique on its page) also keys the widgets."""
+    """A titled chart with PNG (rendered offline by vl-convert, on click) and CSV downloads of
+    the data drawn, as ``name.png`` and ``name.csv``; ``name`` (unique on its page) also keys
+    the widgets. The title is the chart's own ``description`` (every ``_charts`` builder sets
+    it), shown above the chart, where it wraps instead of being clipped."""
+    title = chart.description
+    if not isinstance(title, str):
+        raise TypeError("the chart has no description to title it with: build it with _charts")
     st.subheader(title, anchor=False)
     if caption:
         st.caption(caption)

@@ -76,6 +76,8 @@ def test_app_navigates_all_pages(make_app: MakeApp, server: str) -> None:
         at.switch_page(f"views/{page}.py").run()
         assert not at.exception, (page, at.exception)
         assert at.title[0].value == title
+        # a chart's title on the page is its description (for screen readers and the PNG)
+        assert set(charts(at)) <= {h.value for h in at.subheader}, page
 
 
 # --- Runs --------------------------------------------------------------------------------
@@ -314,7 +316,9 @@ def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api
     assert "vision/digits" in by_chart["B_simple against B_crit across tasks in examples"]
     assert "nlp/lm-sweep" in by_chart["B_simple against B_crit across tasks in tokens"]
     subheaders = [s.value for s in at.subheader]
-    assert "Tasks in examples" in subheaders and "Tasks in tokens" in subheaders
+    assert {f"B_simple against B_crit across tasks in {u}" for u in ("examples", "tokens")} <= set(
+        subheaders
+    )
     left_out = at.dataframe[0].value
     assert set(left_out["task"]) == {"nlp/lm", f"vision/{HOSTILE_TASK}"}
     assert "B_simple against loss — tasks in tokens" in [s.value for s in at.subheader]
@@ -351,6 +355,10 @@ def test_critical_batch_page_renders_the_report(make_app: MakeApp, server: str) 
     assert set(points["frontier"]) == {True, False}  # the fit's runs and the others
     versus = charts(at)["B_crit against loss, beside B_simple at the same loss"]
     assert _layer_marks(versus) == ["rule", "line"]
+    # a sweep in tokens says tokens, in its title above the chart and in the chart's own
+    at = make_app(server, "critical_batch", task="nlp/lm-sweep")
+    assert "Steps and tokens to reach each loss target" in charts(at)
+    assert "Steps and tokens to reach each loss target" in [h.value for h in at.subheader]
 
 
 def test_critical_batch_targets_live_in_the_url(make_app: MakeApp, server: str) -> None:

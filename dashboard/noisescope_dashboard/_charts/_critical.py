@@ -67,7 +67,7 @@ def sweep_chart(points: pd.DataFrame, curves: pd.DataFrame, *, units: str) -> al
         .mark_point(filled=True, size=80)
         .encode(x=x, y=y, color=color, tooltip=tip),
     ]
-    return finish(alt.layer(*layers), "Steps and examples to reach each loss target", TALL)
+    return finish(alt.layer(*layers), f"Steps and {units} to reach each loss target", TALL)
 
 
 def _error_layers(
@@ -117,7 +117,11 @@ def bcrit_vs_loss_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerChart:
 
 
 def b_simple_vs_b_crit_chart(
-    frame: pd.DataFrame, *, units: str, colours: Mapping[str, str] | None = None
+    frame: pd.DataFrame,
+    *,
+    units: str,
+    title: str,
+    colours: Mapping[str, str] | None = None,
 ) -> alt.LayerChart:
     """B_simple against B_crit across tasks (McCandlish et al., Fig. 5): one point per task and
     loss target, error bars on both axes, the line y = x for reference.
@@ -174,6 +178,6 @@ def b_simple_vs_b_crit_chart(
         alt.layer(*layers).properties(
             width=SQUARE,
             height=SQUARE,
-            description=f"B_simple against B_crit across tasks in {units}",
+            description=title,
         ),
     )

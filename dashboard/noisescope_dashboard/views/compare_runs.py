@@ -74,7 +74,6 @@ def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
         _ui.chart_with_downloads(
             _sizes.chart(part, units=str(unit), x=x, title=title, log_x=log_x),
             part,
-            title=title,
             name=f"by_model_size_{word}",
             caption="Colour: the model size, from the run's config `n_params` (parameters), "
             f"else `model_size`, else the run's name. Lines: B_simple {where}, smoothed over "

@@ -52,8 +52,7 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping
         )
     units = sorted(points["units"].unique())
     places: list[Any] = [st.container()] if units else []
-    if len(units) > 1:
-        st.subheader(VERSUS, anchor=False)
+    if len(units) > 1:  # one caption for the charts side by side, each titled with its unit
         st.caption(CAPTION)
         places = st.columns(len(units))
     for unit, place in zip(units, places, strict=True):
@@ -61,9 +60,13 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping
         word = _text.units_word(str(unit))
         with place:
             _ui.chart_with_downloads(
-                _charts.b_simple_vs_b_crit_chart(part, units=word, colours=colours),
+                _charts.b_simple_vs_b_crit_chart(
+                    part,
+                    units=word,
+                    title=f"{VERSUS} in {word}",
+                    colours=colours,
+                ),
                 part,
-                title=f"Tasks in {word}" if len(units) > 1 else VERSUS,
                 name=f"b_simple_vs_b_crit_{word}",
                 stretch=False,
                 caption=None if len(units) > 1 else CAPTION,

@@ -88,9 +88,6 @@ def _results(report: CriticalBatchReport) -> None:
         _ui.chart_with_downloads(
             _charts.sweep_chart(points, _frames.sweep_curves(report), units=units),
             points,
-            title="Steps and examples to reach each loss target"
-            if units == "examples"
-            else "Steps and tokens to reach each loss target",
             name="steps_vs_examples",
             caption="Each run's steps and "
             + units
@@ -104,7 +101,6 @@ def _results(report: CriticalBatchReport) -> None:
         _ui.chart_with_downloads(
             _charts.bcrit_vs_loss_chart(versus, units=units),
             versus,
-            title="B_crit against loss, beside B_simple at the same loss",
             name="b_crit_vs_loss",
             caption="Bars: 90% intervals (an interval reaching 0 is drawn to the axis). "
             "B_simple is expected to track B_crit within a small factor and may underestimate "

@@ -198,7 +198,6 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
             y_title=f"B_simple ({_text.units_word(run.units)})",
         ),
         points.rename(columns={"x": x}),
-        title="B_simple with its 90% interval and the batch in use",
         name=f"b_simple_{slug}",
         caption=f"{smoothing}, sums of the per-sample estimates with the ratio taken last; the "
         "band is that window's 90% interval. The smoothing changes only these curves, never "
@@ -227,7 +226,6 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
                 evals=evals if with_evals else None,
             ),
             points[["step", "x", y]].rename(columns={"x": f"{x} (chart)"}),
-            title=title,
             name=f"{y}_{slug}",
         )
 
@@ -292,7 +290,6 @@ def _layers(
             y_title=f"B_simple ({_text.units_word(run.units)})",
         ),
         per_layer[["layer", "step", "x", "b_simple", "b_simple_lo", "b_simple_hi"]],
-        title="B_simple per layer",
         name=f"b_simple_layers_{run.uid[:8]}",
         caption="Each layer's own B_simple, smoothed like the chart above.",
     )
@@ -328,7 +325,6 @@ def _branches_section(src: _data.Source, run: RunSummary) -> None:
     _ui.chart_with_downloads(
         _branches.chart(_branches.curve(series), measured, units=run.units),
         measured,
-        title=_branches.TITLE,
         name=f"branches_{run.uid[:8]}",
         caption=f"B_simple: trailing windows of {window:,} steps with their 90% band. "
         "The local critical batch size at each branch step is the largest batch whose "

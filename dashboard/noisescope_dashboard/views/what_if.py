@@ -199,7 +199,6 @@ def main(src: _data.Source) -> None:
     _ui.chart_with_downloads(
         _charts.tradeoff_chart(rows, units=word),
         rows,
-        title="Time against compute as devices double",
         name="tradeoff",
         caption="S/S_min = 1 + B_crit/B against E/E_min = 1 + B/B_crit (docs/science.md) at "
         "B = devices × batch per device; grey points are past the device limit.",
@@ -207,7 +206,6 @@ def main(src: _data.Source) -> None:
     _ui.chart_with_downloads(
         _charts.speedup_chart(rows),
         rows,
-        title="Speed-up against devices",
         name="speedup",
         caption="The S-E model's speed-up over one device beside ideal scaling.",
     )
