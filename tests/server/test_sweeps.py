@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from noisescope.estimators import training_loss_curve
+from noisescope_server import sweeps
+from noisescope_server.queries._buckets import BucketSums
 from tests.support.inprocess import AppServer
 from tests.support.synthetic_sweep import L0, SynthRun, make_sweep, post
 
@@ -272,3 +275,33 @@ def test_parallelism_names_the_quantity_it_was_given(client: TestClient) -> None
     r = client.get(f"{API}/parallelism", params={**params, "reference": "b_simple"})
     assert r.status_code == 422, r.text
     assert "'B_crit' or 'B_simple'" in r.text
+
+
+def test_the_training_curve_weights_each_bucket_by_the_samples_that_carried_a_loss() -> None:
+    # every step logs a loss for 1,000 steps, then every 10th: weighted by all samples, the
+    # late buckets' few losses would count ten times over
+    def bucket(i: int) -> BucketSums:
+        n_loss = 100 if i < 10 else 10
+        return BucketSums(
+            "r",
+            "",
+            i,
+            100,
+            1.0,
+            1.0,
+            100 * i,
+            100 * i + 99,
+            None,
+            None,
+            3.0 - 0.1 * i,
+            None,
+            None,
+            n_loss,
+        )
+
+    buckets = [bucket(i) for i in range(20)]
+    middles = [(b.step_lo + b.step) / 2.0 for b in buckets]
+    losses = [float(b.loss or 0.0) for b in buckets]
+    steps, curve = sweeps._train_curve(buckets)
+    assert (steps, curve) == training_loss_curve(middles, losses, [b.n_loss for b in buckets])
+    assert curve != training_loss_curve(middles, losses, [b.n for b in buckets])[1]
