@@ -205,6 +205,11 @@ def test_bad_query_parameters(client: TestClient, target: str) -> None:
     for params in bad_plans:
         r = client.get(f"{API}/parallelism", params=params)
         assert r.status_code == 422, (params, r.text)
+    # units: the values a run's units take (protocol.UNITS), named in the refusal
+    r = client.get(
+        f"{API}/parallelism", params={"b_crit": 100, "per_device_batch": 8, "units": "bytes"}
+    )
+    assert r.status_code == 422 and "'examples' or 'tokens'" in r.json()["detail"], r.text
     r = client.get(f"{API}/runs/{target}/series", params={"window": -5})
     assert r.status_code == 422
 

@@ -30,6 +30,7 @@ from noisescope.sweep import CriticalBatchReport
 from noisescope_server import queries, sweeps
 from noisescope_server.api.deps import EngineDep, ReadScope, SettingsDep
 from noisescope_server.api.run_ids import check_run_ids
+from noisescope_server.api.schemas import Units
 from noisescope_server.errors import value_errors_as_bad_input
 
 router = APIRouter(tags=["query"])
@@ -291,7 +292,7 @@ def get_parallelism(
     ),
     min_speedup: Annotated[float, Query(gt=1, lt=2)] = MIN_SPEEDUP,
     max_devices: Annotated[int | None, Query(ge=1, le=MAX_DEVICES)] = None,
-    units: Annotated[str, Query(pattern="^(examples|tokens)$")] = "examples",
+    units: Units = "examples",
     batch_size: Annotated[
         float | None,
         Query(ge=_TINY_BATCH, le=1e18, description="a batch to give a verdict on"),
