@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from noisescope.sweep import MIN_BATCH_SIZES
+
 __all__ = [
     "BranchPointResult",
     "EventRow",
@@ -179,6 +181,12 @@ class TaskSummary:
     b_simple_median: float | None
     b_simple_min: float | None
     b_simple_max: float | None
+
+    @property
+    def swept(self) -> bool:
+        """Whether the task's runs span the batch sizes a sweep fit needs
+        (``sweep.MIN_BATCH_SIZES``): only then can it have a critical batch size."""
+        return len(self.batch_sizes) >= MIN_BATCH_SIZES
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ def test_every_read_decodes_into_the_shared_dataclasses(
     assert compared.run_uid == loaded["run"]
     tasks = {t.task: t for t in api.tasks(project="api")}
     assert tasks["t"].n_runs == 1 and isinstance(tasks["t"], noisescope.TaskSummary)
+    # a sweep fit needs runs at MIN_BATCH_SIZES (3) batch sizes: "s" has them, "t" one
+    assert (tasks["s"].swept, tasks["t"].swept) == (True, False)
     report = api.critical_batch("api", "s")
     assert isinstance(report, CriticalBatchReport)
     assert report.batch_sizes == [32.0, 128.0, 512.0]

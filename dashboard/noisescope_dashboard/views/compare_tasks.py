@@ -30,13 +30,13 @@ CAPTION = (
 
 
 def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping[str, str]) -> None:
-    swept = [t for t in tasks if len(t.batch_sizes) >= MIN_BATCH_SIZES]
+    swept = [t for t in tasks if t.swept]
     reports: list[CriticalBatchReport] = [
         _data.critical_batch(src, t.project, t.task) for t in swept
     ]
     points, left_out = _frames.tasks_b_simple_vs_b_crit(reports)
     for t in tasks:
-        if len(t.batch_sizes) < MIN_BATCH_SIZES:
+        if not t.swept:
             left_out.loc[len(left_out)] = [
                 _text.task_key(t.project, t.task),
                 "",
@@ -46,8 +46,9 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping
     if points.empty:
         st.subheader(VERSUS, anchor=False)
         st.info(
-            "No task has a determined critical batch size yet: run a task at 3 or more batch "
-            "sizes (each with its learning rate tuned), until its loss falls past the targets. "
+            "No task has a determined critical batch size yet: run a task at "
+            f"{MIN_BATCH_SIZES} or more batch sizes (each with its learning rate tuned), until "
+            "its loss falls past the targets. "
             "Why each task or target is left out is listed below."
         )
     units = sorted(points["units"].unique())

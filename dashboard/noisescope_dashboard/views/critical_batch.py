@@ -134,7 +134,7 @@ def main(src: _data.Source) -> None:
             + f" {units}"
         )
     )
-    if len(summary.batch_sizes) < MIN_BATCH_SIZES:
+    if not summary.swept:
         st.warning(
             f"A fit needs runs of this task at {MIN_BATCH_SIZES} or more batch sizes; it has "
             f"{len(summary.batch_sizes)}. Run the same task at several batch sizes (e.g. 4 "

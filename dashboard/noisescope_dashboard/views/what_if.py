@@ -38,8 +38,7 @@ def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
     """The task's possible critical batch sizes, keyed as in ``?source=``."""
     out: dict[str, Estimate] = {}
     units = _text.units_word(_text.task_units(task))
-    swept = len(task.batch_sizes) >= MIN_BATCH_SIZES
-    targets = _data.critical_batch(src, task.project, task.task).targets if swept else []
+    targets = _data.critical_batch(src, task.project, task.task).targets if task.swept else []
     for t in targets:
         if t.determined and t.b_crit is not None:
             out[f"bcrit:{t.target:g}"] = Estimate(
@@ -96,8 +95,8 @@ def main(src: _data.Source) -> None:
     if not options:
         st.info(
             "This task has neither a determined critical batch size nor a measurable B_simple "
-            "yet. Let a run train longer (B_simple needs enough steps), or run the task at 3 or "
-            "more batch sizes."
+            "yet. Let a run train longer (B_simple needs enough steps), or run the task at "
+            f"{MIN_BATCH_SIZES} or more batch sizes."
         )
         st.stop()
     chosen = _state.select(
@@ -112,10 +111,9 @@ def main(src: _data.Source) -> None:
         st.warning(
             "The sweep says to read this B_crit with care: " + md(" · ".join(source.warnings))
         )
-    swept = len(task.batch_sizes) >= MIN_BATCH_SIZES
     open_targets = [
         t
-        for t in (_data.critical_batch(src, task.project, task.task).targets if swept else [])
+        for t in (_data.critical_batch(src, task.project, task.task).targets if task.swept else [])
         if not t.determined
     ]
     if open_targets:  # an undetermined fit is no source: say so rather than offer its number
