@@ -44,6 +44,7 @@ from noisescope.estimators import (
 )
 
 __all__ = [
+    "BALANCE",
     "MAX_DEVICES",
     "REFERENCES",
     "BatchOption",
@@ -126,6 +127,12 @@ class Recommendation:
         return line
 
 
+#: The balance band: a batch within this factor of B_crit (B_crit/2 to 2 B_crit) is near the S-E
+#: model's balance point B = B_crit (2x the minimum steps, 2x the minimum examples); below the
+#: band doubling the batch pays in steps, above it halving it pays in examples.
+BALANCE = 2.0
+
+
 def verdict(
     batch_size: float,
     reference_value: float | None,
@@ -141,7 +148,7 @@ def verdict(
     Compares the batch with doubling or halving it through ``steps_ratio`` and
     ``examples_ratio``: "batch 256 is ~0.3× B_simple (90% interval 0.2× to 0.49×): doubling it
     would cut steps by ~38% for ~23% more examples." When the interval reaches across the
-    balance point (B = B_crit/2 .. 2 B_crit), the sentence says the advice is only a direction.
+    balance point (``BALANCE``), the sentence says the advice is only a direction.
     Ratios read with two significant digits, the interval's ends with as many more as keep
     them apart (``_format.ratio_interval``).
     """
@@ -160,22 +167,22 @@ def verdict(
         ) + f"{lo_text}× to {hi_text}×)"
     s_now = steps_ratio(batch_size, value)
     e_now = examples_ratio(batch_size, value)
-    if r < 0.5:
+    if r < 1 / BALANCE:
         s_2x = steps_ratio(2 * batch_size, value)
         e_2x = examples_ratio(2 * batch_size, value)
         text = (
             f"{head}: doubling it would cut steps by ~{(1 - s_2x / s_now) * 100:.0f}% "
             f"for ~{(e_2x / e_now - 1) * 100:.0f}% more {units}."
         )
-        sure = r_hi is None or r_hi < 0.5
-    elif r > 2.0:
+        sure = r_hi is None or r_hi < 1 / BALANCE
+    elif r > BALANCE:
         s_half = steps_ratio(batch_size / 2, value)
         e_half = examples_ratio(batch_size / 2, value)
         text = (
             f"{head}: halving it would save ~{(1 - e_half / e_now) * 100:.0f}% of the {units} "
             f"for ~{(s_half / s_now - 1) * 100:.0f}% more steps."
         )
-        sure = r_lo is None or r_lo > 2.0
+        sure = r_lo is None or r_lo > BALANCE
     else:
         text = (
             f"{head}: near the balance point, at ~{_format.ratio(s_now)}× the minimum steps and "
@@ -208,7 +215,7 @@ def bound_verdict(
         f"batch {_format.count(batch_size)} is at most ~{_format.ratio(r_max)}× B_simple "
         f"(B_simple ≥ {_format.count(lower)}{conf})"
     )
-    if r_max < 0.5:
+    if r_max < 1 / BALANCE:
         s_now, s_2x = steps_ratio(batch_size, lower), steps_ratio(2 * batch_size, lower)
         return (
             f"{head}: a larger batch is likely useful; doubling it would cut steps by at least "
