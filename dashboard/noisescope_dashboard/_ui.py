@@ -176,6 +176,36 @@ def described(helps: Mapping[str, str]) -> dict[str, Any]:
     return {name: st.column_config.TextColumn(name, help=text) for name, text in helps.items()}
 
 
+#: The runs table's columns (``_frames.runs_table``) in the order shown, with their headers and
+#: tooltips: the Runs page shows them all, Compare runs some (the frame has more: ``uid`` and
+#: the raw numbers sorted on).
+RUN_COLUMNS = {
+    "name": st.column_config.TextColumn("Run", width=200),
+    "project": st.column_config.TextColumn("Project", width="small"),
+    "task": st.column_config.TextColumn("Task", width="small"),
+    "status": st.column_config.TextColumn("Status", width="medium"),
+    "batch": st.column_config.TextColumn(
+        "Batch in use",
+        help="The latest batch-size change, else the batch at init",
+        width=95,
+    ),
+    "units": st.column_config.TextColumn("Units", width="small"),
+    "b_simple": st.column_config.TextColumn("B_simple now", help=_text.CURRENT_RULE, width=100),
+    "interval": st.column_config.TextColumn("90% interval", width=120),
+    "ratio": st.column_config.TextColumn(
+        "B / B_simple", help="Below 1: a bigger batch would cut steps", width=95
+    ),
+    "loss": st.column_config.TextColumn("Loss", help="The latest training loss", width="small"),
+    "step": st.column_config.TextColumn("Step", help="The latest step", width="small"),
+    "started_at": st.column_config.DatetimeColumn("Started", format="YYYY-MM-DD HH:mm", width=130),
+    "tags": st.column_config.TextColumn("Tags", width="small"),
+    # last: a notice's reason is a sentence, and the columns before it stay in view
+    "why": st.column_config.TextColumn("No B_simple because", help="Why the run has no B_simple"),
+}
+#: Its columns of names and sentences, shown as wide as their longest text (``fit_columns``).
+RUN_FIT = ("name", "project", "task", "status", "tags", "why")
+
+
 def table(
     data: Any,
     columns: Mapping[str, Any] | None = None,

@@ -4,6 +4,7 @@ charts are asserted from their Vega-Lite specs, missing things say "not found", 
 
 from __future__ import annotations
 
+import json
 from urllib.parse import quote
 
 import pandas as pd
@@ -272,6 +273,19 @@ def test_compare_runs_one_chart_per_unit_with_a_clickable_legend(
     assert units == {frozenset({"examples"}), frozenset({"tokens"})}  # never mixed
     table = at.dataframe[0].value.set_index("uid")
     assert table.loc[DIGITS64, "b_simple"] == "100"
+    # its table is the Runs table's, fewer columns: the same headers and tooltips
+    shown = json.loads(at.dataframe[0].proto.columns)
+    on_runs = json.loads(make_app(server, "runs").dataframe[0].proto.columns)
+    assert list(at.dataframe[0].proto.column_order) == [
+        *("name", "task", "batch", "units", "b_simple", "interval", "ratio", "why")
+    ]
+    for column in at.dataframe[0].proto.column_order:
+        config = shown[column]
+        assert (config["label"], config.get("help")) == (
+            on_runs[column]["label"],
+            on_runs[column].get("help"),
+        ), column
+    assert shown["ratio"]["help"] == "Below 1: a bigger batch would cut steps"
 
 
 def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api: Api) -> None:

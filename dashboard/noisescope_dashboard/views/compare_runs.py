@@ -17,17 +17,8 @@ from noisescope_dashboard._compare import compare_section
 #: Runs compared when the URL names none.
 DEFAULT_RUNS = 5
 
-#: The table's columns, in the order shown, with their headers.
-COLUMNS = {
-    "name": st.column_config.TextColumn("Run"),
-    "task": st.column_config.TextColumn("Task"),
-    "batch": st.column_config.TextColumn("Batch in use"),
-    "units": st.column_config.TextColumn("Units"),
-    "b_simple": st.column_config.TextColumn("B_simple now", help=_text.CURRENT_RULE),
-    "interval": st.column_config.TextColumn("90% interval"),
-    "ratio": st.column_config.TextColumn("B / B_simple"),
-    "why": st.column_config.TextColumn("No B_simple because"),
-}
+#: The Runs table's columns this page shows, in that order.
+COLUMNS = ("name", "task", "batch", "units", "b_simple", "interval", "ratio", "why")
 
 
 def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
@@ -104,7 +95,11 @@ def main(src: _data.Source) -> None:
     _sizes_section(src, chosen)
     st.subheader("These runs now", anchor=False)
     table = _frames.runs_table(chosen)
-    _ui.table(table, COLUMNS)
+    _ui.table(
+        table,
+        {c: _ui.RUN_COLUMNS[c] for c in COLUMNS},
+        fit=[c for c in _ui.RUN_FIT if c in COLUMNS],
+    )
 
 
 _ui.run_page(main)

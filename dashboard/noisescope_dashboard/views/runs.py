@@ -18,33 +18,6 @@ from noisescope_dashboard import _data, _frames, _state, _text, _ui
 TABLE_ROW_PX = 35
 TABLE_MAX_PX = 900
 
-#: The table's columns, in the order shown, with their headers (the frame has more: ``uid``
-#: and the raw numbers sorted on).
-COLUMNS = {
-    "name": st.column_config.TextColumn("Run", width=200),
-    "project": st.column_config.TextColumn("Project", width="small"),
-    "task": st.column_config.TextColumn("Task", width="small"),
-    "status": st.column_config.TextColumn("Status", width="medium"),
-    "batch": st.column_config.TextColumn(
-        "Batch in use",
-        help="The latest batch-size change, else the batch at init",
-        width=95,
-    ),
-    "units": st.column_config.TextColumn("Units", width="small"),
-    "b_simple": st.column_config.TextColumn("B_simple now", help=_text.CURRENT_RULE, width=100),
-    "interval": st.column_config.TextColumn("90% interval", width=120),
-    "ratio": st.column_config.TextColumn(
-        "B / B_simple", help="Below 1: a bigger batch would cut steps", width=95
-    ),
-    "loss": st.column_config.TextColumn("Loss", help="The latest training loss", width="small"),
-    "step": st.column_config.TextColumn("Step", help="The latest step", width="small"),
-    "started_at": st.column_config.DatetimeColumn("Started", format="YYYY-MM-DD HH:mm", width=130),
-    "tags": st.column_config.TextColumn("Tags", width="small"),
-    # last: a notice's reason is a sentence, and the columns before it stay in view
-    "why": st.column_config.TextColumn("No B_simple because", help="Why the run has no B_simple"),
-}
-#: Columns of names and sentences, as wide as their longest text (``_ui.fit_columns``).
-FIT = ("name", "project", "task", "status", "tags", "why")
 
 #: Sort key -> (column of ``_frames.runs_table``, ascending).
 SORTS = {
@@ -137,8 +110,8 @@ def main(src: _data.Source) -> None:
             return
         event = _ui.table(
             shown,
-            COLUMNS,
-            fit=FIT,
+            _ui.RUN_COLUMNS,
+            fit=_ui.RUN_FIT,
             height=min(TABLE_ROW_PX * (len(shown) + 1) + 3, TABLE_MAX_PX),
             on_select="rerun",
             selection_mode="single-row",
