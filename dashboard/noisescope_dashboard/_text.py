@@ -26,11 +26,13 @@ __all__ = [
     "CURRENT_RULE",
     "DASH",
     "at_least",
+    "b_simple_now",
     "count",
     "hours",
     "interval",
     "loss",
     "md",
+    "no_b_simple_because",
     "percent",
     "plural",
     "ratio",
@@ -76,6 +78,17 @@ def count(value: float | None) -> str:
 def at_least(bound: float | None) -> str:
     """A lower bound on a count ("≥ 380"); empty when there is none."""
     return f"≥ {count(bound)}" if bound is not None else ""
+
+
+def b_simple_now(run: RunSummary) -> str:
+    """A run's current B_simple ("1,860"), else its lower bound ("≥ 380"); empty when it has
+    neither."""
+    return count(run.b_simple) if run.b_simple is not None else at_least(run.b_simple_lower)
+
+
+def no_b_simple_because(run: RunSummary) -> str:
+    """Why a run has no current B_simple, in the API's words; empty when it has one."""
+    return "" if run.b_simple is not None else (run.b_simple_reason or "not yet measurable")
 
 
 def whole(value: float | None) -> str:

@@ -74,6 +74,12 @@ def test_runs_table_gives_no_number_and_no_ratio_when_not_measurable() -> None:
     assert row["b_simple"] == row["interval"] == row["ratio"] == ""
     assert row["why"] == reason
     assert math.isnan(row["_b_simple"]) and math.isnan(row["_ratio"])
+    bounded = _run(b_simple=None, b_simple_lo=None, b_simple_hi=None, b_simple_lower=380.0)
+    (row,) = _frames.runs_table([bounded]).to_dict("records")
+    assert (row["b_simple"], row["why"]) == ("≥ 380", "not yet measurable")
+    # the Run page's headline says the same (views/run.py shows a dash for "")
+    assert _text.b_simple_now(bounded) == "≥ 380" and _text.b_simple_now(_run()) == "6,200"
+    assert _text.no_b_simple_because(_run()) == ""
 
 
 def test_event_marks_leave_out_evaluations_and_notices() -> None:

@@ -28,14 +28,12 @@ def runs_table(runs: Iterable[RunSummary]) -> pd.DataFrame:
                 "tags": ", ".join(r.tags),
                 "batch": _text.count(r.batch_in_use),
                 "units": r.units,
-                "b_simple": _text.count(r.b_simple)
-                if measured
-                else _text.at_least(r.b_simple_lower),
+                "b_simple": _text.b_simple_now(r),
                 "interval": _text.interval(r.b_simple_lo, r.b_simple_hi) if measured else "",
                 "ratio": _text.ratio(r.batch_to_b_simple)
                 if measured and r.batch_to_b_simple is not None
                 else "",
-                "why": "" if measured else (r.b_simple_reason or "not yet measurable"),
+                "why": _text.no_b_simple_because(r),
                 "loss": _text.loss(r.last_loss) if r.last_loss is not None else "",
                 "step": _text.count(r.last_step) if r.last_step is not None else "",
                 "started_at": r.started_at,

@@ -83,7 +83,7 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
     m1, m2, m3, m4 = st.columns(4)
     m1.metric(
         "B_simple now",
-        _text.count(run.b_simple) if measured else _text.at_least(run.b_simple_lower) or _text.DASH,
+        _text.b_simple_now(run) or _text.DASH,
         help=_text.CURRENT_RULE,
     )
     if run.window_samples:
@@ -122,7 +122,7 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
     if not (measured or bounded):
         st.warning(
             "No B_simple now, so no ratio and no verdict. "
-            + md(_text.sentence(run.b_simple_reason or "not yet measurable"))
+            + md(_text.sentence(_text.no_b_simple_because(run)))
         )
         return
     try:
