@@ -230,3 +230,6 @@ def test_compared_series_are_their_buckets_read_on_their_own(engine: Engine) -> 
     ]
     expected = _reference_smooth(points, compared.window_steps, intervals=False)
     assert orjson.dumps(compared.points) == orjson.dumps(expected)
+    # 6,000 whole-model samples, under COMPARE_MIN_BLOCKS (100) blocks of 64: read from the
+    # samples, as the label says
+    assert (compared.n_samples, compared.source) == (6000, "samples")

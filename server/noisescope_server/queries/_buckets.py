@@ -113,18 +113,21 @@ def _sizes(conn: Connection, run_ids: Sequence[int]) -> dict[int, int]:
     return {int(r): int(n or 0) for r, n in conn.execute(q)}
 
 
+def reads_blocks(n_samples: int, min_blocks: float) -> bool:
+    """Whether ``bucket_sums`` reads a run of ``n_samples`` whole-model samples from its
+    blocks: once it has ``min_blocks`` of them, buckets of whole blocks are still at least as
+    fine as the caller asked for."""
+    return n_samples >= BLOCK_SIZE * min_blocks
+
+
 def _bucket_source(
     conn: Connection, run_ids: Sequence[int], series: Sequence[str], min_blocks: float
 ) -> Any:
-    """Sample rows for short runs and block rows for long ones, as one subquery.
-
-    A run counts as long once it has ``min_blocks`` blocks: buckets of whole blocks are then
-    still at least as fine as the caller asked for.
-    """
+    """Sample rows for short runs and block rows for long ones (``reads_blocks``), as one
+    subquery."""
     sizes = _sizes(conn, run_ids)
-    threshold = BLOCK_SIZE * min_blocks
-    small = [r for r in run_ids if sizes.get(r, 0) < threshold]
-    big = [r for r in run_ids if sizes.get(r, 0) >= threshold]
+    big = [r for r in run_ids if reads_blocks(sizes.get(r, 0), min_blocks)]
+    small = [r for r in run_ids if r not in big]
     parts: list[Any] = []
     if small:
         parts.append(_sample_rows().where(Sample.run_id.in_(small), Sample.series.in_(series)))
