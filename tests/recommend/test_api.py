@@ -122,5 +122,15 @@ def _check_fallbacks_and_errors(server: AppServer, run_id: str) -> None:
         bad = http.get(f"/api/v1/runs/{run_id}/recommendation", params={"batch_size": -1})
         assert bad.status_code == 422
         assert "batch_size" in bad.json()["detail"]
+        # recommend() checks every number, so the route refuses what it would refuse, by name
+        for params, named in (
+            ({"batch_size": "inf"}, "batch_size must be a finite positive number"),
+            ({"candidates": ["64", "nan"]}, "candidates must be a finite positive number"),
+            ({"throughput": "64:inf"}, "throughput must be a finite positive number"),
+            ({"throughput": "0:10"}, "throughput batch size must be a finite positive"),
+            ({"reference_batch": "inf"}, "reference_batch must be a finite number >= 0"),
+        ):
+            bad = http.get(f"/api/v1/runs/{run_id}/recommendation", params=params)
+            assert bad.status_code == 422 and named in bad.json()["detail"], (params, bad.text)
         missing = http.get("/api/v1/runs/0123abcd/recommendation")
         assert missing.status_code == 404

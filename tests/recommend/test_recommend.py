@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -124,11 +125,25 @@ def test_scaled_lr_rules() -> None:
         scaled_lr(0.1, 400, 100, "cubic")
 
 
-def test_bad_throughput_is_refused_with_a_message() -> None:
+def test_bad_inputs_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="positive"):
         recommend(100.0, 64, throughput={64: -1.0})
     with pytest.raises(ValueError, match="batch_size"):
         recommend(100.0, 0)
+    # not finite: no verdict, candidate or goodput is built on inf or nan
+    inf, nan = math.inf, math.nan
+    for kwargs, named in (
+        ({"batch_size": inf}, "batch_size"),
+        ({"batch_size": nan}, "batch_size"),
+        ({"candidates": [64.0, inf]}, "candidates"),
+        ({"throughput": {64.0: nan}}, "throughput must"),
+        ({"throughput": {inf: 1.0}}, "throughput batch size"),
+        ({"reference_batch": inf}, "reference_batch"),
+        ({"reference_batch": -1.0}, "reference_batch"),
+    ):
+        args: dict[str, Any] = {"batch_size": 64.0, **kwargs}
+        with pytest.raises(ValueError, match=named):
+            recommend(100.0, **args)
 
 
 class Collect:

@@ -9,7 +9,6 @@ The client's ``NoiseTracker`` builds the same ``Recommendation`` locally.
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
@@ -25,13 +24,8 @@ __all__ = ["router"]
 router = APIRouter(tags=["query"])
 
 
-def _finite_positive(name: str, value: float) -> float:
-    if not (math.isfinite(value) and value > 0):
-        raise HTTPException(422, f"{name} must be a finite positive number, got {value}")
-    return value
-
-
 def _parse_throughput(items: list[str]) -> dict[float, float]:
+    """``BATCH:PER_SECOND`` pairs as numbers; ``recommend`` checks their values."""
     out: dict[float, float] = {}
     for item in items:
         batch, sep, rate = item.partition(":")
@@ -45,13 +39,13 @@ def _parse_throughput(items: list[str]) -> dict[float, float]:
                 f"throughput entries look like BATCH:PER_SECOND (e.g. throughput=64:1200), "
                 f"got {item!r}",
             ) from None
-        out[_finite_positive("throughput batch size", b)] = _finite_positive("throughput", t)
+        out[b] = t
     return out
 
 
 def _batch_in_use(run: RunSummary, given: float | None) -> tuple[float, str]:
     if given is not None:
-        return _finite_positive("batch_size", given), "query"
+        return given, "query"
     if run.batch_in_use is not None and run.batch_in_use_source is not None:
         return run.batch_in_use, run.batch_in_use_source
     raise HTTPException(
@@ -84,15 +78,12 @@ def get_recommendation(
 ) -> RecommendationResult:
     run = queries.get_run(engine, run_id, project_scope=scope)
     batch, source = _batch_in_use(run, batch_size)
-    cands = [_finite_positive("candidates", c) for c in candidates] if candidates else None
     rates = _parse_throughput(throughput) if throughput else None
-    if not math.isfinite(reference_batch):
-        raise HTTPException(422, "reference_batch must be finite")
-    with value_errors_as_bad_input():
+    with value_errors_as_bad_input():  # recommend() checks every number it is given
         rec = recommend(
             run,
             batch,
-            candidates=cands,
+            candidates=candidates or None,
             throughput=rates,
             reference_batch=reference_batch,
             units=run.units,
