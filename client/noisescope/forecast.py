@@ -113,8 +113,7 @@ class CriticalBatchLaw:
 
         ValueError naming the losses the law can be read at when B_crit or its interval at
         ``loss`` lies beyond the floating-point range (far outside the fitted losses)."""
-        if not (loss > 0 and math.isfinite(loss)):
-            raise ValueError(f"loss must be positive and finite, got {loss!r}")
+        _check_loss(loss)
         x0 = math.log(loss)
         y0 = self.line.intercept + self.line.slope * x0
         se = math.sqrt(self.line.var_mean(x0))
@@ -282,8 +281,17 @@ class ForecastReport:
     predictions: list[CriticalBatchForecast]
 
 
+def _check_loss(loss: float) -> None:
+    """A loss the law can be read at: B_crit(L) takes its logarithm."""
+    if not (math.isfinite(loss) and loss > 0):
+        raise ValueError(f"loss must be finite and positive, got {loss!r}")
+
+
 def forecast_report(report: Any, losses: Sequence[float] = ()) -> ForecastReport:
-    """``law_from_report`` for a ``sweep.CriticalBatchReport``, predicted at ``losses``."""
+    """``law_from_report`` for a ``sweep.CriticalBatchReport``, predicted at ``losses``
+    (each checked, whether or not there is a law to read them on)."""
+    for loss in losses:
+        _check_loss(loss)
     used = [
         ForecastPoint(t.target, t.b_crit, t.b_crit_lo, t.b_crit_hi)
         for t in report.targets

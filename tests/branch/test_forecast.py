@@ -9,7 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from noisescope import sweep
-from noisescope.forecast import fit_critical_batch_law, law_from_report, plateau
+from noisescope.forecast import (
+    fit_critical_batch_law,
+    forecast_report,
+    law_from_report,
+    plateau,
+)
 
 # A synthetic sweep whose B_crit follows a power law in the loss, B_crit(L) = B* L^-K, with the
 # S-E model's steps S(L) = (tau / q) ln((L0 - L_inf) / (L - L_inf)) (1 + B_crit(L) / B) on each
@@ -89,6 +94,12 @@ def test_the_law_uses_only_determined_targets() -> None:
     law = law_from_report(report)
     assert law is not None and law.n_points == 3 and law.loss_min == 1.0
     assert law_from_report(SimpleNamespace(targets=good[:2], level=0.9)) is None
+    # no law to read them on: the losses asked for are still checked, as predict checks them
+    lawless = SimpleNamespace(targets=good[:2], level=0.9, project="p", task="t", units="examples")
+    assert forecast_report(lawless, [1.2]).b_star is None
+    for loss in (-1.0, 0.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="loss must be finite and positive"):
+            forecast_report(lawless, [1.2, loss])
 
 
 def test_the_law_recovers_kaplan_style_parameters_and_marks_extrapolation() -> None:
@@ -128,7 +139,7 @@ def test_bad_law_input_says_what_to_fix() -> None:
     with pytest.raises(ValueError, match="finite and positive"):
         fit_critical_batch_law([1.0, 2.0, math.nan], [1.0, 2.0, 3.0])
     law = fit_critical_batch_law([3.0, 2.0, 1.0], [10.0, 30.0, 100.0])
-    with pytest.raises(ValueError, match="loss must be positive"):
+    with pytest.raises(ValueError, match="loss must be finite and positive"):
         law.predict(-1.0)
 
 
