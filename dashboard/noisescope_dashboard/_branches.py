@@ -68,18 +68,14 @@ def local_mark(point: BranchPointResult) -> dict[str, Any] | None:
     lo, hi = point.b_crit_lo, point.b_crit_hi
     span = _text.interval(lo, hi)
     if point.b_crit is not None:  # without an interval when one seed left no spread to measure
-        return {"value": point.b_crit, "lo": lo, "hi": hi, "quantity": LOCAL} | {
-            "interval": span or "unknown"
-        }
-    if lo is not None and hi is not None:  # the span; its middle is no measurement
-        return {"value": math.sqrt(lo * hi), "lo": lo, "hi": hi, "quantity": BRACKET} | {
-            "interval": span
-        }
-    if lo is not None:
-        return {"value": lo, "lo": lo, "hi": None, "quantity": LOWER} | {
-            "interval": f"above {_text.count(lo)}"
-        }
-    return None
+        value, quantity, text = point.b_crit, LOCAL, span or "unknown"
+    elif lo is not None and hi is not None:  # the span; its middle is no measurement
+        value, quantity, text = math.sqrt(lo * hi), BRACKET, span
+    elif lo is not None:
+        value, quantity, text = lo, LOWER, f"above {_text.count(lo)}"
+    else:
+        return None
+    return {"value": value, "lo": lo, "hi": hi, "quantity": quantity, "interval": text}
 
 
 def marks(branches: RunBranches, forecast: ForecastReport | None) -> pd.DataFrame:

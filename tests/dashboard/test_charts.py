@@ -198,10 +198,9 @@ def test_b_simple_vs_b_crit_chart_has_both_error_bars_and_the_diagonal() -> None
             "b_simple_interval": ["90 – 110", "5,000 – 7,000"],
         }
     )
-    spec = _charts.b_simple_vs_b_crit_chart(
-        frame, units="tokens", title="Across tasks, in tokens"
-    ).to_dict()
-    assert spec["description"] == "Across tasks, in tokens"  # the title the page shows above it
+    spec = _charts.b_simple_vs_b_crit_chart(frame, units="tokens").to_dict()
+    # the title the page shows above it
+    assert spec["description"] == "B_simple against B_crit across tasks in tokens"
     _diagonal, x_bars, y_bars, points = spec_layers(spec)
     assert x_bars["encoding"]["x2"]["field"] == "b_crit_hi_shown"
     assert y_bars["encoding"]["y2"]["field"] == "b_simple_hi_shown"

@@ -117,11 +117,7 @@ def bcrit_vs_loss_chart(frame: pd.DataFrame, *, units: str) -> alt.LayerChart:
 
 
 def b_simple_vs_b_crit_chart(
-    frame: pd.DataFrame,
-    *,
-    units: str,
-    title: str,
-    colours: Mapping[str, str] | None = None,
+    frame: pd.DataFrame, *, units: str, colours: Mapping[str, str] | None = None
 ) -> alt.LayerChart:
     """B_simple against B_crit across tasks (McCandlish et al., Fig. 5): one point per task and
     loss target, error bars on both axes, the line y = x for reference.
@@ -178,6 +174,6 @@ def b_simple_vs_b_crit_chart(
         alt.layer(*layers).properties(
             width=SQUARE,
             height=SQUARE,
-            description=title,
+            description=f"B_simple against B_crit across tasks in {units}",
         ),
     )

@@ -61,12 +61,7 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping
         word = _text.units_word(str(unit))
         with place:
             _ui.chart_with_downloads(
-                _charts.b_simple_vs_b_crit_chart(
-                    part,
-                    units=word,
-                    title=f"{VERSUS} in {word}",
-                    colours=colours,
-                ),
+                _charts.b_simple_vs_b_crit_chart(part, units=word, colours=colours),
                 part,
                 name=f"b_simple_vs_b_crit_{word}",
                 stretch=False,
