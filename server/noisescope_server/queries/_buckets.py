@@ -126,8 +126,10 @@ def _bucket_source(
     """Sample rows for short runs and block rows for long ones (``reads_blocks``), as one
     subquery."""
     sizes = _sizes(conn, run_ids)
-    big = [r for r in run_ids if reads_blocks(sizes.get(r, 0), min_blocks)]
-    small = [r for r in run_ids if r not in big]
+    small: list[int] = []
+    big: list[int] = []
+    for r in run_ids:
+        (big if reads_blocks(sizes.get(r, 0), min_blocks) else small).append(r)
     parts: list[Any] = []
     if small:
         parts.append(_sample_rows().where(Sample.run_id.in_(small), Sample.series.in_(series)))
