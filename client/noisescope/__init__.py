@@ -13,26 +13,27 @@ api.runs(project="digits")[0].b_simple
 from __future__ import annotations
 
 from noisescope import branch, estimators, forecast, sweep
-from noisescope._api import AnswerError, Api, ApiError, NotFoundError, RecommendationResult
+from noisescope._api import AnswerError, Api, ApiError, NotFoundError
 from noisescope._config import Settings
 from noisescope._public import report_all_as_public
-from noisescope._results import (
+from noisescope._results import to_frame
+from noisescope._run import Run, init
+from noisescope._status import Status
+from noisescope._sync import sync
+from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
+from noisescope.protocol import (
     BranchPointResult,
     EventRow,
     ParallelismPlan,
     ParallelismRow,
+    RecommendationResult,
     RunBranches,
     RunSeries,
     RunSummary,
     SeriesInfo,
     SeriesPoint,
     TaskSummary,
-    to_frame,
 )
-from noisescope._run import Run, init
-from noisescope._status import Status
-from noisescope._sync import sync
-from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
 from noisescope.recommend import NoiseTracker, Recommendation
 from noisescope.schedule import BatchDecision, BatchSizeScheduler
 
