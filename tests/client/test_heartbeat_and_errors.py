@@ -210,6 +210,19 @@ def test_finish_says_that_it_waits_for_a_server_that_does_not_answer(
     assert "waiting" not in capsys.readouterr().err  # a server that answers: no word
 
 
+@pytest.fixture
+def ctrl_c_interrupts() -> Iterator[None]:
+    """SIGINT as an interactive Python has it: Python's KeyboardInterrupt handler, the signal
+    unblocked. A suite started in the background by a shell without job control inherits
+    SIGINT ignored, and Ctrl-C would then never reach ``finish()``."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("ctrl_c_interrupts")
 def test_ctrl_c_while_finish_waits_spools_the_rest_says_so_and_stops(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
