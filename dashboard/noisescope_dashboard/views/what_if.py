@@ -15,7 +15,7 @@ import streamlit as st
 
 from noisescope import TaskSummary
 from noisescope.estimators import MIN_SPEEDUP
-from noisescope.sweep import MIN_BATCH_SIZES
+from noisescope.sweep import MIN_BATCH_SIZES, TargetResult
 from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
 
@@ -34,11 +34,16 @@ class Estimate:
     warnings: tuple[str, ...] = ()
 
 
-def sources(src: _data.Source, task: TaskSummary) -> dict[str, Estimate]:
-    """The task's possible critical batch sizes, keyed as in ``?source=``."""
+def sweep_targets(src: _data.Source, task: TaskSummary) -> list[TargetResult]:
+    """The loss targets of the task's sweep fit; none unless its runs span enough batch sizes."""
+    return _data.critical_batch(src, task.project, task.task).targets if task.swept else []
+
+
+def sources(task: TaskSummary, targets: list[TargetResult]) -> dict[str, Estimate]:
+    """The task's possible critical batch sizes (from its sweep ``targets`` and its runs),
+    keyed as in ``?source=``."""
     out: dict[str, Estimate] = {}
     units = _text.units_word(_text.task_units(task))
-    targets = _data.critical_batch(src, task.project, task.task).targets if task.swept else []
     for t in targets:
         if t.determined and t.b_crit is not None:
             out[f"bcrit:{t.target:g}"] = Estimate(
@@ -91,7 +96,8 @@ def main(src: _data.Source) -> None:
     task = _ui.pick_task(_data.tasks(src))
     units = _text.task_units(task)
     word = _text.units_word(units)
-    options = sources(src, task)
+    targets = sweep_targets(src, task)
+    options = sources(task, targets)
     if not options:
         st.info(
             "This task has neither a determined critical batch size nor a measurable B_simple "
@@ -111,11 +117,7 @@ def main(src: _data.Source) -> None:
         st.warning(
             "The sweep says to read this B_crit with care: " + md(" · ".join(source.warnings))
         )
-    open_targets = [
-        t
-        for t in (_data.critical_batch(src, task.project, task.task).targets if task.swept else [])
-        if not t.determined
-    ]
+    open_targets = [t for t in targets if not t.determined]
     if open_targets:  # an undetermined fit is no source: say so rather than offer its number
         st.caption(
             "Not offered: B_crit at loss "
