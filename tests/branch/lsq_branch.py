@@ -13,7 +13,9 @@ batch size a branch sweep should measure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -109,15 +111,18 @@ class DiesAfter(NoisyLeastSquares):
         super().train(branch, run)
 
 
+def logged_plan(
+    parent: Run, url: str, init_kwargs: Mapping[str, object], **plan: Any
+) -> tuple[BranchPlan, branch.LogTo]:
+    """A two-seed branch point of ``parent`` at epsilon 0.02 (``plan``: ``branch.plan``'s
+    other arguments), and its branch runs logged to ``url`` under the parent's project and task
+    (``init_kwargs``: ``noisescope.init``'s)."""
+    point = branch.plan(seeds=2, epsilon=0.02, parent_run_id=parent.id, **plan)
+    return point, branch.LogTo(parent.project, parent.task, url, init_kwargs=init_kwargs)
+
+
 def branch_logged_parent(
-    parent: Run,
-    url: str,
-    project: str,
-    task: str,
-    tmp: Path,
-    *,
-    quiet: bool = False,
-    transport: Transport | None = None,
+    parent: Run, url: str, tmp: Path, *, quiet: bool = False, transport: Transport | None = None
 ) -> BranchSweep:
     """The servers' and the dashboard's fixture: a least-squares parent trained 50 SGD steps,
     its evaluation logged, then branched at step 50 (4 sizes x 2 seeds) with every branch run
@@ -125,19 +130,18 @@ def branch_logged_parent(
     lsq = NoisyLeastSquares()
     lsq.sgd(8, 0.2, 50, np.random.default_rng(1))
     parent.log(50, eval_loss=lsq.evaluate())
-    plan = branch.plan(
+    init_kwargs: dict[str, object] = {"dir": tmp / "spool", **({"quiet": True} if quiet else {})}
+    if transport is not None:  # e.g. an in-process server's (tests/support/inprocess.py)
+        init_kwargs["transport"] = transport
+    plan, log = logged_plan(
+        parent,
+        url,
+        init_kwargs,
         step=50,
         batch_size=4,
         lr=0.3,
         multipliers=(1, 4, 16, 64),
         budget=2048,
         lr_rule="constant",
-        seeds=2,
-        epsilon=0.02,
-        parent_run_id=parent.id,
     )
-    init_kwargs: dict[str, object] = {"dir": tmp / "spool", **({"quiet": True} if quiet else {})}
-    if transport is not None:  # e.g. an in-process server's (tests/support/inprocess.py)
-        init_kwargs["transport"] = transport
-    log = branch.LogTo(project, task, url, init_kwargs=init_kwargs)
     return branch.run(plan, lsq, tmp / "store", log=log)

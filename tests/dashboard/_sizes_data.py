@@ -17,7 +17,7 @@ import numpy as np
 
 import noisescope
 from noisescope import branch
-from tests.branch.lsq_branch import NoisyLeastSquares
+from tests.branch.lsq_branch import NoisyLeastSquares, logged_plan
 
 __all__ = ["BRANCH_STEPS", "PROJECT", "SIZES", "TASK", "post_model_sizes", "run_id"]
 
@@ -75,19 +75,16 @@ def post_model_sizes(url: str, tmp: Path) -> dict[str, str]:
                 step += 1
                 _log_step(parent, task, step, rng)
             parent.log(step, eval_loss=task.evaluate())
-            plan = branch.plan(
+            plan, log = logged_plan(
+                parent,
+                url,
+                {"dir": tmp / "spool", "quiet": True},
                 step=step,
                 batch_size=BATCH,
                 lr=LR,
                 multipliers=(1, 2, 4, 8, 16, 32),
                 budget=4096,
                 lr_rule="linear",
-                seeds=2,
-                epsilon=0.02,
-                parent_run_id=parent.id,
-            )
-            log = branch.LogTo(
-                PROJECT, TASK, url, init_kwargs={"dir": tmp / "spool", "quiet": True}
             )
             branch.run(plan, task, tmp / f"store_{name}_{step}", log=log)
         parent.finish()

@@ -36,7 +36,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, 
             parent.log_sample(*log_sample_args(cols, i))
         with httpx.Client(base_url=server.url) as c:
             post(c, make_sweep(200.0, (32, 64, 128, 256, 512)), project=PROJECT, task=TASK)
-        branch_logged_parent(parent, server.url, PROJECT, TASK, tmp, quiet=True)
+        branch_logged_parent(parent, server.url, tmp, quiet=True)
         parent.finish()
         kid = next(r.uid for r in Api(server.url).runs(project=PROJECT) if r.parent_uid)
         yield server.url, parent.id, kid

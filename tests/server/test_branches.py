@@ -16,7 +16,13 @@ import noisescope
 from noisescope import branch
 from noisescope.forecast import forecast_report
 from noisescope_server.models import Run
-from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares, branch_logged_parent
+from tests.branch.lsq_branch import (
+    DiesAfter,
+    Killed,
+    NoisyLeastSquares,
+    branch_logged_parent,
+    logged_plan,
+)
 from tests.server._data import columns, run_body
 from tests.support.http_clients import HttpClient, HttpResponse
 from tests.support.inprocess import AppServer
@@ -34,9 +40,7 @@ def _parent_with_branches(server: AppServer, tmp_path: Path) -> tuple[str, Any, 
         quiet=True,
         transport=server.transport(),
     )
-    result = branch_logged_parent(
-        parent, server.url, project, "lsq", tmp_path, transport=server.transport()
-    )
+    result = branch_logged_parent(parent, server.url, tmp_path, transport=server.transport())
     parent.finish()
     return parent.id, result, project
 
@@ -75,22 +79,16 @@ def test_a_killed_and_resumed_logged_sweep_leaves_no_orphan_branch_runs(
     parent = noisescope.init(
         server.url, project=project, task="lsq", quiet=True, transport=server.transport()
     )
-    plan = branch.plan(
+    plan, log = logged_plan(
+        parent,
+        server.url,
+        {"quiet": True, "transport": server.transport()},
         step=0,
         batch_size=4,
         lr=0.3,
         multipliers=(1, 4, 16),
         budget=1024,
         lr_rule="constant",
-        seeds=2,
-        epsilon=0.02,
-        parent_run_id=parent.id,
-    )
-    log = branch.LogTo(
-        project,
-        "lsq",
-        server.url,
-        init_kwargs={"quiet": True, "transport": server.transport()},
     )
     with pytest.raises(Killed):  # killed while training its 4th branch, whose run is open
         branch.run(plan, DiesAfter(3), tmp_path, log=log)
