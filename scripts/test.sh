@@ -31,7 +31,11 @@ fi
 . .venv/bin/activate
 say "installing noisescope (client + server + dev tools, CPU torch 2.13.0)"
 python -m pip install -q --upgrade pip
-python -m pip install -q torch==2.13.0 -e ./client -e '.[dev]'
+# --no-compile: byte-compiling every installed file (torch's and transformers' thousands) took
+# a minute; the suite imports a fraction of them, compiled once on first import instead, so the
+# bytecode must be written even where the environment says not to.
+python -m pip install -q --no-compile torch==2.13.0 -e ./client -e '.[dev]'
+unset PYTHONDONTWRITEBYTECODE
 
 say "ruff"
 ruff check .
