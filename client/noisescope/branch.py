@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from noisescope import _wire
 from noisescope.estimators import (
     LocalCriticalBatch,
+    check_positive,
     epsilon_problem,
     local_critical_batch,
     scaled_lr,
@@ -138,8 +139,7 @@ def plan(
         raise ValueError(f"lr_rule must be one of {LR_RULES}, got {lr_rule!r}")
     if not (isinstance(batch_size, int) and batch_size > 0):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not (lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be finite and positive, got {lr!r}")
+    check_positive("lr", lr)
     mults = tuple(sorted({int(m) for m in multipliers}))
     if len(mults) < 2 or mults[0] < 1 or len(mults) != len(tuple(multipliers)):
         raise ValueError(f"multipliers must be 2 or more distinct integers >= 1, got {multipliers}")

@@ -34,7 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from noisescope.estimators import LineFit, check_level, student_t_quantile, weighted_line_fit
+from noisescope.estimators import (
+    LineFit,
+    check_level,
+    check_positive,
+    student_t_quantile,
+    weighted_line_fit,
+)
 
 __all__ = [
     "CriticalBatchForecast",
@@ -113,7 +119,7 @@ class CriticalBatchLaw:
 
         ValueError naming the losses the law can be read at when B_crit or its interval at
         ``loss`` lies beyond the floating-point range (far outside the fitted losses)."""
-        _check_loss(loss)
+        check_positive("loss", loss)
         x0 = math.log(loss)
         y0 = self.line.intercept + self.line.slope * x0
         se = math.sqrt(self.line.var_mean(x0))
@@ -160,8 +166,10 @@ def fit_critical_batch_law(
     highs = list(b_crit_hi) if b_crit_hi is not None else [None] * n
     if len(lows) != n or len(highs) != n:
         raise ValueError("b_crit_lo and b_crit_hi must have one entry per loss")
-    if not all(v > 0 and math.isfinite(v) for v in [*losses, *b_crits]):
-        raise ValueError("losses and critical batch sizes must be finite and positive")
+    for loss in losses:
+        check_positive("loss", loss)
+    for b_crit in b_crits:
+        check_positive("critical batch size", b_crit)
     if len(set(losses)) < 3:
         raise ValueError(f"need measurements at 3 or more distinct losses, got {len(set(losses))}")
     xs = [math.log(v) for v in losses]
@@ -281,17 +289,11 @@ class ForecastReport:
     predictions: list[CriticalBatchForecast]
 
 
-def _check_loss(loss: float) -> None:
-    """A loss the law can be read at: B_crit(L) takes its logarithm."""
-    if not (math.isfinite(loss) and loss > 0):
-        raise ValueError(f"loss must be finite and positive, got {loss!r}")
-
-
 def forecast_report(report: Any, losses: Sequence[float] = ()) -> ForecastReport:
     """``law_from_report`` for a ``sweep.CriticalBatchReport``, predicted at ``losses``
     (each checked, whether or not there is a law to read them on)."""
     for loss in losses:
-        _check_loss(loss)
+        check_positive("loss", loss)
     used = [
         ForecastPoint(t.target, t.b_crit, t.b_crit_lo, t.b_crit_hi)
         for t in report.targets

@@ -32,6 +32,8 @@ from noisescope.estimators import (
     NoiseScale,
     NoiseScaleInterval,
     check_level,
+    check_non_negative,
+    check_positive,
     compute_waste,
     doubling_speedup,
     examples_ratio,
@@ -259,12 +261,6 @@ def _option(
     )
 
 
-def _check_positive(name: str, value: float) -> None:
-    """The inputs ``recommend`` and ``parallelism_plan`` divide by or take logs of."""
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
-
-
 def recommend(
     noise: RunSummary | CurrentNoiseScale | NoiseScaleInterval | NoiseScale | float | None,
     batch_size: float,
@@ -288,14 +284,13 @@ def recommend(
         reference_batch: B0 of the efficiency (φ + B0)/(φ + B); 0 gives E_min/E.
         units: what the batch counts ("examples" or "tokens"), for the verdict's wording.
     """
-    _check_positive("batch_size", batch_size)
+    check_positive("batch_size", batch_size)
     for b in candidates or ():
-        _check_positive("candidates", b)
+        check_positive("candidates", b)
     for b, t in (throughput or {}).items():
-        _check_positive("throughput batch size", b)
-        _check_positive("throughput", t)
-    if not (math.isfinite(reference_batch) and reference_batch >= 0):
-        raise ValueError(f"reference_batch must be a finite number >= 0, got {reference_batch}")
+        check_positive("throughput batch size", b)
+        check_positive("throughput", t)
+    check_non_negative("reference_batch", reference_batch)
     b_simple: float | None
     lo = hi = level = lower = None
     reason: str | None = None
@@ -473,11 +468,11 @@ def parallelism_plan(
     """
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
-    _check_positive("b_crit", b_crit)
-    _check_positive("per_device_batch", per_device_batch)
+    check_positive("b_crit", b_crit)
+    check_positive("per_device_batch", per_device_batch)
     for name, opt in (("s_min", s_min), ("step_time", step_time), ("batch_size", batch_size)):
         if opt is not None:
-            _check_positive(name, opt)
+            check_positive(name, opt)
     limit = parallelism_limit(b_crit, per_device_batch, min_speedup)  # inf past the floats
     beyond = not limit < MAX_DEVICES
     if max_devices is None:  # 4x the limit, at least 8, at most MAX_DEVICES: never refused

@@ -98,7 +98,7 @@ def test_the_law_uses_only_determined_targets() -> None:
     lawless = SimpleNamespace(targets=good[:2], level=0.9, project="p", task="t", units="examples")
     assert forecast_report(lawless, [1.2]).b_star is None
     for loss in (-1.0, 0.0, math.nan, math.inf):
-        with pytest.raises(ValueError, match="loss must be finite and positive"):
+        with pytest.raises(ValueError, match="loss must be a finite positive number"):
             forecast_report(lawless, [1.2, loss])
 
 
@@ -136,10 +136,10 @@ def test_a_flat_noisy_law_is_not_significant() -> None:
 def test_bad_law_input_says_what_to_fix() -> None:
     with pytest.raises(ValueError, match="3 or more distinct losses"):
         fit_critical_batch_law([1.0, 1.0, 2.0], [1.0, 2.0, 3.0])
-    with pytest.raises(ValueError, match="finite and positive"):
+    with pytest.raises(ValueError, match="must be a finite positive number"):
         fit_critical_batch_law([1.0, 2.0, math.nan], [1.0, 2.0, 3.0])
     law = fit_critical_batch_law([3.0, 2.0, 1.0], [10.0, 30.0, 100.0])
-    with pytest.raises(ValueError, match="loss must be finite and positive"):
+    with pytest.raises(ValueError, match="loss must be a finite positive number"):
         law.predict(-1.0)
 
 

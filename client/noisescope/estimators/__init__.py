@@ -85,7 +85,14 @@ from ._smoothing import (
     trailing_windows,
     training_loss_curve,
 )
-from ._stats import LineFit, check_level, student_t_quantile, weighted_line_fit
+from ._stats import (
+    LineFit,
+    check_level,
+    check_non_negative,
+    check_positive,
+    student_t_quantile,
+    weighted_line_fit,
+)
 from ._two_batch import (
     EMA,
     NoiseScale,
@@ -136,6 +143,8 @@ __all__ = [
     "bucket_blocks",
     "bucket_noise_scales",
     "check_level",
+    "check_non_negative",
+    "check_positive",
     "compute_waste",
     "current_noise_scale",
     "current_window",

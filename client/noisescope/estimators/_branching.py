@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._stats import check_level, student_t_quantile
+from ._stats import check_level, check_positive, student_t_quantile
 
 # Continuations of one checkpoint at batch sizes b_0 < b_1 < ..., all trained on the same number
 # of examples, end at losses L(b). The local critical batch size is the largest batch whose loss
@@ -152,8 +152,8 @@ def local_critical_batch(
         raise ValueError("batch_sizes and losses must have the same length")
     if len(batch_sizes) < 2 or len(set(batch_sizes)) != len(batch_sizes):
         raise ValueError("need at least 2 distinct batch sizes")
-    if not all(b > 0 and math.isfinite(b) for b in batch_sizes):
-        raise ValueError("batch sizes must be finite and positive")
+    for b in batch_sizes:
+        check_positive("batch size", b)
     order = sorted(range(len(batch_sizes)), key=lambda i: batch_sizes[i])
     xs = [float(batch_sizes[i]) for i in order]
     rows = [[float(v) for v in losses[i]] for i in order]

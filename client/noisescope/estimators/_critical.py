@@ -4,11 +4,10 @@ parallelises once B_crit is known."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._stats import check_level, fieller, weighted_line_fit
+from ._stats import check_level, check_positive, fieller, weighted_line_fit
 
 
 def steps_ratio(batch_size: float, b_crit: float) -> float:
@@ -63,10 +62,10 @@ def fit_critical_batch(
             "need at least 3 distinct batch sizes that reached the target, "
             f"got {len(set(batch_sizes))}"
         )
-    if not all(b > 0 and math.isfinite(b) for b in batch_sizes):
-        raise ValueError("batch sizes must be finite and positive")
-    if not all(s > 0 and math.isfinite(s) for s in steps):
-        raise ValueError("steps must be finite and positive")
+    for b in batch_sizes:
+        check_positive("batch size", b)
+    for s in steps:
+        check_positive("steps", s)
     xs = [1.0 / b for b in batch_sizes]
     ys = [float(s) for s in steps]
     line = weighted_line_fit(xs, ys, [1.0 / (s * s) for s in ys])

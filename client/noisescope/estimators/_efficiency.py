@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ._stats import check_non_negative, check_positive
+
 # --- Acting on the noise scale: statistical efficiency, goodput, batch-size targets ----------
 #
 # (Used by noisescope.schedule and noisescope.recommend.) In docs/science.md's model
@@ -31,8 +33,7 @@ def statistical_efficiency(
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if reference_batch < 0:
         raise ValueError(f"reference_batch must be >= 0, got {reference_batch}")
-    if not noise_scale >= 0 or not math.isfinite(noise_scale):
-        raise ValueError(f"noise_scale must be finite and >= 0, got {noise_scale}")
+    check_non_negative("noise_scale", noise_scale)
     if noise_scale == 0.0 and reference_batch == 0.0:
         return 0.0
     return (noise_scale + reference_batch) / (noise_scale + batch_size)
@@ -129,8 +130,7 @@ def noise_scaled_lr(max_lr: float, batch_size: float, noise_scale: float) -> flo
     """
     if not (max_lr > 0 and batch_size > 0):
         raise ValueError("max_lr and batch_size must be positive")
-    if not (noise_scale >= 0 and math.isfinite(noise_scale)):
-        raise ValueError(f"noise_scale must be finite and >= 0, got {noise_scale}")
+    check_non_negative("noise_scale", noise_scale)
     return max_lr / (1.0 + noise_scale / batch_size)
 
 
@@ -144,8 +144,6 @@ def adaptive_batch_target(noise_scale: float, reference_batch: float) -> float:
     (Cauchy–Schwarz), while B = κ·B_noise lies on it: B_ref is the exchange rate, the number of
     examples one optimizer step is worth.
     """
-    if not (reference_batch > 0 and math.isfinite(reference_batch)):
-        raise ValueError(f"reference_batch must be positive, got {reference_batch}")
-    if not (noise_scale >= 0 and math.isfinite(noise_scale)):
-        raise ValueError(f"noise_scale must be finite and >= 0, got {noise_scale}")
+    check_positive("reference_batch", reference_batch)
+    check_non_negative("noise_scale", noise_scale)
     return math.sqrt(noise_scale * reference_batch)

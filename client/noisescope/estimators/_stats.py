@@ -63,6 +63,20 @@ def check_level(level: float) -> None:
         raise ValueError(f"level must be in (0, 1), got {level}")
 
 
+def check_positive(name: str, value: float) -> None:
+    """Refuse a ``value`` that is not a finite number > 0 (nan included): the rule for every
+    size, rate and loss that a formula divides by or takes the logarithm of."""
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
+
+
+def check_non_negative(name: str, value: float) -> None:
+    """Refuse a ``value`` that is not a finite number >= 0 (nan included): a noise scale or a
+    reference batch, where 0 has a meaning."""
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
 @functools.lru_cache(maxsize=1024)  # pure; the server calls it once per bucket (2000/query)
 def student_t_quantile(p: float, df: float) -> float:
     """Quantile of Student's t with ``df`` degrees of freedom (pure Python, ~1e-10 accurate)."""
