@@ -12,6 +12,7 @@ from sqlalchemy import Engine, select
 from noisescope.estimators import CURRENT_FRACTION, CURRENT_RAW_LIMIT, current_window
 from noisescope_server import crud, db, queries
 from noisescope_server.models import BLOCK_SIZE, SampleBlock
+from noisescope_server.queries._compare import COMPARE_MIN_BLOCKS
 from tests.server._data import columns, expected_sums
 
 
@@ -55,10 +56,26 @@ def test_bucket_sums_are_exact_per_run_from_samples_and_from_blocks(db_url: str)
                 sum((b.loss or 0.0) * b.n_loss for b in mine), sum(losses), rel_tol=1e-9
             )
             assert mine[-1].batch_size == 32.0
+    # each bucket says which source its run was read from
+    assert all(b.from_blocks for b in from_blocks) and not any(b.from_blocks for b in from_samples)
     # block buckets hold whole blocks of 64: their sample counts are multiples of it
     sample_counts = [b.n for b in from_blocks if b.run_uid == "a"]
     assert all(n % BLOCK_SIZE == 0 for n in sample_counts[:-1])
     assert [b.n for b in from_samples if b.run_uid == "a"] == [100] * 10
+
+
+def test_compared_runs_say_whether_they_were_read_from_their_blocks(db_url: str) -> None:
+    engine = db.make_engine(db_url)
+    db.upgrade(engine)
+    enough = COMPARE_MIN_BLOCKS * BLOCK_SIZE  # whole-model samples to be read from blocks
+    for uid, n in (("long", enough), ("short", enough - 1)):
+        crud.upsert_run(engine, uid, crud.RunIn(project="p", task="t", batch_size=32))
+        crud.ingest_samples(engine, uid, crud.validate_samples({"columns": columns(n, seed=n)}))
+    compared = queries.compare_series(engine, ["long", "short"])
+    assert [(s.run_uid, s.n_samples, s.source) for s in compared] == [
+        ("long", enough, "blocks"),
+        ("short", enough - 1, "samples"),
+    ]
 
 
 def test_bucket_sums_leave_out_runs_outside_the_project_scope(db_url: str) -> None:

@@ -297,6 +297,7 @@ def test_the_training_curve_weights_each_bucket_by_the_samples_that_carried_a_lo
             None,
             None,
             n_loss,
+            False,
         )
 
     buckets = [bucket(i) for i in range(20)]

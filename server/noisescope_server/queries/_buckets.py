@@ -51,6 +51,8 @@ class BucketSums:
     batch_size: float | None
     #: The samples ``loss`` is the mean of (those that carried a loss).
     n_loss: int
+    #: Whether the run was read from its blocks (``min_blocks`` of them or more), not its samples.
+    from_blocks: bool
 
 
 #: A run is read from the server's ``sample_block`` sums (``BLOCK_SIZE`` samples each; a
@@ -113,7 +115,7 @@ def _sizes(conn: Connection, run_ids: Sequence[int]) -> dict[int, int]:
     return {int(r): int(n or 0) for r, n in conn.execute(q)}
 
 
-def reads_blocks(n_samples: int, min_blocks: float) -> bool:
+def _reads_blocks(n_samples: int, min_blocks: float) -> bool:
     """Whether ``bucket_sums`` reads a run of ``n_samples`` whole-model samples from its
     blocks: once it has ``min_blocks`` of them, buckets of whole blocks are still at least as
     fine as the caller asked for."""
@@ -122,14 +124,14 @@ def reads_blocks(n_samples: int, min_blocks: float) -> bool:
 
 def _bucket_source(
     conn: Connection, run_ids: Sequence[int], series: Sequence[str], min_blocks: float
-) -> Any:
-    """Sample rows for short runs and block rows for long ones (``reads_blocks``), as one
-    subquery."""
+) -> tuple[Any, list[int]]:
+    """Sample rows for short runs and block rows for long ones (``_reads_blocks``), as one
+    subquery; and the runs read from their blocks."""
     sizes = _sizes(conn, run_ids)
     small: list[int] = []
     big: list[int] = []
     for r in run_ids:
-        (big if reads_blocks(sizes.get(r, 0), min_blocks) else small).append(r)
+        (big if _reads_blocks(sizes.get(r, 0), min_blocks) else small).append(r)
     parts: list[Any] = []
     if small:
         parts.append(_sample_rows().where(Sample.run_id.in_(small), Sample.series.in_(series)))
@@ -140,7 +142,7 @@ def _bucket_source(
     if not parts:
         parts.append(_sample_rows().where(false()))
     combined: Any = parts[0] if len(parts) == 1 else union_all(parts[0], parts[1])
-    return combined.subquery("rows")
+    return combined.subquery("rows"), big
 
 
 def bucket_sums(
@@ -162,13 +164,13 @@ def bucket_sums(
         return []
     max_points = max(1, int(max_points))
     with engine.connect() as conn:
-        known = select(Run.id).where(Run.uid.in_(list(run_uids)))
+        known = select(Run.id, Run.uid).where(Run.uid.in_(list(run_uids)))
         if project_scope is not None:
             known = known.where(Run.project_id == project_scope)
-        run_ids = [int(i) for i in conn.execute(known).scalars()]
-        rows = _bucket_source(
+        uid_of = {int(i): str(uid) for i, uid in conn.execute(known)}
+        rows, read_from_blocks = _bucket_source(
             conn,
-            run_ids,
+            list(uid_of),
             list(series),
             max_points * BLOCKS_PER_POINT if min_blocks is None else min_blocks,
         )
@@ -215,14 +217,15 @@ def bucket_sums(
             .group_by(Run.uid, rows.c.series, bucket)
             .order_by(Run.uid, rows.c.series, bucket)
         )
-        return [_bucket_sums(row) for row in conn.execute(q)]
+        block_uids = {uid_of[i] for i in read_from_blocks}
+        return [_bucket_sums(row, block_uids) for row in conn.execute(q)]
 
 
 def _opt(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def _bucket_sums(row: Any) -> BucketSums:
+def _bucket_sums(row: Any, block_uids: set[str]) -> BucketSums:
     """Plain Python numbers: PostgreSQL returns sums of integers as Decimal."""
     (uid, series, bucket, n, g_sq, trace_sigma, step_lo, step, examples, time, loss, lr, batch,
      n_loss) = row  # fmt: skip
@@ -241,4 +244,5 @@ def _bucket_sums(row: Any) -> BucketSums:
         _opt(lr),
         _opt(batch),
         int(n_loss),
+        str(uid) in block_uids,
     )

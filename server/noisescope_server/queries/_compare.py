@@ -9,7 +9,7 @@ from sqlalchemy import Engine, select
 from noisescope.estimators import run_fraction_window
 from noisescope.protocol import RunSeries, SeriesPoint
 from noisescope_server.models import Run
-from noisescope_server.queries._buckets import BucketSums, bucket_sums, reads_blocks
+from noisescope_server.queries._buckets import BucketSums, bucket_sums
 from noisescope_server.queries._series import series_points, smooth_series
 
 
@@ -74,7 +74,7 @@ def compare_series(
         window = run_fraction_window(points[0].step_lo, points[-1].step_hi, window_fraction)
         smoothed = smooth_series(points, window, intervals=False) if window > 0 else points
         n = sum(p.n for p in points)
-        source = "blocks" if reads_blocks(n, COMPARE_MIN_BLOCKS) else "samples"
+        source = "blocks" if by_uid[uid][0].from_blocks else "samples"
         out.append(
             RunSeries(
                 uid,
