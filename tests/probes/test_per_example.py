@@ -142,16 +142,109 @@ def test_conv_layers_match_brute_force() -> None:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-12, msg=name)
 
 
-def test_tied_weights_are_refused_with_advice() -> None:
-    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
-    model[1].weight = model[0].weight
-    with pytest.raises(ValueError, match="tied weights"):
-        GradientNoiseProbe(model, ListSink(), source="per_example")
+class TinyGPT(nn.Module):
+    """nanoGPT's layout in miniature: positions ``arange(T)`` broadcast over the batch, the
+    embedding tied to the head, blocks optionally checkpointed, one block called twice."""
+
+    def __init__(self, vocab: int = 13, d: int = 8, t: int = 6, checkpoint: bool = False):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(t, d)
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.wte.weight = self.head.weight
+        self.checkpoint = checkpoint
+
+    def block(self, x: Tensor) -> Tensor:
+        return x + torch.tanh(self.fc(self.ln(x)))
+
+    def forward(self, idx: Tensor) -> Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for _ in range(2):  # the same block twice: its parameters have two uses
+            if self.checkpoint:
+                x = torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+            else:
+                x = self.block(x)
+        out: Tensor = self.head(x)
+        return out
 
 
-def test_module_reused_in_one_forward_is_refused() -> None:
-    layer = nn.Linear(4, 4)
-    probe = GradientNoiseProbe(layer, ListSink(), source="per_example")
+@pytest.mark.parametrize("batch", [5, 6], ids=["batch-5", "batch-equals-T"])
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "checkpointed"])
+def test_tied_broadcast_reused_and_checkpointed_layers_match_brute_force(
+    batch: int, checkpoint: bool
+) -> None:
+    """Cross terms between the uses of one parameter (tied embedding and head, a block called
+    twice), positions broadcast over the batch, recomputed forwards counted once."""
+    torch.manual_seed(2)
+    model = TinyGPT(checkpoint=checkpoint).double()
+    ids = torch.randint(0, 13, (batch, 6))
+    target = torch.randint(0, 13, (batch, 6))
+
+    def loss_pe(logits: Tensor) -> Tensor:
+        per_token = nn.functional.cross_entropy(
+            logits.reshape(-1, 13), target.reshape(-1), reduction="none"
+        )
+        return per_token.reshape(batch, 6).mean(1)
+
+    expected = _brute_force(model, ids, loss_pe, batch)
+    got = _hooked(model, ids, loss_pe, "auto")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-6, atol=1e-14, msg=name)
+
+
+class Routed(nn.Module):
+    """Top-1 routing to two experts, each fed only its tokens (``x[mask]``)."""
+
+    def __init__(self, d: int = 4) -> None:
+        super().__init__()
+        self.router = nn.Linear(d, 2)
+        self.experts = nn.ModuleList([nn.Linear(d, d), nn.Linear(d, d)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        choice = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            mask = choice == e
+            out[mask] = expert(x[mask])
+        return out.sum(-1)
+
+
+def test_rows_that_are_not_examples_are_reported_never_guessed() -> None:
+    """An expert fed the routed tokens sees rows that are not the batch's examples: auto
+    says so once, logs nothing wrong and moves to micro-batches; nothing reaches the loop."""
+    torch.manual_seed(3)
+    model, sink = Routed(), ListSink()
+    probe = GradientNoiseProbe(model, sink)
     assert probe.source == "per_example"
-    with pytest.raises(RuntimeError, match="ran twice"):
-        layer(layer(torch.randn(3, 4)))
+
+    def step() -> None:
+        for _ in range(2):  # accumulation: the micro source measures
+            (model(torch.randn(6, 3, 4)).square().mean() / 2).backward()
+            probe.micro_step(batch_size=6)
+        probe.step()
+        model.zero_grad(set_to_none=True)
+
+    with pytest.warns(UserWarning, match="cannot be computed exactly"):
+        step()
+    step()
+    assert probe.source == "micro" and probe.error is None
+    assert "cannot be computed exactly" in probe.source_reason
+    assert [r["b_small"] for r in sink.series("")] == [6.0]  # the first step is not logged
+
+
+def test_forced_per_example_on_an_unsupported_layout_stops_with_the_reason() -> None:
+    model = Routed()
+    probe = GradientNoiseProbe(model, ListSink(), source="per_example")
+    model(torch.randn(6, 3, 4)).square().mean().backward()
+    with pytest.warns(RuntimeWarning, match="stopped measuring"):
+        probe.step(batch_size=6)
+    assert probe.error is not None and "not the batch's examples" in probe.error
+
+
+def test_auto_with_batchnorm_uses_micro_batches_and_says_why() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    probe = GradientNoiseProbe(model, ListSink())
+    assert probe.source == "micro" and "BatchNorm" in probe.source_reason

@@ -310,7 +310,7 @@ def test_unknown_units_get_the_runs_message() -> None:
     assert str(by_run.value) == str(by_probe.value) == said
 
 
-def test_batchnorm_refuses_per_example() -> None:
+def test_batchnorm_refuses_a_forced_per_example_source() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     with pytest.raises(ValueError, match="BatchNorm"):
         GradientNoiseProbe(model, ListSink(), source="per_example")
@@ -605,7 +605,7 @@ def test_an_error_inside_the_probe_stops_it_and_training_goes_on_unchanged(
     """An exception raised in a gradient hook would abort the user's backward half-way (some
     .grad accumulated, some not). The probe keeps it out of the backward: the model trains
     exactly as without the probe, the probe warns once, says why and measures no more."""
-    from noisescope.torch import _per_example
+    from noisescope.torch import _factors
 
     calls = [0]
 
@@ -625,7 +625,7 @@ def test_an_error_inside_the_probe_stops_it_and_training_goes_on_unchanged(
         per_step = 4 * (k + 1)
         monkeypatch.setattr(_rows, "_norm_into", lambda dtype: failing_after(per_step, real(dtype)))
     else:  # two Linear layers per backward
-        monkeypatch.setattr(_per_example, "_linear_sq", failing_after(3, _per_example._linear_sq))
+        monkeypatch.setattr(_factors, "lowrank_sq", failing_after(3, _factors.lowrank_sq))
         k = 1
     model, sink = _mlp(), ListSink()
     twin = copy.deepcopy(model)

@@ -1,19 +1,23 @@
 """Per-example squared gradient norms without per-example gradients (B_small = 1).
 
-For a layer y = x W^T + b applied at T positions of example i, the per-example gradient is
-g_i = sum_t delta_it x_it^T, so (Goodfellow 2015; Li et al. 2022 "ghost norm"; Gray et al.
-2023/2024, nanoGNS)::
+Each module owning measured parameters gets a forward hook. At every call (a *use*) it saves
+the module's input and reads the output gradient delta = dL/dy from a tensor hook on the
+output; the backward then gives each parameter's per-example squared norms from the
+identities of ``_factors`` (Linear and Conv: Gram forms; Embedding: a segment sum; LayerNorm
+and RMSNorm: (B, D) per-example gradients). Any other module falls back to ``torch.func``:
+per-example vector-Jacobian products of the module alone, vmapped over the batch (exact,
+costlier). What real models do on top of that (docs/science.md):
 
-    |g_i|^2 = sum_{t,s} (delta_it . delta_is)(x_it . x_is)       (T x T Gram matrices)
+- a parameter with several uses (a tied embedding and head, an encoder-decoder's shared
+  embedding, a module called twice) gets the cross terms between its uses (``_factors.inner``);
+- a batch-less output (positions ``arange(T)`` broadcast over the batch, BERT's position
+  buffers, T5's relative attention bias) is followed to its broadcast (``_broadcast``);
+- gradient checkpointing's recomputed forwards are not counted twice.
 
-or, when cheaper, |delta_i^T x_i|_F^2 with the (d_out x d_in) product formed per example. We save
-each layer's input in a forward hook and read delta = dL/dy from a tensor hook on the output,
-so nothing but a length-B vector per parameter is kept. Conv layers are Linear layers over
-unfolded patches; Embedding sums the output gradients of each (example, token id) pair;
-LayerNorm's affine parameters have cheap (B, D) per-example gradients. Any other module that
-owns parameters falls back to ``torch.func``: per-example vector-Jacobian products of the
-module alone, vmapped over the batch (exact, costlier). Batch is dimension 0 of each module's
-first input and output.
+What cannot be measured exactly (a layer fed rows that are not the batch's examples, e.g. an
+expert that sees only the tokens routed to it) is never guessed: the step is reported as
+``Unsupported`` with the reason, and the probe decides what to do. Batch is dimension 0 of each
+module's first input and output.
 """
 
 from __future__ import annotations
@@ -27,73 +31,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from ._broadcast import Capture
+from ._factors import Factor, Flat, LowRank, gather_for, inner, sq_norm, wide
 from ._instrument import Wrap, _identity
 
 PerExampleMethod = Literal["auto", "identities", "func"]
 
-
-def _linear_sq(x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-example |grad W|^2 = |sum_t delta_t x_t^T|_F^2 and |grad b|^2 = |sum_t delta_t|^2.
-
-    x: (B, T, d_in), delta: (B, T, d_out). The bias term falls out of whichever form is used.
-    """
-    t, d_in, d_out = x.shape[1], x.shape[2], delta.shape[2]
-    if t == 1:
-        delta_sq = delta.square().sum((1, 2))
-        return delta_sq * x.square().sum((1, 2)), delta_sq
-    if t * (d_in + d_out) <= d_in * d_out:
-        gram_x = torch.bmm(x, x.transpose(1, 2))
-        gram_d = torch.bmm(delta, delta.transpose(1, 2))
-        return (gram_x * gram_d).sum((1, 2)), gram_d.sum((1, 2))
-    weight_sq = torch.bmm(delta.transpose(1, 2), x).square().sum((1, 2))
-    return weight_sq, delta.sum(1).square().sum(1)
+#: kinds whose parameters are a normalization layer's (Gray et al. 2024's cheap proxy)
+NORM_KINDS = frozenset({"layernorm", "rmsnorm", "norm"})
 
 
-def _embedding_sq(ids: Tensor, delta: Tensor, n_rows: int) -> Tensor:
-    """Per-example |grad W|^2 of an Embedding; ids: (B, T), delta: (B, T, D).
-
-    Row v of example b's gradient is the sum of delta_bt over the t with id v: sum the deltas
-    of each distinct (example, id) pair (one segment sum over B T keys), then add up the
-    squared norms of those rows per example. O(B T D) time and memory, like delta itself,
-    whatever the vocabulary and sequence length (the "equal id" Gram identity is O(B T^2 D)).
-    Segments come from a sort, not ``torch.unique``, whose data-dependent size would make a
-    GPU wait for the host in the middle of the backward pass.
-    """
-    b, t, d = delta.shape
-    if t == 1:
-        return delta.square().sum((1, 2))
-    keys = (ids + n_rows * torch.arange(b, device=ids.device).unsqueeze(1)).reshape(-1)
-    sorted_keys, order = keys.sort()
-    starts = torch.ones_like(sorted_keys, dtype=torch.bool)
-    starts[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    segment = starts.cumsum(0) - 1  # segment of each sorted position; at most B T segments
-    row = torch.empty_like(segment).scatter_(0, order, segment)  # of each original position
-    rows = delta.new_zeros(keys.numel(), d).index_add_(0, row, delta.reshape(-1, d))
-    # each segment's example (unused segments keep 0 and add a zero norm)
-    example = torch.zeros_like(segment).scatter_(
-        0, segment, torch.div(sorted_keys, n_rows, rounding_mode="floor")
-    )
-    return delta.new_zeros(b).index_add_(0, example, rows.square().sum(1))
-
-
-def _as_btd(t: Tensor, d: int) -> Tensor:
-    return t.reshape(t.shape[0], -1, d).float()
-
-
-class _Entry:
-    """One hooked module: how to turn (saved input, output gradient) into per-example norms."""
-
-    def __init__(
-        self,
-        module: nn.Module,
-        params: list[tuple[str, int]],
-        kind: str,
-    ) -> None:
-        self.module = module
-        self.params = params  # (attribute name, global parameter index)
-        self.kind = kind
-        self.names = dict(params)
-        self.ones: Tensor | None = None  # LayerNorm: a unit weight for recomputing x_hat
+class Unsupported(Exception):
+    """This step's per-example norms cannot be computed exactly (the message says why)."""
 
 
 try:
@@ -128,6 +77,78 @@ def _supported_kind(module: nn.Module) -> str | None:
         return None
     if cls is nn.LayerNorm:
         return "layernorm"
+    if cls is nn.RMSNorm:
+        return "rmsnorm"
+    # Hugging Face's Conv1D (GPT-2): y = x W + b with W (in, out); matched by name, so that
+    # the probe needs no transformers import
+    weight = getattr(module, "weight", None)
+    if cls.__name__ == "Conv1D" and hasattr(module, "nf") and isinstance(weight, Tensor):
+        return "conv1d_hf" if weight.dim() == 2 else None
+    return None
+
+
+def is_norm_layer(module: nn.Module) -> bool:
+    """A normalization layer: torch's own, or a model's class named like one (nanoGPT's
+    ``LayerNorm``, Llama's ``LlamaRMSNorm``, T5's ``T5LayerNorm``) with vector parameters."""
+    cls = _plain_type(module)
+    if cls in (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm):
+        return True
+    name = cls.__name__.lower()
+    own = list(module.parameters(recurse=False))
+    return bool(own) and name.endswith("norm") and all(p.dim() == 1 for p in own)
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why per-example gradients are not defined for this model at all, if they are not."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            return (
+                f"{name or '(model)'} is a BatchNorm layer: it mixes the examples of a batch, "
+                "so per-example gradients are not defined"
+            )
+    return None
+
+
+class _Entry:
+    """One hooked module: its measured parameters and the identity that gives their norms."""
+
+    def __init__(self, module: nn.Module, label: str, params: list[tuple[str, int]], kind: str):
+        self.module = module
+        self.label = label
+        self.params = params  # (attribute name, global parameter index)
+        self.kind = kind
+        self.names = dict(params)
+        self.ones: Tensor | None = None  # LayerNorm: a unit weight for recomputing x_hat
+
+
+class _Use:
+    """One call of a hooked module in a forward pass."""
+
+    def __init__(
+        self, serial: int, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        self.serial = serial
+        self.entry = entry
+        self.args = args
+        self.kwargs = kwargs
+        self.batch_less = False  # the input has no batch dimension (positions, buffers)
+        self.ids: Tensor | None = None  # an embedding's (B, T) ids, known at the forward
+        self.factors: dict[int, Factor] = {}  # parameter index -> its gradient, once done
+        self.done = False
+
+
+def _in_backward() -> bool:
+    """Inside a backward pass (a forward recomputed by gradient checkpointing); never while
+    traced by torch.compile, where the call would break the graph."""
+    if torch.compiler.is_compiling():
+        return False
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
+def _first_tensor(args: Sequence[Any], kwargs: dict[str, Any]) -> Tensor | None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, Tensor) and a.dim() > 0:
+            return a
     return None
 
 
@@ -145,59 +166,53 @@ class PerExampleNorms:
         self._wrap = wrap  # profiling (``noisescope.torch.instrumented``)
         if method not in ("auto", "identities", "func"):
             raise ValueError(f"per_example must be 'auto', 'identities' or 'func', got {method!r}")
-        self.n_params = len(param_index)
-        self.armed = False
-        # called with an error raised while computing norms in the backward (instead of
-        # raising it there, which would abort the user's backward half-way); None: raise
-        self.on_error: Callable[[BaseException], None] | None = None
-        self._recomputing = False
-        self._results: dict[int, Tensor] = {}
-        self._calls: dict[int, int] = {}
         if max_examples is not None and max_examples < 1:
             raise ValueError(f"max_examples must be at least 1, got {max_examples}")
+        if reason := unsupported_reason(model):
+            raise ValueError(
+                f"{reason}; use source='micro' (gradient accumulation or DDP) for this model"
+            )
+        self.n_params = len(param_index)
         self.max_examples = max_examples
+        self.armed = False
+        # called with an error raised while computing norms (instead of raising it inside the
+        # user's forward or backward); None: raise
+        self.on_error: Callable[[BaseException], None] | None = None
+        self._recomputing = False
         self.last_full_batch = 0  # examples in the batch behind the last take()
-        self._batch: int | None = None
-        self._batch_seen: int | None = None
         self._handles: list[RemovableHandle] = []
         self.entries: list[_Entry] = []
-        owners: dict[int, str] = {}
+        self._owners: dict[int, list[_Entry]] = {}  # parameter index -> modules owning it
+        self._batch_hint: int | None = None  # from the model's own input
+        self._root_ids_ndim: int | None = None  # ndim of the model's input ids, if any
+        self.reset()
         for mod_name, module in model.named_modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                raise ValueError(
-                    f"{mod_name or '(model)'} is a BatchNorm layer: it mixes the examples of a "
-                    "batch, so per-example gradients are not defined; use source='micro' "
-                    "(gradient accumulation or DDP) for this model"
-                )
             direct = [
-                (name, p)
+                (name, param_index[id(p)])
                 for name, p in module.named_parameters(recurse=False)
                 if id(p) in param_index
             ]
             if not direct:
                 continue
-            for name, p in direct:
-                if id(p) in owners:
-                    raise ValueError(
-                        f"parameter {mod_name or '(model)'}.{name} is shared with "
-                        f"{owners[id(p)]} (tied weights): per-example norms need each parameter "
-                        "in one module; use source='micro' (accumulation/DDP) for this model"
-                    )
-                owners[id(p)] = f"{mod_name or '(model)'}.{name}"
-            own = [(name, param_index[id(p)]) for name, p in direct]
+            label = mod_name or "(model)"
             kind = _supported_kind(module) if method != "func" else None
             if kind is None and method == "identities":
                 raise ValueError(
-                    f"module {mod_name or '(model)'} ({type(module).__name__}) has no cheap "
-                    "per-example identity; use per_example='auto' to fall back to torch.func"
+                    f"module {label} ({type(module).__name__}) has no cheap per-example "
+                    "identity; use per_example='auto' to fall back to torch.func"
                 )
-            entry = _Entry(module, own, kind or "func")
+            entry = _Entry(module, label, direct, kind or "func")
+            for _, idx in direct:
+                self._owners.setdefault(idx, []).append(entry)
             self.entries.append(entry)
             self._handles.append(
                 module.register_forward_hook(
                     wrap(self._make_forward_hook(entry), False), with_kwargs=True
                 )
             )
+        self._handles.append(
+            model.register_forward_pre_hook(wrap(self._see_input, False), with_kwargs=True)
+        )
 
     @property
     def methods(self) -> dict[str, int]:
@@ -207,150 +222,224 @@ class PerExampleNorms:
             out[e.kind] = out.get(e.kind, 0) + 1
         return out
 
+    @property
+    def shared(self) -> list[str]:
+        """Parameters owned by several modules (tied weights), as 'module.param' names."""
+        return [
+            " = ".join(f"{e.label}.{_name_of(e, idx)}" for e in owners)
+            for idx, owners in self._owners.items()
+            if len(owners) > 1
+        ]
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
 
+    def reset(self) -> None:
+        self._results: dict[int, Tensor] = {}
+        self._uses: dict[int, list[_Use]] = {}  # id(entry) -> this step's uses
+        self._serial = 0
+        self._batch: int | None = None
+        self._batch_seen: int | None = None
+        self._unsupported: str | None = None
+
+    # --- the forward --------------------------------------------------------------------
+
+    def _see_input(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The model's own input: the batch size, before any layer is called."""
+        first = _first_tensor(args, kwargs)
+        if first is not None and not _in_backward():
+            self._batch_hint = int(first.shape[0])
+            is_ids = not first.is_floating_point() and not first.is_complex()
+            self._root_ids_ndim = first.dim() if is_ids else None
+
     def _make_forward_hook(
         self, entry: _Entry
-    ) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], None]:
+    ) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]:
         def hook(
             module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-        ) -> None:
+        ) -> Any:
             if not self.armed or self._recomputing or not torch.is_grad_enabled():
-                return
-            out = output[0] if isinstance(output, tuple) else output
-            if not isinstance(out, Tensor) or not out.requires_grad:
-                return
-            key = id(entry)
-            self._calls[key] = self._calls.get(key, 0) + 1
-            if self._calls[key] > 1:
-                raise RuntimeError(
-                    f"{type(module).__name__} ran twice in one forward pass; its per-example "
-                    "gradient is a sum over both uses, which per-example norms cannot split. "
-                    "Use source='micro' (accumulation or DDP) for this model."
-                )
-            first = args[0] if args and isinstance(args[0], Tensor) else None
-            batch = int(first.shape[0]) if first is not None and first.dim() > 0 else None
-            if batch is None or int(out.shape[0]) != batch:
-                raise RuntimeError(
-                    f"{type(module).__name__} got an input without a leading batch dimension "
-                    f"(shape {tuple(first.shape) if first is not None else None}); per-example "
-                    "norms need batch-first inputs. For a positional embedding, index it with "
-                    "positions expanded to (batch, T), or use source='micro'."
-                )
-            if self._batch_seen is None:
-                self._batch_seen = batch
-            elif batch != self._batch_seen:
-                raise RuntimeError(
-                    f"{type(module).__name__} saw a first dimension of {batch}, other layers "
-                    f"{self._batch_seen}: per-example norms need every parametrised layer to "
-                    "see batch-first inputs. For a positional embedding computed once for all "
-                    "examples, index it with positions expanded to (batch, T), or use "
-                    "source='micro'."
-                )
-            # Only the first max_examples examples are measured: cost scales with their number.
-            keep = self.max_examples if self.max_examples and self.max_examples < batch else None
-
-            def head(t: Tensor) -> Tensor:
-                t = t.detach()
-                return t[:keep] if keep is not None and t.dim() and t.shape[0] == batch else t
-
-            saved_args = tuple(head(a) if isinstance(a, Tensor) else a for a in args)
-
-            def on_grad(delta: Tensor) -> None:
-                if not self.armed:  # stopped after an error earlier in this backward
-                    return
-                try:
-                    self._backward(entry, saved_args, kwargs, head(delta))
-                except Exception as exc:
-                    if self.on_error is None:
-                        raise
-                    self.on_error(exc)
-
-            out.register_hook(self._wrap(on_grad, True))
+                return None
+            try:
+                return self._forward(entry, args, kwargs, output)
+            except Exception as exc:  # never inside the user's forward
+                self._error(exc)
+                return None
 
         return hook
 
-    def _store(self, idx: int, sq: Tensor) -> None:
-        prev = self._results.get(idx)
-        self._results[idx] = sq if prev is None else prev + sq
-        if self._batch is None:
-            self._batch = int(sq.shape[0])
-
-    def _store_pair(self, names: dict[str, int], weight_sq: Tensor, bias_sq: Tensor) -> None:
-        if "weight" in names:
-            self._store(names["weight"], weight_sq)
-        if "bias" in names:
-            self._store(names["bias"], bias_sq)
-
-    def _backward(
-        self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any], delta: Tensor
-    ) -> None:
-        m = entry.module
-        names = entry.names
-        if entry.kind == "func":
-            for name, sq in self._func_norms(entry, args, kwargs, delta).items():
-                self._store(names[name], sq)
-            return
-        x = args[0]
-        if entry.kind == "linear":
-            lin: nn.Linear = m  # type: ignore[assignment]
-            weight_sq, bias_sq = _linear_sq(
-                _as_btd(x, lin.in_features), _as_btd(delta, lin.out_features)
+    def _forward(
+        self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> Any:
+        out = output[0] if isinstance(output, tuple) else output
+        if not isinstance(out, Tensor) or not out.requires_grad:
+            return None
+        uses = self._uses.setdefault(id(entry), [])
+        if _in_backward() and uses:
+            return None  # gradient checkpointing recomputes a forward already counted
+        first = _first_tensor(args, kwargs)
+        batch = self._batch_hint if self._batch_hint is not None else self._batch_seen
+        lead = int(out.shape[0]) if out.dim() else None
+        batch_first = (
+            first is not None
+            and lead is not None
+            and int(first.shape[0]) == lead
+            and (batch is None or lead == batch)
+            and not (
+                entry.kind == "embedding"
+                and self._root_ids_ndim is not None
+                and first.dim() < self._root_ids_ndim
             )
-            self._store_pair(names, weight_sq, bias_sq)
-        elif entry.kind == "conv":
-            conv: nn.Conv1d | nn.Conv2d = m  # type: ignore[assignment]
-            self._store_pair(names, *_linear_sq(*self._conv_unfold(conv, x, delta)))
+        )
+        use = _Use(self._serial, entry, (), kwargs)
+        self._serial += 1
+        if batch_first:
+            assert lead is not None
+            if self._batch_seen is None:
+                self._batch_seen = lead
+            keep = self._keep(lead)
+            use.args = tuple(_head(a, keep, lead) for a in args)
+            if entry.kind == "embedding" and isinstance(use.args[0], Tensor):
+                use.ids = use.args[0].reshape(use.args[0].shape[0], -1)
+            uses.append(use)
+            out.register_hook(self._wrap(lambda delta: self._backward(use, delta, keep), True))
+            return None
+        # batch-less: one value for all examples (positions, buffers), broadcast later
+        batch_less = lead == 1 or first is None or not first.is_floating_point()
+        if batch_less and batch is not None and not isinstance(output, tuple):
+            use.args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+            use.batch_less = True
+            uses.append(use)
+            keep = self._keep(batch)
+            capture = Capture(
+                out,
+                batch,
+                self._wrap(lambda delta: self._backward(use, delta, keep), True),
+                lambda why: self._cannot(entry, why),
+            )
+            return capture.wrap(out)
+        shape = tuple(first.shape) if first is not None else None
+        self._cannot(
+            entry,
+            f"got an input of shape {shape} whose first dimension is not the batch's "
+            f"({batch}): its rows are not the batch's examples (e.g. an expert fed only the "
+            "tokens routed to it, or a sequence-first layer)",
+        )
+        return None
+
+    def _keep(self, batch: int) -> int | None:
+        """Only the first max_examples examples are measured: cost scales with their number."""
+        return self.max_examples if self.max_examples and self.max_examples < batch else None
+
+    def _cannot(self, entry: _Entry, why: str) -> None:
+        if self._unsupported is None:
+            self._unsupported = (
+                f"per-example gradients of {entry.label} ({type(entry.module).__name__}) "
+                f"cannot be computed exactly: {why}"
+            )
+
+    def _error(self, exc: BaseException) -> None:
+        if self.on_error is None:
+            raise exc
+        self.on_error(exc)
+
+    # --- the backward -------------------------------------------------------------------
+
+    def _backward(self, use: _Use, delta: Tensor, keep: int | None) -> None:
+        if not self.armed:  # stopped after an error earlier in this backward
+            return
+        try:
+            self._measure(use, _head(delta.detach(), keep, int(delta.shape[0])))
+        except Exception as exc:
+            self._error(exc)
+
+    def _measure(self, use: _Use, delta: Tensor) -> None:
+        entry = use.entry
+        batch = int(delta.shape[0])
+        args = use.args
+        if use.batch_less:  # the same input for every example: (B, *shape)
+            args = tuple(
+                a.unsqueeze(0).expand(batch, *a.shape) if isinstance(a, Tensor) and a.dim() else a
+                for a in args
+            )
+            if entry.kind == "embedding" and isinstance(args[0], Tensor):
+                use.ids = args[0].reshape(batch, -1)
+        several = {idx for _, idx in entry.params if self._n_uses(idx) > 1}
+        if entry.kind == "func":
+            dense = bool(several)
+            for name, g in self._func(entry, use, args, delta, dense).items():
+                idx = entry.names[name]
+                self._add(use, idx, Flat(g) if dense else None, g if not dense else None)
+            use.done = True
+            return
+        for name, factor in self._factors(entry, use, args, delta).items():
+            idx = entry.names[name]
+            if idx in several or not isinstance(factor, LowRank):
+                self._add(use, idx, factor, None)
+            else:  # one use (the usual case): the norm only, nothing kept
+                self._add(use, idx, None, sq_norm(factor, self._n_rows(entry, name)))
+        use.done = True
+
+    def _factors(
+        self, entry: _Entry, use: _Use, args: tuple[Any, ...], delta: Tensor
+    ) -> dict[str, Factor]:
+        """Each parameter's per-example gradient of this use, factored (``_factors``)."""
+        m = entry.module
+        x = args[0]
+        names = entry.names
+        out: dict[str, Factor] = {}
+        if entry.kind in ("linear", "conv1d_hf", "conv"):
+            if entry.kind == "conv":
+                conv: nn.Conv1d | nn.Conv2d = m  # type: ignore[assignment]
+                xs, ds = _conv_unfold(conv, x, delta)
+            else:
+                d_in = int(x.shape[-1])
+                xs, ds = _as_btd(x, d_in), _as_btd(delta, int(delta.shape[-1]))
+            # Linear and conv weights are (out, in); Conv1D's is (in, out)
+            a, b = (xs, ds) if entry.kind == "conv1d_hf" else (ds, xs)
+            if "weight" in names:
+                out["weight"] = LowRank(b=b, a=a)
+            if "bias" in names:
+                out["bias"] = Flat(ds.sum(1))
         elif entry.kind == "embedding":
             emb: nn.Embedding = m  # type: ignore[assignment]
-            ids = x.reshape(x.shape[0], -1)
+            ids = use.ids
+            assert ids is not None
             ds = _as_btd(delta, emb.embedding_dim)
             if emb.padding_idx is not None:
                 ds = ds * (ids != emb.padding_idx).unsqueeze(-1)
-            self._store(names["weight"], _embedding_sq(ids, ds, emb.num_embeddings))
-        elif entry.kind == "layernorm":
-            ln: nn.LayerNorm = m  # type: ignore[assignment]
-            d = math.prod(ln.normalized_shape)
-            xf = x.float()
-            if entry.ones is None or entry.ones.device != xf.device:
-                entry.ones = torch.ones(ln.normalized_shape, device=xf.device)
-            # a unit weight gives the same x_hat, by a faster kernel than weight=None on CPU
-            x_hat = F.layer_norm(xf, ln.normalized_shape, entry.ones, None, ln.eps)
-            xs = x_hat.reshape(x.shape[0], -1, d)
+            out["weight"] = LowRank(b=ds, ids=ids)
+        elif entry.kind in ("layernorm", "rmsnorm"):
+            norm: nn.LayerNorm | nn.RMSNorm = m  # type: ignore[assignment]
+            shape = tuple(norm.normalized_shape)
+            d = math.prod(shape)
+            xs = _as_btd(x, d)
             ds = _as_btd(delta, d)
-            # per-example grads: weight sum_t delta_t * x_hat_t, bias sum_t delta_t; (2, B, D)
-            grads = torch.stack([(ds * xs).sum(1), ds.sum(1)])
-            weight_sq, bias_sq = grads.square().sum(2)
-            self._store_pair(names, weight_sq, bias_sq)
+            if entry.kind == "layernorm":
+                ln: nn.LayerNorm = m  # type: ignore[assignment]
+                if entry.ones is None or entry.ones.device != xs.device:
+                    entry.ones = torch.ones(d, device=xs.device)
+                # a unit weight gives the same x_hat, by a faster kernel than weight=None on CPU
+                x_hat = F.layer_norm(xs, (d,), entry.ones.to(xs.dtype), None, ln.eps)
+                if "bias" in names:
+                    out["bias"] = Flat(ds.sum(1))
+            else:
+                rms: nn.RMSNorm = m  # type: ignore[assignment]
+                eps = rms.eps if rms.eps is not None else torch.finfo(x.dtype).eps
+                x_hat = xs * torch.rsqrt(xs.square().mean(-1, keepdim=True) + eps)
+            if "weight" in names:
+                out["weight"] = Flat((ds * x_hat).sum(1))
+        return out
 
-    @staticmethod
-    def _conv_unfold(
-        conv: nn.Conv1d | nn.Conv2d, x: Tensor, delta: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Patches (B, L, C_in k) and output gradients (B, L, C_out) of a conv layer."""
-        if isinstance(conv, nn.Conv1d):
-            x = x.unsqueeze(2)
-            kernel: tuple[int, ...] = (1, conv.kernel_size[0])
-            dilation: tuple[int, ...] = (1, conv.dilation[0])
-            padding: tuple[int, ...] = (0, int(conv.padding[0]))
-            stride: tuple[int, ...] = (1, conv.stride[0])
-        else:
-            kernel, dilation = tuple(conv.kernel_size), tuple(conv.dilation)
-            padding = tuple(int(p) for p in conv.padding)
-            stride = tuple(conv.stride)
-        patches = F.unfold(x.float(), kernel, dilation=dilation, padding=padding, stride=stride)
-        xs = patches.transpose(1, 2)
-        ds = delta.float().reshape(delta.shape[0], delta.shape[1], -1).transpose(1, 2)
-        return xs, ds
-
-    def _func_norms(
-        self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any], delta: Tensor
+    def _func(
+        self, entry: _Entry, use: _Use, args: tuple[Any, ...], delta: Tensor, dense: bool
     ) -> dict[str, Tensor]:
-        """Per-example |grad|^2 of the module's own parameters via vmap(vjp) (torch.func)."""
+        """Per-example gradients (``dense``) or their squared norms of the module's own
+        parameters via vmap(vjp) (torch.func)."""
         module = entry.module
+        kwargs = use.kwargs
         own = {name: getattr(module, name).detach() for name, _ in entry.params}
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.dim() > 0]
         batched = tuple(args[i] for i in tensor_pos)
@@ -358,7 +447,7 @@ class PerExampleNorms:
         def per_example(p: dict[str, Tensor], xs: tuple[Tensor, ...], d: Tensor) -> Tensor:
             full = list(args)
             for i, xi in zip(tensor_pos, xs, strict=True):
-                full[i] = xi.unsqueeze(0)
+                full[i] = xi if use.batch_less else xi.unsqueeze(0)
 
             def f(params: dict[str, Tensor]) -> Tensor:
                 out = torch.func.functional_call(module, params, tuple(full), kwargs, strict=False)
@@ -367,18 +456,68 @@ class PerExampleNorms:
                 return first
 
             vjp_out = torch.func.vjp(f, p)
-            (g,) = vjp_out[1](d.unsqueeze(0).to(delta.dtype))
-            return torch.stack([g[name].float().square().sum() for name in p])
+            cotangent = d if use.batch_less else d.unsqueeze(0)
+            (g,) = vjp_out[1](cotangent.to(delta.dtype))
+            if dense:
+                return torch.cat([wide(g[name]).reshape(-1) for name in p])
+            return torch.stack([wide(g[name]).square().sum() for name in p])
 
+        if use.batch_less:
+            batched = tuple(a[0] for a in batched)  # the one input, not expanded
+        in_dims = (None, None if use.batch_less else 0, 0)
         self._recomputing = True
         try:
             with torch.enable_grad():
-                sq = torch.func.vmap(per_example, in_dims=(None, 0, 0), randomness="same")(
+                result = torch.func.vmap(per_example, in_dims=in_dims, randomness="same")(
                     own, batched, delta
                 )
         finally:
             self._recomputing = False
-        return {name: sq[:, j] for j, name in enumerate(own)}
+        if not dense:
+            return {name: result[:, j] for j, name in enumerate(own)}
+        out, start = {}, 0
+        for name, p in own.items():
+            out[name] = result[:, start : start + p.numel()]
+            start += p.numel()
+        return out
+
+    def _n_uses(self, idx: int) -> int:
+        return sum(len(self._uses.get(id(e), ())) for e in self._owners[idx])
+
+    def _n_rows(self, entry: _Entry, name: str) -> int:
+        return int(getattr(entry.module, name).shape[0])
+
+    def _add(self, use: _Use, idx: int, factor: Factor | None, sq: Tensor | None) -> None:
+        """Add one use's contribution to parameter ``idx``'s per-example squared norms: its
+        own, plus twice its inner product with each earlier use of the same parameter."""
+        if factor is not None:
+            n_rows = self._n_rows(use.entry, _name_of(use.entry, idx))
+            sq = sq_norm(factor, n_rows)
+            pending = []
+            for entry in self._owners[idx]:
+                for other in self._uses.get(id(entry), ()):
+                    if other is use:
+                        continue
+                    if other.done:
+                        sq = sq + 2.0 * inner(other.factors[idx], factor, use.serial, n_rows)
+                    else:
+                        pending.append(other)
+            if isinstance(factor, LowRank) and factor.a is not None and pending:
+                # rows Grams against later embedding uses now: the head's (B, T, V) output
+                # gradient need not outlive this hook
+                for other in pending:
+                    if other.ids is not None:
+                        factor.gathered[other.serial] = gather_for(factor, other.ids)
+                if all(other.ids is not None for other in pending):
+                    factor.a = None
+            use.factors[idx] = factor
+        assert sq is not None
+        prev = self._results.get(idx)
+        self._results[idx] = sq if prev is None else prev + sq
+        if self._batch is None:
+            self._batch = int(sq.shape[0])
+
+    # --- the step's result --------------------------------------------------------------
 
     @property
     def captured(self) -> bool:
@@ -387,25 +526,23 @@ class PerExampleNorms:
 
     def take(self, device: torch.device) -> Tensor:
         """Per-parameter per-example squared norms of the last backward, shape (n_params, B)."""
+        if self._unsupported is not None:
+            reason = self._unsupported
+            self.reset()
+            raise Unsupported(reason)
         if self._batch is None:
             raise RuntimeError(
                 "no per-example gradients were captured: run the forward pass and "
                 "loss.backward() (with grad enabled) before probe.micro_step()/step()"
             )
         batch = self._batch
-        self.last_full_batch = self._batch_seen or batch
+        self.last_full_batch = self._batch_seen or self._batch_hint or batch
         zero = torch.zeros(batch, device=device)
         rows = [self._results.get(i, zero) for i in range(self.n_params)]
-        if any(r.device != device for r in rows):
-            rows = [r.to(device) for r in rows]
+        if any(r.device != device or r.dtype != torch.float32 for r in rows):
+            rows = [r.to(device, torch.float32) for r in rows]
         self.reset()
         return torch.stack(rows)
-
-    def reset(self) -> None:
-        self._results = {}
-        self._calls = {}
-        self._batch = None
-        self._batch_seen = None
 
     def per_slot(
         self, slot: Tensor, n_slots: int, item_counts: Sequence[float] | Tensor | None
@@ -428,3 +565,37 @@ class PerExampleNorms:
                 )
             counts = counts[: small.shape[1]]
         return small, counts, n_full
+
+
+def _name_of(entry: _Entry, idx: int) -> str:
+    """The attribute name under which ``entry`` owns parameter ``idx``."""
+    return next(name for name, i in entry.params if i == idx)
+
+
+def _head(t: Any, keep: int | None, batch: int) -> Any:
+    if not isinstance(t, Tensor):
+        return t
+    t = t.detach()
+    return t[:keep] if keep is not None and t.dim() and t.shape[0] == batch else t
+
+
+def _as_btd(t: Tensor, d: int) -> Tensor:
+    return wide(t.reshape(t.shape[0], -1, d))
+
+
+def _conv_unfold(conv: nn.Conv1d | nn.Conv2d, x: Tensor, delta: Tensor) -> tuple[Tensor, Tensor]:
+    """Patches (B, L, C_in k) and output gradients (B, L, C_out) of a conv layer."""
+    if isinstance(conv, nn.Conv1d):
+        x = x.unsqueeze(2)
+        kernel: tuple[int, ...] = (1, conv.kernel_size[0])
+        dilation: tuple[int, ...] = (1, conv.dilation[0])
+        padding: tuple[int, ...] = (0, int(conv.padding[0]))
+        stride: tuple[int, ...] = (1, conv.stride[0])
+    else:
+        kernel, dilation = tuple(conv.kernel_size), tuple(conv.dilation)
+        padding = tuple(int(p) for p in conv.padding)
+        stride = tuple(conv.stride)
+    patches = F.unfold(wide(x), kernel, dilation=dilation, padding=padding, stride=stride)
+    xs = patches.transpose(1, 2)
+    ds = wide(delta).reshape(delta.shape[0], delta.shape[1], -1).transpose(1, 2)
+    return xs, ds

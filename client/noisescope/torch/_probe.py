@@ -17,6 +17,7 @@ This module is the orchestration; the normalisation maths is in ``_normalise``, 
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -34,12 +35,19 @@ from ._instrument import _identity as _not_instrumented
 from ._instrument import current as _instrumentation
 from ._misuse import SINGLE_BATCH_SIZE, STALE_GRAPH, GradWatch, notice
 from ._normalise import MicroLoss
-from ._per_example import PerExampleMethod, PerExampleNorms
+from ._per_example import (
+    PerExampleMethod,
+    PerExampleNorms,
+    Unsupported,
+    is_norm_layer,
+    unsupported_reason,
+)
 from ._readout import N_COUNTS, N_FLAGS, Pending, Readout
 from ._sums import Micro, ProbeSample, StepSums
 from ._wrappers import UnshardedHooks, detect, may_all_reduce
 
 Source = Literal["auto", "micro", "per_example"]
+Scope = Literal["all", "norm_layers"]
 Units = Literal["examples", "tokens"]
 ReadoutMode = Literal["auto", "immediate", "deferred"]
 
@@ -88,6 +96,11 @@ class GradientNoiseProbe:
             measured; tr(Sigma) gets noisier. Default: all.
         per_example: "auto" (cheap identities, torch.func for other modules), "identities"
             (fail on unsupported modules), "func" (torch.func everywhere).
+        scope: "all" (every trainable parameter) or "norm_layers": only the normalization
+            layers' parameters (LayerNorm, RMSNorm, GroupNorm and classes named ``*Norm``),
+            whose per-example gradients are nearly free (Gray et al. 2024). A proxy for the
+            whole model's B_simple, not the same quantity: see docs/sources.md for when it is
+            a good one.
         process_group: the ranks that share a step (default: DDP's, FSDP's mesh, the world).
         readout: "immediate" (``step()`` reads the step's values: a device sync off the CPU),
             "deferred" (``step()`` only launches; the values are read, and the sample logged,
@@ -116,9 +129,12 @@ class GradientNoiseProbe:
         per_example: PerExampleMethod = "auto",
         process_group: Any = None,
         readout: ReadoutMode = "auto",
+        scope: Scope = "all",
     ) -> None:
         if source not in ("auto", "micro", "per_example"):
             raise ValueError(f"source must be 'auto', 'micro' or 'per_example', got {source!r}")
+        if scope not in ("all", "norm_layers"):
+            raise ValueError(f"scope must be 'all' or 'norm_layers', got {scope!r}")
         sink_units = getattr(sink, "units", None)
         if units is None:
             units = sink_units if sink_units in UNITS else "examples"
@@ -172,12 +188,25 @@ class GradientNoiseProbe:
         module = self.layout.inner
         self.params: list[nn.Parameter] = []
         seen: set[int] = set()
+        if scope == "norm_layers":
+            seen = {
+                id(p)
+                for m in module.modules()
+                if not is_norm_layer(m)
+                for p in m.parameters(recurse=False)
+            }
         for p in module.parameters():
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
                 self.params.append(p)
         if not self.params:
+            if scope == "norm_layers":
+                raise ValueError(
+                    "scope='norm_layers' but the model has no trainable normalization layer "
+                    "(LayerNorm, RMSNorm, GroupNorm or a class named *Norm): use scope='all'"
+                )
             raise ValueError("the model has no parameters that require gradients")
+        self.scope: str = scope
         self._device = self.params[0].device
         self.series_names, series_of_param = _rows.series_slots(module, self.params, layers)
         # one extra slot ("rest") for parameters outside every named group
@@ -210,9 +239,14 @@ class GradientNoiseProbe:
         self._stopped = False  # stopped, and (under DDP/FSDP) every rank knows it
 
         self._auto = source == "auto"
-        if source == "auto":
-            source = "micro" if self.world_size > 1 else "per_example"
+        #: why the source in use was chosen (said once, at the first measured step)
+        self.source_reason = "chosen with source=" + repr(source)
         self.source: str = source
+        if source == "auto":
+            self.source, self.source_reason = self._auto_source(module)
+        self._announced = not self._auto  # a source the user chose needs no explaining
+        self._fallback: str | None = None  # auto: per-example cannot be exact, why
+        self._step_dropped = False  # this step's per-example norms could not be computed
         self._handles: list[RemovableHandle] = []
         self._forward_handles: list[RemovableHandle] = []
         self._decided = False  # this step's first backward: hooks or .grad decided
@@ -227,6 +261,32 @@ class GradientNoiseProbe:
         self._install()
 
     # --- set-up ---------------------------------------------------------------------------
+
+    def _auto_source(self, module: nn.Module) -> tuple[str, str]:
+        """The source "auto" starts with, and why."""
+        if self.world_size > 1:
+            return "micro", (
+                f"{self.world_size} ranks: each rank's micro-batch is a small batch, the "
+                "reduced gradient the big one, at no extra compute"
+            )
+        if reason := unsupported_reason(module):
+            return "micro", (
+                f"{reason}, so per-example norms cannot be used; micro-batches need at least "
+                "2 backward passes per step (gradient accumulation)"
+            )
+        return "per_example", (
+            "one process: per-example gradient norms give B_small = 1 from each backward "
+            "(switching to micro-batches if a step has several backwards)"
+        )
+
+    def _announce(self, step: int) -> None:
+        """Say once which source measures, and why: a line on stderr and the run's notice."""
+        if self._announced:
+            return
+        self._announced = True
+        line = f"measuring with source={self.source!r}: {self.source_reason}"
+        print(f"noisescope: {line}", file=sys.stderr, flush=True)
+        notice(self.sink, step, line)
 
     def _install(self) -> None:
         self.remove()
@@ -331,6 +391,21 @@ class GradientNoiseProbe:
                 "arguments (source, micro_loss, layers) against the model, or report the error.",
             )
 
+    def _cannot_per_example(self, reason: str) -> None:
+        """This model's per-example norms cannot be computed exactly: never a wrong number.
+        Auto moves to micro-batches (from the next step: this one is not logged); a forced
+        per-example source stops measuring, saying why."""
+        self._step_dropped = True
+        if not self._auto:
+            self._fail(Unsupported(f"{reason}; use source='micro' with gradient accumulation"))
+            return
+        self._fallback = reason
+        self.source_reason = (
+            f"{reason}, so the probe measures with micro-batches instead: that needs at least "
+            "2 backward passes per step (gradient accumulation) or 2 ranks"
+        )
+        self._warn_once(self.step_count, self.source_reason)
+
     def _warn_once(self, step: int, message: str) -> None:
         if message not in self._warned:
             self._warned.add(message)
@@ -391,6 +466,9 @@ class GradientNoiseProbe:
             small, counts, n_full = self._per_example.per_slot(
                 self._slot, self._n_slots, item_counts
             )
+        except Unsupported as exc:
+            self._cannot_per_example(str(exc))
+            return
         except RuntimeError as exc:
             if self.layout.compiled is None or self._per_example.captured:
                 raise
@@ -432,9 +510,11 @@ class GradientNoiseProbe:
         micros, self._micro = self._micro, []
         step_items, self._step_items = self._step_items, 0.0
         self._n_micro = 0
+        dropped, self._step_dropped = self._step_dropped, False
         logged = None
         try:
-            if armed and self.error is None:
+            if armed and self.error is None and not dropped:
+                self._announce(step)
                 if not micros:
                     raise RuntimeError(
                         "probe.step() saw no backward: call probe.micro_step(batch_size=...) "
@@ -458,7 +538,7 @@ class GradientNoiseProbe:
                         if not self._readout.deferred:
                             logged = self.flush()
                         return logged
-            if armed and not self._stopped:  # the error came in this step
+            if armed and not self._stopped and self.error is not None:  # came in this step
                 self._agree_to_stop()
             self.examples_seen += step_items * self.world_size
             return logged
@@ -491,8 +571,17 @@ class GradientNoiseProbe:
             self._rows.hook_next(self._armed)
 
     def _maybe_switch(self, k: int) -> None:
-        """Auto source: several backwards per step means accumulation; micro-batches are free."""
-        if self._auto and self.source == "per_example" and k > 1:
+        """Auto source: several backwards per step means accumulation, where micro-batches are
+        free; and micro-batches are the fallback where per-example norms cannot be exact."""
+        if not (self._auto and self.source == "per_example"):
+            return
+        if k > 1 and self._fallback is None:
+            self.source_reason = (
+                f"{k} backward passes per step (gradient accumulation): each micro-batch is a "
+                "small batch, the accumulated gradient the big one, at no extra compute"
+            )
+            self._announced = False
+        if k > 1 or self._fallback is not None:
             self.source = "micro"
             self._install()
 
