@@ -72,3 +72,56 @@ def tiny_gpt2(seed: int = 0) -> nn.Module:
         bos_token_id=PAD, eos_token_id=PAD, pad_token_id=PAD,
     )  # fmt: skip
     return GPT2LMHeadModel(config)
+
+
+def tiny_llama(seed: int = 0) -> nn.Module:
+    """A 2-layer Llama with untied embeddings: every parameter in one module, used once per
+    forward, batch first (rotary positions have no parameters), so the per-example source
+    measures it exactly."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+        tie_word_embeddings=False, bos_token_id=PAD, eos_token_id=PAD, pad_token_id=PAD,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def unpad(labels: Tensor) -> dict[str, Tensor]:
+    """The batch ``RecordingCollator`` made from its recorded labels (padding is PAD, mask 0)."""
+    real = labels.ne(-100)
+    return {
+        "input_ids": labels.masked_fill(~real, PAD),
+        "attention_mask": real.long(),
+        "labels": labels,
+    }
+
+
+class Recorder:
+    """A ``Sink`` for a hand-written loop's probe: its whole-model samples, as the server
+    stores them."""
+
+    def __init__(self, units: str) -> None:
+        self.units = units
+        self.samples: list[dict[str, Any]] = []
+
+    def log_sample(
+        self,
+        step: int,
+        b_small: float,
+        b_big: float,
+        g_small_sq: float,
+        g_big_sq: float,
+        *,
+        examples: float | None = None,
+        series: str = "",
+        loss: float | None = None,
+        lr: float | None = None,
+    ) -> None:
+        if series == "":
+            self.samples.append(
+                {"step": step, "b_small": b_small, "b_big": b_big, "g_small_sq": g_small_sq,
+                 "g_big_sq": g_big_sq, "loss": loss}
+            )  # fmt: skip

@@ -88,14 +88,30 @@ class _TrackingCallback:
         return self.run
 
     def _attach_probe(
-        self, model: nn.Module, run: Run, *, units: str, micro_loss: str, scaler: Any, step: int
+        self,
+        model: nn.Module,
+        run: Run,
+        *,
+        units: str,
+        micro_loss: str,
+        scaler: Any,
+        step: int,
+        several: bool,
+        accumulate: str,
     ) -> None:
-        """The micro-batch probe for this training, its step count matching the framework's
-        (on resume too)."""
+        """The probe for this training, its step count matching the framework's (on resume too).
+
+        ``several``: the framework will run several backwards per step (accumulation) or
+        several processes: the micro-batch source. Otherwise the probe's "auto" source:
+        per-example norms (B_small = 1 example, or each example's tokens) while a step has one
+        backward, the micro-batch source from the first step with several (manual
+        optimization, an accumulation schedule that grows). ``accumulate``: how to turn on
+        accumulation in this framework, for the notice when the model refuses per-example
+        norms."""
         self._probe_args = {
             "model": model,
             "sink": run,
-            "source": "micro",
+            "source": "micro" if several else "auto",
             "units": "tokens" if units == "tokens" else "examples",
             "micro_loss": micro_loss,
             "layers": self.layers,
@@ -103,7 +119,18 @@ class _TrackingCallback:
             "every": self.every,
             "small_batches": self.small_batches,
         }
-        self.probe = GradientNoiseProbe(**self._probe_args)
+        try:
+            self.probe = GradientNoiseProbe(**self._probe_args)
+        except Exception as exc:
+            if several:
+                raise
+            # e.g. tied weights: the probe refuses per-example norms for this model
+            self._disable(
+                f"one process and one backward per step are measured with per-example norms, "
+                f"which this model does not allow ({exc!r}); {accumulate} to measure it with "
+                "micro-batches"
+            )
+            return
         self.probe.step_count = step
 
     def _branch_at(
@@ -152,13 +179,29 @@ class _TrackingCallback:
         finally:
             self._branching = False
             if probe is not None:
-                self.probe = (
-                    probe if probe.error is not None else GradientNoiseProbe(**self._probe_args)
-                )
+                self.probe = probe if probe.error is not None else self._new_probe(probe)
                 self.probe.step_count = probe.step_count
         if sweep is not None:
             options.sweeps.append(sweep)
         return sweep
+
+    def _new_probe(self, old: GradientNoiseProbe) -> GradientNoiseProbe:
+        """A probe like ``old`` after a branch sweep; an "auto" probe that has switched to
+        micro-batches (it saw several backwards in a step) stays on them."""
+        args = self._probe_args
+        if old.source == "micro":
+            args = {**args, "source": "micro"}
+        return GradientNoiseProbe(**args)
+
+    def _per_example_now(self) -> bool:
+        """Whether the probe measures per-example norms (so wants each example's items)."""
+        return self.probe is not None and self.probe.source == "per_example"
+
+    def _discard_backward(self) -> None:
+        """A backward the callback does not hand to the probe (no real item in its micro-batch):
+        drop the per-example norms it left, which would otherwise add to the next backward's."""
+        if self.probe is not None:
+            self.probe.discard_backward()
 
     def _end_training(self, status: str = "finished") -> None:
         """Detach the probe; finish the run if the callback started it (kept, finished, so
@@ -180,9 +223,12 @@ class _TrackingCallback:
 
     def _disable(self, reason: str) -> None:
         """Stop measuring this run, once, and say why (in the log and on the run's page):
-        training itself goes on untouched."""
+        training itself goes on untouched (the probe's hooks are removed)."""
         if self._disabled is None:
             self._disabled = reason
+            if self.probe is not None:
+                with contextlib.suppress(Exception):
+                    self.probe.remove()
             warnings.warn(f"noisescope: not measuring this run: {reason}", stacklevel=2)
             logger.warning("noisescope: not measuring this run: %s", reason)
             if self.run is not None:  # none yet: nothing was created, no page to explain

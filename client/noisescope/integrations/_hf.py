@@ -1,9 +1,12 @@
 """Hugging Face ``transformers`` integration: a ``TrainerCallback`` that tracks the noise scale.
 
 A thin layer over the plain-loop API: ``noisescope.init`` plus
-``noisescope.torch.GradientNoiseProbe(source="micro")``. Each micro-batch's backward gives a
-G_small, the accumulated (and DDP all-reduced) gradient the optimizer sees is G_big
-(docs/science.md, "Where the two batch sizes come from"; two-batch estimator, App. A.1).
+``noisescope.torch.GradientNoiseProbe``. With gradient accumulation or several processes
+(``source="micro"``) each micro-batch's backward gives a G_small, the accumulated (and DDP
+all-reduced) gradient the optimizer sees is G_big; with one process and one backward per step
+(``source="auto"``: per-example norms) each example is a G_small, at B_small = 1 example or its
+real label tokens (docs/science.md, "Where the two batch sizes come from"; two-batch estimator,
+App. A.1).
 
 Where it hooks into ``Trainer`` (transformers >= 4.46):
 
@@ -23,8 +26,9 @@ Units (docs/science.md, "Pitfalls"): when the model receives ``num_items_in_batc
 ``sum(token losses) / N`` (times the world size with ``average_tokens_across_devices``), so the
 backward of micro-batch j adds ``c_j g_j`` with ``c_j = n_j * s / N``, ``g_j`` the mean gradient
 over its ``n_j`` real label tokens; the callback passes that ``c_j`` to the probe, so B_small and
-B_big are real token counts (padding and ``-100`` labels excluded). Otherwise the Trainer divides
-the model's mean loss by the number of micro-batches ("mean/k").
+B_big are real token counts (padding and ``-100`` labels excluded); per-example, it also passes
+each example's real label tokens (``item_counts``). Otherwise the Trainer divides the model's
+mean loss by the number of micro-batches ("mean/k").
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class _Micro:
     count: Tensor | float  # real items (label tokens or examples) in this micro-batch
     n_items: Tensor | float | None  # the Trainer's num_items_in_batch, if the model got it
     loss: Tensor | None
+    #: per-example source in tokens: each example's real label tokens
+    item_counts: Tensor | None = None
     queued: bool = False
 
 
@@ -78,9 +84,11 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         trainer = Trainer(model, args, train_dataset=ds,
                           callbacks=[HuggingFaceCallback(project="lm", task="gpt2-small")])
 
-    The Trainer needs two batch sizes per step: ``gradient_accumulation_steps > 1`` and/or
-    several DDP processes. Run name, config and batch size come from ``TrainingArguments``; the
-    task defaults to the model type. It only observes: training is bit-identical without it.
+    Two batch sizes per step come from ``gradient_accumulation_steps > 1`` and/or several DDP
+    processes (micro-batches), or else, on one process with one backward per step, from
+    per-example gradient norms (B_small = 1 example, or each example's real label tokens). Run
+    name, config and batch size come from ``TrainingArguments``; the task defaults to the model
+    type. It only observes: training is bit-identical without it.
 
     Args:
         run: an existing ``noisescope.Run`` to log to (not finished by the callback);
@@ -167,6 +175,8 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         self._micro: _Micro | None = None
         self._n_items_cache: tuple[int, float] | None = None
         self._token_scale = 1.0
+        self._world = 1
+        self._units = "examples"  # the run's, once known (first training forward)
 
     # --- Trainer events ----------------------------------------------------------------------
 
@@ -206,13 +216,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         # The Trainer multiplies sum/N losses by the world size when N counts every device.
         averaged = getattr(args, "average_tokens_across_devices", False)
         self._token_scale = float(max(world, 1)) if averaged else 1.0
-        if args.gradient_accumulation_steps <= 1 and world <= 1:
-            warnings.warn(
-                "noisescope: one process and gradient_accumulation_steps=1 give a single batch "
-                "size per step, so nothing can be measured: set gradient_accumulation_steps > 1 "
-                "or train on several processes",
-                stacklevel=2,
-            )
+        self._world = max(world, 1)
         try:
             from accelerate.state import GradientState  # type: ignore[import-untyped]
 
@@ -316,11 +320,15 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             if self._shifts_labels and not shifted and labels.dim() >= 2:
                 labels = labels[..., 1:]  # causal LM: the last position predicts nothing
             count: Tensor | float
+            item_counts: Tensor | None = None
             if labels.is_floating_point():  # regression / multi-label targets: one per example
                 count = float(labels.shape[0])
             else:
-                count = labels.ne(_IGNORE_INDEX).sum()
-            self._micro = _Micro(count, kwargs.get("num_items_in_batch"), None)
+                real = labels.ne(_IGNORE_INDEX)
+                count = real.sum()
+                if self._units == "tokens" and labels.dim() >= 2 and self._per_example_now():
+                    item_counts = real.flatten(1).sum(1)  # B_small: each example's tokens
+            self._micro = _Micro(count, kwargs.get("num_items_in_batch"), None, item_counts)
 
     def _after_forward(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -359,11 +367,15 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
                 if micro.n_items is not None:
                     # loss = sum / N (x world with average_tokens_across_devices): c_j = n_j s / N
                     grad_scale = count * self._token_scale / self._n_items(micro.n_items)
-                probe.micro_step(batch_size=count, grad_scale=grad_scale)
+                probe.micro_step(
+                    batch_size=count, grad_scale=grad_scale, item_counts=micro.item_counts
+                )
                 if micro.loss is not None:
                     loss_sum = self._loss_sum
                     self._loss_sum = micro.loss if loss_sum is None else loss_sum + micro.loss
                 self._n_micro += 1
+            else:
+                self._discard_backward()
             sync = True if self._gradient_state is None else self._gradient_state.sync_gradients
             if sync and self._n_micro > 0:
                 self._step(micro)
@@ -410,6 +422,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         assert state is not None
         run_units = getattr(self.run, "units", None)  # a run passed in fixes the units
         units = self.units or run_units or ("tokens" if labels.dim() >= 2 else "examples")
+        self._units = units
         # branch batch sizes in the run's units: nominal tokens (full-length sequences)
         self._branch_units = units
         if units == "tokens" and labels.dim() >= 2:
@@ -425,6 +438,23 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         if run is None:
             run = self._init_run(**self._run_defaults(args, module, units, labels))
         wrapper = self._compiled if self._compiled is not None else self._ddp
+        # one backward per step on one process: per-example norms ("auto"), else micro-batches
+        several = (
+            args.gradient_accumulation_steps > 1
+            or self._world > 1
+            or self._ddp is not None
+            or detect(module).sharded
+        )
+        if self._compiled is not None and not several:
+            # the compiled wrapper is found after its first forward, and the per-example
+            # hooks must be in place before the forward that dynamo traces
+            self._disable(
+                "torch_compile=True on one process with gradient_accumulation_steps=1: the "
+                "callback measures this setup with per-example norms, which it cannot attach to "
+                "an already compiled model; set gradient_accumulation_steps > 1 (or drop "
+                "torch_compile)"
+            )
+            return
         self._attach_probe(
             wrapper if wrapper is not None else module,
             run,
@@ -432,6 +462,8 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             micro_loss="mean/k",  # used when the model gets no num_items_in_batch
             scaler=getattr(self._optimizer, "scaler", None),
             step=int(state.global_step),
+            several=several,
+            accumulate="set gradient_accumulation_steps > 1",
         )
 
     def _run_defaults(

@@ -1,9 +1,11 @@
 """PyTorch Lightning integration: a ``Callback`` that tracks the gradient noise scale.
 
 A thin layer over the plain-loop API: ``noisescope.init`` plus
-``noisescope.torch.GradientNoiseProbe(source="micro")``. Each micro-batch's backward gives a
-G_small, the gradient the optimizer sees (accumulated over ``accumulate_grad_batches``,
-all-reduced by the DDP strategy) is G_big (docs/science.md, "Where the two batch sizes come from").
+``noisescope.torch.GradientNoiseProbe``. With accumulation or several processes
+(``source="micro"``) each micro-batch's backward gives a G_small, the gradient the optimizer
+sees (accumulated over ``accumulate_grad_batches``, all-reduced by the DDP strategy) is G_big;
+with one process and ``accumulate_grad_batches=1`` (``source="auto"``: per-example norms) each
+example is a G_small (docs/science.md, "Where the two batch sizes come from").
 
 Where it hooks in (automatic optimization, Lightning 2.x): ``on_after_backward`` runs after each
 backward, when DDP has all-reduced the last micro-batch's gradient, and, for that last
@@ -22,7 +24,6 @@ those steps are not measured.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -50,8 +51,10 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         trainer = L.Trainer(accumulate_grad_batches=4,
                             callbacks=[LightningCallback(project="digits", task="mlp")])
 
-    Needs two batch sizes per step: ``accumulate_grad_batches > 1`` and/or the DDP strategy on
-    several devices. It only observes: training is bit-identical without it.
+    Two batch sizes per step come from ``accumulate_grad_batches > 1`` and/or the DDP strategy
+    on several devices (micro-batches), or else, on one process with one backward per step, from
+    per-example gradient norms (B_small = 1 example, or each example's tokens). It only
+    observes: training is bit-identical without it.
 
     Args:
         run: an existing ``noisescope.Run`` (not finished by the callback); by default one is
@@ -60,8 +63,10 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             LightningModule's class name; config to its ``hparams``).
         units: "examples" or "tokens", what ``batch_size_fn`` counts (default: the units of
             ``run`` if given, else examples).
-        batch_size_fn: items in a micro-batch (e.g. real tokens: ``lambda b: (b["labels"] !=
-            -100).sum()``); default: Lightning's ``extract_batch_size`` (examples).
+        batch_size_fn: items in a micro-batch, a number or one count per example (e.g. real
+            tokens: ``lambda b: (b["labels"][:, 1:] != -100).sum(1)``); default: Lightning's
+            ``extract_batch_size`` (examples). In tokens on one process without accumulation
+            (per-example norms) it must give one count per example.
         loss_reduction: how ``training_step``'s loss is reduced over the micro-batch's items:
             "mean" (the default) or "sum".
         micro_loss: the probe's convention for manual optimization (see ``GradientNoiseProbe``).
@@ -127,6 +132,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         self.loss_reduction = loss_reduction
         self.micro_loss = micro_loss
         self._batch_items: float | None = None
+        self._item_counts: Tensor | None = None  # tokens, per-example: each example's count
         self._loss: Tensor | None = None
 
     # --- Lightning hooks ---------------------------------------------------------------------
@@ -140,14 +146,6 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         self._optimizer_steps = int(trainer.global_step)
         if self._branch is not None:
             _check_branchable(trainer, pl_module)
-        k = int(trainer.accumulate_grad_batches)
-        if k <= 1 and trainer.world_size <= 1:
-            warnings.warn(
-                "noisescope: one process and accumulate_grad_batches=1 give a single batch size "
-                "per step, so nothing can be measured: set accumulate_grad_batches > 1 or use "
-                "the DDP strategy on several devices",
-                stacklevel=2,
-            )
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -156,9 +154,25 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             return
         with self._or_disable("could not read the micro-batch"):
             fn = self.batch_size_fn or extract_batch_size
-            self._batch_items = float(fn(batch))
+            items = fn(batch)
+            counts: Tensor | None = None
+            if not isinstance(items, (int, float)) and torch.as_tensor(items).dim() > 0:
+                counts = torch.as_tensor(items).flatten()  # one count per example
+                items = counts.sum()
+            self._batch_items = float(items)
             if self.probe is None:
                 self._start(trainer, pl_module, self._batch_items)
+            self._item_counts = None
+            if self.units == "tokens" and self._per_example_now():
+                if counts is None:
+                    self._disable(
+                        "units='tokens' on one process with one backward per step are measured "
+                        "per example, which needs each example's token count: make "
+                        "batch_size_fn return one count per example (e.g. "
+                        "`(batch['labels'][:, 1:] != -100).sum(1)`)"
+                    )
+                    return
+                self._item_counts = counts
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor
@@ -172,12 +186,13 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         with self._or_disable("measurement failed"):
             automatic = pl_module.automatic_optimization
             k = float(trainer.accumulate_grad_batches)
+            counts, self._item_counts = self._item_counts, None
             if automatic:
                 # Lightning backpropagates training_step's loss / K: c_j = 1/K (mean) or b_j/K
                 grad_scale = (items if self.loss_reduction == "sum" else 1.0) / k
-                probe.micro_step(batch_size=items, grad_scale=grad_scale)
+                probe.micro_step(batch_size=items, grad_scale=grad_scale, item_counts=counts)
             else:
-                probe.micro_step(batch_size=items)
+                probe.micro_step(batch_size=items, item_counts=counts)
             self._n_micro += 1
             if self._loss is not None:
                 loss = self._loss * k if automatic else self._loss
@@ -308,6 +323,8 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             micro_loss=self.micro_loss,
             scaler=getattr(trainer.strategy.precision_plugin, "scaler", None),
             step=int(trainer.global_step),
+            several=int(trainer.accumulate_grad_batches) > 1 or int(trainer.world_size) > 1,
+            accumulate="set accumulate_grad_batches > 1",
         )
 
 

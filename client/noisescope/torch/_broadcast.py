@@ -170,6 +170,12 @@ class Capture:
         """One broadcast's per-example gradients, taken back to the module's output."""
         if self.failed:
             return
+        try:  # a gradient hook: an error here would abort the user's backward
+            self._take_back(grad, chain, shape)
+        except Exception as exc:
+            self._fail(f"taking its gradient back failed ({type(exc).__name__}: {exc})")
+
+    def _take_back(self, grad: Tensor, chain: tuple[_Step, ...], shape: torch.Size) -> None:
         per_position = grad.reshape(grad.shape[0], *shape)
         if chain:
 
@@ -195,6 +201,9 @@ class Capture:
             self._fail("its gradient reached it without going through a broadcast over the batch")
             return
         total = collected.sum(0).to(grad.dtype)
+        if total.shape != grad.shape:
+            self._fail(f"its examples' gradients have shape {tuple(total.shape)}")
+            return
         scale = float(grad.abs().max()) or 1.0
         if float((total - grad).abs().max()) > 1e-3 * scale:
             self._fail("part of its gradient reached it other than through a broadcast")

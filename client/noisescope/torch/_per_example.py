@@ -119,6 +119,7 @@ class _Entry:
         self.kind = kind
         self.names = dict(params)
         self.ones: Tensor | None = None  # LayerNorm: a unit weight for recomputing x_hat
+        self.loop = False  # torch.func: vmap failed on this module, one example at a time
 
 
 class _Use:
@@ -133,6 +134,7 @@ class _Use:
         self.kwargs = kwargs
         self.batch_less = False  # the input has no batch dimension (positions, buffers)
         self.ids: Tensor | None = None  # an embedding's (B, T) ids, known at the forward
+        self.rows: Tensor | None = None  # routed: the example of each input row
         self.factors: dict[int, Factor] = {}  # parameter index -> its gradient, once done
         self.done = False
 
@@ -320,6 +322,14 @@ class PerExampleNorms:
                 lambda why: self._cannot(entry, why),
             )
             return capture.wrap(out)
+        rows = _routed_rows(first, batch) if first is not None and batch is not None else None
+        if rows is not None and lead is not None:
+            # rows picked out of the batch (an expert's tokens): each row's example is known
+            use.args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+            use.rows = rows
+            uses.append(use)
+            out.register_hook(self._wrap(lambda delta: self._backward(use, delta, None), True))
+            return None
         shape = tuple(first.shape) if first is not None else None
         self._cannot(
             entry,
@@ -357,8 +367,14 @@ class PerExampleNorms:
 
     def _measure(self, use: _Use, delta: Tensor) -> None:
         entry = use.entry
-        batch = int(delta.shape[0])
         args = use.args
+        if use.rows is not None:  # routed rows -> (B, rows of each example, ...), zero-padded
+            n_batch = int(self._batch_hint or self._batch_seen or 0)
+            args, delta = _by_example(use.rows, n_batch, args, delta)
+            keep = self._keep(n_batch)
+            args = tuple(_head(a, keep, n_batch) for a in args)
+            delta = _head(delta, keep, n_batch)
+        batch = int(delta.shape[0])
         if use.batch_less:  # the same input for every example: (B, *shape)
             args = tuple(
                 a.unsqueeze(0).expand(batch, *a.shape) if isinstance(a, Tensor) and a.dim() else a
@@ -468,9 +484,21 @@ class PerExampleNorms:
         self._recomputing = True
         try:
             with torch.enable_grad():
-                result = torch.func.vmap(per_example, in_dims=in_dims, randomness="same")(
-                    own, batched, delta
-                )
+                if not entry.loop:
+                    try:
+                        result = torch.func.vmap(per_example, in_dims=in_dims, randomness="same")(
+                            own, batched, delta
+                        )
+                    except RuntimeError:
+                        # modules vmap cannot batch (nn.LSTM's in-place state updates): the
+                        # same vjp, one example at a time, from now on
+                        entry.loop = True
+                if entry.loop:
+                    rows = []
+                    for i in range(int(delta.shape[0])):
+                        xs = batched if use.batch_less else tuple(a[i] for a in batched)
+                        rows.append(per_example(own, xs, delta[i]))
+                    result = torch.stack(rows)
         finally:
             self._recomputing = False
         if not dense:
@@ -570,6 +598,59 @@ class PerExampleNorms:
 def _name_of(entry: _Entry, idx: int) -> str:
     """The attribute name under which ``entry`` owns parameter ``idx``."""
     return next(name for name, i in entry.params if i == idx)
+
+
+def _routed_rows(x: Tensor, batch: int) -> Tensor | None:
+    """The example of each row of ``x`` when its rows were picked out of a batch-first tensor
+    (``h[mask]``, ``h[b_idx, t_idx]``: an expert's tokens), found in the autograd graph: the
+    nearest indexing of a (batch, ...) tensor that picked exactly ``x``'s number of rows, behind
+    at most a few row-wise ops. None when there is none: then the rows are not known."""
+    n = int(x.shape[0]) if x.dim() else -1
+    frontier = [x.grad_fn] if x.grad_fn is not None else []
+    for _ in range(6):
+        later = []
+        for fn in frontier:
+            if type(fn).__name__ == "IndexBackward0":
+                # the saved inputs of torch's IndexBackward0 node (not in its type stubs)
+                sizes = tuple(getattr(fn, "_saved_self_sym_sizes", ()))
+                indices = getattr(fn, "_saved_indices", ())
+                first = indices[0] if indices else None
+                if sizes and sizes[0] == batch and isinstance(first, Tensor):
+                    if first.dtype == torch.bool and tuple(first.shape) == sizes[: first.dim()]:
+                        rows = first.nonzero()[:, 0]
+                    elif not first.is_floating_point() and first.dim() == 1:
+                        rows = first
+                    else:
+                        rows = None
+                    if rows is not None and int(rows.shape[0]) == n:
+                        return rows
+            later += [nxt for nxt, _ in fn.next_functions if nxt is not None]
+        frontier = later
+    return None
+
+
+def _by_example(
+    rows: Tensor, batch: int, args: tuple[Any, ...], delta: Tensor
+) -> tuple[tuple[Any, ...], Tensor]:
+    """Rows of a routed layer regrouped per example: (B, most rows of an example, ...), zero
+    rows padding the rest (a zero row adds nothing to a row-wise layer's gradient)."""
+    order = torch.argsort(rows, stable=True)
+    counts = torch.bincount(rows, minlength=batch)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(rows)
+    slot[order] = torch.arange(rows.shape[0], device=rows.device) - starts[rows[order]]
+    width = int(counts.max()) if rows.numel() else 1
+
+    def place(t: Tensor) -> Tensor:
+        out = t.new_zeros(batch, width, *t.shape[1:])
+        out[rows, slot] = t
+        return out
+
+    n = int(rows.shape[0])
+    placed = tuple(
+        place(a) if isinstance(a, Tensor) and a.dim() and a.shape[0] == n else a for a in args
+    )
+    return placed, place(delta)
 
 
 def _head(t: Any, keep: int | None, batch: int) -> Any:

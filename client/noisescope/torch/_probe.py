@@ -475,6 +475,13 @@ class GradientNoiseProbe:
             raise RuntimeError(STALE_GRAPH) from exc
         self._micro.append(Micro(None, small, float(batch_size), grad_scale, counts, n_full))
 
+    def discard_backward(self) -> None:
+        """Forget the per-example norms of the backward that just ran, which is not to be
+        measured (a micro-batch without a real item); the micro source has nothing to forget
+        before ``micro_step``."""
+        if self._per_example is not None:
+            self._per_example.reset()
+
     def step(
         self,
         *,
