@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from tests.probes.lsq_torch import ListSink
+
 PAD = 256  # byte tokens are 0..255; 256 pads
 VOCAB = 257
 
@@ -99,29 +101,15 @@ def unpad(labels: Tensor) -> dict[str, Tensor]:
     }
 
 
-class Recorder:
+class Recorder(ListSink):
     """A ``Sink`` for a hand-written loop's probe: its whole-model samples, as the server
     stores them."""
 
     def __init__(self, units: str) -> None:
+        super().__init__()
         self.units = units
-        self.samples: list[dict[str, Any]] = []
 
-    def log_sample(
-        self,
-        step: int,
-        b_small: float,
-        b_big: float,
-        g_small_sq: float,
-        g_big_sq: float,
-        *,
-        examples: float | None = None,
-        series: str = "",
-        loss: float | None = None,
-        lr: float | None = None,
-    ) -> None:
-        if series == "":
-            self.samples.append(
-                {"step": step, "b_small": b_small, "b_big": b_big, "g_small_sq": g_small_sq,
-                 "g_big_sq": g_big_sq, "loss": loss}
-            )  # fmt: skip
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        keys = ("step", "b_small", "b_big", "g_small_sq", "g_big_sq", "loss")
+        return [{k: row[k] for k in keys} for row in self.series("")]
