@@ -24,6 +24,7 @@ MODULES = [
     ("client_cpu", "Client: CPU per sample through the sender"),
     ("client_versions", "Client: this version beside the previous one"),
     ("probe_overhead", "Probes: training-step overhead"),
+    ("probe_gpt", "Probes: per-example norms on a GPT (all parameters, norm layers)"),
     ("ingest", "Server: ingest throughput"),
     ("series", "Server: series query latency"),
     ("dashboard", "Dashboard: page render time"),

@@ -61,7 +61,7 @@ from torch.nn import functional as F
 from benchmarks import _cli
 from benchmarks._meter import Meter, NoiseGauge, metered
 from experiments.tasks import TransformerBlock
-from noisescope.torch import GradientNoiseProbe, _per_example
+from noisescope.torch import GradientNoiseProbe, _factors
 from noisescope.torch._instrument import current as instrumentation
 
 
@@ -170,6 +170,12 @@ class _LeastReads:
             handle.remove()
 
 
+def _linear_sq(x: Tensor, delta: Tensor) -> Tensor:
+    """A Linear layer's per-example squared weight-gradient norms, by the probe's own identity
+    (``_factors.lowrank_sq``: the T x T Grams or the per-example product, the cheaper)."""
+    return _factors.lowrank_sq(delta, x)
+
+
 class _LeastGram:
     """The least a per-example probe must do: each Linear layer's per-example products (the
     probe's own Gram/outer-product identity, metered), from its saved input and its output's
@@ -178,7 +184,7 @@ class _LeastGram:
     def __init__(self, model: nn.Module, meter: Meter) -> None:
         inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
         assert isinstance(inner, nn.Module)
-        self._gram = meter.wrap(_per_example._linear_sq, hook=True)
+        self._gram = meter.wrap(_linear_sq, hook=True)
         self._handles = [
             m.register_forward_hook(self._forward) for m in inner.modules() if type(m) is nn.Linear
         ]
@@ -205,6 +211,48 @@ class _LeastGram:
             handle.remove()
 
 
+class _LeastNorm:
+    """The least a norm-layer probe (``scope="norm_layers"``) must do: each LayerNorm's
+    per-example weight and bias gradients (sum over positions of delta * x_hat, and of delta),
+    from its saved input and its output's gradient, and their squared norms. Matches
+    ``nn.LayerNorm`` and classes named ``LayerNorm`` (nanoGPT's, with an optional bias)."""
+
+    def __init__(self, model: nn.Module, meter: Meter) -> None:
+        self._norm = meter.wrap(self._per_example, hook=True)
+        self._handles = [
+            m.register_forward_hook(self._forward)
+            for m in model.modules()
+            if type(m).__name__ == "LayerNorm"
+        ]
+
+    @staticmethod
+    def _per_example(x: Tensor, delta: Tensor) -> Tensor:
+        d = x.shape[-1]
+        x_hat = F.layer_norm(x.reshape(x.shape[0], -1, d), (d,))
+        ds = delta.reshape(delta.shape[0], -1, d)
+        return (ds * x_hat).sum(1).square().sum(1) + ds.sum(1).square().sum(1)
+
+    def _forward(self, module: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> None:
+        if not (torch.is_grad_enabled() and out.requires_grad):
+            return
+        x = args[0].detach()
+
+        def on_grad(delta: Tensor) -> None:  # returns nothing: the gradient is left as it is
+            self._norm(x, delta)
+
+        out.register_hook(on_grad)
+
+    def micro_step(self, batch_size: float) -> None:
+        pass
+
+    def step(self, *, loss: float, lr: float) -> None:
+        pass
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
 class _Case:
     """One model and optimizer, stepped with or without a probe: both arms share the weights,
     the data and the memory layout, so the ratio isolates the probe."""
@@ -214,7 +262,8 @@ class _Case:
         model: nn.Module,
         batches: list[tuple[Tensor, Tensor]],
         make_probe: ProbeFactory,
-        kind: str = "micro",  # "micro", "first" (small_batches="first") or "per_example"
+        kind: str = "micro",  # "micro", "first" (small_batches="first"), "per_example" or
+        # "norm_layers" (per-example, scope="norm_layers")
         ddp: bool = False,
         fsdp: bool = False,
     ) -> None:
@@ -394,17 +443,28 @@ def _least(case: _Case, steps: int, chunks: int) -> float:
     def make(model: nn.Module) -> _Probe:
         if case.kind == "per_example":
             return _LeastGram(model, meter)
+        if case.kind == "norm_layers":
+            return _LeastNorm(model, meter)
         return _LeastReads(model, meter, first_only=case.kind == "first")
 
     return _metered(meter, lambda n: case.time(True, n, make), steps, chunks)
 
 
 def _rows(
-    model_name: str, cases: dict[str, _Case], quick: bool, gauge: NoiseGauge, least: bool = True
+    model_name: str,
+    cases: dict[str, _Case],
+    quick: bool,
+    gauge: NoiseGauge,
+    least: bool = True,
+    sizes: tuple[int, int, tuple[int, int]] | None = None,
 ) -> list[Row]:
-    """The timed rounds of ``cases`` (both arms interleaved), then their metered columns."""
+    """The timed rounds of ``cases`` (both arms interleaved), then their metered columns;
+    ``sizes``: (rounds, steps per arm and round, (metered steps, runs)) instead of this
+    module's (for a model whose steps are slower)."""
     rounds, n = (QUICK_ROUNDS, QUICK_STEPS) if quick else (ROUNDS, STEPS)
     metering = (2 * n, 1) if quick else METERED
+    if sizes is not None and not quick:
+        rounds, n, metering = sizes
     times: dict[str, tuple[list[float], list[float]]] = {s: ([], []) for s in cases}
     for case in cases.values():  # warm-up: first-use costs (and compilation) out of the timings
         case.time(False, 1)
