@@ -248,3 +248,45 @@ def test_auto_with_batchnorm_uses_micro_batches_and_says_why() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     probe = GradientNoiseProbe(model, ListSink())
     assert probe.source == "micro" and "BatchNorm" in probe.source_reason
+
+
+class RMSNorm(nn.Module):
+    """A model's own RMS norm class (Llama's, T5's): ``weight * x_hat``; ``shifted``: Gemma's
+    ``(1 + weight) * x_hat``, which is not ``weight * x_hat + bias``."""
+
+    def __init__(self, d: int, shifted: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.shifted = shifted
+
+    def forward(self, x: Tensor) -> Tensor:
+        x_hat = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
+        return (1 + self.weight) * x_hat if self.shifted else self.weight * x_hat
+
+
+@pytest.mark.parametrize("shifted", [False, True], ids=["weight-times-x-hat", "one-plus-weight"])
+def test_a_models_own_norm_class_is_checked_then_measured(shifted: bool) -> None:
+    """Norm classes of a model's own (nanoGPT's LayerNorm, LlamaRMSNorm) get the cheap x_hat
+    identity once their output is checked to be weight * x_hat (+ bias); one that is not
+    falls back to torch.func. Both match brute force, over two backwards."""
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(4, 6), RMSNorm(6, shifted), nn.Linear(6, 2)).double()
+    names = [n for n, _ in model.named_parameters()]
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+
+    def loss_pe(out: Tensor) -> Tensor:
+        return out.square().sum((1, 2))
+
+    xs = [torch.randn(5, 3, 4, dtype=torch.float64) for _ in range(2)]
+    truth = [_brute_force(model, x, loss_pe, 5) for x in xs]  # before the hooks (deepcopy)
+    norms = PerExampleNorms(model, index)
+    assert norms.methods == {"linear": 2, "affine_norm": 1}
+    norms.armed = True
+    for x, expected in zip(xs, truth, strict=True):
+        loss_pe(model(x)).mean().backward()
+        table = norms.take(torch.device("cpu"))
+        for i, name in enumerate(names):
+            torch.testing.assert_close(
+                table[i].double(), expected[name], rtol=1e-6, atol=1e-14, msg=name
+            )
+    assert norms.methods == {"linear": 2, ("func" if shifted else "affine_norm"): 1}

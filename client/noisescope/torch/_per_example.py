@@ -79,6 +79,8 @@ def _supported_kind(module: nn.Module) -> str | None:
         return "layernorm"
     if cls is nn.RMSNorm:
         return "rmsnorm"
+    if _affine_norm(module):
+        return "affine_norm"
     # Hugging Face's Conv1D (GPT-2): y = x W + b with W (in, out); matched by name, so that
     # the probe needs no transformers import
     weight = getattr(module, "weight", None)
@@ -96,6 +98,23 @@ def is_norm_layer(module: nn.Module) -> bool:
     name = cls.__name__.lower()
     own = list(module.parameters(recurse=False))
     return bool(own) and name.endswith("norm") and all(p.dim() == 1 for p in own)
+
+
+def _affine_norm(module: nn.Module) -> bool:
+    """A model's own normalization class over the last dimension with a vector weight (and
+    bias): nanoGPT's ``LayerNorm``, ``LlamaRMSNorm``, ``T5LayerNorm``. Whether its output is
+    ``weight * x_hat + bias`` is checked at its first use (``_unit_output``)."""
+    own = dict(module.named_parameters(recurse=False))
+    weight = own.get("weight")
+    return (
+        is_norm_layer(module)
+        and _plain_type(module) not in (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
+        and not list(module.children())
+        and set(own) <= {"weight", "bias"}
+        and weight is not None
+        and weight.dim() == 1
+        and all(p.shape == weight.shape for p in own.values())
+    )
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -120,6 +139,7 @@ class _Entry:
         self.names = dict(params)
         self.ones: Tensor | None = None  # LayerNorm: a unit weight for recomputing x_hat
         self.loop = False  # torch.func: vmap failed on this module, one example at a time
+        self.checked = False  # affine_norm: its output checked to be weight * x_hat + bias
 
 
 class _Use:
@@ -383,6 +403,7 @@ class PerExampleNorms:
             if entry.kind == "embedding" and isinstance(args[0], Tensor):
                 use.ids = args[0].reshape(batch, -1)
         several = {idx for _, idx in entry.params if self._n_uses(idx) > 1}
+        x_hat = self._unit_output(entry, use, args) if entry.kind == "affine_norm" else None
         if entry.kind == "func":
             dense = bool(several)
             for name, g in self._func(entry, use, args, delta, dense).items():
@@ -390,7 +411,7 @@ class PerExampleNorms:
                 self._add(use, idx, Flat(g) if dense else None, g if not dense else None)
             use.done = True
             return
-        for name, factor in self._factors(entry, use, args, delta).items():
+        for name, factor in self._factors(entry, use, args, delta, x_hat).items():
             idx = entry.names[name]
             if idx in several or not isinstance(factor, LowRank):
                 self._add(use, idx, factor, None)
@@ -399,7 +420,12 @@ class PerExampleNorms:
         use.done = True
 
     def _factors(
-        self, entry: _Entry, use: _Use, args: tuple[Any, ...], delta: Tensor
+        self,
+        entry: _Entry,
+        use: _Use,
+        args: tuple[Any, ...],
+        delta: Tensor,
+        unit_output: Tensor | None = None,
     ) -> dict[str, Factor]:
         """Each parameter's per-example gradient of this use, factored (``_factors``)."""
         m = entry.module
@@ -447,7 +473,50 @@ class PerExampleNorms:
                 x_hat = xs * torch.rsqrt(xs.square().mean(-1, keepdim=True) + eps)
             if "weight" in names:
                 out["weight"] = Flat((ds * x_hat).sum(1))
+        elif entry.kind == "affine_norm":
+            assert unit_output is not None
+            d = int(unit_output.shape[-1])
+            ds = _as_btd(delta, d)
+            # per-example grads: weight sum_t delta_t * x_hat_t, bias sum_t delta_t
+            if "weight" in names:
+                out["weight"] = Flat((ds * _as_btd(unit_output, d)).sum(1))
+            if "bias" in names:
+                out["bias"] = Flat(ds.sum(1))
         return out
+
+    def _unit_output(self, entry: _Entry, use: _Use, args: tuple[Any, ...]) -> Tensor | None:
+        """x_hat of a model's own norm class: its output with weight 1 and bias 0 (one cheap
+        forward of the layer). At its first use, the layer is checked to compute
+        ``weight * x_hat + bias``; one that does not (Gemma's ``(1 + weight) * x_hat``) falls
+        back to torch.func from then on."""
+        module = entry.module
+        own = {name: getattr(module, name).detach() for name, _ in entry.params}
+        unit = {name: torch.ones_like(p) if name == "weight" else torch.zeros_like(p)
+                for name, p in own.items()}  # fmt: skip
+
+        def call(params: dict[str, Tensor]) -> Tensor:
+            out = torch.func.functional_call(module, params, args, use.kwargs, strict=False)
+            assert isinstance(out, Tensor)
+            return out
+
+        self._recomputing = True
+        try:
+            with torch.no_grad():
+                x_hat = call(unit)
+                if not entry.checked:
+                    entry.checked = True
+                    zero = call({name: torch.zeros_like(p) for name, p in own.items()})
+                    expected = own["weight"] * x_hat + own.get("bias", 0.0)
+                    exact = call(own)
+                    affine = bool(zero.abs().max() == 0) and torch.allclose(
+                        exact, expected, rtol=1e-4, atol=1e-6 * float(exact.abs().max())
+                    )
+                    if not affine:
+                        entry.kind = "func"
+                        return None
+        finally:
+            self._recomputing = False
+        return x_hat
 
     def _func(
         self, entry: _Entry, use: _Use, args: tuple[Any, ...], delta: Tensor, dense: bool
