@@ -290,3 +290,70 @@ def test_a_models_own_norm_class_is_checked_then_measured(shifted: bool) -> None
                 table[i].double(), expected[name], rtol=1e-6, atol=1e-14, msg=name
             )
     assert norms.methods == {"linear": 2, ("func" if shifted else "affine_norm"): 1}
+
+
+class BareParameters(nn.Module):
+    """A container's own parameters used between its children: a position table sliced and
+    added (experiments' byte LM), a cls token expanded over the batch and a position table of
+    shape (1, T, d) (ViT), a layer-scale vector over positions (CaiT, ConvNeXt)."""
+
+    def __init__(self, d: int = 6, t: int = 4) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3, d)
+        self.pos = nn.Parameter(torch.randn(t + 2, d))
+        self.cls = nn.Parameter(torch.randn(1, 1, d))
+        self.vit_pos = nn.Parameter(torch.randn(1, t + 1, d))
+        self.fc = nn.Linear(d, d)
+        self.gamma = nn.Parameter(torch.rand(d))
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.proj(x) + self.pos[: x.shape[1]]
+        h = torch.cat([self.cls.expand(x.shape[0], -1, -1), h], 1) + self.vit_pos
+        h = h + self.gamma * torch.tanh(self.fc(h))
+        out: Tensor = self.head(h).sum(1)
+        return out
+
+
+def test_a_containers_own_parameters_match_brute_force() -> None:
+    torch.manual_seed(5)
+    model = BareParameters().double()
+    x = torch.randn(5, 4, 3, dtype=torch.float64)
+    target = torch.randint(0, 2, (5,))
+
+    def loss_pe(out: Tensor) -> Tensor:
+        return nn.functional.cross_entropy(out, target, reduction="none")
+
+    expected = _brute_force(model, x, loss_pe, 5)
+    got = _hooked(model, x, loss_pe, "auto")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-6, atol=1e-14, msg=name)
+
+
+class MatmulParameter(nn.Module):
+    """A container's own matrix used in a matmul: not followed to the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.w = nn.Parameter(torch.randn(4, 2))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = (torch.tanh(self.fc(x)) @ self.w).sum(1)
+        return out
+
+
+def test_a_parameter_not_followed_to_the_batch_moves_to_torch_func() -> None:
+    """Its first step is not logged (said once); from the next, torch.func measures it."""
+    torch.manual_seed(6)
+    model, sink = MatmulParameter(), ListSink()
+    probe = GradientNoiseProbe(model, sink)
+    model(torch.randn(5, 3, 4)).square().mean().backward()
+    with pytest.warns(UserWarning, match="computed with torch.func from the next step"):
+        probe.step(batch_size=5)
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        model(torch.randn(5, 3, 4)).square().mean().backward()
+        probe.step(batch_size=5)
+    assert probe.source == "per_example" and probe.error is None
+    assert [r["step"] for r in sink.series("")] == [1, 2]

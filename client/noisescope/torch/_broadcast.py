@@ -89,7 +89,11 @@ class Capture:
         self._collected: Tensor | None = None
         self._on_grad = on_grad
         self._on_fail = on_fail
-        output.register_hook(self._finish)
+        self._handle = output.register_hook(self._finish)
+
+    def close(self) -> None:
+        """Remove the output's hook (a parameter's outlives the step otherwise)."""
+        self._handle.remove()
 
     def wrap(self, t: Tensor, chain: tuple[_Step, ...] = ()) -> BatchLess:
         out = t.as_subclass(BatchLess)
@@ -120,6 +124,12 @@ class Capture:
                 return func(*args, **kwargs)
             _put(args, kwargs, slot, plain)
             result = func(*args, **kwargs)
+            expands = name in ("expand", "expand_as") and isinstance(result, Tensor)
+            if expands and self._over_batch(plain.shape, result.shape):
+                # ViT's cls_token.expand(B, -1, -1): the expand is the broadcast itself
+                if result.requires_grad:
+                    result.register_hook(lambda g: self._collect(g, chain, plain.shape))
+                return result
             if not isinstance(result, Tensor) and not (
                 isinstance(result, (tuple, list)) and any(isinstance(r, Tensor) for r in result)
             ):
@@ -159,12 +169,20 @@ class Capture:
             shape = torch.Size((self.batch, *mine[1:]))
         else:
             return None
-        if not shape or shape[0] != self.batch:
-            return None
-        if len(mine) == len(shape) - 1 and tuple(mine) == tuple(shape[1:]):
-            return shape
-        same_rank = len(mine) == len(shape) and mine[0] == 1
-        return shape if same_rank and tuple(mine[1:]) == tuple(shape[1:]) else None
+        return shape if self._over_batch(mine, shape) else None
+
+    def _over_batch(self, mine: torch.Size, shape: torch.Size) -> bool:
+        """Whether broadcasting ``mine`` to ``shape`` copies it once per example (and maybe
+        over other dimensions too, as a layer-scale vector over positions): dimension 0 of
+        ``shape`` is the batch, and ``mine`` has no dimension there or a 1."""
+        if not shape or shape[0] != self.batch or len(mine) > len(shape):
+            return False
+        if len(mine) == len(shape) and mine[0] != 1:
+            return False
+        try:
+            return tuple(torch.broadcast_shapes(mine, shape)) == tuple(shape)
+        except RuntimeError:
+            return False
 
     def _collect(self, grad: Tensor, chain: tuple[_Step, ...], shape: torch.Size) -> None:
         """One broadcast's per-example gradients, taken back to the module's output."""
@@ -176,7 +194,7 @@ class Capture:
             self._fail(f"taking its gradient back failed ({type(exc).__name__}: {exc})")
 
     def _take_back(self, grad: Tensor, chain: tuple[_Step, ...], shape: torch.Size) -> None:
-        per_position = grad.reshape(grad.shape[0], *shape)
+        per_position = _per_example(grad, shape)
         if chain:
 
             def through(t: Tensor) -> Tensor:
@@ -209,6 +227,19 @@ class Capture:
             self._fail("part of its gradient reached it other than through a broadcast")
             return
         self._on_grad(collected)
+
+
+def _per_example(grad: Tensor, mine: torch.Size) -> Tensor:
+    """(B, *mine): each example's gradient of a value of shape ``mine`` broadcast to
+    ``grad.shape`` (batch first): summed over the other dimensions it was copied along."""
+    n, k = grad.dim(), grad.dim() - len(mine)
+    if k == 0:  # mine[0] == 1 stands for the batch
+        dims = tuple(d for d in range(1, n) if mine[d] == 1 and grad.shape[d] != 1)
+        return (grad.sum(dims, keepdim=True) if dims else grad).unsqueeze(1)
+    if k > 1:  # dimensions other than the batch's that ``mine`` lacks
+        grad = grad.sum(tuple(range(1, k)))
+    dims = tuple(j + 1 for j in range(len(mine)) if mine[j] == 1 and grad.shape[j + 1] != 1)
+    return grad.sum(dims, keepdim=True) if dims else grad
 
 
 def _lead(t: Tensor) -> int | None:

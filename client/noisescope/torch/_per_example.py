@@ -42,7 +42,12 @@ NORM_KINDS = frozenset({"layernorm", "rmsnorm", "norm"})
 
 
 class Unsupported(Exception):
-    """This step's per-example norms cannot be computed exactly (the message says why)."""
+    """This step's per-example norms cannot be computed exactly (the message says why).
+    ``retry``: the next steps can be (the layer moved to torch.func), only this one is lost."""
+
+    def __init__(self, reason: str, retry: bool = False) -> None:
+        super().__init__(reason)
+        self.retry = retry
 
 
 try:
@@ -208,6 +213,9 @@ class PerExampleNorms:
         self._batch_hint: int | None = None  # from the model's own input
         self._root_ids_ndim: int | None = None  # ndim of the model's input ids, if any
         self.reset()
+        self._handles.append(
+            model.register_forward_pre_hook(wrap(self._see_input, False), with_kwargs=True)
+        )
         for mod_name, module in model.named_modules():
             direct = [
                 (name, param_index[id(p)])
@@ -223,18 +231,22 @@ class PerExampleNorms:
                     f"module {label} ({type(module).__name__}) has no cheap per-example "
                     "identity; use per_example='auto' to fall back to torch.func"
                 )
-            entry = _Entry(module, label, direct, kind or "func")
-            for _, idx in direct:
-                self._owners.setdefault(idx, []).append(entry)
-            self.entries.append(entry)
-            self._handles.append(
-                module.register_forward_hook(
-                    wrap(self._make_forward_hook(entry), False), with_kwargs=True
+            if kind is None and method == "auto" and list(module.children()):
+                # a container's own parameters (a position table, a cls token, a layer
+                # scale), used in its forward between its children: followed to the batch
+                entries = [_Entry(module, label, [one], "bare") for one in direct]
+                self._handles += self._bare_hooks(module, entries)
+            else:
+                entries = [_Entry(module, label, direct, kind or "func")]
+            for entry in entries:
+                for _, idx in entry.params:
+                    self._owners.setdefault(idx, []).append(entry)
+                self.entries.append(entry)
+                self._handles.append(
+                    module.register_forward_hook(
+                        wrap(self._make_forward_hook(entry), False), with_kwargs=True
+                    )
                 )
-            )
-        self._handles.append(
-            model.register_forward_pre_hook(wrap(self._see_input, False), with_kwargs=True)
-        )
 
     @property
     def methods(self) -> dict[str, int]:
@@ -259,12 +271,16 @@ class PerExampleNorms:
         self._handles.clear()
 
     def reset(self) -> None:
+        for capture in getattr(self, "_captures", ()):
+            capture.close()
+        self._captures: list[Capture] = []  # on parameters: their hooks end with the step
         self._results: dict[int, Tensor] = {}
         self._uses: dict[int, list[_Use]] = {}  # id(entry) -> this step's uses
         self._serial = 0
         self._batch: int | None = None
         self._batch_seen: int | None = None
         self._unsupported: str | None = None
+        self._retry = True  # every layer that could not be measured has moved to torch.func
 
     # --- the forward --------------------------------------------------------------------
 
@@ -296,7 +312,7 @@ class PerExampleNorms:
         self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> Any:
         out = output[0] if isinstance(output, tuple) else output
-        if not isinstance(out, Tensor) or not out.requires_grad:
+        if entry.kind == "bare" or not isinstance(out, Tensor) or not out.requires_grad:
             return None
         uses = self._uses.setdefault(id(entry), [])
         if _in_backward() and uses:
@@ -359,11 +375,73 @@ class PerExampleNorms:
         )
         return None
 
+    def _bare_hooks(self, module: nn.Module, entries: list[_Entry]) -> list[RemovableHandle]:
+        """For the module's forward, its own parameters are BatchLess views of themselves
+        (``_broadcast``): their uses are followed to the batch; put back after the forward,
+        also when it raises."""
+        swapped: list[dict[str, Tensor]] = []
+
+        def before(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            views: dict[str, Tensor] = {}
+            swapped.append(views)
+            if not self.armed or self._recomputing or not torch.is_grad_enabled():
+                return
+            if torch.compiler.is_compiling():
+                return
+            if _in_backward() and any(self._uses.get(id(e)) for e in entries):
+                return  # gradient checkpointing recomputes a forward already counted
+            batch = self._batch_hint if self._batch_hint is not None else self._batch_seen
+            for entry in entries:
+                name, _ = entry.params[0]
+                param = module._parameters.get(name)
+                if entry.kind != "bare" or param is None or not param.requires_grad:
+                    continue
+                if batch is None:
+                    self._cannot(entry, "the batch size was not known before its first use")
+                    continue
+                views[name] = param
+                module._parameters[name] = self._capture(entry, param, batch)  # type: ignore[assignment]
+
+        def after(
+            module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+        ) -> None:
+            if swapped:
+                for name, param in swapped.pop().items():
+                    module._parameters[name] = param  # type: ignore[assignment]
+
+        return [
+            module.register_forward_pre_hook(self._wrap(before, False), with_kwargs=True),
+            module.register_forward_hook(
+                self._wrap(after, False), with_kwargs=True, always_call=True
+            ),
+        ]
+
+    def _capture(self, entry: _Entry, param: Tensor, batch: int) -> Tensor:
+        use = _Use(self._serial, entry, (), {})
+        self._serial += 1
+        use.batch_less = True
+        self._uses.setdefault(id(entry), []).append(use)
+        keep = self._keep(batch)
+
+        def failed(why: str) -> None:
+            entry.kind = "func"  # exact, costlier: from the next step on
+            self._cannot(entry, why, retry=True)
+
+        capture = Capture(
+            param,
+            batch,
+            self._wrap(lambda delta: self._backward(use, delta, keep), True),
+            failed,
+        )
+        self._captures.append(capture)
+        return capture.wrap(param)
+
     def _keep(self, batch: int) -> int | None:
         """Only the first max_examples examples are measured: cost scales with their number."""
         return self.max_examples if self.max_examples and self.max_examples < batch else None
 
-    def _cannot(self, entry: _Entry, why: str) -> None:
+    def _cannot(self, entry: _Entry, why: str, retry: bool = False) -> None:
+        self._retry = self._retry and retry
         if self._unsupported is None:
             self._unsupported = (
                 f"per-example gradients of {entry.label} ({type(entry.module).__name__}) "
@@ -429,9 +507,13 @@ class PerExampleNorms:
     ) -> dict[str, Factor]:
         """Each parameter's per-example gradient of this use, factored (``_factors``)."""
         m = entry.module
-        x = args[0]
         names = entry.names
         out: dict[str, Factor] = {}
+        if entry.kind == "bare":  # the parameter's own per-example gradients
+            ((name, _),) = entry.params
+            out[name] = Flat(wide(delta).reshape(delta.shape[0], -1))
+            return out
+        x = args[0]
         if entry.kind in ("linear", "conv1d_hf", "conv"):
             if entry.kind == "conv":
                 conv: nn.Conv1d | nn.Conv2d = m  # type: ignore[assignment]
@@ -624,9 +706,9 @@ class PerExampleNorms:
     def take(self, device: torch.device) -> Tensor:
         """Per-parameter per-example squared norms of the last backward, shape (n_params, B)."""
         if self._unsupported is not None:
-            reason = self._unsupported
+            reason, retry = self._unsupported, self._retry
             self.reset()
-            raise Unsupported(reason)
+            raise Unsupported(reason, retry)
         if self._batch is None:
             raise RuntimeError(
                 "no per-example gradients were captured: run the forward pass and "
@@ -634,7 +716,7 @@ class PerExampleNorms:
             )
         batch = self._batch
         self.last_full_batch = self._batch_seen or self._batch_hint or batch
-        zero = torch.zeros(batch, device=device)
+        zero = torch.zeros(batch, device=device, dtype=torch.float32)
         rows = [self._results.get(i, zero) for i in range(self.n_params)]
         if any(r.device != device or r.dtype != torch.float32 for r in rows):
             rows = [r.to(device, torch.float32) for r in rows]
@@ -652,7 +734,7 @@ class PerExampleNorms:
             counts = torch.as_tensor(item_counts, dtype=torch.float32, device=device)
         per_param = self.take(device)
         n_full = self.last_full_batch
-        small = torch.zeros(n_slots, per_param.shape[1], device=device).index_add_(
+        small = per_param.new_zeros(n_slots, per_param.shape[1]).index_add_(
             0, slot, per_param
         )
         if counts is not None:

@@ -391,11 +391,19 @@ class GradientNoiseProbe:
                 "arguments (source, micro_loss, layers) against the model, or report the error.",
             )
 
-    def _cannot_per_example(self, reason: str) -> None:
+    def _cannot_per_example(self, reason: str, retry: bool) -> None:
         """This model's per-example norms cannot be computed exactly: never a wrong number.
-        Auto moves to micro-batches (from the next step: this one is not logged); a forced
-        per-example source stops measuring, saying why."""
+        ``retry``: the layer moved to torch.func, only this step is lost. Otherwise auto moves
+        to micro-batches (from the next step: this one is not logged); a forced per-example
+        source stops measuring, saying why."""
         self._step_dropped = True
+        if retry:
+            self._warn_once(
+                self.step_count,
+                f"{reason}. This step is not logged; the layer's per-example gradients are "
+                "computed with torch.func from the next step (exact, costlier)",
+            )
+            return
         if not self._auto:
             self._fail(Unsupported(f"{reason}; use source='micro' with gradient accumulation"))
             return
@@ -467,7 +475,7 @@ class GradientNoiseProbe:
                 self._slot, self._n_slots, item_counts
             )
         except Unsupported as exc:
-            self._cannot_per_example(str(exc))
+            self._cannot_per_example(str(exc), exc.retry)
             return
         except RuntimeError as exc:
             if self.layout.compiled is None or self._per_example.captured:
