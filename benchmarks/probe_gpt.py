@@ -31,94 +31,24 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from benchmarks import _cli
 from benchmarks._meter import NoiseGauge
 from benchmarks.probe_overhead import ProbeFactory, Row, _Case, _rows, _Sink
 from noisescope.torch import GradientNoiseProbe
+from tests.probes.zoo.models import GPT, GPTConfig
 
 VOCAB, WIDTH, HEADS, LAYERS, CONTEXT, BATCH = 512, 256, 4, 4, 128, 16
 #: rounds, steps per arm and round, (metered steps, metered runs): a step is ~0.5 s of CPU
 SIZES = (9, 2, (3, 3))
 
 
-class LayerNorm(nn.Module):
-    """nanoGPT's LayerNorm, with an optional bias."""
-
-    def __init__(self, ndim: int, bias: bool) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.c_attn = nn.Linear(d, 3 * d)
-        self.c_proj = nn.Linear(d, d)
-        self.n_head, self.n_embd = heads, d
-
-    def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.size()  # nanoGPT's names
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        out: Tensor = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        return out
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.ln_1 = LayerNorm(d, bias=True)
-        self.attn = CausalSelfAttention(d, heads)
-        self.ln_2 = LayerNorm(d, bias=True)
-        self.c_fc = nn.Linear(d, 4 * d)
-        self.c_proj = nn.Linear(4 * d, d)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        out: Tensor = x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
-        return out
-
-
-class NanoGPT(nn.Module):
-    """nanoGPT's GPT: ``wpe(arange(t))`` broadcast, ``wte`` tied to ``lm_head``."""
-
-    def __init__(
-        self,
-        vocab: int = VOCAB,
-        d: int = WIDTH,
-        heads: int = HEADS,
-        layers: int = LAYERS,
-        block_size: int = CONTEXT,
-    ) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(vocab, d)
-        self.wpe = nn.Embedding(block_size, d)
-        self.h = nn.ModuleList([Block(d, heads) for _ in range(layers)])
-        self.ln_f = LayerNorm(d, bias=True)
-        self.lm_head = nn.Linear(d, vocab, bias=False)
-        self.wte.weight = self.lm_head.weight  # weight tying, as nanoGPT does
-        for module in self.modules():
-            if isinstance(module, nn.Linear | nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-
-    def forward(self, idx: Tensor) -> Tensor:
-        pos = torch.arange(0, idx.shape[1], dtype=torch.long, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)  # (b, t, d) + (t, d): broadcast over the batch
-        for block in self.h:
-            x = block(x)
-        logits: Tensor = self.lm_head(self.ln_f(x))
-        return logits
+def NanoGPT() -> nn.Module:
+    """The zoo's nanoGPT (``tests/probes/zoo``, written as nanoGPT writes it) at this size."""
+    config = GPTConfig(
+        block_size=CONTEXT, vocab_size=VOCAB, n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH
+    )
+    return GPT(config)
 
 
 def _batch(n: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -179,7 +109,8 @@ def run(quick: bool = False) -> str:
         "## Probes: per-example norms on a GPT (all parameters, norm layers)",
         "",
         "CPU time per training step (forward, backward, clipping, SGD step) of a GPT written "
-        "as nanoGPT writes it (`benchmarks/probe_gpt.py`: tied `wte`/`lm_head`, `wpe(arange(T))` "
+        "as nanoGPT writes it (the zoo's `GPT`, `tests/probes/zoo/models.py`, timed by "
+        "`benchmarks/probe_gpt.py`: tied `wte`/`lm_head`, `wpe(arange(T))` "
         "broadcast over the batch, nanoGPT's own `LayerNorm` class, Linear attention and MLP, "
         f"SDPA; {LAYERS} layers, width {WIDTH}, {HEADS} heads, {CONTEXT} tokens, vocabulary "
         f"{VOCAB}, batch {BATCH} sequences) with each probe vs the same loop untracked, "

@@ -9,6 +9,7 @@ and the torch.func fallback must agree with it to 1e-4 relative.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -357,3 +358,45 @@ def test_a_parameter_not_followed_to_the_batch_moves_to_torch_func() -> None:
         probe.step(batch_size=5)
     assert probe.source == "per_example" and probe.error is None
     assert [r["step"] for r in sink.series("")] == [1, 2]
+
+
+class Escaping(nn.Module):
+    """Positions broadcast over the batch; with ``escape``, also fed to ``torch.cat`` inside a
+    list, where the probe does not see them: part of their gradient goes unseen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wpe = nn.Embedding(3, 4)
+        self.fc = nn.Linear(4, 1)
+        self.escape = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        pos = self.wpe(torch.arange(3))
+        h = x + pos
+        if self.escape:
+            h = h + torch.cat([pos, pos]).sum()
+        out: Tensor = self.fc(h).sum((1, 2))
+        return out
+
+
+@pytest.mark.parametrize("escape_at", [0, 4], ids=["from-the-start", "after-the-checked-steps"])
+def test_a_gradient_that_bypasses_the_broadcast_is_never_logged(escape_at: int) -> None:
+    """The examples' gradients of a batch-less output must add up to its gradient. Checked on
+    the host in the first steps (auto then moves to micro-batches, saying why); later on the
+    device, where a gap makes that step's norms NaN: skipped and counted, never logged."""
+    torch.manual_seed(7)
+    model, sink = Escaping(), ListSink()
+    probe = GradientNoiseProbe(model, sink)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):
+            model.escape = step >= escape_at
+            model(torch.randn(5, 3, 4)).square().mean().backward()
+            probe.step(batch_size=5)
+            model.zero_grad(set_to_none=True)
+    steps = [r["step"] for r in sink.series("")]
+    if escape_at == 0:
+        assert steps == [] and probe.source == "micro"
+        assert any("other than through a broadcast" in str(w.message) for w in caught)
+    else:
+        assert steps == [0, 1, 2, 3] and probe.skipped_steps == 2 and probe.error is None

@@ -145,6 +145,13 @@ class _Entry:
         self.ones: Tensor | None = None  # LayerNorm: a unit weight for recomputing x_hat
         self.loop = False  # torch.func: vmap failed on this module, one example at a time
         self.checked = False  # affine_norm: its output checked to be weight * x_hat + bias
+        self.formula: tuple[bool, float] | None = None  # affine_norm: (centred, eps) of x_hat
+        self.host_checks = 3  # batch-less uses: steps left to check on the host (_broadcast)
+
+    def checking(self) -> bool:
+        """Whether this use of a batch-less output is checked on the host (the first few)."""
+        self.host_checks -= 1
+        return self.host_checks >= 0
 
 
 class _Use:
@@ -356,6 +363,7 @@ class PerExampleNorms:
                 batch,
                 self._wrap(lambda delta: self._backward(use, delta, keep), True),
                 lambda why: self._cannot(entry, why),
+                entry.checking(),
             )
             return capture.wrap(out)
         rows = _routed_rows(first, batch) if first is not None and batch is not None else None
@@ -432,6 +440,7 @@ class PerExampleNorms:
             batch,
             self._wrap(lambda delta: self._backward(use, delta, keep), True),
             failed,
+            entry.checking(),
         )
         self._captures.append(capture)
         return capture.wrap(param)
@@ -567,10 +576,14 @@ class PerExampleNorms:
         return out
 
     def _unit_output(self, entry: _Entry, use: _Use, args: tuple[Any, ...]) -> Tensor | None:
-        """x_hat of a model's own norm class: its output with weight 1 and bias 0 (one cheap
-        forward of the layer). At its first use, the layer is checked to compute
-        ``weight * x_hat + bias``; one that does not (Gemma's ``(1 + weight) * x_hat``) falls
-        back to torch.func from then on."""
+        """x_hat of a model's own norm class: its output at weight 1 and bias 0. At its first
+        use the layer is checked to compute ``weight * x_hat + bias`` (one that does not, such
+        as Gemma's ``(1 + weight) * x_hat``, falls back to torch.func from then on), and x_hat
+        is matched against layer and RMS normalization at the usual epsilons: a match is
+        computed directly from then on, anything else by one forward of the layer."""
+        x = args[0]
+        if entry.formula is not None:
+            return _normalized(wide(x), *entry.formula)
         module = entry.module
         own = {name: getattr(module, name).detach() for name, _ in entry.params}
         unit = {name: torch.ones_like(p) if name == "weight" else torch.zeros_like(p)
@@ -590,12 +603,11 @@ class PerExampleNorms:
                     zero = call({name: torch.zeros_like(p) for name, p in own.items()})
                     expected = own["weight"] * x_hat + own.get("bias", 0.0)
                     exact = call(own)
-                    affine = bool(zero.abs().max() == 0) and torch.allclose(
-                        exact, expected, rtol=1e-4, atol=1e-6 * float(exact.abs().max())
-                    )
+                    affine = bool(zero.abs().max() == 0) and _close(exact, expected)
                     if not affine:
                         entry.kind = "func"
                         return None
+                    entry.formula = _formula(module, wide(x), wide(x_hat))
         finally:
             self._recomputing = False
         return x_hat
@@ -734,9 +746,7 @@ class PerExampleNorms:
             counts = torch.as_tensor(item_counts, dtype=torch.float32, device=device)
         per_param = self.take(device)
         n_full = self.last_full_batch
-        small = per_param.new_zeros(n_slots, per_param.shape[1]).index_add_(
-            0, slot, per_param
-        )
+        small = per_param.new_zeros(n_slots, per_param.shape[1]).index_add_(0, slot, per_param)
         if counts is not None:
             if counts.shape[0] != n_full:
                 raise ValueError(
@@ -749,6 +759,32 @@ class PerExampleNorms:
 def _name_of(entry: _Entry, idx: int) -> str:
     """The attribute name under which ``entry`` owns parameter ``idx``."""
     return next(name for name, i in entry.params if i == idx)
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    return torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(a.abs().max()))
+
+
+def _normalized(x: Tensor, centred: bool, eps: float) -> Tensor:
+    """x_hat over the last dimension: layer normalization (``centred``) or RMS."""
+    if centred:
+        return F.layer_norm(x, (int(x.shape[-1]),), eps=eps)
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+def _formula(module: nn.Module, x: Tensor, x_hat: Tensor) -> tuple[bool, float] | None:
+    """Which normalization a model's norm class computes, if a usual one: (centred, eps)."""
+    named = [getattr(module, a, None) for a in ("eps", "variance_epsilon", "epsilon")]
+    candidates = [e for e in named if isinstance(e, float)] + [1e-5, 1e-6, 1e-12, 1e-8]
+    # the closest, and only if as close as the layer's own precision allows
+    gaps = {
+        (centred, eps): float((_normalized(x, centred, eps) - x_hat).abs().max())
+        for eps in candidates
+        for centred in (True, False)
+    }
+    best = min(gaps, key=gaps.__getitem__)
+    scale = float(x_hat.abs().max()) or 1.0
+    return best if gaps[best] <= 50 * torch.finfo(x_hat.dtype).eps * scale else None
 
 
 def _routed_rows(x: Tensor, batch: int) -> Tensor | None:
