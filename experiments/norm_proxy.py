@@ -176,10 +176,9 @@ def _point(
 
 # --- the zoo ---------------------------------------------------------------------------------
 
-#: the zoo's cases with trainable normalization layers (lstm has none, lora's are frozen, moe's
-#: routed experts have no per-example gradients; the checkpointed and padded variants are the
-#: same models)
-ZOO = ("nanogpt", "gpt2", "bert", "llama", "t5", "groupnorm_conv")
+#: the zoo's cases with trainable normalization layers (lstm has none, lora's are frozen; the
+#: checkpointed and padded variants are the same models)
+ZOO = ("nanogpt", "gpt2", "bert", "llama", "t5", "groupnorm_conv", "moe")
 
 
 def _exact(case: Any) -> tuple[float, float]:
