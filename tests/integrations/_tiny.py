@@ -65,13 +65,16 @@ class RecordingCollator:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def tiny_gpt2(seed: int = 0) -> nn.Module:
+def tiny_gpt2(seed: int = 0, dropout: float = 0.1) -> nn.Module:
+    """A 2-layer GPT-2: its embedding tied to the head, positions (1, T) broadcast over the
+    batch, Conv1D layers."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     config = GPT2Config(
-        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-        bos_token_id=PAD, eos_token_id=PAD, pad_token_id=PAD,
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=dropout,
+        embd_pdrop=dropout, attn_pdrop=dropout, bos_token_id=PAD, eos_token_id=PAD,
+        pad_token_id=PAD,
     )  # fmt: skip
     return GPT2LMHeadModel(config)
 

@@ -30,6 +30,7 @@ from tests.integrations._tiny import (
     ByteLMDataset,
     Recorder,
     RecordingCollator,
+    tiny_gpt2,
     tiny_llama,
     unpad,
 )
@@ -101,14 +102,22 @@ def _items_seen(model: nn.Module) -> Iterator[list[Any]]:
         handle.remove()
 
 
+def _gpt2_without_dropout() -> nn.Module:
+    return tiny_gpt2(dropout=0.0)  # the loop must repeat the Trainer's forwards exactly
+
+
+@pytest.mark.parametrize(
+    "make", [tiny_llama, _gpt2_without_dropout], ids=["llama", "gpt2-tied-broadcast"]
+)
 def test_hf_tokens_one_backward_per_step_measures_each_examples_tokens(
-    server: ServerProcess, tmp_path: Path
+    server: ServerProcess, tmp_path: Path, make: Callable[[], nn.Module]
 ) -> None:
-    """A causal LM (Llama, untied) on padded byte sequences: B_small is the harmonic mean of the
-    examples' real label tokens (after the shift), B_big their sum, and every sample equals the
-    plain loop's, whose loss is the summed token loss over the Trainer's item count."""
+    """A causal LM on padded byte sequences (Llama, untied; GPT-2, its embedding tied to the
+    head and its positions broadcast): B_small is the harmonic mean of the examples' real label
+    tokens (after the shift), B_big their sum, and every sample equals the plain loop's, whose
+    loss is the summed token loss over the Trainer's item count."""
     collator = RecordingCollator()
-    model = tiny_llama()
+    model = make()
     callback = _hf_callback(server, tmp_path)
     trainer = Trainer(
         model=model,
@@ -125,7 +134,7 @@ def test_hf_tokens_one_backward_per_step_measures_each_examples_tokens(
     assert stored.run["units"] == "tokens"
     assert len(stored.samples) == 4
 
-    reference = tiny_llama()  # the same initial weights
+    reference = make()  # the same initial weights
     recorder = Recorder("tokens")
     probe = GradientNoiseProbe(reference, recorder, source="per_example")
     optimizer = torch.optim.SGD(reference.parameters(), lr=LR)

@@ -30,7 +30,7 @@ from tests.probes.zoo import BUILDERS, Truth, ZooCase, brute_force_grads, func_g
 from tests.probes.zoo.truth import window_b_simple
 
 CASES = list(BUILDERS)
-STEPS = 24  # statistical tests: steps per window
+STEPS = 16  # statistical tests: steps per window (sigma from simulated windows of this shape)
 BATCH = 64  # examples per step (N = 64, drawn with replacement)
 K = 4  # micro-batches per step
 SIGMAS = 4.0
