@@ -57,6 +57,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.multiprocessing.spawn import start_processes
 from torch.nn import functional as F
+from torch.utils.hooks import RemovableHandle
 
 from benchmarks import _cli
 from benchmarks._meter import Meter, NoiseGauge, metered
@@ -176,7 +177,23 @@ def _linear_sq(x: Tensor, delta: Tensor) -> Tensor:
     return _factors.lowrank_sq(delta, x)
 
 
-class _LeastGram:
+class _LeastHooks:
+    """A least-work reference made of forward hooks: the probe's calls do nothing else."""
+
+    _handles: list[RemovableHandle]
+
+    def micro_step(self, batch_size: float) -> None:
+        pass
+
+    def step(self, *, loss: float, lr: float) -> None:
+        pass
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class _LeastGram(_LeastHooks):
     """The least a per-example probe must do: each Linear layer's per-example products (the
     probe's own Gram/outer-product identity, metered), from its saved input and its output's
     gradient. Nothing else: no other layer, no sums, nothing logged."""
@@ -200,18 +217,8 @@ class _LeastGram:
 
         out.register_hook(on_grad)
 
-    def micro_step(self, batch_size: float) -> None:
-        pass
 
-    def step(self, *, loss: float, lr: float) -> None:
-        pass
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-class _LeastNorm:
+class _LeastNorm(_LeastHooks):
     """The least a norm-layer probe (``scope="norm_layers"``) must do: each LayerNorm's
     per-example weight and bias gradients (sum over positions of delta * x_hat, and of delta),
     from its saved input and its output's gradient, and their squared norms. Matches
@@ -241,16 +248,6 @@ class _LeastNorm:
             self._norm(x, delta)
 
         out.register_hook(on_grad)
-
-    def micro_step(self, batch_size: float) -> None:
-        pass
-
-    def step(self, *, loss: float, lr: float) -> None:
-        pass
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
 
 
 class _Case:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import math
 import sys
 import time
@@ -174,6 +175,26 @@ def _point(
     )  # fmt: skip
 
 
+def _loss_on(
+    step_loss: Callable[[nn.Module, Any], Tensor], model: nn.Module, draw: Callable[[], Any]
+) -> Tensor:
+    return step_loss(model, draw())
+
+
+def _train_until(
+    opt: torch.optim.Optimizer, trained: int, at: int, next_loss: Callable[[], Tensor]
+) -> int:
+    """Optimizer steps on ``next_loss()`` from step ``trained`` to ``at``; gradients cleared."""
+    while trained < at:
+        loss = next_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        trained += 1
+    opt.zero_grad(set_to_none=True)
+    return trained
+
+
 # --- the zoo ---------------------------------------------------------------------------------
 
 #: the zoo's cases with trainable normalization layers (lstm has none, lora's are frozen; the
@@ -219,14 +240,10 @@ def _zoo_points(
             return loss
 
         for at in checkpoints:
-            while trained < at:
-                idx = torch.randint(0, case.n, (batch,), generator=gen)
-                loss = step_loss(model, idx)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                trained += 1
-            opt.zero_grad(set_to_none=True)
+            draw = functools.partial(torch.randint, 0, case.n, (batch,), generator=gen)
+            trained = _train_until(
+                opt, trained, at, functools.partial(_loss_on, step_loss, model, draw)
+            )
             with torch.no_grad():
                 full_loss = float(step_loss(model, torch.arange(case.n)))
             batches = [torch.randint(0, case.n, (batch,), generator=gen) for _ in range(steps)]
@@ -270,13 +287,7 @@ def _charlm_points(
     steps = 60 if quick else 120
     trained, points = 0, []
     for at in checkpoints:
-        while trained < at:
-            loss = step_loss(model, draw(data, batch))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            trained += 1
-        opt.zero_grad(set_to_none=True)
+        trained = _train_until(opt, trained, at, lambda: step_loss(model, draw(data, batch)))
         with torch.no_grad():
             held_loss = float(step_loss(model, val_batch))
         batches = [draw(data, batch) for _ in range(steps)]
