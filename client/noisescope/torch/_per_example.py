@@ -105,6 +105,12 @@ def is_norm_layer(module: nn.Module) -> bool:
     return bool(own) and name.endswith("norm") and all(p.dim() == 1 for p in own)
 
 
+def _has_parametrised_children(module: nn.Module) -> bool:
+    """A container whose own parameters are used between its children's calls (a leaf with an
+    activation module, like Mixtral's experts, is recomputed whole by torch.func instead)."""
+    return any(any(True for _ in child.parameters()) for child in module.children())
+
+
 def _affine_norm(module: nn.Module) -> bool:
     """A model's own normalization class over the last dimension with a vector weight (and
     bias): nanoGPT's ``LayerNorm``, ``LlamaRMSNorm``, ``T5LayerNorm``. Whether its output is
@@ -238,7 +244,7 @@ class PerExampleNorms:
                     f"module {label} ({type(module).__name__}) has no cheap per-example "
                     "identity; use per_example='auto' to fall back to torch.func"
                 )
-            if kind is None and method == "auto" and list(module.children()):
+            if kind is None and method == "auto" and _has_parametrised_children(module):
                 # a container's own parameters (a position table, a cls token, a layer
                 # scale), used in its forward between its children: followed to the batch
                 entries = [_Entry(module, label, [one], "bare") for one in direct]
@@ -346,6 +352,7 @@ class PerExampleNorms:
                 self._batch_seen = lead
             keep = self._keep(lead)
             use.args = tuple(_head(a, keep, lead) for a in args)
+            use.kwargs = {k: _head(v, keep, lead) for k, v in kwargs.items()}
             if entry.kind == "embedding" and isinstance(use.args[0], Tensor):
                 use.ids = use.args[0].reshape(use.args[0].shape[0], -1)
             uses.append(use)
@@ -477,9 +484,10 @@ class PerExampleNorms:
         args = use.args
         if use.rows is not None:  # routed rows -> (B, rows of each example, ...), zero-padded
             n_batch = int(self._batch_hint or self._batch_seen or 0)
-            args, delta = _by_example(use.rows, n_batch, args, delta)
+            args, kwargs, delta = _by_example(use.rows, n_batch, args, use.kwargs, delta)
             keep = self._keep(n_batch)
             args = tuple(_head(a, keep, n_batch) for a in args)
+            use.kwargs = {k: _head(v, keep, n_batch) for k, v in kwargs.items()}
             delta = _head(delta, keep, n_batch)
         batch = int(delta.shape[0])
         if use.batch_less:  # the same input for every example: (B, *shape)
@@ -624,20 +632,33 @@ class PerExampleNorms:
         own = {name: getattr(module, name).detach() for name, _ in entry.params}
         tensor_pos = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.dim() > 0]
         batched = tuple(args[i] for i in tensor_pos)
+        n = int(delta.shape[0])
+        # keyword tensors with the batch (OPT's position ids) are per example too
+        keys = [] if use.batch_less else [
+            k for k, v in kwargs.items() if isinstance(v, Tensor) and v.dim() and v.shape[0] == n
+        ]  # fmt: skip
+        keyed = tuple(kwargs[k] for k in keys)
+        # batch-less: the one input as it is; routed: an example's rows are the layer's batch
+        as_is = use.batch_less or use.rows is not None
 
-        def per_example(p: dict[str, Tensor], xs: tuple[Tensor, ...], d: Tensor) -> Tensor:
+        def per_example(
+            p: dict[str, Tensor], xs: tuple[Tensor, ...], ks: tuple[Tensor, ...], d: Tensor
+        ) -> Tensor:
             full = list(args)
             for i, xi in zip(tensor_pos, xs, strict=True):
-                full[i] = xi if use.batch_less else xi.unsqueeze(0)
+                full[i] = xi if as_is else xi.unsqueeze(0)
+            kw = dict(kwargs)
+            for k, ki in zip(keys, ks, strict=True):
+                kw[k] = ki if as_is else ki.unsqueeze(0)
 
             def f(params: dict[str, Tensor]) -> Tensor:
-                out = torch.func.functional_call(module, params, tuple(full), kwargs, strict=False)
+                out = torch.func.functional_call(module, params, tuple(full), kw, strict=False)
                 first = out[0] if isinstance(out, tuple) else out
                 assert isinstance(first, Tensor)
                 return first
 
             vjp_out = torch.func.vjp(f, p)
-            cotangent = d if use.batch_less else d.unsqueeze(0)
+            cotangent = d if as_is else d.unsqueeze(0)
             (g,) = vjp_out[1](cotangent.to(delta.dtype))
             if dense:
                 return torch.cat([wide(g[name]).reshape(-1) for name in p])
@@ -645,14 +666,14 @@ class PerExampleNorms:
 
         if use.batch_less:
             batched = tuple(a[0] for a in batched)  # the one input, not expanded
-        in_dims = (None, None if use.batch_less else 0, 0)
+        in_dims = (None, None if use.batch_less else 0, 0, 0)
         self._recomputing = True
         try:
             with torch.enable_grad():
                 if not entry.loop:
                     try:
                         result = torch.func.vmap(per_example, in_dims=in_dims, randomness="same")(
-                            own, batched, delta
+                            own, batched, keyed, delta
                         )
                     except RuntimeError:
                         # modules vmap cannot batch (nn.LSTM's in-place state updates): the
@@ -662,7 +683,7 @@ class PerExampleNorms:
                     rows = []
                     for i in range(int(delta.shape[0])):
                         xs = batched if use.batch_less else tuple(a[i] for a in batched)
-                        rows.append(per_example(own, xs, delta[i]))
+                        rows.append(per_example(own, xs, tuple(k[i] for k in keyed), delta[i]))
                     result = torch.stack(rows)
         finally:
             self._recomputing = False
@@ -789,15 +810,23 @@ def _formula(module: nn.Module, x: Tensor, x_hat: Tensor) -> tuple[bool, float] 
 
 def _routed_rows(x: Tensor, batch: int) -> Tensor | None:
     """The example of each row of ``x`` when its rows were picked out of a batch-first tensor
-    (``h[mask]``, ``h[b_idx, t_idx]``: an expert's tokens), found in the autograd graph: the
-    nearest indexing of a (batch, ...) tensor that picked exactly ``x``'s number of rows, behind
-    at most a few row-wise ops. None when there is none: then the rows are not known."""
+    (``h[mask]``, ``h[b_idx, t_idx]``: an expert's tokens) or flattened out of it
+    (``h.reshape(-1, d)``: OPT's tokens), found in the autograd graph: the nearest such indexing
+    or view of a (batch, ...) tensor giving exactly ``x``'s number of rows, behind at most a few
+    row-wise ops. None when there is none: then the rows are not known."""
     n = int(x.shape[0]) if x.dim() else -1
     frontier = [x.grad_fn] if x.grad_fn is not None else []
     for _ in range(6):
         later = []
         for fn in frontier:
-            if type(fn).__name__ == "IndexBackward0":
+            kind = type(fn).__name__
+            if kind in ("ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"):
+                # (B, T, ..., d) -> (B T ..., d): OPT's norms and MLP on flattened tokens
+                sizes = tuple(getattr(fn, "_saved_self_sym_sizes", ()))
+                leading = [math.prod(sizes[:k]) for k in range(2, len(sizes))]
+                if sizes and sizes[0] == batch and n in leading:
+                    return torch.arange(n, device=x.device) // (n // batch)
+            if kind == "IndexBackward0":
                 # the saved inputs of torch's IndexBackward0 node (not in its type stubs)
                 sizes = tuple(getattr(fn, "_saved_self_sym_sizes", ()))
                 indices = getattr(fn, "_saved_indices", ())
@@ -817,8 +846,8 @@ def _routed_rows(x: Tensor, batch: int) -> Tensor | None:
 
 
 def _by_example(
-    rows: Tensor, batch: int, args: tuple[Any, ...], delta: Tensor
-) -> tuple[tuple[Any, ...], Tensor]:
+    rows: Tensor, batch: int, args: tuple[Any, ...], kwargs: dict[str, Any], delta: Tensor
+) -> tuple[tuple[Any, ...], dict[str, Any], Tensor]:
     """Rows of a routed layer regrouped per example: (B, most rows of an example, ...), zero
     rows padding the rest (a zero row adds nothing to a row-wise layer's gradient)."""
     order = torch.argsort(rows, stable=True)
@@ -834,10 +863,11 @@ def _by_example(
         return out
 
     n = int(rows.shape[0])
-    placed = tuple(
-        place(a) if isinstance(a, Tensor) and a.dim() and a.shape[0] == n else a for a in args
-    )
-    return placed, place(delta)
+
+    def maybe(a: Any) -> Any:
+        return place(a) if isinstance(a, Tensor) and a.dim() and a.shape[0] == n else a
+
+    return tuple(maybe(a) for a in args), {k: maybe(v) for k, v in kwargs.items()}, place(delta)
 
 
 def _head(t: Any, keep: int | None, batch: int) -> Any:
