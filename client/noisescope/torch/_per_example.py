@@ -148,7 +148,6 @@ class _Entry:
         self.params = params  # (attribute name, global parameter index)
         self.kind = kind
         self.names = dict(params)
-        self.ones: Tensor | None = None  # LayerNorm: a unit weight for recomputing x_hat
         self.loop = False  # torch.func: vmap failed on this module, one example at a time
         self.checked = False  # affine_norm: its output checked to be weight * x_hat + bias
         self.formula: tuple[bool, float] | None = None  # affine_norm: (centred, eps) of x_hat
@@ -225,6 +224,7 @@ class PerExampleNorms:
         self._owners: dict[int, list[_Entry]] = {}  # parameter index -> modules owning it
         self._batch_hint: int | None = None  # from the model's own input
         self._root_ids_ndim: int | None = None  # ndim of the model's input ids, if any
+        self._captures: list[Capture] = []  # on parameters: their hooks end with the step
         self.reset()
         self._handles.append(
             model.register_forward_pre_hook(wrap(self._see_input, False), with_kwargs=True)
@@ -284,9 +284,9 @@ class PerExampleNorms:
         self._handles.clear()
 
     def reset(self) -> None:
-        for capture in getattr(self, "_captures", ()):
+        for capture in self._captures:
             capture.close()
-        self._captures: list[Capture] = []  # on parameters: their hooks end with the step
+        self._captures.clear()
         self._results: dict[int, Tensor] = {}
         self._uses: dict[int, list[_Use]] = {}  # id(entry) -> this step's uses
         self._serial = 0
@@ -294,6 +294,17 @@ class PerExampleNorms:
         self._batch_seen: int | None = None
         self._unsupported: str | None = None
         self._retry = True  # every layer that could not be measured has moved to torch.func
+
+    @property
+    def _batch_size(self) -> int | None:
+        """The batch's size: the first dimension of the model's own input, else that of the
+        first batch-first layer this step."""
+        return self._batch_hint if self._batch_hint is not None else self._batch_seen
+
+    def _new_use(self, entry: _Entry, kwargs: dict[str, Any]) -> _Use:
+        """A call of ``entry``'s module this step, numbered (cross terms are keyed by it)."""
+        self._serial += 1
+        return _Use(self._serial, entry, (), kwargs)
 
     # --- the forward --------------------------------------------------------------------
 
@@ -331,7 +342,7 @@ class PerExampleNorms:
         if _in_backward() and uses:
             return None  # gradient checkpointing recomputes a forward already counted
         first = _first_tensor(args, kwargs)
-        batch = self._batch_hint if self._batch_hint is not None else self._batch_seen
+        batch = self._batch_size
         lead = int(out.shape[0]) if out.dim() else None
         batch_first = (
             first is not None
@@ -344,8 +355,7 @@ class PerExampleNorms:
                 and first.dim() < self._root_ids_ndim
             )
         )
-        use = _Use(self._serial, entry, (), kwargs)
-        self._serial += 1
+        use = self._new_use(entry, kwargs)
         if batch_first:
             assert lead is not None
             if self._batch_seen is None:
@@ -405,7 +415,7 @@ class PerExampleNorms:
                 return
             if _in_backward() and any(self._uses.get(id(e)) for e in entries):
                 return  # gradient checkpointing recomputes a forward already counted
-            batch = self._batch_hint if self._batch_hint is not None else self._batch_seen
+            batch = self._batch_size
             for entry in entries:
                 name, _ = entry.params[0]
                 param = module._parameters.get(name)
@@ -432,8 +442,7 @@ class PerExampleNorms:
         ]
 
     def _capture(self, entry: _Entry, param: Tensor, batch: int) -> Tensor:
-        use = _Use(self._serial, entry, (), {})
-        self._serial += 1
+        use = self._new_use(entry, {})
         use.batch_less = True
         self._uses.setdefault(id(entry), []).append(use)
         keep = self._keep(batch)
@@ -483,7 +492,7 @@ class PerExampleNorms:
         entry = use.entry
         args = use.args
         if use.rows is not None:  # routed rows -> (B, rows of each example, ...), zero-padded
-            n_batch = int(self._batch_hint or self._batch_seen or 0)
+            n_batch = self._batch_size or 0
             args, kwargs, delta = _by_example(use.rows, n_batch, args, use.kwargs, delta)
             keep = self._keep(n_batch)
             args = tuple(_head(a, keep, n_batch) for a in args)
@@ -552,33 +561,20 @@ class PerExampleNorms:
             if emb.padding_idx is not None:
                 ds = ds * (ids != emb.padding_idx).unsqueeze(-1)
             out["weight"] = LowRank(b=ds, ids=ids)
-        elif entry.kind in ("layernorm", "rmsnorm"):
-            norm: nn.LayerNorm | nn.RMSNorm = m  # type: ignore[assignment]
-            shape = tuple(norm.normalized_shape)
-            d = math.prod(shape)
-            xs = _as_btd(x, d)
-            ds = _as_btd(delta, d)
-            if entry.kind == "layernorm":
-                ln: nn.LayerNorm = m  # type: ignore[assignment]
-                if entry.ones is None or entry.ones.device != xs.device:
-                    entry.ones = torch.ones(d, device=xs.device)
-                # a unit weight gives the same x_hat, by a faster kernel than weight=None on CPU
-                x_hat = F.layer_norm(xs, (d,), entry.ones.to(xs.dtype), None, ln.eps)
-                if "bias" in names:
-                    out["bias"] = Flat(ds.sum(1))
+        elif entry.kind in ("layernorm", "rmsnorm", "affine_norm"):
+            if entry.kind == "affine_norm":  # a model's own class: x_hat from _unit_output
+                assert unit_output is not None
+                d = int(unit_output.shape[-1])
+                x_hat = _as_btd(unit_output, d)
             else:
-                rms: nn.RMSNorm = m  # type: ignore[assignment]
-                eps = rms.eps if rms.eps is not None else torch.finfo(x.dtype).eps
-                x_hat = xs * torch.rsqrt(xs.square().mean(-1, keepdim=True) + eps)
-            if "weight" in names:
-                out["weight"] = Flat((ds * x_hat).sum(1))
-        elif entry.kind == "affine_norm":
-            assert unit_output is not None
-            d = int(unit_output.shape[-1])
+                norm: nn.LayerNorm | nn.RMSNorm = m  # type: ignore[assignment]
+                d = math.prod(tuple(norm.normalized_shape))
+                eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+                x_hat = _normalized(_as_btd(x, d), entry.kind == "layernorm", eps)
             ds = _as_btd(delta, d)
             # per-example grads: weight sum_t delta_t * x_hat_t, bias sum_t delta_t
             if "weight" in names:
-                out["weight"] = Flat((ds * _as_btd(unit_output, d)).sum(1))
+                out["weight"] = Flat((ds * x_hat).sum(1))
             if "bias" in names:
                 out["bias"] = Flat(ds.sum(1))
         return out
@@ -750,7 +746,7 @@ class PerExampleNorms:
                 "loss.backward() (with grad enabled) before probe.micro_step()/step()"
             )
         batch = self._batch
-        self.last_full_batch = self._batch_seen or self._batch_hint or batch
+        self.last_full_batch = self._batch_size or batch
         zero = torch.zeros(batch, device=device, dtype=torch.float32)
         rows = [self._results.get(i, zero) for i in range(self.n_params)]
         if any(r.device != device or r.dtype != torch.float32 for r in rows):
@@ -791,7 +787,9 @@ def _close(a: Tensor, b: Tensor) -> bool:
 def _normalized(x: Tensor, centred: bool, eps: float) -> Tensor:
     """x_hat over the last dimension: layer normalization (``centred``) or RMS."""
     if centred:
-        return F.layer_norm(x, (int(x.shape[-1]),), eps=eps)
+        # a unit weight gives the same x_hat, by a faster kernel than weight=None on CPU
+        d = int(x.shape[-1])
+        return F.layer_norm(x, (d,), x.new_ones(d), None, eps)
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
 
 
