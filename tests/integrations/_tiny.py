@@ -46,6 +46,16 @@ class ByteLMDataset(torch.utils.data.Dataset[dict[str, list[int]]]):
         return {"input_ids": self.seqs[i]}
 
 
+class RecordedBatches(list[dict[str, Any]]):
+    """Collates with ``transformers.default_data_collator`` and keeps each batch, in order."""
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        from transformers import default_data_collator
+
+        self.append(default_data_collator(features))
+        return self[-1]
+
+
 class RecordingCollator:
     """Pads a batch (labels -100 on padding) and records each batch's labels in order."""
 

@@ -22,11 +22,16 @@ import httpx
 import pytest
 import torch
 from torch import Tensor, nn
-from transformers import Trainer, TrainingArguments, default_data_collator
+from transformers import Trainer, TrainingArguments
 
 from noisescope.integrations import HuggingFaceCallback
 from tests.integrations._subprocess import pythonpath as _pythonpath
-from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
+from tests.integrations._tiny import (
+    ByteLMDataset,
+    RecordedBatches,
+    RecordingCollator,
+    tiny_gpt2,
+)
 from tests.integrations.conftest import assert_same_samples, stored_run
 from tests.support.dynamo import compiled_counts
 from tests.support.servers import ServerProcess
@@ -257,11 +262,7 @@ def test_torch_compile_logs_the_eager_samples_without_a_graph_break(
 def test_small_batches_first_measures_the_first_micro_batch_only(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    batches: list[dict[str, Any]] = []
-
-    def collate(features: list[dict[str, Any]]) -> dict[str, Any]:
-        batches.append(default_data_collator(features))
-        return batches[-1]
+    batches = RecordedBatches()
 
     model = MeanLossClassifier()
     reference = copy.deepcopy(model)  # the initial weights
@@ -271,7 +272,7 @@ def test_small_batches_first_measures_the_first_micro_batch_only(
         model=model,
         args=args,
         train_dataset=DigitsDataset(24),
-        data_collator=collate,
+        data_collator=batches,
         callbacks=[callback],
     )
     trainer.train()

@@ -21,13 +21,14 @@ import pytest
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from transformers import Trainer, TrainingArguments, default_data_collator
+from transformers import Trainer, TrainingArguments
 
 from noisescope.integrations import HuggingFaceCallback, LightningCallback
 from noisescope.torch import GradientNoiseProbe
 from tests.integrations._lit import DigitsMLP, digits_loader
 from tests.integrations._tiny import (
     ByteLMDataset,
+    RecordedBatches,
     Recorder,
     RecordingCollator,
     tiny_gpt2,
@@ -160,11 +161,7 @@ def test_hf_examples_one_backward_per_step_has_b_small_1(
     server: ServerProcess, tmp_path: Path
 ) -> None:
     """A classifier with a mean loss (no loss kwargs): B_small = 1 example, B_big = 4."""
-    batches: list[dict[str, Any]] = []
-
-    def collate(features: list[dict[str, Any]]) -> dict[str, Any]:
-        batches.append(default_data_collator(features))
-        return batches[-1]
+    batches = RecordedBatches()
 
     model = MeanLossClassifier()
     callback = _hf_callback(server, tmp_path, task="digits-mlp")
@@ -172,7 +169,7 @@ def test_hf_examples_one_backward_per_step_has_b_small_1(
         model=model,
         args=_hf_args(tmp_path),
         train_dataset=DigitsDataset(16),
-        data_collator=collate,
+        data_collator=batches,
         optimizers=_sgd(model),
         callbacks=[callback],
     )
