@@ -403,8 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         body = branch_report.render(results, args.docs, command.strip())
         path = args.docs / "reproduction.md"
-        old = path.read_text() if path.exists() else ""
-        path.write_text(sections.replace(old, SECTION, body))
+        sections.write(path, SECTION, body)
         progress.line(f"wrote the {SECTION!r} section of {path}")
     finally:
         server.close()

@@ -601,9 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache=args.cache,
         progress=lambda t: print(t, file=sys.stderr),
     )
-    page = args.docs / "reproduction.md"
-    text = page.read_text() if page.exists() else ""
-    page.write_text(sections.replace(text, SECTION, render(outcomes, command)))
+    sections.write(args.docs / "reproduction.md", SECTION, render(outcomes, command))
     print(render(outcomes, command))
     return 0
 

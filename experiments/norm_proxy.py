@@ -377,9 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - the st
     t0 = time.perf_counter()
     points = run_study(args.quick, progress=lambda t: print(t, file=sys.stderr, flush=True))
     print(f"[norm_proxy] done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    page = args.docs / "sources.md"
-    text = page.read_text() if page.exists() else ""
-    page.write_text(sections.replace(text, SECTION, render(points, command)))
+    sections.write(args.docs / "sources.md", SECTION, render(points, command))
     print(render(points, command))
     return 0
 

@@ -535,13 +535,12 @@ def main(argv: list[str] | None = None) -> int:
         log(f"figure not written: {exc!r}")
     if args.page is not None:
         command = " ".join(["python -m experiments.schedule_experiment", *(argv or sys.argv[1:])])
-        text = args.page.read_text() if args.page.exists() else ""
         link = Path(os.path.relpath(figure, args.page.parent)).as_posix()
         body = (
             f"```bash long\n{command}\n```\n\n{table}\n"
             f"![{spec.name}: schedule vs fixed batch sizes]({link})"
         )
-        args.page.write_text(sections.replace(text, f"schedule-{spec.name}", body))
+        sections.write(args.page, f"schedule-{spec.name}", body)
         log(f"section schedule-{spec.name} of {args.page} rewritten")
     log("done")
     return 0

@@ -5,8 +5,9 @@ section and the page's own generator carries it over unchanged (``carry``)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-__all__ = ["carry", "replace"]
+__all__ = ["carry", "replace", "write"]
 
 
 def _markers(name: str) -> tuple[str, str]:
@@ -21,6 +22,12 @@ def replace(text: str, name: str, body: str) -> str:
     if pattern.search(text):
         return pattern.sub(lambda _: block, text, count=1)
     return text.rstrip("\n") + ("\n\n" if text.strip() else "") + block
+
+
+def write(page: Path, name: str, body: str) -> None:
+    """Set section ``name`` of the page at ``page`` (made if absent) to ``body``."""
+    text = page.read_text() if page.exists() else ""
+    page.write_text(replace(text, name, body))
 
 
 def carry(old: str, new: str) -> str:
