@@ -1,7 +1,15 @@
-"""What the process does to its live runs: finish them at exit, forget them in a forked child.
+"""What the process does to its live runs: finish them however it ends, forget them in a
+forked child that inherited them.
 
-A DataLoader worker forked from the training process inherits the runs but not their sender
-threads, so it must record nothing; the parent finishes its runs at exit (bounded flush).
+- A normal exit runs ``atexit``: each live run is finished (bounded flush, the rest spooled),
+  ``failed`` when an uncaught exception (Ctrl-C included) ends the process, else ``finished``.
+- SIGTERM and SIGHUP (a scheduler's stop, a closed terminal) end a process without ``atexit``:
+  where their handler is still the default, noisescope's finishes the runs as ``failed`` and
+  then lets the signal end the process as it would have.
+- A ``multiprocessing`` child ends with ``os._exit`` (no ``atexit``): a run *started* in one
+  is finished by a multiprocessing finalizer, which such a child runs on its way out.
+- A DataLoader worker forked from the training process inherits the runs but not their sender
+  threads, so it records nothing for them; the parent finishes them.
 """
 
 from __future__ import annotations
@@ -9,18 +17,29 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
+import sys
+import threading
 import weakref
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from noisescope._run import Run
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
-_hooks_installed = False
+#: The process (pid) whose exit hooks are installed: a forked child installs its own.
+_hooks_pid: int | None = None
+#: Signals that end a process without ``atexit`` and that a job scheduler or a terminal sends.
+ENDING_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+#: Seconds a signal's handler waits for the server before the rest goes to the spool.
+SIGNAL_FLUSH_MAX = 5.0
 
 
 def track(run: Run) -> None:
-    """Finish ``run`` at exit unless it finishes first (``forget``); installs the hooks once."""
+    """Finish ``run`` however the process ends unless it finishes first (``forget``)."""
     _live_runs.add(run)
     _install_hooks()
 
@@ -30,11 +49,32 @@ def forget(run: Run) -> None:
     _live_runs.discard(run)
 
 
-def _finish_all_at_exit() -> None:
+def finish_all(status: str, timeout: float | None = None, why: str | None = None) -> None:
+    """Finish every live run this process started, with ``status``; never raises."""
     for run in list(_live_runs):
         with contextlib.suppress(Exception):
             if os.getpid() == run._pid:
-                run.finish()
+                if why is not None:
+                    run._say_ended(why)
+                run.finish(status, timeout=timeout)
+
+
+def _finish_all_at_exit() -> None:
+    # the interpreter sets sys.last_value when an uncaught exception (or Ctrl-C) ends it; a
+    # multiprocessing child runs its finalizers while the exception is being handled
+    ended_by = getattr(sys, "last_value", None) or sys.exc_info()[1]
+    if ended_by is None:
+        finish_all("finished")
+    else:
+        finish_all("failed", why=f"the process ended on {type(ended_by).__name__}")
+
+
+def _on_ending_signal(signum: int, _frame: FrameType | None) -> None:
+    """Finish the runs (bounded), then end the process by the signal, as the default would."""
+    name = signal.Signals(signum).name
+    finish_all("failed", timeout=SIGNAL_FLUSH_MAX, why=f"the process got {name}")
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _after_fork_in_child() -> None:
@@ -45,10 +85,36 @@ def _after_fork_in_child() -> None:
 
 
 def _install_hooks() -> None:
-    global _hooks_installed
-    if _hooks_installed:
+    global _hooks_pid
+    if _hooks_pid == os.getpid():
         return
-    _hooks_installed = True
-    atexit.register(_finish_all_at_exit)
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_after_fork_in_child)
+    first = _hooks_pid is None
+    _hooks_pid = os.getpid()
+    if first:  # inherited by forked children, so registered once per interpreter
+        atexit.register(_finish_all_at_exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+    _install_signal_handlers()
+    _install_multiprocessing_finalizer()
+
+
+def _install_signal_handlers() -> None:
+    """Only where the handler is the default (a framework's or the user's own is kept), and
+    only from the main thread (the only one that may set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in ENDING_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, _on_ending_signal)
+
+
+def _install_multiprocessing_finalizer() -> None:
+    """In a ``multiprocessing`` child (its ``_bootstrap`` runs the finalizers, then
+    ``os._exit``): finish this process's runs there. Not in the main process (``atexit``)."""
+    mp: Any = sys.modules.get("multiprocessing")
+    if mp is None or mp.parent_process() is None:
+        return
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _finish_all_at_exit, exitpriority=100)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from noisescope import _wire
+from noisescope._sample_rule import INT64_MAX, sample_problem
 
 Columns = dict[str, list[Any]]
 
@@ -64,6 +65,8 @@ _FLOAT_OPTIONAL = _indices(*(f.name for f in _WIRE if f.type is float and f.null
 #: The range of each optional column (``_wire.SAMPLE_RANGES``), by index: outside, null.
 _RANGES = {Sample._fields.index(name): r for name, r in _wire.SAMPLE_RANGES.items()}
 _SERIES = Sample._fields.index("series")
+#: Distinct batch-size pairs in a batch up to which the fast path bounds the estimates.
+_PAIRS_MAX = 16
 assert all(_RANGES.get(i) for i in _FLOAT_OPTIONAL), "every optional float field has a range"
 
 
@@ -140,33 +143,56 @@ def _fast_columns(rows: list[Sample], series_prefix: str) -> Columns | None:
                 if series_prefix:
                     values = [f"{series_prefix}/{v}" if v else series_prefix for v in values]
             out[name] = values
-        return out
-    except (TypeError, ValueError):
+        return out if _all_taken(out) else None
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
-def rows_to_columns(rows: list[Sample], series_prefix: str = "") -> tuple[Columns, int]:
-    """Column-wise wire payload from rows; rows with non-finite/non-numeric norms are counted.
+def _all_taken(out: Columns) -> bool:
+    """Whether the server takes every row of finite, typed columns (``sample_problem``'s
+    rules, checked whole-column; False sends the batch down the per-row path)."""
+    step = out["step"]
+    if min(step) < 0 or max(step) > INT64_MAX or max(out["seq"]) > INT64_MAX:
+        return False
+    if any(len(s) > _wire.MAX_NAME_LENGTH or "\x00" in s for s in set(out["series"])):
+        return False
+    pairs = set(zip(out["b_small"], out["b_big"], strict=True))
+    if len(pairs) > _PAIRS_MAX:
+        return False
+    g_small_sq, g_big_sq = out["g_small_sq"], out["g_big_sq"]
+    if min(g_small_sq) < 0 or min(g_big_sq) < 0:
+        return False
+    g_max = max(max(g_small_sq), max(g_big_sq))
+    for b_small, b_big in pairs:
+        if not b_big > b_small > 0:
+            return False
+        # |G|^2 and tr(Sigma) estimates (eq. A.1) are at most g_max times these factors
+        gap = b_big - b_small
+        if g_max * max((b_big + b_small) / gap, b_small * b_big / gap) > _wire.MAX_SUMMED:
+            return False
+    return True
+
+
+def rows_to_columns(rows: list[Sample], series_prefix: str = "") -> tuple[Columns, list[str]]:
+    """Column-wise wire payload from rows, and why each row the server would refuse was left
+    out (``_sample_rule.sample_problem``: one bad sample never costs its batch).
 
     Done here, off the training thread, so the hot path never converts or validates. A
     non-finite loss, lr, examples or time becomes null (JSON has no NaN), as does one outside
     the range the server takes (``_wire.SAMPLE_RANGES``); a non-finite squared norm makes the
-    sample unusable (docs/science.md, Pitfalls: skip non-finite gradients) and it is counted.
+    sample unusable (docs/science.md, Pitfalls: skip non-finite gradients) and it is left out.
     """
     if rows:
         fast = _fast_columns(rows, series_prefix)
         if fast is not None:
-            return fast, 0
+            return fast, []
     good: list[tuple[Any, ...]] = []
-    invalid = 0
+    refused: list[str] = []
     for row in rows:
         try:
             values: list[Any] = list(row)  # the user gave anything: checked here
             for i in _FLOAT_REQUIRED:
-                number = float(values[i])
-                if not math.isfinite(number):
-                    raise ValueError("non-finite")
-                values[i] = number
+                values[i] = float(values[i])  # non-finite: refused by sample_problem
             for i in _FLOAT_OPTIONAL:
                 values[i] = _finite_or_none(values[i], *_RANGES[i])
             for i in _INTEGER:
@@ -175,14 +201,17 @@ def rows_to_columns(rows: list[Sample], series_prefix: str = "") -> tuple[Column
             if series_prefix:
                 series = f"{series_prefix}/{series}" if series else series_prefix
             values[_SERIES] = series
-        except (TypeError, ValueError, IndexError):
-            invalid += 1
+            problem = sample_problem(values)
+        except (TypeError, ValueError, IndexError, OverflowError) as exc:
+            problem = f"a field is not a number ({type(exc).__name__}: {exc})"
+        if problem is not None:
+            refused.append(problem)
             continue
         good.append(tuple(values))
     if not good:
-        return {name: [] for name in _wire.SAMPLE_COLUMNS}, invalid
+        return {name: [] for name in _wire.SAMPLE_COLUMNS}, refused
     columns = {
         name: list(col)
         for name, col in zip(_wire.SAMPLE_COLUMNS, zip(*good, strict=True), strict=True)
     }
-    return columns, invalid
+    return columns, refused

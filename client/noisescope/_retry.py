@@ -16,7 +16,9 @@ from typing import Literal
 from noisescope._config import server_hint
 from noisescope._transport import Response
 
-Outcome = Literal["ok", "retry", "fatal", "missing"]
+#: What an answer means for the request's data: ``refused`` is the sender's reading of a 401/403
+#: on a run the server had taken (a token revoked mid-run): the spool keeps everything.
+Outcome = Literal["ok", "retry", "fatal", "missing", "refused"]
 
 
 class Backoff:

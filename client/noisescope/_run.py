@@ -34,6 +34,7 @@ from noisescope._records import (
     OPEN_LOSS,
     OPEN_LR,
 )
+from noisescope._redact import redact_url
 from noisescope._spool import RunSpool
 from noisescope._status import Status, dropped_account
 from noisescope._transport import HTTPTransport, Transport
@@ -99,6 +100,11 @@ class Run:
         self.name = name or f"run-{self.id[:8]}"
         self.config = _jsonable(config or {})
         self.tags = [str(t) for t in (tags or [])]
+        problem = _wire.run_fields_problem(
+            project=project, task=task, name=self.name, config=self.config, tags=self.tags
+        )
+        if problem is not None:  # the server would refuse the run, and sync after it
+            raise ValueError(f"noisescope.init: {problem}")
         self.batch_size = batch_size
         self.units = units
         self.mode = settings.mode
@@ -349,6 +355,7 @@ class Run:
             dropped=sum(count for count, _ in drops),
             last_error=dropped_account(drops) or sender.last_error,
             spool_dir=str(self._spool.dir) if self._spool is not None else None,
+            dropped_events=sender.dropped_events,
         )
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -393,6 +400,14 @@ class Run:
             self._hot_error(exc)
             return self.status()
 
+    def _say_ended(self, why: str) -> None:
+        """The process is ending without ``finish()`` (``why``): say that the run is
+        recorded as failed."""
+        if self.finished or not self.active:
+            return
+        line = f"run {self.name} ({self.id[:8]}): {why}; recording the run as failed"
+        logger.warning("noisescope: %s", line)
+
     def _say_waiting(self, wait: str) -> None:
         """``finish()`` is still waiting for the server: for how long, and what Ctrl-C does."""
         if self._spool is not None:
@@ -400,7 +415,7 @@ class Run:
         else:
             keep = "Ctrl-C drops the samples not yet sent (there is no spool)"
         line = f"run {self.name} ({self.id[:8]}): waiting up to {wait} for the server at "
-        line += f"{self.settings.url}; {keep}"
+        line += f"{redact_url(self.settings.url)}; {keep}"
         logger.info("noisescope: %s", line)
         if not self.settings.quiet:
             print(f"noisescope: {line}", file=sys.stderr, flush=True)
@@ -419,12 +434,8 @@ class Run:
             line += f". {where} ({unsaved})"
         elif needs_sync and result.spool_dir:
             root = os.path.dirname(result.spool_dir)
-            where = (
-                "Offline run"
-                if self.mode == "offline"
-                else f"Not all data reached {self.settings.url}"
-            )
-            url = self.settings.url
+            url = redact_url(self.settings.url)
+            where = "Offline run" if self.mode == "offline" else f"Not all data reached {url}"
             if sender is not None and sender.not_noisescope:  # not there: say where, if known
                 url = server_url_for(url) or "<SERVER URL>"
                 samples = f"its {result.spooled} samples" if result.spooled else "no samples"
@@ -434,7 +445,7 @@ class Run:
             if refused or self.settings.token:
                 command += " --token <TOKEN>"
             if refused:
-                where = f"{self.settings.url} refused the token"
+                where = f"{redact_url(self.settings.url)} refused the token"
             unrecorded = sender.end_unrecorded if sender is not None else None
             if unrecorded is not None:
                 command += f" --run {self.id} --end {status}"

@@ -21,12 +21,17 @@ class Status:
     #: What went wrong last; when samples were dropped, how many and why (``dropped_account``).
     last_error: str | None
     spool_dir: str | None = None
+    #: Events (``Run.log_event``, evaluations) lost: the queue and the spool were full or the
+    #: server refused them (said once in the log).
+    dropped_events: int = 0
 
     def line(self) -> str:
         text = (
             f"queued {self.queued}, sent {self.sent}, spooled {self.spooled}, "
             f"dropped {self.dropped}"
         )
+        if self.dropped_events:
+            text += f", dropped events {self.dropped_events}"
         if self.last_error:
             text += f"; last error: {self.last_error}"
         return text

@@ -7,6 +7,7 @@ insert rate.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -321,6 +322,57 @@ def json_depth(value: object, limit: int = MAX_JSON_DEPTH) -> int:
             return deepest
         stack.extend((child, depth) for child in children)
     return deepest
+
+
+#: The most tags a run may carry.
+MAX_TAGS: Final = 100
+
+
+def _name_problem(field: str, value: object, blank_ok: bool) -> str | None:
+    if not isinstance(value, str):
+        return f"{field} must be a string, got {type(value).__name__}"
+    if not blank_ok and not value.strip():
+        return f"{field} must not be blank"
+    if len(value) > MAX_NAME_LENGTH:
+        return f"{field} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}"
+    if "\x00" in value:
+        return f"{field} must not contain NUL (U+0000) characters"
+    return None
+
+
+def run_fields_problem(
+    *, project: object, task: object, name: object, config: object, tags: object
+) -> str | None:
+    """Why the server would refuse a run with these fields, saying what to change; None when
+    it takes them. ``init`` asks before any sample is logged, so a run the server would refuse
+    never fills a spool that ``sync`` could not deliver either."""
+    for field, value, blank_ok in (
+        ("project", project, False),
+        ("task", task, False),
+        ("name", name, True),
+    ):
+        problem = _name_problem(field, value, blank_ok)
+        if problem is not None:
+            return problem
+    if not isinstance(tags, list):
+        return f"tags must be a list of strings, got {type(tags).__name__}"
+    if len(tags) > MAX_TAGS:
+        return f"{len(tags)} tags; the limit is {MAX_TAGS}"
+    for tag in tags:
+        problem = _name_problem("a tag", tag, True)
+        if problem is not None:
+            return f"{problem} ({str(tag)[:40]!r})"
+    if not isinstance(config, dict):
+        return f"config must be a dict, got {type(config).__name__}"
+    if json_depth(config) > MAX_JSON_DEPTH:
+        return f"config nests more than {MAX_JSON_DEPTH} levels deep; flatten it"
+    size = len(json.dumps(config, ensure_ascii=False, separators=(",", ":"), default=str).encode())
+    if size > MAX_JSON_BYTES:
+        return (
+            f"config is {size} bytes as JSON; the limit is {MAX_JSON_BYTES} bytes: keep "
+            "hyperparameters there, store large objects elsewhere"
+        )
+    return None
 
 
 def runs_path(run_id: str) -> str:

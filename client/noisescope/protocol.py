@@ -8,7 +8,9 @@ in one module both sides import.
   sample field);
 - the run body (``RunBody``, ``run_body``) and the event kinds with a meaning;
 - the answer types: the read API's answers, built by the server, decoded by ``noisescope.Api``;
-- the number format of every message (the API's sentences and the dashboard agree on it).
+- the number format of every message (the API's sentences and the dashboard agree on it);
+- the one rule that keeps secrets out of messages and logs (``redact_url``, ``redact_text``:
+  a URL's password, ``?token=``), which the server's access log and the dashboard apply too.
 
 The server and the dashboard import the client only through its public modules (this one,
 ``estimators``, ``sweep``, ``schedule``, ``recommend``, ``forecast``, ``cli`` and the package
@@ -23,6 +25,7 @@ from noisescope._format import count as format_count
 from noisescope._format import ratio as format_ratio
 from noisescope._format import ratio_beside as format_ratio_beside
 from noisescope._format import whole as format_whole
+from noisescope._redact import redact_text, redact_url
 from noisescope._results import (
     BranchPointResult,
     EventRow,
@@ -35,6 +38,7 @@ from noisescope._results import (
     SeriesPoint,
     TaskSummary,
 )
+from noisescope._sample_rule import sample_problem
 from noisescope._wire import (
     API_PREFIX,
     BATCH_SIZE_EVENT_KIND,
@@ -55,6 +59,7 @@ from noisescope._wire import (
     MAX_NAME_LENGTH,
     MAX_SAMPLES_PER_REQUEST,
     MAX_SUMMED,
+    MAX_TAGS,
     NOTICE_EVENT_KIND,
     NULLABLE_COLUMNS,
     REQUIRED_COLUMNS,
@@ -102,6 +107,7 @@ __all__ = [
     "MAX_NAME_LENGTH",
     "MAX_SAMPLES_PER_REQUEST",
     "MAX_SUMMED",
+    "MAX_TAGS",
     "NOTICE_EVENT_KIND",
     "NULLABLE_COLUMNS",
     "REQUIRED_COLUMNS",
@@ -136,10 +142,13 @@ __all__ = [
     "format_whole",
     "heartbeat_path",
     "json_depth",
+    "redact_text",
+    "redact_url",
     "run_body",
     "run_id_problem",
     "run_page_url",
     "runs_path",
+    "sample_problem",
     "samples_path",
     "units_problem",
 ]

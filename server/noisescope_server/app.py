@@ -181,7 +181,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     # Bad values are BadInput only: any other ValueError is a server bug and stays a 500.
     @app.exception_handler(BadInput)
     async def _bad_input(_r: Request, exc: BadInput) -> JSONResponse:
-        return _detail(exc.status_code, str(exc))
+        if exc.rows is None:
+            return _detail(exc.status_code, str(exc))
+        # every refused sample by index, so a client can drop those and resend the rest
+        body = {"detail": str(exc), "rows": exc.rows}
+        return JSONResponse(body, status_code=exc.status_code)
 
     @app.exception_handler(NotFound)
     async def _not_found(_r: Request, exc: NotFound) -> JSONResponse:

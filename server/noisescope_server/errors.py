@@ -15,9 +15,11 @@ class BadInput(ValueError):
     server bug and stays a 500.
     """
 
-    def __init__(self, message: str, status_code: int = 422) -> None:
+    def __init__(self, message: str, status_code: int = 422, rows: list[int] | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+        #: The indices of every refused sample of a samples body, when the refusal is theirs.
+        self.rows = rows
 
 
 class NotFound(LookupError):

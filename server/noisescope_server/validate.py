@@ -94,6 +94,26 @@ def validate_samples(
     """
     columns = _columns_of(payload)
     n = _sample_count(columns, max_samples)
+    try:
+        return _validated(columns, n)
+    except BadInput as exc:
+        # name every refused sample (the row rule the client checks with), so that a client
+        # drops those and resends the rest instead of losing the whole batch
+        rows = _refused_rows(columns, n)
+        raise BadInput(str(exc), exc.status_code, rows or None) from None
+
+
+def _refused_rows(columns: dict[str, list[Any]], n: int) -> list[int]:
+    """The indices of the samples ``protocol.sample_problem`` refuses (absent columns read as
+    null, ``series`` as "")."""
+    filled = [
+        columns.get(name) or ([""] * n if name == "series" else [None] * n)
+        for name in protocol.SAMPLE_COLUMNS
+    ]
+    return [i for i, row in enumerate(zip(*filled, strict=True)) if protocol.sample_problem(row)]
+
+
+def _validated(columns: dict[str, list[Any]], n: int) -> SampleBatch:
     found = _Found()
     out: dict[str, list[Any]] = {}
     for name in _INT_COLUMNS:

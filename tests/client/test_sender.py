@@ -300,7 +300,7 @@ def test_columns_with_fields_never_logged_are_nulls() -> None:
         return new_sample((seq, seq, examples, 8.0, 64.0, 2.0, 1.0, loss, None, 0.5, "s"))
 
     plain, invalid = rows_to_columns([row(0, None, 1.0), row(1, None, 2.0)], "rank1")
-    assert invalid == 0
+    assert invalid == []
     assert plain["examples"] == [None, None] and plain["lr"] == [None, None]
     assert plain["series"] == ["rank1/s", "rank1/s"]
     mixed, _ = rows_to_columns([row(0, None, float("nan")), row(1, 64.0, 2.0)])
@@ -308,7 +308,7 @@ def test_columns_with_fields_never_logged_are_nulls() -> None:
     # a loss beyond what the server sums, or negative examples (outside
     # noisescope._wire.SAMPLE_RANGES), travel as null too, so the server keeps the batch
     huge, invalid = rows_to_columns([row(0, 1e200, 1e300), row(1, -1.0, 2.0)])
-    assert invalid == 0 and huge["loss"] == [None, 2.0] and huge["examples"] == [1e200, None]
+    assert invalid == [] and huge["loss"] == [None, 2.0] and huge["examples"] == [1e200, None]
 
 
 def test_a_batch_in_flight_at_finish_is_counted_once(fake: FakeServer, tmp_path: Path) -> None:

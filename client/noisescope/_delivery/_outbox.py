@@ -31,8 +31,11 @@ logger = logging.getLogger("noisescope")
 #: How the outbox reports a problem: (message, key of the one warning or None, log level).
 Report = Callable[..., None]
 
-#: Events held in memory at most; the oldest go first beyond it.
+#: Events held in memory at most; beyond it the older half goes to the spool (or, with no
+#: usable spool, a new event is dropped and counted).
 EVENTS_MAX = 10_000
+#: Events per spool record: a record is replayed as one request, which the server bounds.
+EVENTS_PER_RECORD = 1000
 
 
 class Outbox:
@@ -70,7 +73,7 @@ class Outbox:
         #: Samples taken from the buffer so far (the guard: how far behind the sender is).
         self.taken = 0
         #: Events (``Run.log_event``) waiting to be sent.
-        self._events: deque[dict[str, Any]] = deque(maxlen=EVENTS_MAX)
+        self._events: deque[dict[str, Any]] = deque()
         #: Samples neither memory nor the spool could take when they were committed.
         self.overflow = 0
         #: Samples lost, by kind of reason: (count, why). Several threads drop: one lock.
@@ -109,8 +112,38 @@ class Outbox:
         return len(self._buffer)
 
     def add_event(self, event: dict[str, Any]) -> None:
+        """Queue an event; a full queue first moves its older half to the spool (the caller
+        waits for the disk, as for samples); one neither can take is counted and said once."""
+        if len(self._events) >= EVENTS_MAX and not self._events_room():
+            self.dropped_events += 1
+            if self.dropped_events == 1:
+                self._report(
+                    f"{EVENTS_MAX} events wait in memory and {self.spool_problem()}: dropping "
+                    "new events (counted in status().dropped_events)",
+                    key="events-full",
+                    level=logging.WARNING,
+                )
+            return
         self._events.append(event)
         self._wake()
+
+    def _events_room(self) -> bool:
+        """Move the older half of the queued events to the spool; False if it cannot."""
+        if self.spool is None or not self.spool_usable():
+            return False
+        while len(self._events) > EVENTS_MAX // 2:
+            with self.lock:
+                count = min(len(self._events) - EVENTS_MAX // 2, EVENTS_PER_RECORD)
+                batch = [json_safe(self._events.popleft()) for _ in range(max(0, count))]
+            try:
+                ok = self.spool.append_record({"events": batch})
+            except OSError:
+                ok = False
+            if not ok:
+                with self.lock:
+                    self._events.extendleft(reversed(batch))
+                return len(self._events) < EVENTS_MAX
+        return True
 
     def _make_room(self) -> bool:
         if self.make_room():
@@ -234,8 +267,8 @@ class Outbox:
             rows = self.take(min(self._batch_max, len(self._buffer) - target), False)
             if not rows:
                 break
-            columns, invalid = rows_to_columns(rows, self.series_prefix)
-            self.count_invalid(invalid)
+            columns, left_out = rows_to_columns(rows, self.series_prefix)
+            self.count_invalid(left_out)
             if columns["seq"] and not self.to_spool(columns, hold=True):
                 self.put_back(rows)
                 self.done_spilling(len(rows))
@@ -265,9 +298,9 @@ class Outbox:
         batch_max = self._batch_max
         while len(self._buffer) > keep and (force or len(self._buffer) - keep >= batch_max):
             rows = self.take(min(batch_max, len(self._buffer) - keep), sending=False)
-            columns, invalid = rows_to_columns(rows, self.series_prefix)
-            self.count_invalid(invalid)
-            if columns["seq"] and not self.to_spool(columns, hold=invalid == 0):
+            columns, left_out = rows_to_columns(rows, self.series_prefix)
+            self.count_invalid(left_out)
+            if columns["seq"] and not self.to_spool(columns, hold=not left_out):
                 self.put_back(rows)  # no disk: keep them in memory
                 self.done_spilling(len(rows))
                 return
@@ -330,12 +363,15 @@ class Outbox:
             )
         return True
 
-    def count_invalid(self, invalid: int) -> None:
-        if invalid:
-            why = "they had non-finite or non-numeric squared norms or batch sizes"
-            self.drop(invalid, "invalid", why)
+    def count_invalid(self, left_out: list[str]) -> None:
+        """Count the samples left out of a batch because the server would refuse them (each
+        one's reason in ``left_out``), and say so once, with the first reason."""
+        if left_out:
+            why = f"the server refuses them (e.g. {left_out[0]})"
+            self.drop(len(left_out), "invalid", why)
             self._report(
-                f"{invalid} samples had non-finite or non-numeric squared norms/batch sizes",
+                f"{len(left_out)} samples left out, the server would refuse them: "
+                f"{left_out[0]} (status().dropped counts them; the rest are sent)",
                 key="invalid",
                 level=logging.WARNING,
             )
@@ -348,13 +384,14 @@ class Outbox:
         with self.lock, contextlib.suppress(IndexError):
             while True:
                 batch.append(json_safe(self._events.popleft()))
-        if batch:
+        for start in range(0, len(batch), EVENTS_PER_RECORD):  # a record is one request
+            chunk = batch[start : start + EVENTS_PER_RECORD]
             try:
-                ok = self.spool.append_record({"events": batch})
+                ok = self.spool.append_record({"events": chunk})
             except OSError:
                 ok = False
             if not ok:
-                self.dropped_events += len(batch)
+                self.dropped_events += len(chunk)
 
     def spool_inflight(self) -> None:
         """A copy of the batch (and the events) in a hung request to the spool, once: a

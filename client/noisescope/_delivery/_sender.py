@@ -35,6 +35,7 @@ from noisescope._delivery._guard import Guard
 from noisescope._delivery._outbox import Outbox
 from noisescope._delivery._state import Event, Link, Stage, State, initial, transition
 from noisescope._records import rows_to_columns
+from noisescope._redact import redact_text, redact_url
 from noisescope._request import build_request, is_loopback
 from noisescope._retry import (
     Backoff,
@@ -351,8 +352,8 @@ class Sender:
             logger.warning(
                 "noisescope: cannot deliver to %s (%s); retrying in the background, %s and "
                 "are sent when it answers (or with `noisescope sync`)",
-                self.settings.url,
-                reason,
+                redact_url(self.settings.url),
+                redact_text(reason),
                 where,
             )
 
@@ -368,6 +369,9 @@ class Sender:
             if self._outage_error is not None and self.last_error == self._outage_error:
                 self.last_error = None
             self._outage_error = None
+        elif response.status in (401, 403) and self.state.link is Link.CREATED:
+            self._refuse(response, "no longer takes run")
+            return "refused"
         return outcome
 
     def _ensure_run(self) -> bool:
@@ -383,24 +387,28 @@ class Sender:
             return True
         if outcome == "retry":
             return False
-        self.refused_status = response.status
         self.not_noisescope = not_noisescope(response)
+        self._refuse(response, "refused run")
+        return False
+
+    def _refuse(self, response: Response, what: str) -> None:
+        """The server will not take this run (its creation, or a write once a token was
+        revoked): from now on everything goes to the spool, for ``noisescope sync``."""
+        self.refused_status = response.status
         if self.not_noisescope:
             request = f"PUT {_wire.runs_path(self.run_id)}"
             message = not_noisescope_problem(self.settings.url, request, response)
         else:
-            message = (
-                f"server refused run {self.run_id} (HTTP {response.status}): {response.detail()}"
-            )
+            message = f"server {what} {self.run_id} (HTTP {response.status}): {response.detail()}"
             if response.status in (401, 403) and self.spool is not None:
                 message += (
-                    f"; send it with a valid token: noisescope sync {self.spool.root} "
-                    f"--url {self.settings.url} --token <TOKEN>"
+                    f"; keeping everything in the spool; send it with a valid token: "
+                    f"noisescope sync {self.spool.root} --url {redact_url(self.settings.url)} "
+                    "--token <TOKEN>"
                 )
         self.refusal = message
         self._on(Event.REFUSED)
         self._error(message, key="run-refused", level=logging.WARNING)
-        return False
 
     def _heartbeat(self) -> None:
         """Tell the server the run is alive (empty POST, 204); a server without the endpoint
@@ -428,11 +436,19 @@ class Sender:
             logger.debug("noisescope: no run link in the answer to PUT", exc_info=True)
 
     def _post(self, columns: Columns) -> Outcome | None:
-        """POST one batch: the outcome, or None if there was no answer."""
-        response = self._request("POST", _wire.samples_path(self.run_id), {"columns": columns})
-        if response is None:
-            return None
-        outcome = self._answered(response)
+        """POST one batch: the outcome, or None if there was no answer. Samples the server
+        refuses by index are dropped (counted) and the rest sent again at once."""
+        while True:
+            response = self._request("POST", _wire.samples_path(self.run_id), {"columns": columns})
+            if response is None:
+                return None
+            outcome = self._answered(response)
+            if outcome != "fatal":
+                break
+            rest = self._without_refused(columns, response)
+            if rest is None:
+                break
+            columns = rest
         count = len(columns["seq"])
         if outcome == "ok" and self.outbox.inflight_was_spooled():
             self._last_send = time.monotonic()
@@ -457,6 +473,31 @@ class Sender:
             )
         return outcome
 
+    def _without_refused(self, columns: Columns, response: Response) -> Columns | None:
+        """``columns`` less the samples a 422 names (``"rows"``), which are counted dropped;
+        None when the answer names none, or all of them (then the batch is refused whole)."""
+        count = len(columns["seq"])
+        try:
+            rows = response.json().get("rows")
+            refused = set(rows) if isinstance(rows, list) else set()
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            refused = set()
+        if not refused or len(refused) >= count:
+            return None
+        if not all(type(i) is int and 0 <= i < count for i in refused):
+            return None
+        why = f"the server refused them (HTTP {response.status}): {response.detail()}"
+        if not self.outbox.inflight_was_spooled():  # else the spool's replay counts them
+            self.outbox.drop(len(refused), f"rejected-{response.status}", why)
+        self._error(
+            f"server refused {len(refused)} of {count} samples (HTTP {response.status}): "
+            f"{response.detail()}; sending the other {count - len(refused)}",
+            key=f"refused-rows-{response.status}",
+            level=logging.WARNING,
+        )
+        keep = [i for i in range(count) if i not in refused]
+        return {name: [col[i] for i in keep] for name, col in columns.items()}
+
     def _replay_spool(self) -> bool:
         """Send spooled batches, oldest first; a segment is deleted once all of it is taken.
 
@@ -473,7 +514,7 @@ class Sender:
                     outcome = self._post_events(payload["events"])
                 else:
                     outcome = self._post(payload["columns"])
-                if outcome is None or outcome in ("retry", "missing"):
+                if outcome is None or outcome in ("retry", "missing", "refused"):
                     return False
                 samples = len(payload["columns"]["seq"]) if kind == "samples" else 0
                 self.spool.acknowledge(path, last + 1, samples)
@@ -492,12 +533,12 @@ class Sender:
             if not due:
                 return True
             rows = outbox.take(batch_max, sending=True)
-            columns, invalid = rows_to_columns(rows, self.series_prefix)
-            outbox.count_invalid(invalid)
+            columns, left_out = rows_to_columns(rows, self.series_prefix)
+            outbox.count_invalid(left_out)
             if columns["seq"]:
                 outcome = self._post(columns)
-                if outcome is None or outcome in ("retry", "missing"):
-                    keep = invalid == 0 and self.state.stage is not Stage.ABANDONED  # else counted
+                if outcome is None or outcome in ("retry", "missing", "refused"):
+                    keep = not left_out and self.state.stage is not Stage.ABANDONED  # else counted
                     if outbox.inflight_was_spooled():
                         pass  # the guard spooled it while the request hung
                     elif not outbox.to_spool(columns, hold=keep):
@@ -524,7 +565,7 @@ class Sender:
             try:
                 outcome = self._post_events(batch)
             finally:
-                delivered = outcome is not None and outcome not in ("retry", "missing")
+                delivered = outcome is not None and outcome not in ("retry", "missing", "refused")
                 outbox.end_events(batch, delivered)
             if not delivered:
                 return False
@@ -563,13 +604,14 @@ class Sender:
             self.spool.write_meta(
                 {
                     "run_id": self.run_id,
-                    "url": self.settings.url,
+                    "url": redact_url(self.settings.url),  # no password on disk
                     "run": self.run_body,
                     "mode": self.settings.mode,
                 }
             )
 
     def _error(self, message: str, key: str | None, level: int = logging.DEBUG) -> None:
+        message = redact_text(message)
         self.last_error = message
         if key is not None and key not in self._warned:
             self._warned.add(key)

@@ -33,7 +33,8 @@ class Link(enum.Enum):
     #: Not created yet (or the server lost it: a 404).
     NEW = "new"
     CREATED = "created"
-    #: The server refused the run (a token, not a noisescope server): the spool keeps it.
+    #: The server refused the run (a token, not a noisescope server), at its creation or
+    #: later (a token revoked mid-run): the spool keeps it for ``noisescope sync --token``.
     REFUSED = "refused"
     #: No server (offline mode): the spool keeps the run for ``noisescope sync``.
     LOCAL = "local"
@@ -54,7 +55,7 @@ class Event(enum.Enum):
     ABANDON = "abandon"
     #: The server took the run's creation.
     CREATED = "created"
-    #: The server refused the run's creation for good.
+    #: The server refused the run (its creation, or a later write: a revoked token) for good.
     REFUSED = "refused"
     #: The server lost the run (a 404): create it again, after ``retry_at``.
     LOST = "lost"
@@ -129,7 +130,8 @@ def transition(
     if event is Event.CREATED:
         return replace(state, link=Link.CREATED) if state.link is Link.NEW else state
     if event is Event.REFUSED:
-        return replace(state, link=Link.REFUSED) if state.link is Link.NEW else state
+        refusable = state.link is Link.NEW or state.link is Link.CREATED
+        return replace(state, link=Link.REFUSED) if refusable else state
     if event is Event.LOST:
         if state.link is not Link.CREATED:
             return replace(state, retry_at=retry_at)

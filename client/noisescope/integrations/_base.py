@@ -7,6 +7,7 @@ what is specific to its framework (where it hooks in, how it counts items and na
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import warnings
@@ -84,6 +85,8 @@ class _TrackingCallback:
         kwargs: dict[str, Any] = {"tags": self.tags, **defaults, **self.init_kwargs}
         if self.project is not None:
             kwargs["project"] = self.project
+        if "config" in defaults and "config" not in self.init_kwargs:
+            kwargs["config"] = _within_limits(kwargs["config"])
         self.run = noisescope.init(**kwargs)
         return self.run
 
@@ -235,3 +238,22 @@ class _TrackingCallback:
                 step = self.probe.step_count if self.probe is not None else 0
                 message = f"not measuring this run: {reason}"
                 self.run.log_event(step, _wire.NOTICE_EVENT_KIND, {"message": message})
+
+
+def _within_limits(config: Any) -> Any:
+    """The framework's config, its largest entries left out (named under ``"left_out"``)
+    while the server would refuse its size: e.g. a classifier's 20,000 labels in its model
+    config must not keep the run from being recorded."""
+    if not isinstance(config, dict):
+        return config
+    config = dict(config)
+    left_out: list[str] = []
+    while config and _wire.run_fields_problem(
+        project="p", task="t", name="", config=config, tags=[]
+    ):
+        largest = max(config, key=lambda key: len(json.dumps(config[key], default=str)))
+        del config[largest]
+        left_out.append(str(largest))
+    if left_out:
+        config["left_out"] = left_out
+    return config

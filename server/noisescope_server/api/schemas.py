@@ -103,7 +103,7 @@ class RunPut(_Strict):
     name: Annotated[str, StringConstraints(max_length=protocol.MAX_NAME_LENGTH), NoNul] = ""
     config: JsonObject = Field(default_factory=dict)
     tags: list[Annotated[str, StringConstraints(max_length=protocol.MAX_NAME_LENGTH), NoNul]] = (
-        Field(default_factory=list, max_length=100)
+        Field(default_factory=list, max_length=protocol.MAX_TAGS)
     )
     batch_size: float | None = Field(default=None, gt=0)
     units: Units = "examples"
