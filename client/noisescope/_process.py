@@ -70,7 +70,13 @@ def _finish_all_at_exit() -> None:
 
 
 def _on_ending_signal(signum: int, _frame: FrameType | None) -> None:
-    """Finish the runs (bounded), then end the process by the signal, as the default would."""
+    """Finish the runs (bounded), then end the process by the signal, as the default would.
+
+    Called by a handler installed later that chains to the one it found (Lightning's does),
+    it does nothing: that handler decides how the process ends (gracefully, for Lightning),
+    and ``atexit`` finishes the runs then."""
+    if signal.getsignal(signum) is not _on_ending_signal:
+        return
     name = signal.Signals(signum).name
     finish_all("failed", timeout=SIGNAL_FLUSH_MAX, why=f"the process got {name}")
     signal.signal(signum, signal.SIG_DFL)

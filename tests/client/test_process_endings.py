@@ -139,3 +139,18 @@ def test_a_stop_signal_delivers_what_was_logged_and_fails_the_run(
     stored, status, steps = _stored(server, run_id)
     assert status == "failed" and stored == steps >= 2000
     assert not (tmp_path / run_id).exists()  # no empty spool folder left behind
+
+
+def test_a_handler_that_chains_to_noisescope_decides_how_the_process_ends() -> None:
+    """Lightning's SIGTERM handler calls the one it found (noisescope's) and then stops
+    training gracefully: called that way, noisescope's handler neither finishes the runs nor
+    ends the process."""
+    from noisescope import _process
+
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _process._on_ending_signal(signum, frame))
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # would end this process if not chained
+        time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGTERM, before)
