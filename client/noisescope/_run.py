@@ -286,6 +286,10 @@ class Run:
                 self._event_seq += 1
             event = {"seq": seq, "step": int(step), "kind": str(kind), "time": time.time()}
             event["payload"] = dict(payload or {})
+            problem = _wire.event_problem(event["step"], event["kind"], event["payload"])
+            if problem is not None:  # the server would refuse it, and its request with it
+                self._sender.outbox.drop_event(problem)
+                return
             self._sender.outbox.add_event(event)
         except Exception as exc:
             self._hot_error(exc)

@@ -362,17 +362,41 @@ def run_fields_problem(
         problem = _name_problem("a tag", tag, True)
         if problem is not None:
             return f"{problem} ({str(tag)[:40]!r})"
-    if not isinstance(config, dict):
-        return f"config must be a dict, got {type(config).__name__}"
-    if json_depth(config) > MAX_JSON_DEPTH:
-        return f"config nests more than {MAX_JSON_DEPTH} levels deep; flatten it"
-    size = len(json.dumps(config, ensure_ascii=False, separators=(",", ":"), default=str).encode())
+    return _json_object_problem("config", config)
+
+
+def _json_object_problem(field: str, value: object) -> str | None:
+    """Why the server would refuse ``value`` as a run's config or an event's payload."""
+    if not isinstance(value, dict):
+        return f"{field} must be a dict, got {type(value).__name__}"
+    if json_depth(value) > MAX_JSON_DEPTH:
+        return f"{field} nests more than {MAX_JSON_DEPTH} levels deep; flatten it"
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    size = len(text.encode())
     if size > MAX_JSON_BYTES:
         return (
-            f"config is {size} bytes as JSON; the limit is {MAX_JSON_BYTES} bytes: keep "
+            f"{field} is {size} bytes as JSON; the limit is {MAX_JSON_BYTES} bytes: keep "
             "hyperparameters there, store large objects elsewhere"
         )
     return None
+
+
+#: The longest event kind.
+MAX_EVENT_KIND_LENGTH: Final = 64
+#: The most events in one request.
+MAX_EVENTS_PER_REQUEST: Final = 10_000
+
+
+def event_problem(step: object, kind: object, payload: object) -> str | None:
+    """Why the server would refuse an event (``Run.log_event``), or None: checked when it is
+    logged, so that one bad event never costs the others of its request."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        return f"an event's step must be an integer in [0, 2^63-1], got {step!r:.40}"
+    if not isinstance(kind, str) or not 1 <= len(kind) <= MAX_EVENT_KIND_LENGTH:
+        return f"an event's kind must be 1-{MAX_EVENT_KIND_LENGTH} characters, got {kind!r:.80}"
+    if "\x00" in kind:
+        return "an event's kind must not contain NUL (U+0000) characters"
+    return _json_object_problem("an event's payload", payload)
 
 
 def runs_path(run_id: str) -> str:

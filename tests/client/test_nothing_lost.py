@@ -131,7 +131,8 @@ def test_samples_the_server_names_are_dropped_and_the_rest_sent(
     ``rows`` are counted dropped and the rest of the batch is sent at once."""
 
     def unchecked(rows: list[Sample], prefix: str = "") -> tuple[dict[str, list[Any]], list[str]]:
-        return {name: list(col) for name, col in zip(protocol.SAMPLE_COLUMNS, zip(*rows))}, []
+        columns = zip(protocol.SAMPLE_COLUMNS, zip(*rows, strict=True), strict=True)
+        return {name: list(col) for name, col in columns}, []
 
     monkeypatch.setattr(_sender, "rows_to_columns", unchecked)
     run = _init(server, "server-named", tmp_path, batch_max=500)
@@ -223,6 +224,22 @@ def test_events_beyond_the_memory_bound_are_spooled_or_counted(
     lost.finish(timeout=0.5)
 
 
+def test_one_bad_event_costs_only_itself(
+    server: AppServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = _init(server, "bad-events", tmp_path)
+    run.log_sample(0, *GOOD)
+    bad = [(-1, "mark", {}), (1, "k" * 65, {}), (2, "a\x00", {}), (3, "big", {"x": "x" * 300_000})]
+    for step in range(2000):
+        run.log_event(step, "mark", {"i": step})
+        if step % 500 == 0:
+            run.log_event(*bad[step // 500])
+    status = run.finish(timeout=30)
+    assert status.dropped_events == 4, status
+    assert len(server.api().events(run.id)) == 2000
+    assert "an event was not recorded" in caplog.text
+
+
 def test_run_fields_the_server_would_refuse_are_refused_at_init(tmp_path: Path) -> None:
     cases: dict[str, dict[str, Any]] = {
         "config is": {"config": {"weights": "x" * (1 << 20)}},
@@ -291,7 +308,7 @@ def test_the_client_and_server_rules_agree(
     from noisescope_server.validate import validate_samples
 
     row = (0, step, None, b_small, b_big, g_sq, 1.0, None, None, None, series)
-    columns = {name: [value] for name, value in zip(protocol.SAMPLE_COLUMNS, row)}
+    columns = {name: [value] for name, value in zip(protocol.SAMPLE_COLUMNS, row, strict=True)}
     body = json.loads(json.dumps({"columns": columns}))  # the values as the wire has them
     try:
         validate_samples(body)

@@ -127,6 +127,15 @@ class Outbox:
         self._events.append(event)
         self._wake()
 
+    def drop_event(self, problem: str) -> None:
+        """An event the server would refuse: counted, and said once."""
+        self.dropped_events += 1
+        self._report(
+            f"an event was not recorded: {problem} (status().dropped_events counts them)",
+            key="event-invalid",
+            level=logging.WARNING,
+        )
+
     def _events_room(self) -> bool:
         """Move the older half of the queued events to the spool; False if it cannot."""
         if self.spool is None or not self.spool_usable():
