@@ -4,8 +4,16 @@ The W&B offline/sync workflow: each run directory under the spool root holds the
 and its batches (``_spool.py``). Sync creates the run (PUT is idempotent on the client's run id),
 posts every batch (idempotent on (run, seq)), sends the final status, and deletes what the
 server acknowledged. Directories locked by a live process are skipped, so syncing while a job
-is still running is safe. Sync writes nothing to the spool (it only reads and deletes), so it
-works on a full disk.
+is still running is safe. On an undamaged spool sync writes nothing (it only reads and
+deletes), so it works on a full disk.
+
+A damaged spool (issue 46) costs only its damaged records: ``RunSpool.read`` sets aside what
+cannot be sent, samples the server refuses (a 4xx naming rows, or one record alone) are set
+aside too, each named with its count, and every other record and run is delivered. Counts are
+what the server stored (its ``inserted``), so a duplicated segment is not counted twice. The
+exit code says whether anything was left behind: 0 when everything is on the server. A second
+sync on the same spool waits for the first on each run both hold, and says which runs the first
+delivered.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +31,61 @@ from noisescope import _wire
 from noisescope._config import resolve, server_hint, url_argument
 from noisescope._request import build_request, is_loopback
 from noisescope._retry import classify, is_html, not_noisescope
-from noisescope._spool import RunSpool, replay_requests, spooled_run_ids
+from noisescope._spool import (
+    Columns,
+    Foreign,
+    RunSpool,
+    SetAside,
+    batch_size,
+    held,
+    plural,
+    replay_requests,
+    spooled_run_ids,
+)
 from noisescope._transport import HTTPTransport, Response, Transport, TransportError
 
 logger = logging.getLogger("noisescope")
 
 #: Samples per request when syncing (well under the server's per-request limit).
 SYNC_BATCH = 10_000
+#: The server's answer about the samples' values: the samples it names (``rows``) are set aside
+#: and the rest sent.
+_INVALID = 422
+#: Too large a request: a merge is sent again record by record (one record alone that is still
+#: too large fails the run, whose spool stays: a limit is not a damaged record).
+_TOO_LARGE = 413
+
+
+@dataclass
+class Delivered:
+    """One run's delivery: samples the server took (``sent``) and stored anew (``stored``, its
+    ``inserted``), records set aside, files that are not the spool's, segments kept on disk."""
+
+    sent: int = 0
+    stored: int = 0
+    set_aside: list[SetAside] = field(default_factory=list)
+    foreign: list[Foreign] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    next_segment: str = ""
+    #: Why the run's final status was not sent though its spool has an end file, if so.
+    end_problem: str | None = None
+
+    def left(self) -> list[str]:
+        """What the run left behind, not on the server: a sentence each."""
+        said = [aside.sentence() for aside in self.set_aside]
+        return said + [f.sentence(self.next_segment) for f in self.foreign if f.new_records]
+
+    def notes(self) -> list[str]:
+        """What else is on disk, with nothing of it missing from the server."""
+        notes = [f.sentence(self.next_segment) for f in self.foreign if not f.new_records]
+        notes += [self.end_problem] if self.end_problem else []
+        unsent = {aside.source for aside in self.set_aside if aside.copy is None}
+        return notes + [
+            f"{name} stays in the spool: {why}; its records are on the server (a later sync "
+            "sends them again, and the server does not store them twice)"
+            for name, why in self.kept.items()
+            if name not in unsent
+        ]
 
 
 @dataclass
@@ -36,7 +93,25 @@ class SyncResult:
     synced: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    #: Samples the server stored anew (its ``inserted``): a sample it had already is not counted.
     samples: int = 0
+    #: Samples the server took, stored anew or already there.
+    sent: int = 0
+    #: Runs another sync (or their own run) delivered while this one ran: by whom, a phrase.
+    elsewhere: dict[str, str] = field(default_factory=dict)
+    #: What each delivered run's delivery did (``left()``: what it left behind, ``notes()``).
+    delivered: dict[str, Delivered] = field(default_factory=dict)
+
+    @property
+    def left(self) -> dict[str, list[str]]:
+        """Per delivered run: what it left behind (not on the server), a sentence each."""
+        return {run_id: done.left() for run_id, done in self.delivered.items() if done.left()}
+
+    @property
+    def complete(self) -> bool:
+        """Whether everything this sync found is on the server (runs in use by a live process
+        aside: they are their live run's to deliver)."""
+        return not self.failed and not self.left
 
 
 def _sender(transport: Transport, compress: bool) -> Callable[[str, str, dict[str, Any]], Response]:
@@ -73,12 +148,121 @@ def _recorded_run_id(spool: RunSpool, meta: dict[str, Any]) -> str:
     return str(run_id)
 
 
+def _inserted(response: Response, count: int) -> int:
+    """The samples the server stored anew (``{"inserted": m}``); ``count`` from a server that
+    does not say."""
+    try:
+        answer = response.json()
+        inserted = answer.get("inserted") if isinstance(answer, dict) else None
+    except (ValueError, RecursionError):
+        inserted = None
+    return inserted if type(inserted) is int and 0 <= inserted <= count else count
+
+
+def _refused_rows(response: Response, count: int) -> list[int]:
+    """The rows of a request of ``count`` samples that a 422 names (``{"rows": [...]}``)."""
+    try:
+        answer = response.json()
+        rows = answer.get("rows") if isinstance(answer, dict) else None
+    except (ValueError, RecursionError):
+        rows = None
+    if not isinstance(rows, list) or not all(type(i) is int and 0 <= i < count for i in rows):
+        return []
+    return sorted(set(rows))
+
+
+class _Run:
+    """The requests of one run's delivery, and what it set aside."""
+
+    def __init__(self, spool: RunSpool, run_id: str, send: Callable[..., Response]) -> None:
+        self.spool = spool
+        self.run_id = run_id
+        self.send = send
+        self.done = Delivered()
+
+    def segment(self, path: Path) -> None:
+        """Every record of one segment sent or set aside, then the segment discarded."""
+        numbered = self.spool.read_numbered(path)
+        records = [record for _, record in numbered]
+        first = 0
+        for last, kind, payload in replay_requests(records, 0, SYNC_BATCH):
+            parts = numbered[first : last + 1]
+            first = last + 1
+            if kind == "events":
+                self.events(path, parts[-1][0], payload["events"])
+            else:
+                sizes = [(number, batch_size(record)) for number, record in parts]
+                self.samples(path, payload["columns"], [(n, k) for n, k in sizes if k])
+        self.spool.discard(path)
+
+    def events(self, path: Path, line: int, events: list[Any]) -> None:
+        response = self.send("POST", _wire.events_path(self.run_id), {"events": events})
+        if response.status == _INVALID and not not_noisescope(response):
+            why = f"the server refused them (HTTP {response.status}): {response.detail()}"
+            self.spool.set_aside_events(path, [line], events, why)
+            return
+        _check(response, "posting events")
+
+    def samples(self, path: Path, columns: Columns, parts: list[tuple[int, int]]) -> None:
+        """POST ``columns`` (the records ``parts``: (line, samples) each). Samples a 422 names
+        are set aside and the rest sent again; a merge refused whole is sent again record by
+        record. A record refused whole with no sample named fails the run, whose spool stays:
+        it passed the client's checks, so the refusal is not about its values (a server that
+        does not know a column, a limit)."""
+        count = len(columns["seq"])
+        response = self.send("POST", _wire.samples_path(self.run_id), {"columns": columns})
+        if classify(response) == "ok":
+            self.done.sent += count
+            self.done.stored += _inserted(response, count)
+            return
+        invalid = response.status == _INVALID and not not_noisescope(response)
+        rows = _refused_rows(response, count) if invalid else []
+        if rows:
+            why = f"the server refused them (HTTP {response.status}): {response.detail()}"
+            lost = Counter(_line_of(parts, i) for i in rows)
+            self.spool.set_aside_refused(path, sorted(lost), _rows(columns, rows), why)
+            refused = set(rows)
+            rest = [i for i in range(count) if i not in refused]
+            if rest:
+                left = [(line, size - lost[line]) for line, size in parts if size > lost[line]]
+                self.samples(path, _rows(columns, rest), left)
+            return
+        if len(parts) > 1 and (invalid or response.status == _TOO_LARGE):
+            offset = 0
+            for line, size in parts:
+                self.samples(
+                    path, _rows(columns, list(range(offset, offset + size))), [(line, size)]
+                )
+                offset += size
+            return
+        _check(response, "posting samples")
+
+
+def _line_of(parts: list[tuple[int, int]], row: int) -> int:
+    """The line of the record that holds ``row`` of a merge of ``parts``."""
+    for line, size in parts:
+        if row < size:
+            return line
+        row -= size
+    return parts[-1][0]
+
+
+def _rows(columns: Columns, rows: list[int]) -> Columns:
+    return {name: [values[i] for i in rows] for name, values in columns.items()}
+
+
 def sync_run(
-    spool: RunSpool, transport: Transport, *, compress: bool = True, end: str | None = None
-) -> int:
-    """Deliver one locked run directory; returns the number of samples posted. ``compress``:
-    gzip large bodies (pointless for a server on this machine). ``end``: the final status to
-    send if the spool recorded none (a run whose ``finish()`` could not write it)."""
+    spool: RunSpool,
+    transport: Transport,
+    *,
+    compress: bool = True,
+    end: str | None = None,
+    into: Delivered | None = None,
+) -> Delivered:
+    """Deliver one claimed run directory: what was sent and stored, set aside, left in place.
+    ``compress``: gzip large bodies (pointless for a server on this machine). ``end``: the
+    final status to send if the spool recorded none (a run whose ``finish()`` could not).
+    ``into``: the record to fill, which keeps what was stored should a request fail."""
     send = _sender(transport, compress)
     meta = spool.read_meta()
     if meta is None or not isinstance(meta.get("run"), dict):
@@ -89,20 +273,24 @@ def sync_run(
     if not isinstance(final, dict) and end is not None:
         final = {"status": end, "ended_at": spool.last_written()}
     _check(send("PUT", _wire.runs_path(run_id), meta["run"]), "creating the run")
-    posted = 0
+    delivery = _Run(spool, run_id, send)
+    if into is not None:
+        delivery.done = into
     for path in spool.seal():
-        for _, kind, payload in replay_requests(spool.read(path), 0, SYNC_BATCH):
-            if kind == "events":
-                response = send("POST", _wire.events_path(run_id), payload)
-                _check(response, "posting events")
-                continue
-            response = send("POST", _wire.samples_path(run_id), payload)
-            _check(response, "posting samples")
-            posted += len(payload["columns"]["seq"])
-        spool.discard(path)
+        delivery.segment(path)
     if isinstance(final, dict):
         _check(send("PATCH", _wire.runs_path(run_id), final), "finishing the run")
-    return posted
+    done = delivery.done
+    done.set_aside = list(spool.set_aside)
+    done.kept = dict(spool.kept)
+    done.foreign = spool.foreign()
+    done.next_segment = spool.next_segment_name()
+    if not isinstance(final, dict) and spool.end_damaged():
+        done.end_problem = (
+            "its end file is damaged: its final status was not sent (the server shows the run "
+            "crashed once it has been silent a while; every sample was delivered)"
+        )
+    return done
 
 
 def deliver_orphans(
@@ -115,8 +303,10 @@ def deliver_orphans(
 ) -> str | None:
     """Deliver the spools that earlier *online* runs to ``url`` left under ``own``'s root (a
     job killed during an outage), as a live run does once its own data is sent. Offline runs
-    wait for an explicit ``noisescope sync``; runs locked by a live process are skipped.
-    Returns why delivery stopped, if it failed (the rest waits for the next run or sync)."""
+    wait for an explicit ``noisescope sync``; runs held by a live process or another delivery
+    are skipped. Returns what went wrong or was left behind, if anything (delivery stops at the
+    first failure; the rest waits for the next run or sync)."""
+    said: list[str] = []
     for folder in spooled_run_ids(own.root):
         if folder == own.dir.name or stop():
             continue
@@ -125,19 +315,34 @@ def deliver_orphans(
         if meta.get("mode") != "online" or meta.get("url") != url:
             continue
         try:
-            if not orphan.acquire():
+            if orphan.claim(wait=False) != "taken":
                 continue
-        except OSError:
-            continue
-        try:
-            count = sync_run(orphan, transport, compress=compress)
-            orphan.remove_if_empty()
-            logger.info("noisescope: delivered %d spooled samples of run %s", count, folder)
-        except Exception as exc:
-            return f"could not deliver spooled run {folder}: {exc}"
+            done = sync_run(orphan, transport, compress=compress)
+            orphan.remove_if_empty(done.foreign)
+            logger.info(
+                "noisescope: spooled run %s delivered: %d samples stored", folder, done.stored
+            )
+            said += [f"spooled run {folder}: {sentence}" for sentence in done.left()]
+        except Exception as exc:  # one run's trouble never stops this run or its delivery
+            said.append(f"could not deliver spooled run {folder}: {exc}")
+            return "; ".join(said)
         finally:
             orphan.release()
-    return None
+    return "; ".join(said) or None
+
+
+def _listed(root: Path, run_ids: list[str] | None) -> list[tuple[str, bool]]:
+    """The run folders to sync, each with whether it held a run.json when sync began."""
+    if not run_ids:
+        return [(run_id, True) for run_id in spooled_run_ids(root)]
+    present = []
+    for run_id in run_ids:
+        try:
+            there = (RunSpool.at(root, run_id).dir / "run.json").is_file()
+        except (ValueError, OSError):
+            there = False
+        present.append((run_id, there))
+    return present
 
 
 def sync(
@@ -161,7 +366,7 @@ def sync(
     root = settings.dir
     result = SyncResult()
     explicit_url = settings.url if url else None
-    for run_id in run_ids or spooled_run_ids(root):
+    for run_id, listed in _listed(root, run_ids):
         try:
             spool = RunSpool.at(root, run_id)
         except ValueError as exc:
@@ -169,17 +374,33 @@ def sync(
             continue
         recorded = spool.read_meta()  # None also for a folder that resolves outside the root
         if recorded is None:
-            result.failed[run_id] = f"no spooled run at {spool.dir}"
+            meta_path = spool.dir / "run.json"
+            if spool.has_meta_file():
+                result.failed[run_id] = (
+                    f"{meta_path} is unreadable or damaged: the run cannot be created without it"
+                )
+            elif listed and not meta_path.exists():
+                result.elsewhere[run_id] = "by another sync (or its own run) meanwhile"
+            else:
+                result.failed[run_id] = f"no spooled run at {spool.dir}"
             continue
         try:
             _recorded_run_id(spool, recorded)
-            if not spool.acquire():
-                result.skipped[run_id] = "in use by a live process"
-                continue
+            claimed = spool.claim(wait=True)
         except (RuntimeError, OSError) as exc:
             result.failed[run_id] = str(exc)
             continue
+        if claimed == "gone":
+            who = "another sync" if spool.waited else "another sync (or its own run)"
+            result.elsewhere[run_id] = f"by {who} meanwhile"
+            continue
+        if claimed != "taken":
+            result.skipped[run_id] = "in use by a live process"
+            continue
+        spool.warn = False  # the sync says what it sets aside itself
         own = None
+        target = explicit_url or settings.url
+        done = Delivered()
         try:
             use = transport
             if use is None:
@@ -187,11 +408,10 @@ def sync(
                 from_env = settings.url if _env_url() else None  # checked by resolve
                 target = explicit_url or from_env or str(meta.get("url") or settings.url)
                 own = use = HTTPTransport(target, settings.token, settings.request_timeout)
-            else:
-                target = explicit_url or settings.url
-            result.samples += sync_run(spool, use, compress=not is_loopback(target), end=end)
+            sync_run(spool, use, compress=not is_loopback(target), end=end, into=done)
             result.synced.append(run_id)
-            spool.remove_if_empty()
+            result.delivered[run_id] = done
+            spool.remove_if_empty(done.foreign)
         except NotNoisescope as exc:
             result.failed[run_id] = (
                 f"{target} is not a noisescope server ({exc}); {server_hint(target)} (--url)"
@@ -200,10 +420,18 @@ def sync(
             result.failed[run_id] = f"{target}: {exc}"
         except (RuntimeError, TransportError, OSError) as exc:
             result.failed[run_id] = str(exc)
+        except Exception as exc:  # one run's trouble never costs the others
+            result.failed[run_id] = f"internal error: {type(exc).__name__}: {exc}"
         finally:
             spool.release()
             if own is not None:
                 own.close()
+        result.samples += done.stored
+        result.sent += done.sent
+        if run_id in result.failed and done.sent:
+            result.failed[run_id] += (
+                f" ({done.stored:,} samples stored before that; the rest stays in the spool)"
+            )
     return result
 
 
@@ -249,14 +477,68 @@ def _main(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a setting from the environment (NOISESCOPE_URL, ...)
         print(f"noisescope sync: {exc}", file=sys.stderr)
         return 2
+    return report(result, resolve(dir=root).dir)
+
+
+def report(result: SyncResult, root: Path) -> int:
+    """Print what a sync did (``root``: its spool root) and return its exit code: 0 when
+    everything it found is on the server, 1 when something was left behind (said in a last
+    sentence on stderr). Counts are what the server stored."""
     for run_id in result.synced:
-        print(f"synced {run_id}")
+        done = result.delivered.get(run_id, Delivered())
+        there = (
+            f", {done.sent - done.stored:,} already on the server"
+            if done.sent > done.stored
+            else ""
+        )
+        print(f"synced {run_id}: {done.stored:,} samples stored{there}")
+        for sentence in done.left():
+            print(f"not sent {run_id}: {sentence}")
+        for sentence in done.notes():
+            print(f"note {run_id}: {sentence}")
+    for run_id, who in result.elsewhere.items():
+        print(f"run {run_id} was delivered {who}")
     for run_id, why in result.skipped.items():
         print(f"skipped {run_id}: {why}")
     for run_id, why in result.failed.items():
         print(f"failed {run_id}: {why}", file=sys.stderr)
-    total = len(result.synced) + len(result.skipped) + len(result.failed)
+    total = len(result.synced) + len(result.skipped) + len(result.failed) + len(result.elsewhere)
     if total == 0:
-        print(f"nothing to sync under {resolve(dir=root).dir}")
-    print(f"{len(result.synced)} runs, {result.samples} samples sent")
-    return 1 if result.failed else 0
+        print(f"nothing to sync under {root}")
+    already = result.sent - result.samples
+    print(
+        f"{len(result.synced)} runs, {result.samples:,} samples stored"
+        + (f" ({already:,} more sent were already on the server)" if already else "")
+    )
+    if result.complete:
+        return 0
+    print(f"noisescope sync: not everything is on the server: {_left_behind(result)}",
+          file=sys.stderr)  # fmt: skip
+    return 1
+
+
+def _left_behind(result: SyncResult) -> str:
+    """What a sync left behind, in one sentence's parts: records set aside, files not sent,
+    runs failed."""
+    done = result.delivered.values()
+    aside = [a for d in done for a in d.set_aside]
+    files = [f for d in done for f in d.foreign if f.new_records]
+    parts = []
+    if aside:
+        records = sum(a.records for a in aside)
+        what = held(
+            *(sum(getattr(a, key) for a in aside) for key in ("samples", "unknown", "events"))
+        )
+        parts.append(f"{plural(records, 'record')} ({what}) set aside, named above")
+    if files:
+        samples = sum(f.new_samples for f in files)
+        one = len(files) == 1
+        parts.append(
+            f"{plural(len(files), 'file')} that {'is' if one else 'are'} not the spool's "
+            f"{'holds' if one else 'hold'} {plural(samples, 'sample')} not sent, named above"
+        )
+    if result.failed:
+        runs = plural(len(result.failed), "run")
+        they = "it stays" if len(result.failed) == 1 else "they stay"
+        parts.append(f"{runs} failed ({they} in the spool for the next sync)")
+    return "; ".join(parts)

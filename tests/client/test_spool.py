@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import noisescope
-from noisescope._spool import RunSpool, decode_records, encode_record
+from noisescope import Request
+from noisescope._spool import (
+    RunSpool,
+    decode_records,
+    encode_record,
+    merge_records,
+    record_problem,
+)
 from noisescope._sync import sync
 from noisescope.cli import main as cli_main
 from tests.client._fakes import FakeServer, wait_for
@@ -51,7 +61,8 @@ spool = RunSpool({str(tmp_path)!r}, "r1")
 assert spool.acquire()
 for i in range(50):
     seqs = list(range(i * 10, i * 10 + 10))
-    spool.append({{"seq": seqs, "step": seqs}})
+    spool.append({{"seq": seqs, "step": seqs, "b_small": [8.0] * 10, "b_big": [64.0] * 10,
+                  "g_small_sq": [2.0] * 10, "g_big_sq": [1.0] * 10}})
 os.kill(os.getpid(), signal.SIGKILL)
 """
     proc = subprocess.run([sys.executable, "-c", script], check=False)
@@ -190,3 +201,180 @@ def test_a_spool_with_its_end_in_run_json_is_still_finished_by_sync(tmp_path: Pa
     fake = FakeServer()
     assert sync(tmp_path, transport=fake).samples == 2
     assert fake.runs["old-run"]["status"] == "failed"
+
+
+# -- a damaged spool (issue 46, item 6; tests/client/test_spool_damage.py fuzzes sync) ----------
+
+
+def offline_spool(root: Path, records: int = 4, per_record: int = 50) -> str:
+    """An offline run's spool (its run.json and end written by the client) holding ``records``
+    records of ``per_record`` samples in one segment; its id."""
+    run = noisescope.init(project="p", mode="offline", dir=root)
+    run.finish()
+    spool = RunSpool(root, run.id)
+    assert spool.acquire()
+    for r in range(records):
+        assert spool.append(columns(list(range(r * per_record, (r + 1) * per_record))))
+    spool.release()
+    return run.id
+
+
+def flip_a_byte(segment: Path, record: int) -> None:
+    """A digit changed inside record ``record`` (from 0): its CRC no longer matches."""
+    lines = segment.read_bytes().split(b"\n")
+    line = bytearray(lines[record])
+    at = line.index(b'"step":[') + len(b'"step":[')
+    line[at] = ord("7") if line[at] != ord("7") else ord("3")
+    lines[record] = bytes(line)
+    segment.write_bytes(b"\n".join(lines))
+
+
+def test_a_file_that_is_not_a_segment_is_neither_ordered_nor_sent(tmp_path: Path) -> None:
+    """A file manager's copy once made ``init(run_id=...)`` on the folder raise ValueError."""
+    run_id = offline_spool(tmp_path)
+    folder = tmp_path / run_id
+    (folder / "seg-000001 (copy).jsonl").write_bytes((folder / "seg-000001.jsonl").read_bytes())
+    (folder / "seg-9.jsonl").write_bytes(b"not ours")
+    spool = RunSpool(tmp_path, run_id)
+    assert spool.acquire()
+    assert [p.name for p in spool.seal()] == ["seg-000001.jsonl"]
+    assert spool.pending_samples == 200
+    assert spool.next_segment_name() == "seg-000002.jsonl"
+    spool.release()
+    again = noisescope.init(project="p", mode="offline", dir=tmp_path, run_id=run_id)
+    again.log_sample(1000, 8, 64, 2.0, 1.0)
+    assert again.finish().spooled == 201
+    assert sorted(p.name for p in folder.glob("seg-*")) == [
+        "seg-000001 (copy).jsonl",
+        "seg-000001.jsonl",
+        "seg-000002.jsonl",
+        "seg-9.jsonl",
+    ]
+
+
+def test_a_live_run_adopting_a_damaged_leftover_delivers_the_rest_and_lets_go(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The orphan delivery once stopped at the copy with "internal error: ValueError" and kept
+    the folder's lock; a flipped byte was deleted with its segment, unsaid."""
+    url = "http://orphan.test:1"
+    dead_id = offline_spool(tmp_path)
+    folder = tmp_path / dead_id
+    meta = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**meta, "mode": "online", "url": url}))
+    flip_a_byte(folder / "seg-000001.jsonl", 1)
+    (folder / "seg-000001 (copy).jsonl").write_bytes((folder / "seg-000001.jsonl").read_bytes())
+    fake = FakeServer()
+    later = noisescope.init(project="p", url=url, transport=fake, dir=tmp_path)
+    later.log_sample(0, 8, 64, 2.0, 1.0)
+    assert wait_for(lambda: not (folder / "run.json").exists())
+    status = later.finish()
+    assert len(fake.rows(dead_id)) == 150  # every record but the damaged one
+    assert fake.runs[dead_id]["status"] == "finished"
+    said = f"spooled run {dead_id}: 1 record of seg-000001.jsonl (line 2; 50 samples), set aside"
+    assert said in (status.last_error or "")
+    assert said.replace(":", ": not sent:", 1) in caplog.text
+    damaged = folder / "damaged" / "seg-000001.jsonl"
+    assert damaged.read_bytes().count(b"\n") == 1  # the damaged line, kept
+    assert (folder / "seg-000001 (copy).jsonl").is_file()  # not the spool's: left in place
+    assert RunSpool(tmp_path, dead_id).acquire()  # the lock was given back
+
+
+def test_a_reopened_run_replays_its_spool_without_the_damaged_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The live sender's replay (``RunSpool.read``) sets aside what the sync would."""
+    run_id = offline_spool(tmp_path)
+    segment = tmp_path / run_id / "seg-000001.jsonl"
+    lines = segment.read_bytes().split(b"\n")
+    record = json.loads(lines[2].rpartition(b"\t")[0])
+    record["columns"]["seq"] = 5  # a scalar where a list belongs, under a valid CRC
+    lines[2] = encode_record(record).rstrip(b"\n")
+    segment.write_bytes(b"\n".join(lines))
+    fake = FakeServer()
+    run = noisescope.init(project="p", transport=fake, dir=tmp_path, run_id=run_id)
+    status = run.finish()
+    assert len(fake.rows(run_id)) == 150
+    assert status.spooled == 0 and "internal error" not in (status.last_error or "")
+    # the set-aside record's samples are counted dropped, with why: the totals balance
+    assert status.dropped == 50 and "spool records were damaged" in (status.last_error or "")
+    assert "column 'seq' is a number, not a list" in caplog.text
+    assert (tmp_path / run_id / "damaged" / "seg-000001.jsonl").is_file()
+    assert not (tmp_path / run_id / "run.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda c: c.update(seq=5), "column 'seq' is a number, not a list"),
+        (lambda c: c["loss"].pop(), "column 'loss' has 1 values where 'seq' has 2"),
+        (lambda c: c.pop("b_big"), "no 'b_big' column"),
+        (lambda c: c.update(extra=[1, 2]), "unknown column 'extra'"),
+        (lambda c: c["step"].__setitem__(0, 1.5), "column 'step' holds 1.5; it takes integers"),
+        (
+            lambda c: c["b_small"].__setitem__(1, True),
+            "column 'b_small' holds true; it takes numbers",
+        ),
+        (
+            lambda c: c["series"].__setitem__(0, None),
+            "column 'series' holds null; it takes strings",
+        ),
+        (
+            lambda c: c["loss"].__setitem__(0, "x"),
+            "column 'loss' holds \"x\"; it takes numbers or null",
+        ),
+    ],
+)
+def test_a_record_the_wire_does_not_take_is_named(change: Any, problem: str) -> None:
+    record: dict[str, Any] = {"columns": {k: list(v) for k, v in columns([0, 1]).items()}}
+    assert record_problem(record) is None
+    change(record["columns"])
+    assert record_problem(record) == problem
+    assert record_problem({"events": [{"step": 1}, 3]}) == "an event is not an object"
+
+
+def test_a_merge_never_shifts_the_values_of_other_records() -> None:
+    short = columns([2, 3])
+    short["loss"] = [1.0]  # a value short: passed alone, never merged
+    records = [{"columns": columns([0, 1])}, {"columns": short}, {"columns": columns([4])}]
+    merged = list(merge_records(records, 0, 100))
+    assert [(last, cols["seq"]) for last, cols in merged] == [(0, [0, 1]), (1, [2, 3]), (2, [4])]
+
+
+def test_counts_are_what_the_server_stored_also_when_a_sync_stops_part_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id = offline_spool(tmp_path)
+    monkeypatch.setattr(noisescope._sync, "SYNC_BATCH", 50)  # a request per record
+    fake = FakeServer()
+    posts: list[object] = []
+
+    def count(request: object) -> None:
+        posts.append(request)
+        fake.down = len(posts) >= 3  # (read before this hook) the PUT and two records pass
+
+    fake.on_request = count
+    first = sync(tmp_path, transport=fake)
+    assert first.samples == 100 and first.sent == 100
+    assert "(100 samples stored before that; the rest stays in the spool)" in first.failed[run_id]
+    fake.on_request, fake.down = None, False
+    second = sync(tmp_path, transport=fake)
+    assert (second.samples, second.sent, second.synced) == (100, 200, [run_id])
+    assert len(fake.rows(run_id)) == 200
+
+
+def test_a_refusal_that_names_no_sample_fails_the_run_and_keeps_its_spool(tmp_path: Path) -> None:
+    """A 422 naming no sample for records that passed the client's checks is not about their
+    values (a server that does not know a column): nothing is set aside, the spool stays."""
+    run_id = offline_spool(tmp_path)
+    fake = FakeServer()
+
+    def refuse_samples(request: Request) -> None:
+        fake.faults = [422]  # the next request, every one after the run's PUT
+
+    fake.on_request = refuse_samples
+    result = sync(tmp_path, transport=fake)
+    assert "posting samples: HTTP 422" in result.failed[run_id], result
+    assert not result.delivered and result.samples == 0
+    assert not (tmp_path / run_id / "damaged").exists()
+    assert len(RunSpool(tmp_path, run_id).read(tmp_path / run_id / "seg-000001.jsonl")) == 4

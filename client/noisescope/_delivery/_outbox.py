@@ -331,7 +331,7 @@ class Outbox:
         if left:
             self.drop(left, "lost-at-exit", "they could not be sent or spooled at finish")
             self._report(f"{left} samples could not be sent or spooled", key="lost-at-exit")
-        self.spill_events()
+        self.spill_events(final=True)
 
     def to_spool(self, columns: Columns, count_dropped: bool = True, hold: bool = False) -> bool:
         """Append a batch to the spool. With ``hold``, a batch the disk cannot take (no spool,
@@ -385,8 +385,20 @@ class Outbox:
                 level=logging.WARNING,
             )
 
-    def spill_events(self) -> None:
-        """Events go to the spool too when the run ends offline or unreachable."""
+    def spill_events(self, final: bool = False) -> None:
+        """Events go to the spool too when the run ends offline or unreachable; ``final`` (at
+        finish): what is left without a spool is lost, and counted."""
+        if self.spool is None and final and self._events:
+            with self.lock:
+                left = len(self._events)
+                self._events.clear()
+            self.dropped_events += left
+            self._report(
+                f"{left} events could not be sent and there is no spool",
+                key="events-lost-at-exit",
+                level=logging.WARNING,
+            )
+            return
         if self.spool is None or not self._events:
             return
         batch: list[Any] = []

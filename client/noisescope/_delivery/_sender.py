@@ -113,6 +113,9 @@ class Sender:
         #: Why the run's end could not be recorded in the spool at close, if it could not.
         self.end_unrecorded: str | None = None
         self._warned: set[str] = set()
+        #: The largest seq of rows put back into the buffer after a request that got no
+        #: answer: sent again, they may be stored already (not another session's).
+        self._resent_upto = -1
         # counters
         self.sent = 0
         self.inserted = 0
@@ -212,10 +215,10 @@ class Sender:
                 # A batch the thread held during the spill (a failed POST) went back to the
                 # buffer after it was drained: spool it or count it too.
                 outbox.spill_everything()
-            outbox.spill_events()
+            outbox.spill_events(final=True)
         elif len(outbox) or outbox.has_events():  # thread died or never started
             outbox.spill_everything()
-            outbox.spill_events()
+            outbox.spill_events(final=True)
         if self._guard is not None:
             self._guard.stop()
         if self.transport is not None and not self.alive:
@@ -303,7 +306,7 @@ class Sender:
             stop=lambda: self.state.stopping,
         )
         if problem is not None:
-            self._error(problem, key=None)
+            self._error(problem, key="orphans", level=logging.WARNING)
 
     # -- sending ------------------------------------------------------------------------------
     def _request(
@@ -435,9 +438,11 @@ class Sender:
         except Exception:  # an old server, a proxy's page: no link, nothing else changes
             logger.debug("noisescope: no run link in the answer to PUT", exc_info=True)
 
-    def _post(self, columns: Columns) -> Outcome | None:
+    def _post(self, columns: Columns, fresh: bool = False) -> Outcome | None:
         """POST one batch: the outcome, or None if there was no answer. Samples the server
-        refuses by index are dropped (counted) and the rest sent again at once."""
+        refuses by index are dropped (counted) and the rest sent again at once. ``fresh``: the
+        batch's first request (not a replay), so samples the server already held are not
+        re-sends but another session's with the same numbers, and are counted."""
         while True:
             response = self._request("POST", _wire.samples_path(self.run_id), {"columns": columns})
             if response is None:
@@ -453,12 +458,12 @@ class Sender:
         if outcome == "ok" and self.outbox.inflight_was_spooled():
             self._last_send = time.monotonic()
         elif outcome == "ok":
+            inserted = _inserted(response, count)
+            self.inserted += inserted
+            if fresh and inserted < count:
+                self._count_already_stored(count - inserted)
+                count = inserted
             self.sent += count
-            try:
-                answer = response.json()
-                self.inserted += int(answer.get("inserted", count))
-            except (ValueError, AttributeError, TypeError):
-                self.inserted += count
             self._last_send = time.monotonic()
         elif outcome == "missing":
             # The server lost the run (database reset?): create it again, then resend.
@@ -472,6 +477,20 @@ class Sender:
                 level=logging.WARNING,
             )
         return outcome
+
+    def _count_already_stored(self, count: int) -> None:
+        """Samples of a first request that the server already held: its (run, seq) pairs were
+        taken by another session of the same run id, whose samples the server keeps."""
+        why = (
+            "the server already held samples with their sequence numbers: the run id was used "
+            "before (init(run_id=...) of an earlier run, or two processes sharing one without "
+            "all_ranks=True), so this session's samples were numbered from 0 again and the "
+            "server kept the earlier ones; start a new run (a new run_id) instead"
+        )
+        self.outbox.drop(count, "already-stored", why)
+        self._error(
+            f"{count} samples not stored: {why}", key="already-stored", level=logging.WARNING
+        )
 
     def _without_refused(self, columns: Columns, response: Response) -> Columns | None:
         """``columns`` less the samples a 422 names (``"rows"``), which are counted dropped;
@@ -508,7 +527,12 @@ class Sender:
             return True
         for path in self.spool.seal():
             done = self.spool.replay_start(path)
+            known = len(self.spool.set_aside)
             records = self.spool.read(path)
+            for aside in self.spool.set_aside[known:]:  # damaged records: named, and counted
+                why = f"their spool records were damaged ({aside.sentence()})"
+                self.outbox.drop(aside.samples, "damaged-spool", why)
+                self.outbox.dropped_events += aside.events
             for last, kind, payload in replay_requests(records, done, self.replay_max):
                 if kind == "events":
                     outcome = self._post_events(payload["events"])
@@ -536,13 +560,16 @@ class Sender:
             columns, left_out = rows_to_columns(rows, self.series_prefix)
             outbox.count_invalid(left_out)
             if columns["seq"]:
-                outcome = self._post(columns)
+                # rows put back after a request with no answer may be stored already
+                fresh = min(columns["seq"]) > self._resent_upto
+                outcome = self._post(columns, fresh=fresh)
                 if outcome is None or outcome in ("retry", "missing", "refused"):
                     keep = not left_out and self.state.stage is not Stage.ABANDONED  # else counted
                     if outbox.inflight_was_spooled():
                         pass  # the guard spooled it while the request hung
                     elif not outbox.to_spool(columns, hold=keep):
                         outbox.put_back(rows)  # no disk: keep it in memory
+                        self._resent_upto = max(self._resent_upto, max(columns["seq"]))
                     outbox.done_inflight()
                     outbox.spill(force=False)
                     return False
@@ -616,3 +643,13 @@ class Sender:
         if key is not None and key not in self._warned:
             self._warned.add(key)
             logger.log(max(level, logging.WARNING), "noisescope: %s", message)
+
+
+def _inserted(response: Response, count: int) -> int:
+    """How many of ``count`` samples the server's answer says it stored (all, if it says
+    nothing readable)."""
+    try:
+        inserted = response.json().get("inserted", count)
+    except (ValueError, AttributeError, TypeError, RecursionError):
+        return count
+    return inserted if type(inserted) is int and 0 <= inserted <= count else count
