@@ -10,6 +10,7 @@ they finish, so an interrupted run still leaves what it measured.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import re
@@ -97,6 +98,9 @@ class Sizes:
     write_read: int = 200
     #: The read client's decompression bomb: what it unpacks to (bytes).
     client_bomb: int = 256 << 20
+    #: Nothing lost without a count (issue 46): samples per run, evaluations per run.
+    round3_samples: int = 20_000
+    round3_events: int = 50_000
 
     @classmethod
     def full(cls) -> Sizes:
@@ -107,7 +111,7 @@ class Sizes:
     def quick(cls) -> Sizes:
         return cls(4, 3000, 1000.0, 3, 3000, 500.0, 2, 2.0, 0, 64 << 20,
                    ["--phases", "fuzzing", "-n", "5"], 60, 1, 600.0, 1000, 200.0,
-                   30, 64 << 20)  # fmt: skip
+                   30, 64 << 20, 5000, 12_000)  # fmt: skip
 
 
 @dataclass
@@ -623,6 +627,107 @@ def disk_section() -> tuple[bool, str]:
     return ok, describe(skipped) + "\n\n" + _table(rows)
 
 
+def round3_section(backend: str, s: Sizes) -> tuple[bool, str]:
+    """Issue 46: whatever goes wrong, what the client accepted is stored, spooled, or dropped
+    and counted; the client process's own classes once, with the SQLite section."""
+    from reliability._round3 import Round3Sizes, data_classes, process_classes
+
+    sizes = Round3Sizes(s.round3_samples, s.round3_events)
+    wd = Workdir.make(f"round3-{backend}")
+    try:
+        rows = data_classes(backend, wd.path, sizes)
+        if backend == "sqlite":
+            rows += process_classes(wd.path, sizes)
+    finally:
+        wd.close()
+    body = (
+        "Issue 46: every sample or event the client accepted is stored, spooled (delivered by "
+        "`noisescope sync`), or dropped and counted (`status().dropped`, "
+        "`status().dropped_events`) and said once. Items 1 to 3 against `noisescope server "
+        f"--auth write` on {backend} (a project token made with the admin token), the real "
+        f"client in the harness's process: item 1 logs {sizes.samples:,} samples per run with "
+        "the middle one bad, one run per kind; item 2 logs "
+        f"{sizes.events:,} evaluations (`run.log(step=s, eval_loss=...)`) as fast as the client "
+        "takes them, with the server up, during an outage only the events requests see (the "
+        "transport fails them until the loop is over), and the same with no usable spool (its "
+        "root under a file); item 3 revokes the run's token after "
+        f"{sizes.samples:,} of {sizes.revoke_samples:,} samples were acknowledged, then "
+        "delivers the spool with `noisescope sync --token NEW`. stored: rows in the database, "
+        "compared with what was logged seq by seq and by the sums of the values; spooled: in "
+        "the run's spool when the client was done (item 2: events in the spool when the outage "
+        "ended); status: as the server reads the run."
+    )
+    if backend == "sqlite":
+        body += (
+            "\n\nItems 4, 5, 8 and 10 are the client process's own behaviour, the same on "
+            "either database: run once, here, against `noisescope server` on SQLite (auth "
+            "off), each training process in its own OS process (`python -m "
+            "reliability._ending`). For items 4 and 5, spooled is what the ended process left "
+            "in its spool and stored is counted after `noisescope sync` of it; logged, for a "
+            "signal, is what the loop's progress file said when the process ended (it may "
+            "have logged one more). Item 8 counts the runs the server gained (stored) and the "
+            "files in the spool folder (spooled). Item 10 looks for the password in "
+            "everything the process and `noisescope sync` printed and in every spool file."
+        )
+    else:
+        body += (
+            "\n\nItems 4, 5, 8 and 10 (the client process's own behaviour, the same on "
+            "either database) run once, on SQLite: see that backend's section."
+        )
+    return all(r.held for r in rows), body + "\n\n" + _table([r.cells() for r in rows])
+
+
+def spool_damage_section() -> tuple[bool, str]:
+    """Issue 46, item 6: a damaged spool, then ``noisescope sync`` (reliability._spool_damage)."""
+    from reliability._spool_damage import run_spool_damage
+
+    wd = Workdir.make("spool-damage")
+    try:
+        with database("sqlite", wd.path) as url, Server(url) as srv:
+            results = run_spool_damage(srv.url, wd.path)
+    finally:
+        wd.close()
+    rows = [{"damage": r.name, "logged": f"{r.logged:,}", "stored": f"{r.stored:,}",
+             "set aside": f"{r.set_aside:,}", "dropped (counted)": f"{r.dropped_counted:,}",
+             "held": "yes" if r.ok else "**NO**", "note": r.note} for r in results]  # fmt: skip
+    return all(r.ok for r in results), (
+        "Spools written by the real client (offline), one of each pair of runs damaged one "
+        "way, then `noisescope sync` of the spool root to `noisescope server` on SQLite "
+        "(`reliability._spool_damage`). Held: every sample but the damaged records' stored, "
+        "each damaged record or file named by sync, the other run delivered whole.\n\n"
+        + _table(rows)
+    )
+
+
+def reads_section() -> tuple[bool, str]:
+    """Issue 46, items 9 to 11 on the read side (reliability._round3_reads)."""
+    from reliability._round3_reads import run_round3_reads
+
+    wd = Workdir.make("round3-reads")
+    try:
+        with database("sqlite", wd.path) as url, Server(url, log_level="info") as srv:
+            cases = run_round3_reads(srv.url, log=srv.log)
+    finally:
+        wd.close()
+    rows = [{"item": c.item, "case": c.name, "tried": c.tried, "outcome": c.outcome,
+             "held": "yes" if c.ok else "**NO**"} for c in cases]  # fmt: skip
+    return all(c.ok for c in cases), (
+        "Names, sizes, secrets and clocks on the read side, against `noisescope server` on "
+        "SQLite (auth off, info log level and access log): each case writes over HTTP what it "
+        "needs and reads it back through `noisescope.Api` (and the dashboard's task keys); "
+        "`reliability._round3_reads`.\n\n" + _table(rows)
+    )
+
+
+def _present(module: str) -> bool:
+    """Whether an optional section's module is there (being written by someone else); if not,
+    its section is left out, and said."""
+    if importlib.util.find_spec(module) is not None:
+        return True
+    print(f"[reliability] {module} is not there: its section is left out", file=sys.stderr)
+    return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reliability", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (minutes)")
@@ -630,14 +735,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         default="load,paced,faults,client,bad,stored,edges,disconnects,properties,auth,outage,"
-        "browser,readclient,disk",
+        "browser,readclient,disk,round3",
         help="comma-separated sections to run (%(default)s); 'bad' is the hostile corpus, raw "
         "sockets, rows stored around the API and crashed runs; 'client' the client's faults "
         "(hostile run ids, a hung server and a killed client, a burst); 'stored' random "
         "accepted writes, then every read; 'edges' numeric edge values on every numeric query "
         "parameter; 'disconnects' broken and vanishing bodies with auth on; 'readclient' "
         "noisescope.Api against a broken server; 'outage' stops a private PostgreSQL cluster "
-        "under load; 'disk' the client's spool on a full disk",
+        "under load; 'disk' the client's spool on a full disk; 'round3' nothing lost without a "
+        "count (issue 46), a damaged spool, names, secrets and clocks",
     )
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")
@@ -680,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("edges", "Numeric edge values", partial(edges_section, backend)),
                 ("disconnects", "Disconnects with auth on", partial(disconnects_section, backend)),
                 ("auth", "Isolation and auth", partial(auth_section, backend)),
+                ("round3", "Nothing lost without a count", partial(round3_section, backend, sizes)),
             ]
             if backend == "postgresql":
                 steps.append(("outage", "PostgreSQL outages", outage_section))
@@ -695,6 +802,11 @@ def main(argv: list[str] | None = None) -> int:
                    lambda: read_client_section(sizes))  # fmt: skip
         if "disk" in only:
             _guard(report, "Disk full (the client's spool)", disk_section)
+        round3 = "round3" in only and "sqlite" in backends
+        if round3 and _present("reliability._spool_damage"):
+            _guard(report, "A damaged spool, sqlite", spool_damage_section)
+        if round3 and _present("reliability._round3_reads"):
+            _guard(report, "Names, secrets and clocks, sqlite", reads_section)
     finally:
         if "postgresql" in backends:
             ensure_postgres_running()

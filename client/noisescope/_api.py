@@ -26,6 +26,7 @@ from urllib.parse import quote, urlencode
 
 from noisescope import _wire
 from noisescope._config import DEFAULT_URL, check_url
+from noisescope._redact import redact_text, redact_url
 from noisescope._results import (
     EventRow,
     ParallelismPlan,
@@ -70,9 +71,11 @@ MAX_ANSWER_BYTES = 64 << 20
 class ApiError(Exception):
     """A call failed. ``status``: the HTTP status of the answer (0: no whole answer came);
     ``detail``: the server's words, or what came back instead, or why nothing did; ``url``:
-    the request's."""
+    the request's. A password in the URL and a secret query value (``?token=``) are masked
+    in all three (``noisescope._redact``): an error is printed, logged and shown on pages."""
 
     def __init__(self, status: int, detail: str, url: str = "") -> None:
+        url, detail = redact_url(url), redact_text(detail)
         where = f"GET {url} " if url else ""
         said = f"answered HTTP {status}" if status else "got no answer"
         super().__init__(f"{where}{said}: {detail}" if where else f"HTTP {status}: {detail}")
@@ -212,9 +215,33 @@ class Api:
         result: list[SeriesInfo] = self._get(list[SeriesInfo], f"/runs/{_seg(run_id)}/series-names")
         return result
 
-    def events(self, run_id: str) -> list[EventRow]:
-        """A run's events in step order (batch-size changes, evaluations, notices, marks)."""
-        result: list[EventRow] = self._get(list[EventRow], f"/runs/{_seg(run_id)}/events")
+    def events(
+        self,
+        run_id: str,
+        *,
+        kinds: Sequence[str] | None = None,
+        exclude_kinds: Sequence[str] = (),
+        max_events: int | None = None,
+    ) -> list[EventRow]:
+        """A run's events in step order (batch-size changes, evaluations, notices, marks): of
+        ``kinds`` only (None: all) and none of ``exclude_kinds``. ``max_events``: at most that
+        many, every k-th from the first, spread over the whole run (``event_counts`` says how
+        many there are)."""
+        if kinds is not None and not kinds:
+            return []  # no kind asked for (an empty ?kind= list would read as every kind)
+        query: dict[str, Any] = {
+            "kind": None if kinds is None else list(kinds),
+            "exclude_kind": list(exclude_kinds),
+            "max_events": max_events,
+        }
+        path = f"/runs/{_seg(run_id)}/events"
+        result: list[EventRow] = self._get(list[EventRow], path, query)
+        return result
+
+    def event_counts(self, run_id: str) -> dict[str, int]:
+        """How many events of each kind a run holds, by kind."""
+        path = f"/runs/{_seg(run_id)}/event-counts"
+        result: dict[str, int] = self._get(dict[str, int], path)
         return result
 
     def samples_csv(self, run_id: str) -> str:
@@ -391,8 +418,12 @@ class Api:
 
 
 def _seg(value: str) -> str:
-    """One URL path segment: slashes and everything else escaped."""
-    return quote(value, safe="")
+    """One URL path segment: slashes and everything else escaped, and a name that is all dots
+    (``.``, ``..``) as ``%2E``s: requests (urllib3) removes the dot segments of a path before
+    sending it, so ``/tasks/p/../critical-batch`` would reach another route, while the server
+    reads ``%2E%2E`` back as the name ``..``."""
+    quoted = quote(value, safe="")
+    return quoted.replace(".", "%2E") if value in (".", "..") else quoted
 
 
 def _start(body: bytes) -> str:

@@ -16,7 +16,11 @@ __all__ = ["SECRET_PARAMS", "redact_text", "redact_url"]
 SECRET_PARAMS = frozenset({"token", "access_token", "api_key", "apikey", "key", "password"})
 MASK = "***"
 #: ``scheme://user:password@`` anywhere in a text.
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/@\s]*@")
+#: The password runs to the authority's last "@" (one left unescaped in it is still its own).
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):[^/\s]*@")
+#: ``user:password@host`` without a scheme (a URL typed without ``http://``, which the URL
+#: check refuses by quoting it), not inside a word.
+_BARE_USERINFO = re.compile(r"(?<![\w.~%+/-])(?P<user>[\w.~%+-]+):[^/\s'\"]+@(?=[\w\[])")
 #: ``token=...`` (and the other secret names) in a query string anywhere in a text.
 _PARAM = re.compile(
     r"(?P<key>(?<![A-Za-z0-9_])(?:" + "|".join(sorted(SECRET_PARAMS)) + r")=)[^&\s#:'\"]*",
@@ -49,4 +53,5 @@ def redact_url(url: str) -> str:
 def redact_text(text: str) -> str:
     """``text`` with every URL password and secret query value in it replaced by ``***``."""
     text = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:{MASK}@", text)
+    text = _BARE_USERINFO.sub(lambda m: f"{m['user']}:{MASK}@", text)
     return _PARAM.sub(lambda m: f"{m['key']}{MASK}", text)

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from noisescope._redact import redact_text, redact_url
+
 
 @dataclass(frozen=True)
 class Request:
@@ -180,6 +182,8 @@ class HTTPTransport:
 
         self._requests = requests
         self.url = url.rstrip("/")
+        #: The URL as messages name it: a password in it masked (``noisescope._redact``).
+        self.shown_url = redact_url(self.url)
         self.timeout = timeout
         self._session = requests.Session()
         self._session.headers["User-Agent"] = "noisescope-client"
@@ -227,10 +231,12 @@ class HTTPTransport:
         except (self._requests.RequestException, OSError) as exc:
             if call.cut:
                 raise DeadlinePassed(
-                    f"no whole answer from {self.url} within {request.deadline_s:.3g} s"
+                    f"no whole answer from {self.shown_url} within {request.deadline_s:.3g} s"
                 ) from exc
             reason = str(exc.__context__ or exc).split(": ")[-1].rstrip("\"')")[:160]
-            raise TransportError(f"{type(exc).__name__} to {self.url}: {reason}") from exc
+            raise TransportError(
+                redact_text(f"{type(exc).__name__} to {self.shown_url}: {reason}")
+            ) from exc
         finally:
             _IN_FLIGHT.call = None
             call.finish()

@@ -42,6 +42,7 @@ __all__ = [
     "compare",
     "critical_batch",
     "critical_batch_forecast",
+    "event_counts",
     "events",
     "parallelism",
     "projects",
@@ -137,8 +138,22 @@ def series_names(src: Source, run_id: str) -> list[SeriesInfo]:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def events(src: Source, run_id: str) -> list[EventRow]:
-    return api(src).events(run_id)
+def events(
+    src: Source,
+    run_id: str,
+    kinds: tuple[str, ...] | None = None,
+    exclude_kinds: tuple[str, ...] = (),
+    max_events: int | None = None,
+) -> list[EventRow]:
+    """A run's events of ``kinds`` (None: all) but not ``exclude_kinds``, at most
+    ``max_events`` of them spread over the run (the server picks every k-th)."""
+    return api(src).events(run_id, kinds=kinds, exclude_kinds=exclude_kinds, max_events=max_events)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def event_counts(src: Source, run_id: str) -> dict[str, int]:
+    """How many events of each kind the run holds."""
+    return api(src).event_counts(run_id)
 
 
 def samples_csv(src: Source, run_id: str) -> str:

@@ -175,8 +175,12 @@ def task_units(task: TaskSummary) -> str:
 
 
 def task_key(project: str, task: str) -> str:
-    """A task as it appears in URLs and menus: ``project/task``."""
-    return f"{project}/{task}"
+    """A task as it appears in URLs, menus and legends: ``project/task``, one key per task.
+
+    Names may hold "/", so the project's "/" (and "%") are written ``%2F`` (``%25``): the task
+    ``x/y`` of project ``col`` is ``col/x/y``, the task ``y`` of project ``col/x`` is
+    ``col%2Fx/y``; plain names read as before."""
+    return f"{project.replace('%', '%25').replace('/', '%2F')}/{task}"
 
 
 def run_label(run: RunSummary) -> str:

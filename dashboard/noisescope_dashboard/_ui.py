@@ -17,7 +17,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from noisescope import AnswerError, ApiError, NotFoundError, TaskSummary
+from noisescope import AnswerError, ApiError, NotFoundError, TaskSummary, protocol
 
 from . import _data, _state, _text
 from ._text import md
@@ -76,7 +76,7 @@ def connect() -> _data.Source:
 
 def explain_api_error(exc: ApiError, src: _data.Source) -> None:
     """An API error in words, with what to do about it."""
-    where = md(src.url)
+    where = md(protocol.redact_url(src.url))  # a password in NOISESCOPE_URL stays off the page
     if exc.status == 0:
         st.error(
             f"Cannot reach the noisescope server at {where}. Start it with `noisescope up` "

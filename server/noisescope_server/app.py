@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from noisescope import protocol
-from noisescope_server import __version__, db
+from noisescope_server import __version__, db, logs
 from noisescope_server.api import branching, health, ingest, query, recommend, runs, tokens
 from noisescope_server.api._body import format_validation_error
 from noisescope_server.api.run_ids import RunIdGuard
@@ -94,6 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RunIdGuard)
     if not any(isinstance(f, _ClientFaultsAtInfo) for f in connections_log.filters):
         connections_log.addFilter(_ClientFaultsAtInfo())
+    logs.install()  # no token or password from a request's URL in the access log
     _install_error_handlers(app)
     return app
 

@@ -194,7 +194,8 @@ def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = No
             )
         ).all()
         outcomes = _latest_payloads(conn, [int(k.id) for k in kids], protocol.BRANCH_EVENT_KIND)
-        parent_losses = _parent_losses(conn, int(parent.id))
+        # a run without branch runs (every run but a few) reads none of its evaluations
+        parent_losses = _parent_losses(conn, int(parent.id)) if kids else []
         steps = sorted({int(k.branch_step or 0) for k in kids})
         parent_examples = {step: _examples_at(conn, int(parent.id), step) for step in steps}
     by_step: dict[int, list[Any]] = defaultdict(list)

@@ -117,3 +117,41 @@ def test_errors_name_what_is_wrong(server: ServerProcess) -> None:
 def test_url_and_token_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NOISESCOPE_URL", "http://127.0.0.1:1234/")
     assert noisescope.Api().url == "http://127.0.0.1:1234"
+
+
+def test_names_that_are_dot_segments_are_read_over_http(server: ServerProcess) -> None:
+    """Issue 46, 9 (a): requests removes the dot segments of a path, so ``..`` as a project or
+    task was a 404 (``/tasks/./../critical-batch``); they travel as ``%2E`` now."""
+    with httpx.Client(base_url=server.url) as c:
+        for i, (p, t) in enumerate(((".", ".."), ("..", "."))):
+            post(c, make_sweep(200.0, (32, 128, 512), rng=random.Random(10 + i)), project=p, task=t)
+    api = noisescope.Api(server.url)
+    for p, t in ((".", ".."), ("..", ".")):
+        report = api.critical_batch(p, t)
+        assert (report.project, report.task, report.batch_sizes) == (p, t, [32.0, 128.0, 512.0])
+        forecast = api.critical_batch_forecast(p, t)
+        assert (forecast.project, forecast.task) == (p, t)
+
+
+def test_a_password_in_the_url_is_in_no_error(server: ServerProcess) -> None:
+    """Issue 46, 10: ``ApiError`` (its message, ``url`` and ``detail``, and the transport error
+    it comes from) names the server without the URL's password."""
+    host = server.url.removeprefix("http://")
+    with pytest.raises(noisescope.NotFoundError) as found:
+        noisescope.Api(f"http://me:hunter2@{host}").run("no-such-run")
+    with pytest.raises(noisescope.ApiError) as unreachable:
+        noisescope.Api("http://me:hunter2@127.0.0.1:9", timeout=2).runs()
+    for info in (found, unreachable):
+        exc = info.value
+        shown = [str(exc), exc.url, exc.detail, str(exc.__cause__ or "")]
+        assert not any("hunter2" in text for text in shown), shown
+        assert "me:***@" in exc.url
+
+
+def test_events_bounded_and_counted(server: ServerProcess, loaded: dict[str, str]) -> None:
+    api = noisescope.Api(server.url)
+    assert api.event_counts(loaded["run"]) == {"batch_size": 1, "eval": 1}
+    (latest,) = api.events(loaded["run"], kinds=["batch_size"], max_events=5)
+    assert latest.payload == {"batch_size": 64}
+    assert [e.kind for e in api.events(loaded["run"], exclude_kinds=["eval"])] == ["batch_size"]
+    assert len(api.events(loaded["run"], max_events=1)) == 1

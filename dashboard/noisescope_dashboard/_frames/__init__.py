@@ -23,13 +23,24 @@ from noisescope_dashboard._frames._critical import (
     target_warnings,
     tasks_b_simple_vs_b_crit,
 )
-from noisescope_dashboard._frames._run import eval_points, event_marks, series_points, time_origin
+from noisescope_dashboard._frames._run import (
+    MAX_EVALS,
+    MAX_MARKS,
+    NOT_MARKS,
+    eval_points,
+    event_marks,
+    series_points,
+    time_origin,
+)
 from noisescope_dashboard._frames._runs import compare_points, runs_table, task_table
 from noisescope_dashboard._frames._what_if import parallelism_rows, parallelism_table
 
 __all__ = [
     "B_CRIT",
     "B_SIMPLE_AT_LOSS",
+    "MAX_EVALS",
+    "MAX_MARKS",
+    "NOT_MARKS",
     "bcrit_vs_loss",
     "compare_points",
     "eval_points",

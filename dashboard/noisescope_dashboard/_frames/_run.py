@@ -103,6 +103,11 @@ def _number_text(value: Any) -> str:
 
 #: Event kinds that are not marks: evaluations are points on the loss chart, notices text.
 NOT_MARKS = (protocol.EVAL_EVENT_KIND, protocol.NOTICE_EVENT_KIND)
+#: The most batch-size changes and other marks the Run page draws (each a rule on every
+#: chart), and the most evaluations its loss chart draws (as many as a series has points): a
+#: run with more is read thinned by the server, every k-th, and the page says so.
+MAX_MARKS = 200
+MAX_EVALS = 2000
 
 
 def event_marks(

@@ -16,7 +16,7 @@ import math
 import pandas as pd
 import streamlit as st
 
-from noisescope import ApiError, NotFoundError, RunSummary, protocol
+from noisescope import ApiError, EventRow, NotFoundError, RunSummary, SeriesInfo, protocol
 from noisescope_dashboard import _branches, _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
 
@@ -156,6 +156,57 @@ def _no_samples(run: RunSummary) -> None:
     )
 
 
+def _drawn_events(src: _data.Source, run: RunSummary) -> tuple[list[EventRow], list[EventRow]]:
+    """The marks and evaluations the charts draw: all of them up to ``_frames.MAX_MARKS`` and
+    ``_frames.MAX_EVALS``, else that many spread over the run (the server's every k-th), with
+    a caption saying how many of how many. A run with 100,000 events is then read in a few
+    thousand rows, not all of them on every chart."""
+    counts = _data.event_counts(src, run.uid)
+    n_marks = sum(n for kind, n in counts.items() if kind not in _frames.NOT_MARKS)
+    n_evals = counts.get(protocol.EVAL_EVENT_KIND, 0)
+    marks = (
+        _data.events(src, run.uid, exclude_kinds=_frames.NOT_MARKS, max_events=_frames.MAX_MARKS)
+        if n_marks
+        else []
+    )
+    evals = (
+        _data.events(src, run.uid, kinds=(protocol.EVAL_EVENT_KIND,), max_events=_frames.MAX_EVALS)
+        if n_evals
+        else []
+    )
+    thinned = [
+        f"{len(drawn):,} of its {_text.plural(total, noun)} (one in {-(-total // most):,})"
+        for drawn, total, most, noun in (
+            (marks, n_marks, _frames.MAX_MARKS, "mark"),
+            (evals, n_evals, _frames.MAX_EVALS, "evaluation"),
+        )
+        if len(drawn) < total
+    ]
+    if thinned:
+        st.caption(
+            "The charts draw " + " and ".join(thinned) + ", spread over the run: "
+            "all of them would hide the curves."
+        )
+    return marks, evals
+
+
+def _layers_only(src: _data.Source, run: RunSummary, layers: list[SeriesInfo]) -> None:
+    """A run that logged per-layer series and no whole-model one: say so (B_simple now, the
+    verdict and the run's curves are the whole model's, and the layers need not add up to
+    it), then draw the layers' own B_simple."""
+    samples = sum(info.n_samples for info in layers)
+    st.warning(
+        f"No B_simple now: this run logged {len(layers):,} per-layer series "
+        f"({_text.plural(samples, 'sample')}) and no whole-model series, which B_simple now, "
+        "the verdict and the run's curves read. Each layer's own B_simple is below: pick the "
+        'layers to draw. To measure the whole model, log it too (`series=""`, what '
+        "`GradientNoiseProbe` logs besides its layers)."
+    )
+    window = default_window(run.last_step)
+    x_axis = _charts.XAxis("x", _x_title("step", run.units), log=False)
+    _layers(src, run, x="step", x_axis=x_axis, window=float(window), log_y=True)
+
+
 def _charts_section(src: _data.Source, run: RunSummary) -> None:
     c1, c2, c3 = st.columns([1.4, 1.2, 1])
     axes = {"step": "step", "examples": _text.units_word(run.units), "time": "wall time"}
@@ -179,9 +230,9 @@ def _charts_section(src: _data.Source, run: RunSummary) -> None:
     series = _data.series(src, run.uid, x=x, window=float(window))  # type: ignore[arg-type]
     points = _frames.series_points(series)
     t0 = _frames.time_origin(series)
-    events = _data.events(src, run.uid)
-    marks = _frames.event_marks(events, points, x, t0)
-    evals = _frames.eval_points(events, points, x, t0)
+    marked, evaluated = _drawn_events(src, run)
+    marks = _frames.event_marks(marked, points, x, t0)
+    evals = _frames.eval_points(evaluated, points, x, t0)
     x_axis = _charts.XAxis("x", _x_title(x, run.units), log=log_x)
     slug = run.uid[:8]
     smoothing = (
@@ -291,7 +342,14 @@ def _layers(
         ),
         per_layer[["layer", "step", "x", "b_simple", "b_simple_lo", "b_simple_hi"]],
         name=f"b_simple_layers_{run.uid[:8]}",
-        caption="Each layer's own B_simple, smoothed like the chart above.",
+        caption="Each layer's own B_simple, "
+        + (
+            "smoothed like the chart above."
+            if run.n_samples
+            else f"over trailing windows of {int(window):,} steps."
+            if window
+            else "one point per bucket of the server's."
+        ),
     )
 
 
@@ -378,7 +436,11 @@ def main(src: _data.Source) -> None:
         with st.expander("Config"):
             st.json(run.config)
         if run.n_samples == 0:
-            _no_samples(run)
+            layers = [info for info in _data.series_names(src, run.uid) if info.name]
+            if layers:
+                _layers_only(src, run, layers)
+            else:
+                _no_samples(run)
             return
         _headline(src, run)
         _charts_section(src, run)

@@ -171,8 +171,44 @@ def get_series_names(run_id: str, engine: EngineDep, scope: ReadScope) -> Respon
 
 
 @router.get("/runs/{run_id}/events", response_model=list[EventRow], summary="Events of a run")
-def get_events(run_id: str, engine: EngineDep, scope: ReadScope) -> Response:
-    return _json(queries.run_events(engine, run_id, project_scope=scope))
+def get_events(
+    run_id: str,
+    engine: EngineDep,
+    scope: ReadScope,
+    kind: Annotated[
+        list[str] | None, Query(max_length=100, description="only events of these kinds")
+    ] = None,
+    exclude_kind: Annotated[
+        list[str] | None, Query(max_length=100, description="no events of these kinds")
+    ] = None,
+    max_events: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            description="at most this many, spread over the run: every k-th matching event in "
+            "step order, from the first (GET /runs/{run_id}/event-counts says how many there are)",
+        ),
+    ] = None,
+) -> Response:
+    return _json(
+        queries.run_events(
+            engine,
+            run_id,
+            kinds=kind,
+            exclude_kinds=exclude_kind or (),
+            max_events=max_events,
+            project_scope=scope,
+        )
+    )
+
+
+@router.get(
+    "/runs/{run_id}/event-counts",
+    response_model=dict[str, int],
+    summary="How many events of each kind a run holds",
+)
+def get_event_counts(run_id: str, engine: EngineDep, scope: ReadScope) -> Response:
+    return _json(queries.event_counts(engine, run_id, project_scope=scope))
 
 
 @router.get(

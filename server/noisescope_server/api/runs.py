@@ -24,6 +24,7 @@ def _answer(settings: Settings, ref: crud.RunRef, *, created: bool) -> RunPutRes
         project=ref.project,
         created=created,
         dashboard_url=settings.run_page_url(ref.uid),
+        warnings=list(ref.notes),
     )
 
 

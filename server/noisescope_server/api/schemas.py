@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from noisescope import protocol
+from noisescope_server.crud import FUTURE_TOLERANCE
 from noisescope_server.jsonclip import encode
 from noisescope_server.utc import in_utc_range
 from noisescope_server.validate import branch_plan_problem
@@ -141,6 +142,12 @@ class RunPutResult(BaseModel):
     dashboard_url: str | None = Field(
         default=None,
         description="the run's dashboard page (null unless NOISESCOPE_DASHBOARD_URL is set)",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what was stored otherwise than sent, and why: a started_at or ended_at "
+        f"more than {FUTURE_TOLERANCE.total_seconds() / 60:g} minutes ahead of the server's "
+        "clock is stored as the server's time",
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from noisescope.cli import DEFAULT_URL, check_url
+from noisescope.protocol import redact_text, redact_url
 from noisescope_server.cli._database import describe_url, open_database, settings_from
 from noisescope_server.cli._serve import port_problem, url_host
 
@@ -208,7 +209,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     try:
         server_url = args.url or check_url(os.environ.get("NOISESCOPE_URL") or DEFAULT_URL)
     except ValueError as exc:
-        print(f"noisescope dashboard: {exc}", file=sys.stderr)
+        print(f"noisescope dashboard: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     token = args.token if args.token is not None else os.environ.get("NOISESCOPE_TOKEN")
     _interrupt_on_termination()
@@ -219,7 +220,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         )
         print(
             f"noisescope dashboard: http://{url_host(args.host)}:{args.port} "
-            f"(reading {server_url})",
+            f"(reading {redact_url(server_url)})",  # a password in the URL is not printed
             flush=True,
         )
         if proc.wait() == 0:

@@ -15,12 +15,21 @@ input); failures raise the errors of ``noisescope_server.errors``.
 from __future__ import annotations
 
 from noisescope_server.crud._events import EventIn, ingest_events
-from noisescope_server.crud._runs import RunIn, RunRef, patch_run, touch_run, upsert_run
+from noisescope_server.crud._runs import (
+    FUTURE_TOLERANCE,
+    RunIn,
+    RunRef,
+    not_ahead,
+    patch_run,
+    touch_run,
+    upsert_run,
+)
 from noisescope_server.crud._samples import ingest_samples
 from noisescope_server.crud._tokens import TokenCreated, create_token, hash_token, revoke_token
 from noisescope_server.validate import SampleBatch, check_run_uid, validate_samples
 
 __all__ = [
+    "FUTURE_TOLERANCE",
     "EventIn",
     "RunIn",
     "RunRef",
@@ -31,6 +40,7 @@ __all__ = [
     "hash_token",
     "ingest_events",
     "ingest_samples",
+    "not_ahead",
     "patch_run",
     "revoke_token",
     "touch_run",

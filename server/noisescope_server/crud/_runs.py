@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
@@ -55,6 +55,39 @@ class RunRef:
     uid: str
     project_id: int
     project: str
+    #: What the write stored otherwise than sent, and why (a time from the future), for the
+    #: answer's ``warnings``.
+    notes: tuple[str, ...] = ()
+
+
+#: How far ahead of the server's clock a run's ``started_at``/``ended_at`` may be and still be
+#: stored as sent: clocks kept by NTP differ by far less. A time further ahead comes from a
+#: skewed clock (a client a day ahead would list its run as the newest for a day), and is
+#: stored as the server's time, with a warning in the answer.
+FUTURE_TOLERANCE = timedelta(minutes=5)
+
+
+def _span(delta: timedelta) -> str:
+    """A clock difference as people say it ("1.0 days", "3.2 hours", "7 min")."""
+    seconds = delta.total_seconds()
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:,.1f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 60:.0f} min"
+
+
+def not_ahead(name: str, value: datetime, now: datetime) -> tuple[datetime, str | None]:
+    """``value`` (a client's time), or ``now`` with a note saying why when it lies more than
+    ``FUTURE_TOLERANCE`` ahead of the server's clock."""
+    value = as_utc(value)
+    if value - now <= FUTURE_TOLERANCE:
+        return value, None
+    sent, server = value.isoformat(timespec="seconds"), now.isoformat(timespec="seconds")
+    return now, (
+        f"{name} {sent} is {_span(value - now)} ahead of the server's clock ({server}): stored "
+        "as the server's time; check the clock of the machine that sent it"
+    )
 
 
 def lock_run(conn: Connection, run_uid: str) -> RunRef | None:
@@ -145,11 +178,9 @@ def upsert_run(
         if run.parent_uid is not None:  # a re-PUT without them never un-branches a run
             values |= {"parent_uid": run.parent_uid, "branch_step": run.branch_step}
         if existing is None:
-            values |= {
-                "uid": run_uid,
-                "project_id": project_id,
-                "started_at": as_utc(run.started_at) if run.started_at else utcnow(),
-            }
+            now = utcnow()
+            started, note = not_ahead("started_at", run.started_at or now, now)
+            values |= {"uid": run_uid, "project_id": project_id, "started_at": started}
             created = insert_ignore(conn, Run, values, ["uid"]) == 1
             ref = lock_run(conn, run_uid)
             assert ref is not None
@@ -157,7 +188,7 @@ def upsert_run(
                 raise Conflict(_TAKEN.format(run_uid=run_uid))
             if not created:  # lost a creation race to a concurrent PUT of the same run
                 conn.execute(update(Run).where(Run.id == ref.id).values(**values))
-            return ref, created
+            return (replace(ref, notes=(note,)) if note and created else ref), created
         if existing.project_id != project_id:
             raise Conflict(_TAKEN.format(run_uid=run_uid))
         conn.execute(update(Run).where(Run.id == existing.id).values(**values))
@@ -173,20 +204,23 @@ def patch_run(
     batch_size: float | None = None,
     project_scope: int | None = None,
 ) -> RunRef:
-    """Update a run's status (finished runs get ``ended_at`` = now unless given)."""
+    """Update a run's status (finished runs get ``ended_at`` = now unless given; one ahead
+    of the server's clock is stored as now, with a note: ``not_ahead``)."""
     with write_transaction(engine) as conn:
         run = require_run(conn, run_uid, project_scope)
-        values: dict[str, Any] = {"last_seen_at": utcnow()}
+        now = utcnow()
+        values: dict[str, Any] = {"last_seen_at": now}
         if status is not None:
             values["status"] = status
             if status != "running" and ended_at is None:
-                ended_at = utcnow()
+                ended_at = now
+        note = None
         if ended_at is not None:
-            values["ended_at"] = as_utc(ended_at)
+            values["ended_at"], note = not_ahead("ended_at", ended_at, now)
         if batch_size is not None:
             values["batch_size"] = batch_size
         conn.execute(update(Run).where(Run.id == run.id).values(**values))
-        return run
+        return replace(run, notes=(note,)) if note else run
 
 
 def touch_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunRef:

@@ -19,7 +19,8 @@ it from the caller's token. A run outside the scope raises ``errors.Forbidden``.
 - ``_buckets``: bucketed sums of several runs at once;
 - ``_compare``: several runs' series for the comparison charts;
 - ``_tasks``: projects and the per-task summary;
-- ``_raw``: a run's events and its raw samples as CSV;
+- ``_raw``: a run's events (of some kinds, at most so many) and counts by kind, and its raw
+  samples as CSV;
 - ``_common``: what they share (interval level, run status and row, scope check, tuple fetch).
 """
 
@@ -36,7 +37,7 @@ from noisescope.protocol import (
 from noisescope_server.queries._buckets import BucketSums, bucket_sums
 from noisescope_server.queries._common import LEVEL, finite_number, run_status
 from noisescope_server.queries._compare import compare_series
-from noisescope_server.queries._raw import raw_samples_csv, run_events
+from noisescope_server.queries._raw import event_counts, raw_samples_csv, run_events
 from noisescope_server.queries._runs import get_run, list_runs
 from noisescope_server.queries._series import (
     XAxis,
@@ -58,6 +59,7 @@ __all__ = [
     "XAxis",
     "bucket_sums",
     "compare_series",
+    "event_counts",
     "finite_number",
     "get_run",
     "list_projects",

@@ -3,9 +3,11 @@ the project scope check, plain-tuple fetches and finite numbers from JSON."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
+import orjson
 from sqlalchemy import Connection, and_, case, func, select
 
 from noisescope import protocol
@@ -67,6 +69,22 @@ def scoped_run(
     if project_scope is not None and int(row.project_id) != project_scope:
         raise Forbidden(f"this token does not grant access to the project of run {run_uid!r}")
     return row
+
+
+def json_value(raw: Any) -> Any:
+    """A JSON column's value from a plain DBAPI row (``fetch_tuples``): SQLite hands back its
+    text, psycopg the parsed value. orjson first (a long run's 50,000 evaluations parse in a
+    fraction of the time), ``json`` where orjson refuses (a number beyond a double, which
+    ``json`` reads as the SQLAlchemy column would); None for text that is no JSON."""
+    if not isinstance(raw, (str, bytes)):
+        return raw
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return None
 
 
 def fetch_tuples(

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from noisescope.protocol import EventRow
 from noisescope_server.jsonclip import clip_json
@@ -16,15 +16,40 @@ from noisescope_server.models import SAMPLE_COLUMNS, Event, Sample
 from noisescope_server.queries._common import scoped_run
 
 
-def run_events(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> list[EventRow]:
-    """A run's events (batch-size changes, marks) in step order."""
+def run_events(
+    engine: Engine,
+    run_uid: str,
+    *,
+    kinds: Sequence[str] | None = None,
+    exclude_kinds: Sequence[str] = (),
+    max_events: int | None = None,
+    project_scope: int | None = None,
+) -> list[EventRow]:
+    """A run's events (batch-size changes, evaluations, marks) in step order: of ``kinds``
+    only (None: every kind) but none of ``exclude_kinds``; with ``max_events``, every k-th of
+    them from the first (k = ceil(matching / max_events)), so a chart of a run with 100,000
+    events reads a few thousand spread over the whole run, not the first few thousand."""
     with engine.connect() as conn:
         run = scoped_run(conn, run_uid, project_scope)
-        rows = conn.execute(
-            select(Event.step, Event.kind, Event.payload, Event.time, Event.seq)
-            .where(Event.run_id == run.id)
-            .order_by(Event.step, Event.id)
-        ).all()
+        where = [Event.run_id == run.id]
+        if kinds is not None:
+            where.append(Event.kind.in_(list(kinds)))
+        if exclude_kinds:
+            where.append(Event.kind.not_in(list(exclude_kinds)))
+        columns = (Event.step, Event.kind, Event.payload, Event.time, Event.seq)
+        stmt = select(*columns).where(*where).order_by(Event.step, Event.id)
+        if max_events is not None:
+            total = int(conn.execute(select(func.count()).where(*where)).scalar_one())
+            every = -(-total // max_events)
+            if every > 1:
+                rank = func.row_number().over(order_by=(Event.step, Event.id)).label("rank")
+                ranked = select(*columns, rank).where(*where).subquery()
+                stmt = (
+                    select(*(ranked.c[c.key] for c in columns))
+                    .where((ranked.c.rank - 1) % every == 0)
+                    .order_by(ranked.c.rank)
+                )
+        rows = conn.execute(stmt).all()
     return [
         EventRow(
             int(r[0]),
@@ -35,6 +60,22 @@ def run_events(engine: Engine, run_uid: str, *, project_scope: int | None = None
         )
         for r in rows
     ]
+
+
+def event_counts(
+    engine: Engine, run_uid: str, *, project_scope: int | None = None
+) -> dict[str, int]:
+    """How many events of each kind a run holds (by kind name), for a reader that asks for a
+    bounded number of them (``run_events(max_events=)``) and says how many it left out."""
+    with engine.connect() as conn:
+        run = scoped_run(conn, run_uid, project_scope)
+        rows = conn.execute(
+            select(Event.kind, func.count())
+            .where(Event.run_id == run.id)
+            .group_by(Event.kind)
+            .order_by(Event.kind)
+        ).all()
+    return {str(kind): int(n) for kind, n in rows}
 
 
 CSV_COLUMNS = SAMPLE_COLUMNS

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, func, or_, select
+from sqlalchemy import Connection, Engine, bindparam, case, func, or_, select
 
 from noisescope import protocol, sweep
 from noisescope.estimators import training_loss_curve
@@ -20,6 +20,7 @@ from noisescope_server.queries._common import (
     MIN_EVALS,
     fetch_tuples,
     finite_number,
+    json_value,
     run_select,
     run_status,
     scoped_run,
@@ -43,12 +44,15 @@ class _RunFacts:
     events: dict[tuple[int, str], dict[str, Any]]
     #: Why a run's loss diverged (``sweep.divergence``), for the runs whose loss did.
     diverged: dict[int, str]
+    #: Runs with no whole-model sample but per-layer ones: their series and samples.
+    layers_only: dict[int, tuple[int, int]]
 
 
 def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
     """Sample counts, last step and examples (from the block table) and the latest event of
     each kind that means something (eval, batch_size, notice), for many runs at once."""
     n_samples: dict[int, int] = {}
+    layers_only: dict[int, tuple[int, int]] = {}
     last: dict[int, tuple[int, float | None]] = {}
     events: dict[tuple[int, str], dict[str, Any]] = {}
     kinds = [protocol.EVAL_EVENT_KIND, protocol.BATCH_SIZE_EVENT_KIND, protocol.NOTICE_EVENT_KIND]
@@ -59,6 +63,15 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
         )
         for run_id, n in fetch_tuples(conn, counts.group_by(SampleBlock.run_id)):
             n_samples[int(run_id)] = int(n or 0)
+        bare = [i for i in ids if not n_samples.get(i)]
+        if bare:  # what the runs without a whole-model sample logged instead, if anything
+            layers = select(
+                SampleBlock.run_id,
+                func.count(SampleBlock.series.distinct()),
+                func.sum(SampleBlock.n),
+            ).where(SampleBlock.run_id.in_(bare), SampleBlock.series != "")
+            for run_id, k, n in fetch_tuples(conn, layers.group_by(SampleBlock.run_id)):
+                layers_only[int(run_id)] = (int(k), int(n or 0))
         # steps and examples only grow with seq: the largest over all series is the last
         ends = select(
             SampleBlock.run_id, func.max(SampleBlock.step_max), func.max(SampleBlock.examples_max)
@@ -82,7 +95,7 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
         for run_id, kind, payload in conn.execute(latest):
             if isinstance(payload, dict):
                 events[(int(run_id), str(kind))] = dict(payload)
-    return _RunFacts(n_samples, last, events, _diverged(conn, run_ids))
+    return _RunFacts(n_samples, last, events, _diverged(conn, run_ids), layers_only)
 
 
 def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
@@ -100,7 +113,8 @@ def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
             .where(Event.run_id.in_(ids), Event.kind == protocol.EVAL_EVENT_KIND)
             .order_by(Event.run_id, Event.step, Event.id)
         )
-        for run_id, step, payload in conn.execute(q):
+        for run_id, step, raw in fetch_tuples(conn, q):  # plain rows: a run may log 100,000
+            payload = json_value(raw)
             value = finite_number(payload.get("loss")) if isinstance(payload, dict) else None
             if value is not None:
                 evals.setdefault(int(run_id), []).append((float(step), value))
@@ -145,6 +159,22 @@ _LAST_LOSS = (
 )
 
 
+def _no_whole_model(uid: str, layers: tuple[int, int] | None) -> str:
+    """Why a run without whole-model samples has no current B_simple: none at all yet, or
+    only per-layer series. The current B_simple is the whole model's (series ""); the layers
+    need not add up to it (a probe's named groups may leave parameters out), so none of them,
+    nor their sum, stands in for it."""
+    if layers is None:
+        return "no samples yet"
+    series, samples = layers
+    return (
+        f"no whole-model samples: the run logged {series:,} per-layer series "
+        f"({samples:,} samples) and no whole-model series "
+        f'(series ""), which the current B_simple reads; read a layer\'s own B_simple with '
+        f"GET {protocol.API_PREFIX}/runs/{uid}/series?series=NAME (series-names lists them)"
+    )
+
+
 def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = True) -> RunSummary:
     run_id = int(row.id)
     n_samples = facts.n_samples.get(run_id, 0)
@@ -163,7 +193,7 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         else CurrentWindow(None, None, None, NOT_COMPUTED, None, None, 0, None, None)
     )
     if n_samples == 0 and current:
-        reason = "no samples yet"
+        reason = _no_whole_model(str(row.uid), facts.layers_only.get(run_id))
         if notice and isinstance(notice.get("message"), str):
             reason += f": {notice['message']}"
         now = CurrentWindow(None, None, None, reason, None, None, 0, None, None)
@@ -210,6 +240,15 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     )
 
 
+def _sorted_start() -> Any:
+    """When a run started, for the newest-first order: ``started_at``, unless it lies after the
+    run was last heard from (a row stored before the server clamped times from skewed clocks,
+    ``crud.not_ahead``: a client a day ahead) - then that time, on the server's clock, so such a
+    run does not sort as the newest for a day."""
+    seen = func.coalesce(Run.last_seen_at, Run.started_at)
+    return case((Run.started_at > seen, seen), else_=Run.started_at)
+
+
 def list_runs(
     engine: Engine,
     *,
@@ -229,7 +268,7 @@ def list_runs(
     reads it), a case-insensitive substring of name/uid/task (``search``) and start time; each
     with its current B_simple (``current=False`` skips that window, for callers that only need
     the runs)."""
-    stmt = run_select(crash_after).order_by(Run.started_at.desc(), Run.id.desc())
+    stmt = run_select(crash_after).order_by(_sorted_start().desc(), Run.id.desc())
     if project is not None:
         stmt = stmt.where(Project.name == project)
     if task is not None:
