@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Literal, cast
 from urllib.parse import urlsplit
 
 from noisescope import _wire
+from noisescope._redact import redact_text
 from noisescope._request import GZIP_MIN_BYTES
 
 Mode = Literal["online", "offline", "disabled"]
@@ -138,12 +140,24 @@ def check_url(url: str, how: str | None = "set url= or NOISESCOPE_URL") -> str:
     text = url.strip().rstrip("/")
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        fixed = text if "://" in text else f"http://{text}"
+        shown, fixed = redact_text(url), redact_text(_http_url(text))
         raise ValueError(
-            f"noisescope url {url!r} is not an http(s) URL: use e.g. {fixed!r}"
+            f"noisescope url {shown!r} is not an http(s) URL: use e.g. {fixed!r}"
             + (f" ({how})" if how else "")
         )
     return text
+
+
+def _http_url(text: str) -> str:
+    """The http(s) URL ``text`` was most likely meant to be: ``http//host`` and ``http:/host``
+    get their ``://``, another scheme (``ftp://host``) becomes ``http``, a bare host gets
+    ``http://``."""
+    typo = re.match(r"(?i)(https?)[:/]+(?=[^:/])", text)
+    if typo is not None:
+        return f"{typo[1].lower()}://{text[typo.end() :]}"
+    if "://" in text:
+        return f"http://{text.split('://', 1)[1]}"
+    return f"http://{text}"
 
 
 def url_argument(value: str) -> str:

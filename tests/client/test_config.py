@@ -55,3 +55,24 @@ def test_every_variable_sets_a_setting() -> None:
     assert set(ENVIRONMENT) <= set(Settings.__dataclass_fields__)
     variables = [variable for variable, _ in ENVIRONMENT.values()]
     assert len(set(variables)) == len(variables)
+
+
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        ("ftp://127.0.0.1:8765", "http://127.0.0.1:8765"),
+        ("http//127.0.0.1:8765", "http://127.0.0.1:8765"),
+        ("http:/127.0.0.1:8765", "http://127.0.0.1:8765"),
+        ("https//example.org", "https://example.org"),
+        ("127.0.0.1:8765", "http://127.0.0.1:8765"),
+        ("ada:hunter22@127.0.0.1:8765", "http://ada:***@127.0.0.1:8765"),
+    ],
+)
+def test_a_url_that_is_not_http_gets_the_url_it_was_meant_to_be(given: str, meant: str) -> None:
+    """The suggestion is an http(s) URL, never the bad one again nor ``http://http//...``,
+    and shows no password."""
+    from noisescope._config import check_url
+
+    with pytest.raises(ValueError, match="is not an http") as refused:
+        check_url(given)
+    assert f"use e.g. {meant!r}" in str(refused.value) and "hunter22" not in str(refused.value)

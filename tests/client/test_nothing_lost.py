@@ -338,3 +338,21 @@ def test_the_client_and_server_rules_agree(
     except BadInput:
         refused = True
     assert (protocol.sample_problem(row) is not None) == refused, row
+
+
+def test_a_clock_ahead_of_the_servers_is_said(
+    server: AppServer,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server stores a started_at a day ahead as its own time and says so; the client
+    passes that on, once."""
+    from noisescope import _run
+
+    monkeypatch.setattr(_run, "_now_iso", lambda: "2999-01-01T00:00:00+00:00")
+    run = _init(server, "clock", tmp_path)
+    run.log_sample(0, *GOOD)
+    run.finish(timeout=30)
+    assert "the server says: started_at 2999-01-01" in caplog.text
+    assert server.api().run(run.id).started_at.year < 2999

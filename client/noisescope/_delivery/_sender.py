@@ -386,6 +386,7 @@ class Sender:
         outcome = "fatal" if not_noisescope(response) else self._answered(response)
         if outcome == "ok":
             self._tell_page(response)
+            self._say_server_warnings(response)
             self._on(Event.CREATED)
             return True
         if outcome == "retry":
@@ -616,7 +617,20 @@ class Sender:
     def _send_final(self, final: Mapping[str, Any]) -> None:
         response = self._request("PATCH", _wire.runs_path(self.run_id), final)
         if response is not None and self._answered(response) != "retry":
+            self._say_server_warnings(response)
             self._on(Event.FINAL_TAKEN)
+
+    def _say_server_warnings(self, response: Response) -> None:
+        """What the server stored otherwise than sent (its answer's ``warnings``: a time from
+        a clock ahead of the server's), each said once."""
+        try:
+            answer = response.json()
+            said = answer.get("warnings") if isinstance(answer, dict) else None
+        except (ValueError, RecursionError):
+            return
+        for warning in said if isinstance(said, list) else []:
+            if isinstance(warning, str) and warning.isprintable():
+                self._error(f"the server says: {warning[:300]}", key=f"server:{warning[:80]}")
 
     @property
     def final_sent(self) -> bool:

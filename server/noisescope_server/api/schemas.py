@@ -159,7 +159,9 @@ class RunPatch(_Strict):
 
 class EventItem(_Strict):
     step: int = Field(ge=0, le=2**63 - 1)
-    kind: Annotated[str, StringConstraints(min_length=1, max_length=64), NoNul]
+    kind: Annotated[
+        str, StringConstraints(min_length=1, max_length=protocol.MAX_EVENT_KIND_LENGTH), NoNul
+    ]
     payload: JsonObject = Field(default_factory=dict)
     time: float | None = Field(
         default=None,
@@ -173,7 +175,7 @@ class EventItem(_Strict):
 
 
 class EventsBody(_Strict):
-    events: list[EventItem] = Field(max_length=10_000)
+    events: list[EventItem] = Field(max_length=protocol.MAX_EVENTS_PER_REQUEST)
 
 
 class IngestResult(BaseModel):
