@@ -14,7 +14,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -77,6 +77,16 @@ def fresh_database(backend: str, folder: Path) -> Iterator[str]:
         return
     with fresh_pg_database() as url:
         yield url
+
+
+@contextlib.contextmanager
+def app_on(backend: str, folder: Path, **settings: Any) -> Iterator[AppServer]:
+    """The server's app in this process (``AppServer(**settings)``) on an empty database of
+    ``backend`` (``fresh_database``)."""
+    from tests.support.inprocess import AppServer
+
+    with fresh_database(backend, folder) as url, AppServer(database_url=url, **settings) as app:
+        yield app
 
 
 #: The backends every storage test runs on; PostgreSQL's marked, so that it can be deselected.

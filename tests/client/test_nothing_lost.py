@@ -20,7 +20,7 @@ import noisescope
 from noisescope import Request, Response, TransportError, protocol
 from noisescope._delivery import _sender
 from noisescope._records import Sample
-from tests.conftest import BACKENDS, fresh_database
+from tests.conftest import BACKENDS, app_on
 from tests.support.inprocess import AppServer
 
 API = protocol.API_PREFIX
@@ -43,22 +43,14 @@ BAD = {
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AppServer]:
-    with (
-        fresh_database(request.param, tmp_path_factory.mktemp("db")) as url,
-        AppServer(database_url=url, auth="write", env={"NOISESCOPE_ADMIN_TOKEN": ADMIN}) as app,
-    ):
+    env = {"NOISESCOPE_ADMIN_TOKEN": ADMIN}
+    with app_on(request.param, tmp_path_factory.mktemp("db"), auth="write", env=env) as app:
         yield app
 
 
 def _token(server: AppServer, project: str) -> tuple[str, int]:
-    with server.client() as http:
-        made = http.post(
-            f"{API}/projects/{project}/tokens",
-            json={"name": "ci"},
-            headers={"Authorization": f"Bearer {ADMIN}"},
-        )
-    assert made.status_code == 201, made.text
-    return made.json()["token"], made.json()["id"]
+    made = server.make_token(project, ADMIN)
+    return made["token"], made["id"]
 
 
 def _init(server: AppServer, project: str, tmp_path: Path, **kwargs: Any) -> noisescope.Run:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from reliability._spool_damage import DAMAGES, in_process_sync, run_case
-from tests.conftest import fresh_database
+from tests.conftest import app_on
 from tests.support.inprocess import AppServer
 
 #: Damage that sync names without a sample count: a torn record (its JSON is cut, so its size
@@ -35,8 +35,7 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AppServer]:
     """The app on a fresh database of the backend the case names, one per module."""
-    folder = tmp_path_factory.mktemp("db")
-    with fresh_database(request.param, folder) as url, AppServer(database_url=url) as app:
+    with app_on(request.param, tmp_path_factory.mktemp("db")) as app:
         yield app
 
 

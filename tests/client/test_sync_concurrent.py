@@ -21,7 +21,7 @@ from noisescope import _spool
 from noisescope._spool import RunSpool
 from noisescope._sync import SyncResult, report, sync, sync_run
 from reliability._spool_damage import stored_seqs, write_spool
-from tests.conftest import BACKENDS, fresh_database
+from tests.conftest import BACKENDS, app_on
 from tests.support.inprocess import AppServer
 
 
@@ -29,8 +29,7 @@ from tests.support.inprocess import AppServer
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AppServer]:
-    folder = tmp_path_factory.mktemp("db")
-    with fresh_database(request.param, folder) as url, AppServer(database_url=url) as app:
+    with app_on(request.param, tmp_path_factory.mktemp("db")) as app:
         yield app
 
 

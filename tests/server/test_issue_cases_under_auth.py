@@ -33,14 +33,7 @@ def _client(server: AppServer, project: str) -> TestClient:
     """A client of ``project``: with that project's token when the server checks any."""
     headers = {}
     if server.auth != "off":
-        with server.client() as admin:
-            r = admin.post(
-                f"{API}/projects/{project}/tokens",
-                json={"name": "ci"},
-                headers={"Authorization": f"Bearer {ADMIN}"},
-            )
-        assert r.status_code == 201, r.text
-        headers["Authorization"] = f"Bearer {r.json()['token']}"
+        headers["Authorization"] = f"Bearer {server.make_token(project, ADMIN)['token']}"
     return server.client(prefix=API, headers=headers)
 
 

@@ -40,7 +40,7 @@ from typing import Any
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from noisescope import Api
+from noisescope import Api, protocol
 from noisescope._transport import Request, Response
 from noisescope_server.app import create_app
 from noisescope_server.settings import Settings
@@ -176,6 +176,19 @@ class AppServer:
         with self._lock:
             self._clients.append(client)
         return client
+
+    def make_token(self, project: str, admin_token: str) -> dict[str, Any]:
+        """A new token of ``project`` (``POST /projects/{project}/tokens`` as the admin): the
+        answer, with its ``token`` and ``id``."""
+        with self.client() as http:
+            made = http.post(
+                f"{protocol.API_PREFIX}/projects/{project}/tokens",
+                json={"name": "ci"},
+                headers={"Authorization": f"Bearer {admin_token}"},
+            )
+        assert made.status_code == 201, made.text
+        answer: dict[str, Any] = made.json()
+        return answer
 
     def transport(self, token: str | None = None) -> ASGITransport:
         """A ``noisescope.Transport`` on the app, with ``token`` as its bearer token."""
