@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,23 +235,42 @@ def test_one_bad_event_costs_only_itself(
     assert "an event was not recorded" in caplog.text
 
 
+class SlowSamples:
+    """The server's transport, each samples request answered after 0.2 s: longer than half
+    the batch interval, so the guard copies the batch to the spool meanwhile."""
+
+    def __init__(self, server: AppServer, token: str) -> None:
+        self.inner = server.transport(token)
+
+    def handle_request(self, request: Request) -> Response:
+        if request.path.endswith("/samples"):
+            time.sleep(0.2)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["answered", "copied-by-the-guard"])
 def test_a_run_id_used_again_counts_the_samples_the_server_ignores(
-    server: AppServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    server: AppServer, tmp_path: Path, caplog: pytest.LogCaptureFixture, slow: bool
 ) -> None:
     """``init(run_id=...)`` of a run the server has numbers its samples from 0 again, and the
     server keeps the first sample of each (run, seq): the new ones are counted dropped and
-    said, never reported as sent."""
+    said, never reported as sent (also when a slow answer made the guard spool a copy)."""
     token, _ = _token(server, "again")
-    first = _init(server, "again", tmp_path, token=token, run_id="used-twice")
+    run_id = f"used-twice-{slow}"
+    first = _init(server, "again", tmp_path, token=token, run_id=run_id)
     for step in range(10):
         first.log_sample(step, *GOOD)
     assert first.finish(timeout=30).sent == 10
-    second = _init(server, "again", tmp_path, token=token, run_id="used-twice")
+    transport = SlowSamples(server, token) if slow else None
+    second = _init(server, "again", tmp_path, token=token, run_id=run_id, transport=transport)
     for step in range(10, 25):
         second.log_sample(step, *GOOD)
     status = second.finish(timeout=30)
-    assert (status.sent, status.dropped) == (5, 10), status
-    assert _stored(server, "used-twice") == 15
+    assert (status.sent, status.dropped, status.spooled) == (5, 10, 0), status
+    assert _stored(server, run_id) == 15
     assert "the run id was used before" in caplog.text
 
 

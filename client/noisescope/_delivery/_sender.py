@@ -116,6 +116,9 @@ class Sender:
         #: The largest seq of rows put back into the buffer after a request that got no
         #: answer: sent again, they may be stored already (not another session's).
         self._resent_upto = -1
+        #: Samples of guard-copied batches counted as already stored (another session's),
+        #: not to be counted sent when the copy is replayed.
+        self._copies_already_stored = 0
         # counters
         self.sent = 0
         self.inserted = 0
@@ -457,6 +460,11 @@ class Sender:
             columns = rest
         count = len(columns["seq"])
         if outcome == "ok" and self.outbox.inflight_was_spooled():
+            # the guard's copy is counted when the spool replays it, all but these
+            already = count - _inserted(response, count) if fresh else 0
+            if already:
+                self._count_already_stored(already)
+                self._copies_already_stored += already
             self._last_send = time.monotonic()
         elif outcome == "ok":
             inserted = _inserted(response, count)
@@ -464,6 +472,10 @@ class Sender:
             if fresh and inserted < count:
                 self._count_already_stored(count - inserted)
                 count = inserted
+            elif self._copies_already_stored:  # a replay: of such a copy, perhaps
+                counted = min(self._copies_already_stored, count - inserted)
+                self._copies_already_stored -= counted
+                count -= counted
             self.sent += count
             self._last_send = time.monotonic()
         elif outcome == "missing":
