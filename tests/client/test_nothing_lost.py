@@ -62,7 +62,7 @@ def _init(server: AppServer, project: str, tmp_path: Path, **kwargs: Any) -> noi
         token=token,
         dir=tmp_path,
         transport=kwargs.pop("transport", None) or server.transport(token),
-        batch_interval=0.05,
+        batch_interval=kwargs.pop("batch_interval", 0.05),
         quiet=True,
         **kwargs,
     )
@@ -236,7 +236,7 @@ def test_one_bad_event_costs_only_itself(
 
 
 class SlowSamples:
-    """The server's transport, each samples request answered after 0.2 s: longer than half
+    """The server's transport, each samples request answered after 1 s: longer than half
     the batch interval, so the guard copies the batch to the spool meanwhile."""
 
     def __init__(self, server: AppServer, token: str) -> None:
@@ -244,7 +244,7 @@ class SlowSamples:
 
     def handle_request(self, request: Request) -> Response:
         if request.path.endswith("/samples"):
-            time.sleep(0.2)
+            time.sleep(1.0)
         return self.inner.handle_request(request)
 
     def close(self) -> None:
@@ -264,8 +264,14 @@ def test_a_run_id_used_again_counts_the_samples_the_server_ignores(
     for step in range(10):
         first.log_sample(step, *GOOD)
     assert first.finish(timeout=30).sent == 10
+    # only the batch's own request, or the guard's copy of it: a batch the sender was too slow
+    # to take (a loaded machine) goes to the spool first, and its replay cannot tell its
+    # samples from re-sends of this session's own (docs/client.md)
     transport = SlowSamples(server, token) if slow else None
-    second = _init(server, "again", tmp_path, token=token, run_id=run_id, transport=transport)
+    second = _init(
+        server, "again", tmp_path, token=token, run_id=run_id, transport=transport,
+        batch_interval=0.4 if slow else 10.0,
+    )  # fmt: skip
     for step in range(10, 25):
         second.log_sample(step, *GOOD)
     status = second.finish(timeout=30)

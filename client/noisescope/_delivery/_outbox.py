@@ -68,6 +68,8 @@ class Outbox:
         #: Events in the request being sent (a copy may be spooled by the guard likewise).
         self.inflight_events: list[Any] | None = None
         self.inflight_events_spooled = False
+        #: Held while the guard copies the request in flight to the spool.
+        self._copying = threading.Lock()
         #: Samples taken from the buffer on their way to the spool (counted as queued meanwhile).
         self.spilling = 0
         #: Samples taken from the buffer so far (the guard: how far behind the sender is).
@@ -240,9 +242,19 @@ class Outbox:
 
     def inflight_was_spooled(self) -> bool:
         """Whether the guard spooled the batch in the request (then the spool's replay, not
-        this request, counts it as sent; a failed request need not spool it again)."""
-        with self.lock:
+        this request, counts it as sent; a failed request need not spool it again). Waits
+        for a copy the guard is writing, so the answer is what the disk will hold."""
+        with self._copying, self.lock:
             return self.inflight_spooled
+
+    def answered_inflight(self) -> bool:
+        """The request in flight was answered: ``inflight_was_spooled``, and from now on the
+        guard copies nothing of it (a copy made after the answer was counted would be
+        counted again when the spool is replayed)."""
+        with self._copying, self.lock:
+            spooled = self.inflight_spooled
+            self.inflight, self.inflight_spooled = None, False
+            return spooled
 
     # -- the sender's side: events --------------------------------------------------------------
     def take_events(self, limit: int) -> list[Any]:
@@ -257,7 +269,7 @@ class Outbox:
     def end_events(self, batch: list[Any], delivered: bool) -> bool:
         """The events request is over. Not ``delivered``, the batch goes back to the queue's
         head unless the guard spooled it meanwhile; True if it did."""
-        with self.lock:
+        with self._copying, self.lock:
             spooled = self.inflight_events_spooled
             self.inflight_events, self.inflight_events_spooled = None, False
             if not delivered and not spooled:
@@ -416,7 +428,12 @@ class Outbox:
 
     def spool_inflight(self) -> None:
         """A copy of the batch (and the events) in a hung request to the spool, once: a
-        duplicate is harmless (the server ignores a (run, seq) it has)."""
+        duplicate is harmless (the server ignores a (run, seq) it has). Under ``_copying``:
+        the sender, answered meanwhile, waits for the copy before it decides who counts it."""
+        with self._copying:
+            self._spool_inflight()
+
+    def _spool_inflight(self) -> None:
         with self.lock:
             rows = self.inflight if not self.inflight_spooled else None
             self.inflight_spooled = self.inflight_spooled or rows is not None

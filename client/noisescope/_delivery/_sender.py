@@ -459,7 +459,7 @@ class Sender:
                 break
             columns = rest
         count = len(columns["seq"])
-        if outcome == "ok" and self.outbox.inflight_was_spooled():
+        if outcome == "ok" and self.outbox.answered_inflight():
             # the guard's copy is counted when the spool replays it, all but these
             already = count - _inserted(response, count) if fresh else 0
             if already:
