@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks._venv import competitor_python
+from noisescope._progress import Progress, on_terminal
 
 MODULES = [
     ("log_overhead", "Client: log() cost on the training thread"),
@@ -81,15 +82,20 @@ def main(argv: list[str] | None = None) -> int:
 
     sections: list[str] = []
     failed = 0
+    # Its own lines carry the count and the time left on a terminal: the sections print too.
+    progress = Progress(len(names), live=False)
+    live = on_terminal()
     for name in names:
         title = dict(MODULES)[name]
-        print(f"[benchmarks] {name}: {title} ...", file=sys.stderr, flush=True)
+        where = f" [{progress.status()}]" if live else ""
+        print(f"[benchmarks] {name}: {title} ...{where}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
             module = importlib.import_module(f"benchmarks.{name}")
         except ModuleNotFoundError as exc:
             if exc.name == f"benchmarks.{name}":
                 print(f"[benchmarks] {name}: not present, skipped", file=sys.stderr)
+                progress.advance(timed=False)
                 continue
             raise
         try:
@@ -98,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             section = f"## {title}\n\nFAILED:\n\n```\n{traceback.format_exc()}```\n"
         took = time.perf_counter() - t0
+        progress.advance()
         print(f"[benchmarks] {name}: done in {took:.0f} s", file=sys.stderr, flush=True)
         sections.append(_stamp(section.strip(), args.quick) + "\n")
 

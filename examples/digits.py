@@ -13,6 +13,7 @@ at no extra compute (docs/science.md, "Where the two batch sizes come from").
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -20,6 +21,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import noisescope
+from noisescope.protocol import format_count
 from noisescope.torch import GradientNoiseProbe
 
 
@@ -98,6 +100,35 @@ def main(argv: list[str] | None = None) -> None:
             if args.sleep:
                 time.sleep(args.sleep)
         print(f"run {run.id} finished; its page on the dashboard shows its noise scale")
+    print_verdict(run)
+
+
+def print_verdict(run: noisescope.Run) -> None:
+    """The run's current B_simple and the verdict on its batch size, read back from the server:
+    the numbers its dashboard page shows, and what they say about the batch."""
+    settings = run.settings
+    if settings.mode == "offline":
+        print("offline run: `noisescope sync` sends it; its page then shows B_simple")
+    if settings.mode != "online":
+        return
+    try:
+        with noisescope.Api(settings.url, token=settings.token) as api:
+            advice = api.recommendation(run.id).recommendation
+    except noisescope.ApiError as exc:  # e.g. the server went away: the spool keeps the run
+        print(f"B_simple not read back: {exc}", file=sys.stderr)
+        return
+    count = format_count
+    if advice.b_simple is not None:
+        now = count(advice.b_simple)
+        if advice.b_simple_lo is not None and advice.b_simple_hi is not None:
+            level = f" ({advice.level:.0%} interval)" if advice.level else ""
+            now += f" [{count(advice.b_simple_lo)}, {count(advice.b_simple_hi)}]{level}"
+    elif advice.b_simple_lower is not None:
+        now = f"≥ {count(advice.b_simple_lower)}"
+    else:
+        now = advice.reason or "not yet measurable"
+    print(f"B_simple now: {now}")
+    print(f"verdict at batch {count(advice.batch_size)}: {advice.verdict}")
 
 
 if __name__ == "__main__":

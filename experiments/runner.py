@@ -36,7 +36,8 @@ from typing import Any, TextIO
 
 from experiments.analysis import run_name, to_sweep_runs
 from experiments.tasks import TaskSpec, make_trainer
-from noisescope.sweep import B_SIMPLE_WINDOW, crossing_step, frontier
+from noisescope import _progress
+from noisescope.sweep import B_SIMPLE_WINDOW, TARGETS_CONFIG_KEY, crossing_step, frontier
 
 __all__ = [
     "OFFLINE",
@@ -110,7 +111,7 @@ class _Logger:
             project=PROJECT,
             task=spec.name,
             name=name,
-            config=config,
+            config=logged_config(spec, config),
             batch_size=config["batch_size_units"],
             units=spec.units,
             dir=str(spool),
@@ -141,6 +142,14 @@ class _Logger:
             return {}
         result = self.run.finish(status="finished" if status != "failed" else "failed")
         return {"sent": result.sent, "spooled": result.spooled, "dropped": result.dropped}
+
+
+def logged_config(spec: TaskSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config as logged to the server: with the task's loss targets under
+    ``sweep.TARGETS_CONFIG_KEY``, the targets this study analyses the sweep at, so the
+    dashboard's Critical batch size page defaults to the same ones
+    (``sweep.declared_targets``) and shows the numbers printed here."""
+    return {**config, TARGETS_CONFIG_KEY: list(spec.loss_targets)}
 
 
 def task_dir(out: Path, spec: TaskSpec) -> Path:
@@ -291,7 +300,7 @@ def ensure_logged(
             project=PROJECT,
             task=spec.name,
             name=name,
-            config=record["config"],
+            config=logged_config(spec, record["config"]),
             batch_size=record["batch_size_units"],
             units=spec.units,
             run_id=run_id,
@@ -355,6 +364,8 @@ class _Sweep:
     progress: Progress
     on_run: Callable[[RunRecord], None] | None
     records: list[RunRecord]
+    #: Runs done of the sweep's estimated total (``run_sweep`` corrects it at each batch size).
+    count: _progress.Progress
     done: int = 0
     batch_size: int = 0
     budget_at: float | None = None
@@ -374,7 +385,8 @@ class _Sweep:
         mine: list[RunRecord] = []
         for seed in range(spec.seeds):
             self.done += 1
-            label = f"{spec.name} [{self.done}] B={b} lr={lr:.3g} seed={seed}"
+            of = f"{'~' if self.count.approx else ''}{max(self.count.total, self.done)}"
+            label = f"{spec.name} [{self.done}/{of}] B={b} lr={lr:.3g} seed={seed}"
             path = _run_path(self.out, spec, b, lr, seed)
             record: RunRecord | None = None
             how = "cached"
@@ -393,10 +405,14 @@ class _Sweep:
             self.records.append(record)
             mine.append(record)
             reached = record["reached_lowest_at"]
+            self.count.advance(timed=how != "cached")
+            more = self.progress.live and self.count.done < self.count.total  # quiet in a log
+            left = self.count.left_s() if more else None
             self.progress.line(
                 f"{label}: {record['status']} after {record['steps']} steps"
                 + (f", loss {lowest:g} at step {reached:.0f}" if reached else "")
                 + f" ({how})"
+                + (f", about {_progress.duration(left)} left" if left is not None else "")
             )
             if self.on_run is not None:
                 self.on_run(record)
@@ -423,11 +439,16 @@ def run_sweep(
     step up did not improve, downward likewise (and downward also while no lr has reached the
     target yet: too large an lr stalls above it). Cached runs are loaded, not retrained.
     """
-    sweep = _Sweep(spec, out, url, progress, on_run, [])
+    sizes = sorted(spec.batch_sizes, reverse=True)
+    per_size = min(3, len(spec.lrs)) * spec.seeds  # a first guess: the lr, one up, one down
+    count = _progress.Progress(len(sizes) * per_size, approx=True, live=False)
+    sweep = _Sweep(spec, out, url, progress, on_run, [], count)
     grid = sorted(spec.lrs)
     guess = grid[-1]
     examples_needed: float | None = None
-    for batch_size in sorted(spec.batch_sizes, reverse=True):
+    for swept, batch_size in enumerate(sizes):
+        if swept:  # the runs each batch size took so far, for the ones still to come
+            count.total = count.done + round(count.done / swept * (len(sizes) - swept))
         sweep.batch_size = batch_size
         sweep.best_steps = sweep.best_lr = None
         sweep.budget_at = (
@@ -448,6 +469,7 @@ def run_sweep(
             guess = sweep.best_lr
             needed = sweep.best_steps * batch_size
             examples_needed = needed if examples_needed is None else min(examples_needed, needed)
+    count.total, count.approx = count.done, False
     return sweep.records
 
 

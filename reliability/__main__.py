@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from noisescope._progress import Progress
 from reliability._infra import (
     REPO,
     Server,
@@ -210,12 +211,19 @@ def _table(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def _guard(report: Report, title: str, fn: Callable[[], tuple[bool, str]]) -> None:
+Section = Callable[[], tuple[bool, str]]
+
+
+def _guard(report: Report, title: str, fn: Section, progress: Progress) -> None:
+    """Run one section under the progress line, and record its verdict even if it raised."""
+    progress.show(title, force=True)
     try:
         ok, body = fn()
     except Exception:
         ok, body = False, f"The scenario itself failed:\n\n```\n{traceback.format_exc()}```"
+    progress.clear()  # the verdict's line replaces it
     report.add(title, ok, body)
+    progress.advance()
 
 
 def _workers(backend: str) -> int:
@@ -773,40 +781,41 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(command.strip(), sizes, args.out)
     if args.update and args.out.exists():
         report.load()
+    todo: list[tuple[str, Section]] = []
+    for backend in backends:
+        pg = backend == "postgresql" and not args.quick and sizes.pg_restarts > 0
+        steps: list[tuple[str, str, Section]] = [
+            ("load", "Load", partial(load_section, backend, sizes)),
+            ("paced", "Load below saturation", partial(paced_section, backend, sizes)),
+            ("faults", "Faults", partial(fault_section, backend, sizes, pg)),
+            ("client", "Client faults", partial(client_section, backend, sizes)),
+            ("bad", "Bad input", partial(bad_input_section, backend, sizes)),
+            ("stored", "Stored, then read", partial(stored_section, backend, sizes)),
+            ("edges", "Numeric edge values", partial(edges_section, backend)),
+            ("disconnects", "Disconnects with auth on", partial(disconnects_section, backend)),
+            ("auth", "Isolation and auth", partial(auth_section, backend)),
+            ("round3", "Nothing lost without a count", partial(round3_section, backend, sizes)),
+        ]
+        if backend == "postgresql":
+            steps.append(("outage", "PostgreSQL outages", outage_section))
+        todo += [(f"{title}, {backend}", step) for key, title, step in steps if key in only]
+    if "properties" in only:
+        todo.append(("Payload validation properties", lambda: properties_section(sizes)))
+    if "browser" in only:
+        todo.append(("Browser safety (dashboard)", lambda: browser_section(sizes)))
+    if "readclient" in only:
+        todo.append(("Read client against a broken server", lambda: read_client_section(sizes)))
+    if "disk" in only:
+        todo.append(("Disk full (the client's spool)", disk_section))
+    round3 = "round3" in only and "sqlite" in backends
+    if round3 and _present("reliability._spool_damage"):
+        todo.append(("A damaged spool, sqlite", spool_damage_section))
+    if round3 and _present("reliability._round3_reads"):
+        todo.append(("Names, secrets and clocks, sqlite", reads_section))
     try:
-        for backend in backends:
-            pg = backend == "postgresql" and not args.quick and sizes.pg_restarts > 0
-            steps: list[tuple[str, str, Callable[[], tuple[bool, str]]]] = [
-                ("load", "Load", partial(load_section, backend, sizes)),
-                ("paced", "Load below saturation", partial(paced_section, backend, sizes)),
-                ("faults", "Faults", partial(fault_section, backend, sizes, pg)),
-                ("client", "Client faults", partial(client_section, backend, sizes)),
-                ("bad", "Bad input", partial(bad_input_section, backend, sizes)),
-                ("stored", "Stored, then read", partial(stored_section, backend, sizes)),
-                ("edges", "Numeric edge values", partial(edges_section, backend)),
-                ("disconnects", "Disconnects with auth on", partial(disconnects_section, backend)),
-                ("auth", "Isolation and auth", partial(auth_section, backend)),
-                ("round3", "Nothing lost without a count", partial(round3_section, backend, sizes)),
-            ]
-            if backend == "postgresql":
-                steps.append(("outage", "PostgreSQL outages", outage_section))
-            for key, title, step in steps:
-                if key in only:
-                    _guard(report, f"{title}, {backend}", step)
-        if "properties" in only:
-            _guard(report, "Payload validation properties", lambda: properties_section(sizes))
-        if "browser" in only:
-            _guard(report, "Browser safety (dashboard)", lambda: browser_section(sizes))
-        if "readclient" in only:
-            _guard(report, "Read client against a broken server",
-                   lambda: read_client_section(sizes))  # fmt: skip
-        if "disk" in only:
-            _guard(report, "Disk full (the client's spool)", disk_section)
-        round3 = "round3" in only and "sqlite" in backends
-        if round3 and _present("reliability._spool_damage"):
-            _guard(report, "A damaged spool, sqlite", spool_damage_section)
-        if round3 and _present("reliability._round3_reads"):
-            _guard(report, "Names, secrets and clocks, sqlite", reads_section)
+        with Progress(len(todo), "[reliability]") as progress:
+            for title, step in todo:
+                _guard(report, title, step, progress)
     finally:
         if "postgresql" in backends:
             ensure_postgres_running()

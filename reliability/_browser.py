@@ -106,7 +106,11 @@ def check_dashboard(
         pages = [(f"run {i}", f"/run?run={uid}") for i, uid in enumerate(uids)]
         if overview_pages:
             pages = [("runs", "/runs"), *pages]
-            pages += [("compare runs", "/compare-runs"), ("compare tasks", "/compare-tasks")]
+            # ?all=true: the hostile runs are short, which Compare runs leaves out by default
+            pages += [
+                ("compare runs", "/compare-runs?all=true"),
+                ("compare tasks", "/compare-tasks"),
+            ]
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             page = browser.new_page()

@@ -325,7 +325,7 @@ def _said_counts(output: str) -> tuple[int, int]:
 
 def _printed_stored(output: str) -> int | None:
     """The samples sync's last count line says it stored."""
-    found = re.findall(r"^\d+ runs, ([\d,]+) samples stored", output, re.MULTILINE)
+    found = re.findall(r"^[\d,]+ runs?, ([\d,]+) samples? stored", output, re.MULTILINE)
     return int(found[-1].replace(",", "")) if found else None
 
 

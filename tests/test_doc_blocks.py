@@ -341,6 +341,18 @@ def test_the_dashboard_test_commands_select_real_tests() -> None:
     assert 'python -m pytest -n "$workers" --dist loadfile' in ci
 
 
+def test_the_dashboard_test_commands_say_what_installs_their_extras() -> None:
+    """Issue 47 item 6: the README's first command leaves out pytest and Playwright."""
+    import tomllib
+
+    doc = (ROOT / "docs" / "dashboard.md").read_text()
+    tests = doc.split("\n## Tests\n", 1)[1].split("```bash", 1)[0]
+    install = "pip install -e ./client -e '.[dev]'"
+    assert install in tests and install in (ROOT / "DEVELOPERS.md").read_text(), tests
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("pytest") for d in dev["optional-dependencies"]["dev"])
+
+
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_the_team_server_commands_run_against_postgresql(pg_url: str, tmp_path: Path) -> None:

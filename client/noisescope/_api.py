@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar, get_type_hints
 from urllib.parse import quote, urlencode
 
 from noisescope import _wire
-from noisescope._config import DEFAULT_URL, check_url
+from noisescope._config import DEFAULT_URL, check_url, server_hint
 from noisescope._redact import redact_text, redact_url
 from noisescope._results import (
     EventRow,
@@ -36,6 +36,7 @@ from noisescope._results import (
     SeriesInfo,
     TaskSummary,
 )
+from noisescope._retry import is_html
 from noisescope._transport import (
     AnswerTooLarge,
     DeadlinePassed,
@@ -156,11 +157,14 @@ class Api:
         search: str | None = None,
         limit: int = 10_000,
         current: bool = True,
+        archived: Literal["exclude", "include", "only"] = "exclude",
     ) -> list[RunSummary]:
         """Runs, newest first, each with its current B_simple and the batch in use
-        (``current=False``: without the current B_simple, a cheaper list for pickers)."""
+        (``current=False``: without the current B_simple, a cheaper list for pickers).
+        Archived runs are left out unless ``archived`` is "include" or "only"."""
         query = {
             "current": "true" if current else "false",
+            "archived": None if archived == "exclude" else archived,
             "project": project,
             "task": task,
             "tag": tag,
@@ -266,6 +270,30 @@ class Api:
         path = f"/runs/{_seg(run_id)}/recommendation"
         result: RecommendationResult = self._get(RecommendationResult, path, query)
         return result
+
+    # -- run admin: archive, restore, delete, rename, tags -----------------------------------
+    def archive_run(self, run_id: str) -> None:
+        """Archive a run: it leaves lists, sweeps and comparisons, keeps its data and still
+        takes its job's samples; ``restore_run`` brings it back."""
+        self._write("PATCH", f"/runs/{_seg(run_id)}", {"archived": True})
+
+    def restore_run(self, run_id: str) -> None:
+        """Bring an archived run back into lists, sweeps and comparisons."""
+        self._write("PATCH", f"/runs/{_seg(run_id)}", {"archived": False})
+
+    def delete_run(self, run_id: str) -> None:
+        """Delete a run for good: its samples, events and the run itself (no undo; archive
+        to remove it restorably). Needs a token that may write to the run's project."""
+        self._write("DELETE", f"/runs/{_seg(run_id)}")
+
+    def rename_run(self, run_id: str, name: str) -> None:
+        self._write("PATCH", f"/runs/{_seg(run_id)}", {"name": name})
+
+    def set_tags(self, run_id: str, tags: Sequence[str]) -> None:
+        """Replace a run's tags with ``tags`` (an empty list removes them all)."""
+        if isinstance(tags, str):  # a str is a Sequence[str]: "ab" would become ["a", "b"]
+            raise TypeError("tags must be a list of strings, not one string")
+        self._write("PATCH", f"/runs/{_seg(run_id)}", {"tags": list(tags)})
 
     # -- tasks --------------------------------------------------------------------------------
     def tasks(self, project: str | None = None) -> list[TaskSummary]:
@@ -407,7 +435,51 @@ class Api:
             raise NotFoundError(404, response.detail(), url)
         if not 200 <= response.status < 300:
             raise ApiError(response.status, response.detail(), url)
+        if is_html(response):  # a noisescope server answers /api/v1 with data, never a page
+            raise AnswerError(response.status, self._web_page(), url)
         return url, response
+
+    def _web_page(self) -> str:
+        """What a web page for an answer means: the URL is not the server's (the dashboard's,
+        most often), said as ``init`` and ``sync`` say it."""
+        return (
+            f"a web page (text/html), not a noisescope answer: {self.url} is not a noisescope "
+            f"server; {server_hint(self.url)}"
+        )
+
+    def _write(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        """Send one write (``method`` with ``body`` as JSON) and check its 2xx answer, with
+        the errors and the deadline of a read; a write is not retried (none of these is
+        harmful to repeat, but the caller decides)."""
+        full = _wire.API_PREFIX + path
+        url = self.url + full
+        data = None if body is None else json.dumps(body).encode()
+        headers = {} if body is None else {"Content-Type": "application/json"}
+        request = Request(
+            method,
+            full,
+            body=data,
+            headers=headers,
+            deadline_s=self.timeout,
+            max_answer_bytes=self.max_answer_bytes,
+        )
+        try:
+            try:
+                response = self._transport.handle_request(request)
+            except DeadlinePassed:
+                late = f"no whole answer within {self.timeout:g} s (the timeout, Api(timeout=...))"
+                raise ApiError(0, late, url) from None
+            except AnswerTooLarge as exc:
+                raise AnswerError(exc.status, self._too_large(), url) from None
+            except TransportError as exc:
+                raise ApiError(0, str(exc), url) from exc
+            if response.status == 404:
+                raise NotFoundError(404, response.detail(), url)
+            if not 200 <= response.status < 300:
+                raise ApiError(response.status, response.detail(), url)
+        except ApiError as exc:  # its message names a GET: name this method instead
+            exc.args = (str(exc).replace("GET ", f"{method} ", 1),)
+            raise
 
     def _too_large(self) -> str:
         return (

@@ -99,6 +99,9 @@ class RunSummary:
     #: critical-batch analysis leaves such runs out.
     diverged: bool = False
     diverged_reason: str | None = None
+    #: When the run was archived (None: it is not). An archived run is left out of lists,
+    #: sweeps, comparisons and task summaries unless asked for; it still takes samples.
+    archived_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from noisescope import _wire
-from noisescope._config import resolve, server_hint, url_argument
+from noisescope._config import Settings, resolve, server_hint, url_argument
+from noisescope._progress import Progress
 from noisescope._request import build_request, is_loopback
 from noisescope._retry import classify, is_html, not_noisescope
 from noisescope._spool import (
@@ -366,73 +367,90 @@ def sync(
     root = settings.dir
     result = SyncResult()
     explicit_url = settings.url if url else None
-    for run_id, listed in _listed(root, run_ids):
-        try:
-            spool = RunSpool.at(root, run_id)
-        except ValueError as exc:
-            result.failed[run_id] = str(exc)
-            continue
-        recorded = spool.read_meta()  # None also for a folder that resolves outside the root
-        if recorded is None:
-            meta_path = spool.dir / "run.json"
-            if spool.has_meta_file():
-                result.failed[run_id] = (
-                    f"{meta_path} is unreadable or damaged: the run cannot be created without it"
-                )
-            elif listed and not meta_path.exists():
-                result.elsewhere[run_id] = "by another sync (or its own run) meanwhile"
-            else:
-                result.failed[run_id] = f"no spooled run at {spool.dir}"
-            continue
-        try:
-            _recorded_run_id(spool, recorded)
-            claimed = spool.claim(wait=True)
-        except (RuntimeError, OSError) as exc:
-            result.failed[run_id] = str(exc)
-            continue
-        if claimed == "gone":
-            who = "another sync" if spool.waited else "another sync (or its own run)"
-            result.elsewhere[run_id] = f"by {who} meanwhile"
-            continue
-        if claimed != "taken":
-            result.skipped[run_id] = "in use by a live process"
-            continue
-        spool.warn = False  # the sync says what it sets aside itself
-        own = None
-        target = explicit_url or settings.url
-        done = Delivered()
-        try:
-            use = transport
-            if use is None:
-                meta = spool.read_meta() or {}
-                from_env = settings.url if _env_url() else None  # checked by resolve
-                target = explicit_url or from_env or str(meta.get("url") or settings.url)
-                own = use = HTTPTransport(target, settings.token, settings.request_timeout)
-            sync_run(spool, use, compress=not is_loopback(target), end=end, into=done)
-            result.synced.append(run_id)
-            result.delivered[run_id] = done
-            spool.remove_if_empty(done.foreign)
-        except NotNoisescope as exc:
-            result.failed[run_id] = (
-                f"{target} is not a noisescope server ({exc}); {server_hint(target)} (--url)"
-            )
-        except Refused as exc:
-            result.failed[run_id] = f"{target}: {exc}"
-        except (RuntimeError, TransportError, OSError) as exc:
-            result.failed[run_id] = str(exc)
-        except Exception as exc:  # one run's trouble never costs the others
-            result.failed[run_id] = f"internal error: {type(exc).__name__}: {exc}"
-        finally:
-            spool.release()
-            if own is not None:
-                own.close()
-        result.samples += done.stored
-        result.sent += done.sent
-        if run_id in result.failed and done.sent:
-            result.failed[run_id] += (
-                f" ({done.stored:,} samples stored before that; the rest stays in the spool)"
-            )
+    listing = _listed(root, run_ids)
+    with Progress(len(listing), "noisescope sync") as progress:
+        for run_id, listed in listing:
+            _sync_one(root, run_id, listed, settings, explicit_url, transport, end, result)
+            progress.advance(note=f"{plural(result.samples, 'sample')} stored")
     return result
+
+
+def _sync_one(
+    root: Path,
+    run_id: str,
+    listed: bool,
+    settings: Settings,
+    explicit_url: str | None,
+    transport: Transport | None,
+    end: str | None,
+    result: SyncResult,
+) -> None:
+    """Deliver one run folder of ``sync``, recording the outcome in ``result``."""
+    try:
+        spool = RunSpool.at(root, run_id)
+    except ValueError as exc:
+        result.failed[run_id] = str(exc)
+        return
+    recorded = spool.read_meta()  # None also for a folder that resolves outside the root
+    if recorded is None:
+        meta_path = spool.dir / "run.json"
+        if spool.has_meta_file():
+            result.failed[run_id] = (
+                f"{meta_path} is unreadable or damaged: the run cannot be created without it"
+            )
+        elif listed and not meta_path.exists():
+            result.elsewhere[run_id] = "by another sync (or its own run) meanwhile"
+        else:
+            result.failed[run_id] = f"no spooled run at {spool.dir}"
+        return
+    try:
+        _recorded_run_id(spool, recorded)
+        claimed = spool.claim(wait=True)
+    except (RuntimeError, OSError) as exc:
+        result.failed[run_id] = str(exc)
+        return
+    if claimed == "gone":
+        who = "another sync" if spool.waited else "another sync (or its own run)"
+        result.elsewhere[run_id] = f"by {who} meanwhile"
+        return
+    if claimed != "taken":
+        result.skipped[run_id] = "in use by a live process"
+        return
+    spool.warn = False  # the sync says what it sets aside itself
+    own = None
+    target = explicit_url or settings.url
+    done = Delivered()
+    try:
+        use = transport
+        if use is None:
+            meta = spool.read_meta() or {}
+            from_env = settings.url if _env_url() else None  # checked by resolve
+            target = explicit_url or from_env or str(meta.get("url") or settings.url)
+            own = use = HTTPTransport(target, settings.token, settings.request_timeout)
+        sync_run(spool, use, compress=not is_loopback(target), end=end, into=done)
+        result.synced.append(run_id)
+        result.delivered[run_id] = done
+        spool.remove_if_empty(done.foreign)
+    except NotNoisescope as exc:
+        result.failed[run_id] = (
+            f"{target} is not a noisescope server ({exc}); {server_hint(target)} (--url)"
+        )
+    except Refused as exc:
+        result.failed[run_id] = f"{target}: {exc}"
+    except (RuntimeError, TransportError, OSError) as exc:
+        result.failed[run_id] = str(exc)
+    except Exception as exc:  # one run's trouble never costs the others
+        result.failed[run_id] = f"internal error: {type(exc).__name__}: {exc}"
+    finally:
+        spool.release()
+        if own is not None:
+            own.close()
+    result.samples += done.stored
+    result.sent += done.sent
+    if run_id in result.failed and done.sent:
+        result.failed[run_id] += (
+            f" ({plural(done.stored, 'sample')} stored before that; the rest stays in the spool)"
+        )
 
 
 def _env_url() -> str | None:
@@ -469,6 +487,11 @@ def register(subparsers: Any) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     root = Path(args.dir).expanduser() if args.dir else None
+    if root is not None and not root.is_dir():  # a typo would otherwise read "nothing to sync"
+        what = "is not a folder" if root.exists() else "does not exist"
+        print(f"noisescope sync: {root} {what}: give the spool folder (NOISESCOPE_DIR)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.end is not None and not args.runs:
         print("noisescope sync: --end needs --run RUN_ID", file=sys.stderr)
         return 2
@@ -491,7 +514,7 @@ def report(result: SyncResult, root: Path) -> int:
             if done.sent > done.stored
             else ""
         )
-        print(f"synced {run_id}: {done.stored:,} samples stored{there}")
+        print(f"synced {run_id}: {plural(done.stored, 'sample')} stored{there}")
         for sentence in done.left():
             print(f"not sent {run_id}: {sentence}")
         for sentence in done.notes():
@@ -507,7 +530,7 @@ def report(result: SyncResult, root: Path) -> int:
         print(f"nothing to sync under {root}")
     already = result.sent - result.samples
     print(
-        f"{len(result.synced)} runs, {result.samples:,} samples stored"
+        f"{plural(len(result.synced), 'run')}, {plural(result.samples, 'sample')} stored"
         + (f" ({already:,} more sent were already on the server)" if already else "")
     )
     if result.complete:

@@ -1,6 +1,7 @@
 """The one ``noisescope`` command.
 
-The client distribution owns the entry point and its client-side subcommands (``sync``);
+The client distribution owns the entry point and its client-side subcommands (``sync``,
+``runs``);
 the server distribution, when installed, contributes ``up``, ``server``, ``dashboard``,
 ``db`` and ``token`` through ``noisescope_server.cli.register``. Without it those names still
 appear in ``--help`` and explain how to install them, rather than failing as unknown.
@@ -50,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     from noisescope._sync import register as register_sync
 
     register_sync(sub)
+    from noisescope._runs_cli import register as register_runs
+
+    register_runs(sub)
     try:
         from noisescope_server.cli import register as register_server
     except ImportError:

@@ -18,7 +18,7 @@ from noisescope import RunSummary
 from . import _charts, _data, _frames, _state, _text
 from ._ui import chart_with_downloads
 
-__all__ = ["PROGRESS_AXES", "compare_section"]
+__all__ = ["GROUPS", "PROGRESS_AXES", "bands_section", "compare_section"]
 
 PROGRESS_AXES = {
     "progress": "fraction of the run (step ÷ the run's last step)",
@@ -127,3 +127,75 @@ def compare_section(
                 caption=caption,
             )
     return points
+
+
+#: What Compare tasks draws a line per (``_frames.group_label``).
+GROUPS = {"batch": "batch size", "lr": "learning rate (config `lr`)"}
+
+
+def bands_section(src: _data.Source, runs: Sequence[RunSummary], *, key: str) -> pd.DataFrame:
+    """Compare tasks' B_simple against loss: one chart per task (tasks' losses are not on one
+    scale), one median line with a band per batch size or learning rate, each run on demand.
+    Diverged runs are left out (their loss leaves the axis). Returns the bands drawn."""
+    c1, c2, c3 = st.columns([1.4, 1.2, 1])
+    by = _state.radio("A line per", GROUPS, key="by", container=c1)
+    fraction = _state.number(
+        "Smoothing window (fraction of each run)",
+        key="win",
+        value=0.1,
+        min_value=0.0,
+        max_value=1.0,
+        step=0.05,
+        help="Each point sums the trailing window of this share of its run's steps "
+        "(ratio last); 0: each bucket alone",
+        container=c2,
+    )
+    with c3:
+        log_y = _state.checkbox("log B_simple", key="logy", value=True)
+        log_loss = _state.checkbox("log loss", key="logloss")
+        each = _state.checkbox("each run too", key="each")
+    kept = {r.uid: r for r in runs if not r.diverged}
+    diverged = sorted(r.name for r in runs if r.diverged)
+    series = _data.compare(src, tuple(kept), float(fraction))
+    points = _frames.compare_points(series, kept)
+    bands = _frames.band_points(points, kept, by, log_loss=log_loss)
+    if bands.empty:
+        st.info("These tasks' runs have no B_simple yet; they appear once runs post samples.")
+        return bands
+    group_title = "batch size" if by == "batch" else "learning rate"
+    caption = (
+        f"Per {group_title}, the median B_simple of its runs (line) and the range from the "
+        "lowest to the highest of them (band), over bins of the loss; smoothed over the "
+        f'window above. Tick "each run too" to draw every run as a thin line. '
+        "Click a legend entry to highlight it."
+    )
+    if diverged:
+        caption += " Left out, their loss diverged: " + _text.md(", ".join(diverged)) + "."
+    for i, task in enumerate(sorted(bands["task"].unique())):
+        part = bands[bands["task"] == task]
+        unit = str(part["units"].iloc[0])
+        word = _text.units_word(unit)
+        run_part = None
+        if each:
+            run_part = points[points["task"] == task]
+            run_part = run_part.assign(
+                group=[_frames.group_label(kept[u], by) for u in run_part["run"]]
+            )
+        chart_with_downloads(
+            _charts.band_chart(
+                part,
+                run_part,
+                x=_charts.XAxis(
+                    "loss", "training loss (falls to the right)", log=log_loss, reverse=True
+                ),
+                group_title=group_title,
+                title=f"B_simple against loss: {task}",
+                log_y=log_y,
+                y_title=f"B_simple ({word})",
+            ),
+            part,
+            name=f"{key}_b_simple_vs_loss_{i + 1}",
+            user_text=True,
+            caption=caption if i == 0 else None,
+        )
+    return bands

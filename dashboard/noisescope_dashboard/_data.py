@@ -29,7 +29,7 @@ from noisescope import (
     TaskSummary,
 )
 from noisescope.forecast import ForecastReport
-from noisescope.sweep import CriticalBatchReport
+from noisescope.sweep import CriticalBatchReport, declared_targets
 
 __all__ = [
     "LIVE_EVERY",
@@ -42,6 +42,7 @@ __all__ = [
     "compare",
     "critical_batch",
     "critical_batch_forecast",
+    "default_targets",
     "event_counts",
     "events",
     "parallelism",
@@ -54,6 +55,7 @@ __all__ = [
     "series",
     "series_names",
     "source",
+    "sweep_report",
     "tasks",
 ]
 
@@ -181,6 +183,25 @@ def critical_batch(
 ) -> CriticalBatchReport:
     """B_crit per loss target (the report's default targets when ``targets`` is empty)."""
     return api(src).critical_batch(project, task, targets=list(targets) or None, loss=loss)
+
+
+def default_targets(src: Source, project: str, task: str) -> tuple[float, ...]:
+    """The loss targets the task's sweep names in its runs' configs
+    (``noisescope.sweep.declared_targets``: what ``python -m experiments`` analysed it at),
+    which every page reads the sweep at by default; () when its runs name none, and the
+    server's ``default_targets`` apply."""
+    configs = [
+        r.config
+        for r in run_list(src)
+        if (r.project, r.task) == (project, task) and r.parent_uid is None
+    ]
+    return tuple(declared_targets(configs))
+
+
+def sweep_report(src: Source, project: str, task: str) -> CriticalBatchReport:
+    """The task's critical batch at its default targets (``default_targets``), as the
+    Critical batch size page opens on it."""
+    return critical_batch(src, project, task, default_targets(src, project, task))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -87,8 +87,19 @@ def b_simple_now(run: RunSummary) -> str:
 
 
 def no_b_simple_because(run: RunSummary) -> str:
-    """Why a run has no current B_simple, in the API's words; empty when it has one."""
-    return "" if run.b_simple is not None else (run.b_simple_reason or "not yet measurable")
+    """Why a run has no current B_simple, in the API's words; empty when it has one. A run
+    that has ended (finished or failed) gets no more samples: its count is all it has ("8
+    samples in all", not "so far"), and it is not measurable rather than "not yet"."""
+    if run.b_simple is not None:
+        return ""
+    reason = run.b_simple_reason or "not yet measurable"
+    if run.status in ("finished", "failed"):  # a crashed run may still come back
+        reason = (
+            reason.replace(" samples so far", " samples in all")
+            .replace("not yet measurable", "not measurable")
+            .replace("no samples yet", "no samples")
+        )
+    return reason
 
 
 def whole(value: float | None) -> str:

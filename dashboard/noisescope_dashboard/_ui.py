@@ -30,7 +30,9 @@ __all__ = [
     "fit_columns",
     "not_found",
     "run_page",
+    "show_warnings",
     "table",
+    "warnings_summary",
 ]
 
 #: What a user adds to a training loop; shown wherever there is nothing to display yet.
@@ -74,6 +76,11 @@ def connect() -> _data.Source:
     return src
 
 
+#: In ``noisescope.Api``'s words for a web page where an answer should be (the dashboard's
+#: own URL given as the server's), which already name the server's URL to use.
+_NOT_THE_SERVER = "is not a noisescope server"
+
+
 def explain_api_error(exc: ApiError, src: _data.Source) -> None:
     """An API error in words, with what to do about it."""
     where = md(protocol.redact_url(src.url))  # a password in NOISESCOPE_URL stays off the page
@@ -83,6 +90,12 @@ def explain_api_error(exc: ApiError, src: _data.Source) -> None:
             f"(or `noisescope server`), or point the dashboard at the right one with "
             f"`noisescope dashboard --url URL` or `{_data.URL_ENV}`, then reload. "
             f"({md(exc.detail)})"
+        )
+    elif isinstance(exc, AnswerError) and _NOT_THE_SERVER in exc.detail:  # a web page
+        st.error(
+            f"The dashboard reads from {where}, which is not the noisescope server: "
+            f"{md(exc.detail)}. Point it at the server with `noisescope dashboard --url URL` "
+            f"or `{_data.URL_ENV}`, then reload."
         )
     elif isinstance(exc, AnswerError):
         st.error(
@@ -184,14 +197,17 @@ RUN_COLUMNS = {
     "project": st.column_config.TextColumn("Project", width="small"),
     "task": st.column_config.TextColumn("Task", width="small"),
     "status": st.column_config.TextColumn("Status", width="medium"),
+    "b_simple": st.column_config.TextColumn("B_simple now", help=_text.CURRENT_RULE, width=100),
+    "interval": st.column_config.TextColumn("90% interval", width=120),
+    # beside the number: a run without one says why in view, at 1400 px too (issue 47); the
+    # columns after it are reached by scrolling the table sideways
+    "why": st.column_config.TextColumn("No B_simple because", help="Why the run has no B_simple"),
     "batch": st.column_config.TextColumn(
         "Batch in use",
         help="The latest batch-size change, else the batch at init",
         width=95,
     ),
     "units": st.column_config.TextColumn("Units", width="small"),
-    "b_simple": st.column_config.TextColumn("B_simple now", help=_text.CURRENT_RULE, width=100),
-    "interval": st.column_config.TextColumn("90% interval", width=120),
     "ratio": st.column_config.TextColumn(
         "B / B_simple", help="Below 1: a bigger batch would cut steps", width=95
     ),
@@ -199,8 +215,6 @@ RUN_COLUMNS = {
     "step": st.column_config.TextColumn("Step", help="The latest step", width="small"),
     "started_at": st.column_config.DatetimeColumn("Started", format="YYYY-MM-DD HH:mm", width=130),
     "tags": st.column_config.TextColumn("Tags", width="small"),
-    # last: a notice's reason is a sentence, and the columns before it stay in view
-    "why": st.column_config.TextColumn("No B_simple because", help="Why the run has no B_simple"),
 }
 #: Its columns of names and sentences, shown as wide as their longest text (``fit_columns``).
 RUN_FIT = ("name", "project", "task", "status", "tags", "why")
@@ -224,6 +238,41 @@ def table(
         kwargs["column_order"] = list(columns)
         kwargs["column_config"] = {**columns, **kwargs.get("column_config", {})}
     return st.dataframe(data, hide_index=True, width="stretch", **kwargs)
+
+
+#: A warning block longer than this many lines (at ``LINE_CHARS`` characters a line) folds
+#: behind a one-line summary with a count.
+MAX_LINES, LINE_CHARS = 2, 160
+#: The summary's length before it is cut with "…".
+SUMMARY_CHARS = 110
+
+
+def _lines(text: str) -> int:
+    """Lines ``text`` takes on the page, about (``LINE_CHARS`` a line)."""
+    return max(1, -(-len(text) // LINE_CHARS))
+
+
+def warnings_summary(warnings: list[str]) -> str:
+    """One line for a folded block of warnings: their count, then the start of each."""
+    heads = [w.split(":")[0].split(";")[0].strip() for w in warnings]
+    text = "; ".join(dict.fromkeys(h for h in heads if h))
+    if len(text) > SUMMARY_CHARS:
+        text = text[: SUMMARY_CHARS - 1].rstrip() + "…"
+    return f"{_text.plural(len(warnings), 'warning')}: {text}"
+
+
+def show_warnings(warnings: list[str]) -> None:
+    """The page's warnings (Markdown, already escaped): in view while they fit in
+    ``MAX_LINES`` lines, else folded behind a one-line summary with their count."""
+    if not warnings:
+        return
+    if sum(_lines(w) for w in warnings) <= MAX_LINES:
+        for w in warnings:
+            st.warning(w)
+        return
+    with st.expander(":warning: " + warnings_summary(warnings), expanded=False):
+        for w in warnings:
+            st.warning(w)
 
 
 def _png(chart: alt.TopLevelMixin, title: str) -> bytes:
@@ -250,15 +299,18 @@ def chart_with_downloads(
     name: str,
     caption: str | None = None,
     stretch: bool = True,
+    user_text: bool = False,
 ) -> None:
     """A titled chart with PNG (rendered offline by vl-convert, on click) and CSV downloads of
     the data drawn, as ``name.png`` and ``name.csv``; ``name`` (unique on its page) also keys
     the widgets. The title is the chart's own ``description`` (every ``_charts`` builder sets
-    it), shown above the chart, where it wraps instead of being clipped."""
+    it), shown above the chart, where it wraps instead of being clipped; ``user_text``: the
+    title holds names (a task's), shown escaped."""
     title = chart.description
     if not isinstance(title, str):
         raise TypeError("the chart has no description to title it with: build it with _charts")
-    st.subheader(title, anchor=False)
+    # a title holding user text (a task name) is escaped, so it reads as written
+    st.subheader(md(title) if user_text else title, anchor=False)
     if caption:
         st.caption(caption)
     st.altair_chart(chart, width="stretch" if stretch else "content", key=f"chart_{name}")

@@ -21,7 +21,7 @@ from noisescope.estimators import branch_mean_loss, epsilon_problem, local_criti
 from noisescope.forecast import plateau
 from noisescope.protocol import BranchPointResult, RunBranches
 from noisescope_server.models import BLOCK_SIZE, Event, Run, Sample, SampleBlock
-from noisescope_server.queries._common import finite_number, scoped_run
+from noisescope_server.queries._common import archived_filter, finite_number, scoped_run
 
 __all__ = ["LEVEL", "run_branches"]
 
@@ -190,7 +190,9 @@ def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = No
         parent = scoped_run(conn, run_uid, project_scope)  # NotFound / Forbidden, as every read
         kids = conn.execute(
             select(Run.id, Run.uid, Run.batch_size, Run.branch_step, Run.config, Run.units).where(
-                Run.parent_uid == run_uid, Run.project_id == parent.project_id
+                Run.parent_uid == run_uid,
+                Run.project_id == parent.project_id,
+                archived_filter(),  # an archived branch run is taken out of the points
             )
         ).all()
         outcomes = _latest_payloads(conn, [int(k.id) for k in kids], protocol.BRANCH_EVENT_KIND)

@@ -89,6 +89,9 @@ class Run(Base):
     #: A branch run (``noisescope.branch``): its parent's uid and the parent step it started at.
     parent_uid: Mapped[str | None] = mapped_column(String(64))
     branch_step: Mapped[int | None] = mapped_column(BigInteger)
+    #: When the run was archived (null: not archived): reads leave it out unless asked, and
+    #: restoring it clears this; its rows stay, and a live job still writes to it.
+    archived_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 #: A sample's stored columns after ``run_id``, in table order: the wire columns plus the

@@ -31,7 +31,7 @@ from noisescope.estimators import training_loss_curve
 from noisescope_server.errors import BadInput, Forbidden, NotFound
 from noisescope_server.models import Event, Project, Run, Task
 from noisescope_server.queries import LEVEL, BucketSums, bucket_sums, finite_number, run_status
-from noisescope_server.queries._common import MIN_EVALS
+from noisescope_server.queries._common import MIN_EVALS, archived_filter
 
 __all__ = ["LOSS_CHOICES", "MAX_POINTS_PER_RUN", "critical_batch"]
 
@@ -96,7 +96,7 @@ def critical_batch(
         n_branches = conn.execute(
             select(func.count())
             .select_from(Run)
-            .where(Run.task_id == task_id, Run.parent_uid.is_not(None))
+            .where(Run.task_id == task_id, Run.parent_uid.is_not(None), archived_filter())
         ).scalar_one()
         runs = conn.execute(
             select(
@@ -108,7 +108,8 @@ def critical_batch(
                 run_status(crash_after).label("status"),
                 Run.config,
             )
-            .where(Run.task_id == task_id, Run.parent_uid.is_(None))
+            # archived runs are no points of the sweep: archiving is how a run is taken out
+            .where(Run.task_id == task_id, Run.parent_uid.is_(None), archived_filter())
             .order_by(Run.started_at, Run.id)
         ).all()
         run_ids = [int(r.id) for r in runs]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import noisescope
+from noisescope._transport import Request, Response
 from tests.support.broken_http import Answer, BrokenServer, bomb, json_answer, reset, trickle
 
 
@@ -40,7 +41,8 @@ def _csv(api: noisescope.Api) -> object:
 HALF = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[{"
 SUMMARY_KEYS = '"project": "p", "task": "t", "name": "n", "status": "running"'
 CASES: list[tuple[str, Any, Callable[[noisescope.Api], object], str]] = [
-    ("HTML with 200", Answer(b"<html>up</html>", content_type="text/html"), _runs, "not JSON"),
+    ("HTML with 200", Answer(b"<html>up</html>", content_type="text/html"), _runs, "web page"),
+    ("HTML for the CSV", Answer(b"<html>up</html>", content_type="text/html"), _csv, "web page"),
     ("empty body with 200", Answer(b""), _runs, "not JSON"),
     ("{} for a list", json_answer("{}"), _runs, "expected a list"),
     ("[] for an object", json_answer("[]"), _run, "expected an object"),
@@ -115,3 +117,32 @@ def test_an_answer_within_the_cap_is_read(broken: BrokenServer) -> None:
     broken.behaviour = json_answer('["a", "b"]')
     with noisescope.Api(broken.url, max_answer_bytes=10) as api:
         assert api.projects() == ["a", "b"]
+
+
+class _Streamlit:
+    """The dashboard's answer to every path: its app page, with 200."""
+
+    def handle_request(self, request: Request) -> Response:
+        page = b"<!doctype html><html><title>Streamlit</title>Streamlit Inc.</html>"
+        return Response(200, page, {"Content-Type": "text/html"})
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_dashboards_url_gets_the_servers_url_as_init_and_sync_say_it() -> None:
+    """Issue 47 item 6: Api at the dashboard's own URL said "not JSON (text/html) ...
+    Streamlit Inc." where ``init`` and ``sync`` name the server's port."""
+    api = noisescope.Api("http://127.0.0.1:8501", transport=_Streamlit())
+    with api, pytest.raises(noisescope.AnswerError) as exc:
+        api.projects()
+    said = str(exc.value)
+    assert "this looks like the dashboard (port 8501)" in said, said
+    assert "use http://127.0.0.1:8765" in said and "Streamlit" not in said, said
+
+
+def test_a_web_page_elsewhere_asks_whether_it_is_the_dashboard(broken: BrokenServer) -> None:
+    broken.behaviour = Answer(b"<html>up</html>", content_type="text/html")
+    with noisescope.Api(broken.url) as api, pytest.raises(noisescope.AnswerError) as exc:
+        api.run("r1")
+    assert "is it the dashboard? the server's default port is 8765" in str(exc.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ from noisescope._spool import (
     merge_records,
     record_problem,
 )
-from noisescope._sync import sync
+from noisescope._sync import report, sync
 from noisescope.cli import main as cli_main
 from tests.client._fakes import FakeServer, wait_for
 
@@ -126,6 +127,44 @@ def test_sync_cli_reports_and_fails_on_unreachable_server(tmp_path: Path, capsys
     assert code == 1
     assert (tmp_path / run.id).is_dir()  # still there for the next try
     assert os.listdir(tmp_path) == [run.id]
+
+
+@pytest.mark.parametrize("made", [False, True], ids=["missing", "a file"])
+def test_sync_of_a_folder_that_is_not_there_says_so_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], made: bool
+) -> None:
+    """Issue 47 item 6: a typo in the folder read "nothing to sync" and exited 0."""
+    where = tmp_path / "nonexistent"
+    if made:
+        where.write_text("")
+    assert cli_main(["sync", str(where), "--url", "http://127.0.0.1:9"]) == 2
+    out, err = capsys.readouterr()
+    assert "nothing to sync" not in out + err
+    assert f"{where} {'is not a folder' if made else 'does not exist'}" in err, err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_sync_says_one_run_and_shows_progress_on_a_terminal_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47 items 6 and 8: "1 runs, 1 samples stored"; a count and the time left on a
+    terminal, nothing in a log."""
+    run = noisescope.init(project="p", mode="offline", dir=tmp_path)
+    run.log_sample(0, 8, 64, 2.0, 1.0)
+    run.finish()
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    result = sync(tmp_path, transport=FakeServer())
+    monkeypatch.undo()
+    assert "\rnoisescope sync [1/1 · 100%] 1 sample stored" in terminal.getvalue()
+    assert report(result, tmp_path) == 0
+    out, err = capsys.readouterr()
+    assert f"synced {run.id}: 1 sample stored\n1 run, 1 sample stored\n" in out
+    assert err == ""  # not a terminal: no progress line
 
 
 def test_events_of_an_offline_run_are_spooled_and_synced(tmp_path: Path) -> None:

@@ -206,7 +206,7 @@ def test_b_simple_vs_b_crit_chart_has_both_error_bars_and_the_diagonal() -> None
     assert y_bars["encoding"]["y2"]["field"] == "b_simple_hi_shown"
     assert points["encoding"]["x"]["scale"] == points["encoding"]["y"]["scale"]
     assert points["encoding"]["y"]["title"] == "B_simple at the same loss (tokens)"
-    assert spec["width"] == spec["height"]  # square: y = x at 45 degrees
+    assert spec["width"] == "container"  # the page's full width (issue 47)
 
 
 def test_parallelism_charts() -> None:

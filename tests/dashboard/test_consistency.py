@@ -39,8 +39,19 @@ def test_runs_table_is_the_apis_current_b_simple(make_app: MakeApp, server: str,
         row = table.loc[listed.uid]
         assert _same(row["_b_simple"], one.b_simple)
         if one.b_simple is None:
-            assert row["b_simple"] == row["interval"] == row["ratio"] == ""
-            assert row["why"] == one.b_simple_reason
+            assert row["b_simple"] == row["ratio"] == ""
+            # a bound row ("≥ 380") shows the interval its reason names (issue 47)
+            bound = one.b_simple_lower is not None
+            assert row["interval"] == (
+                _text.interval(one.b_simple_lo, one.b_simple_hi) if bound else ""
+            )
+            # the API's reason; an ended run's count is all it has (issue 47: not "so far")
+            assert row["why"] == _text.no_b_simple_because(one)
+            assert one.b_simple_reason is not None
+            assert row["why"] == one.b_simple_reason or (
+                one.status in ("finished", "failed")
+                and ("so far" in one.b_simple_reason or "yet" in one.b_simple_reason)
+            )
         else:
             assert row["b_simple"] == _text.count(one.b_simple)
             assert row["interval"] == _text.interval(one.b_simple_lo, one.b_simple_hi)
@@ -77,7 +88,7 @@ def test_run_page_is_the_apis_current_b_simple(make_app: MakeApp, server: str, a
             assert rec.current is None and rec.critical_batch_size is None and not rec.options
             assert "no verdict" in rec.verdict
             assert not at.info  # no verdict on the page
-            assert plain(_text.sentence(run.b_simple_reason)) in plain(texts(at))
+            assert plain(_text.sentence(_text.no_b_simple_because(run))) in plain(texts(at))
 
 
 def test_smoothing_never_moves_b_simple_now(make_app: MakeApp, server: str, api: Api) -> None:

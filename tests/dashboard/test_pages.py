@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from noisescope import Api
-from noisescope_dashboard import _text
+from noisescope_dashboard import _frames, _text
 from tests.support.broken_http import Answer, BrokenServer
 from tests.support.servers import free_port
 
@@ -54,6 +54,17 @@ def test_a_server_that_sends_no_noisescope_answer_says_so(make_app: MakeApp, pag
     with BrokenServer(Answer(b"<html>a web app</html>", content_type="text/html")) as broken:
         at = make_app(broken.url, page)
     (error,) = at.error
+    # Issue 47 item 6: a web page is the dashboard's own URL, most often: say what to use.
+    assert "not the noisescope server" in error.value, error.value
+    assert "is it the dashboard" in error.value and "default port is 8765" in error.value
+    assert "noisescope dashboard --url URL" in error.value
+
+
+@pytest.mark.parametrize("page", PAGES[:1])
+def test_an_answer_that_is_not_json_says_so(make_app: MakeApp, page: str) -> None:
+    with BrokenServer(Answer(b"<xml>a web app</xml>", content_type="text/xml")) as broken:
+        at = make_app(broken.url, page)
+    (error,) = at.error
     assert "cannot read" in error.value and "not JSON" in error.value
 
 
@@ -78,7 +89,7 @@ def test_app_navigates_all_pages(make_app: MakeApp, server: str) -> None:
         assert not at.exception, (page, at.exception)
         assert at.title[0].value == title
         # a chart's title on the page is its description (for screen readers and the PNG)
-        assert set(charts(at)) <= {h.value for h in at.subheader}, page
+        assert set(charts(at)) <= {plain(h.value) for h in at.subheader}, page
 
 
 # --- Runs --------------------------------------------------------------------------------
@@ -158,8 +169,9 @@ def test_run_page_not_yet_measurable_shows_no_number_and_no_verdict(
     assert metrics["B_simple now"] == "—" and metrics["B / B_simple"] == "—"
     (warning,) = at.warning
     assert "no verdict" in warning.value
-    # the API's reason as a sentence of its own
-    assert "no verdict. Not yet measurable: 40 samples so far" in plain(warning.value)
+    # the API's reason as a sentence of its own; the run has finished, so its 40 samples are
+    # all it has (issue 47: "40 samples so far" for a finished run)
+    assert "no verdict. Not measurable: 40 samples in all" in plain(warning.value)
     assert plain(warning.value).endswith(".")
     assert not at.info  # no verdict
 
@@ -324,7 +336,7 @@ def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api
             by_chart[title] = scale["domain"]
             for task, value in zip(scale["domain"], scale["range"], strict=True):
                 colour_of.setdefault(task, set()).add(value)
-    assert len(by_chart) == 4  # against B_crit and against loss, each in examples and tokens
+    assert len(by_chart) == 2  # against B_crit, in examples and tokens (loss: by batch size)
     assert all(len(values) == 1 for values in colour_of.values()), colour_of
     assert len({next(iter(v)) for v in colour_of.values()}) == len(colour_of)  # tasks apart
     assert "vision/digits" in by_chart["B_simple against B_crit across tasks in examples"]
@@ -335,7 +347,7 @@ def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api
     )
     left_out = at.dataframe[0].value
     assert set(left_out["task"]) == {"nlp/lm", f"vision/{HOSTILE_TASK}"}
-    assert "B_simple against loss — tasks in tokens" in [s.value for s in at.subheader]
+    assert "B_simple against loss: nlp/lm-sweep" in [plain(s.value) for s in at.subheader]
     summary = at.dataframe[1].value.set_index("task")
     assert summary.loc["digits", "runs"] == "18"
     assert summary.loc["digits", "measured runs"] == "18 of 18"
@@ -382,7 +394,7 @@ def test_critical_batch_targets_live_in_the_url(make_app: MakeApp, server: str) 
     row = table.set_index("loss target").loc["0.05"]
     assert row["B_crit"] == "not determined" and row["S_min (steps)"] == ""
     # the warnings in full under the table, where no cell cuts them off
-    assert row["warnings"].endswith(", below")
+    assert row["warnings"].endswith(" (under the table)")
     assert any(
         "Loss 0.05 (not determined)" in plain(w.value) and "a fit needs at least 3" in w.value
         for w in at.warning
@@ -416,7 +428,9 @@ def test_critical_batch_hostile_task_name_is_text(make_app: MakeApp, server: str
 def test_what_if_renders_the_parallelism_plan(make_app: MakeApp, server: str, api: Api) -> None:
     at = make_app(server, "what_if", task="vision/digits", b="512", step_time="0.3")
     report = api.critical_batch("vision", "digits")
-    first = next(t for t in report.targets if t.determined)
+    # issue 47: the lowest target whose fit carries no warning, else the lowest determined one
+    determined = [t for t in report.targets if t.determined]
+    first = ([t for t in determined if not t.warnings] or determined)[-1]
     assert at.selectbox(key="_qp_source").value == f"bcrit:{first.target:g}"
     assert first.b_crit is not None
     plan = api.parallelism(
@@ -466,7 +480,10 @@ def test_what_if_judges_a_batch_size_the_task_uses(make_app: MakeApp, server: st
 def test_what_if_median_b_simple_has_no_absolute_steps(make_app: MakeApp, server: str) -> None:
     at = make_app(server, "what_if", task="vision/digits", source="median")
     assert "median current B_simple" in plain(at.caption[0].value)
-    assert set(at.dataframe[0].value["steps"]) == {""}
+    # said in the empty cells themselves (issue 47), and above the table
+    assert set(at.dataframe[0].value["steps"]) == {_frames.NEEDS_S_MIN}
+    assert set(at.dataframe[0].value["time"]) == {_frames.NEEDS_S_MIN}
+    assert any("Steps and time stay empty" in c.value for c in at.caption)
 
 
 def test_what_if_counts_runs_in_words(make_app: MakeApp, server: str, api: Api) -> None:

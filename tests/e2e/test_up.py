@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import noisescope
+from noisescope.protocol import format_count
 from tests.support.database import query
 from tests.support.servers import free_port, wait_for_health
 
@@ -103,7 +105,20 @@ def test_up_runs_server_and_dashboard_and_stops_both(tmp_path: Path) -> None:
         )
         assert example.returncode == 0, example.stderr
         assert "sent 30" in example.stdout + example.stderr
-        run_id = example.stdout.split("run ")[-1].split()[0]
+        *_, finished, b_simple, verdict = example.stdout.splitlines()
+        run_id = finished.split()[1]
+        assert finished == f"run {run_id} finished; its page on the dashboard shows its noise scale"
+        # Issue 47 item 9: it ends on its current B_simple and the verdict, read from the server
+        with noisescope.Api(server_url) as api:
+            advice = api.recommendation(run_id).recommendation
+            summary = api.run(run_id)
+        assert advice.b_simple == summary.b_simple  # the number the Runs table shows
+        if advice.b_simple is None:
+            said = advice.reason if advice.b_simple_lower is None else "≥ "
+            assert b_simple.startswith(f"B_simple now: {said}"), b_simple
+        else:
+            assert b_simple.startswith(f"B_simple now: {format_count(advice.b_simple)}"), b_simple
+        assert verdict == f"verdict at batch 64: {advice.verdict}" and advice.verdict, verdict
         link = f"{dash_url}/run?run={run_id}"
         # printed once when the server answered the run's creation, and again at finish
         assert f"noisescope: run from-test ({run_id[:8]}): {link}\n" in example.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,8 @@ def test_quick_sweep_logs_every_run_to_the_server_and_resumes(
     assert main(["--quick", "--tasks", "lsq", "--out", str(out), "--docs", str(docs)]) == 0
     err = capsys.readouterr().err
     assert err.count("(cached)") == len(records)
+    counts = [tuple(map(int, m)) for m in re.findall(r"lsq \[(\d+)/~?(\d+)\] B=", err)]
+    assert counts[0][0] == 1 and all(done <= total for done, total in counts), counts  # a total
     assert f"({len(records)} re-sent from the run cache)" in err
     db = sqlite3.connect(out / "quick" / "noisescope.db")
     try:

@@ -300,7 +300,7 @@ def test_the_server_commands_have_the_help_lines_shown_without_the_server_instal
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     shown = {c.dest: c.help for c in sub._choices_actions}
     assert {name: shown[name] for name in SERVER_COMMANDS} == SERVER_COMMANDS
-    assert set(shown) - set(SERVER_COMMANDS) == {"sync"}  # the client's own
+    assert set(shown) - set(SERVER_COMMANDS) == {"sync", "runs"}  # the client's own
 
 
 def test_dashboard_url_option_is_checked() -> None:

@@ -118,3 +118,17 @@ def test_concurrent_upgrades_do_not_race(db_url: str) -> None:
     assert db.current_revision(engines[0]) == db.head_revision()
     for e in engines:
         e.dispose()
+
+
+def test_runs_stored_before_archiving_read_as_not_archived(db_url: str) -> None:
+    """0004 adds ``run.archived_at``: a run stored at 0003 is listed (not archived) after it."""
+    from noisescope_server import queries
+
+    engine = db.make_engine(db_url)
+    db.upgrade(engine, "0003")
+    crud.upsert_run(engine, "old-run", crud.RunIn(project="p", task="t"))
+    db.upgrade(engine)
+    (run,) = queries.list_runs(engine, current=False)
+    assert (run.uid, run.archived_at) == ("old-run", None)
+    assert queries.list_runs(engine, archived="only") == []
+    engine.dispose()

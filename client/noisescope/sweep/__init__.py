@@ -29,7 +29,9 @@ would make (``_checks``): a frontier learning rate at an edge of the grid tried
 
 Default targets (``default_targets``) are spread between where the runs start and the best
 loss that *every* batch size reaches at its median seed (the frontier's count), so every
-target can be fitted. Everything is pure
+target can be fitted; a sweep whose runs name their targets in their config
+(``TARGETS_CONFIG_KEY``, as ``python -m experiments`` does) is read at those by the dashboard
+(``declared_targets``). Everything is pure
 Python: the server runs it on stored data (``GET /api/v1/tasks/{project}/{task}/critical-batch``)
 and the reproduction study on its own records, so both give the same numbers.
 
@@ -49,7 +51,9 @@ from ._analyse import (
     CURVE_POINTS,
     DEFAULT_TARGET_FRACTIONS,
     MIN_BATCH_SIZES,
+    TARGETS_CONFIG_KEY,
     analyse,
+    declared_targets,
     default_targets,
 )
 from ._checks import (
@@ -84,6 +88,7 @@ __all__ = [
     "DIVERGED_MIN_RISE",
     "DIVERGED_TAIL",
     "MIN_BATCH_SIZES",
+    "TARGETS_CONFIG_KEY",
     "CriticalBatchReport",
     "CurvePoint",
     "ExcludedRun",
@@ -97,6 +102,7 @@ __all__ = [
     "analyse",
     "b_simple_at_loss",
     "crossing_step",
+    "declared_targets",
     "default_targets",
     "divergence",
     "frontier",

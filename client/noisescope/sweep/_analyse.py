@@ -4,7 +4,7 @@ S = S_min (1 + B_crit/B) (step 3) with its warnings, and B_simple at the same lo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from noisescope._format import count as _fmt
 from noisescope.estimators import (
@@ -94,6 +94,36 @@ def default_targets(
     span = start - hardest
     targets = [_round_near(hardest + span * f, 0.02 * span) for f in DEFAULT_TARGET_FRACTIONS]
     return sorted(set(targets), reverse=True), warnings
+
+
+#: The run-config key under which a sweep's runs name the loss targets they were run for
+#: (``python -m experiments`` writes its task's targets there).
+TARGETS_CONFIG_KEY = "loss_targets"
+
+
+def declared_targets(configs: Iterable[Mapping[str, object]]) -> list[float]:
+    """The loss targets a sweep is analysed at by default when its runs declare them: the
+    ``TARGETS_CONFIG_KEY`` list of their configs when every run that has the key gives the
+    same positive numbers (largest first); [] otherwise, and then ``default_targets``.
+
+    The one rule of default targets for a sweep that names its own: ``python -m experiments``
+    declares and uses its task's targets, and the dashboard's pages default to them, so the
+    terminal and the pages show the same critical batch sizes."""
+    seen: set[tuple[float, ...]] = set()
+    for config in configs:
+        value = config.get(TARGETS_CONFIG_KEY)
+        if value is None:
+            continue
+        if not isinstance(value, list | tuple) or not value:
+            return []
+        try:
+            numbers = tuple(sorted({float(v) for v in value}, reverse=True))
+        except (TypeError, ValueError):
+            return []
+        if not all(math.isfinite(v) and v > 0 for v in numbers):
+            return []
+        seen.add(numbers)
+    return list(seen.pop()) if len(seen) == 1 else []
 
 
 def _target_result(

@@ -16,7 +16,7 @@ its Vega-Lite ``description`` (read by screen readers and by the tests). Log axe
 from __future__ import annotations
 
 from noisescope_dashboard._charts._axes import AXIS_FORMAT, XAxis, log_ticks, palette_colours
-from noisescope_dashboard._charts._comparison import compare_chart
+from noisescope_dashboard._charts._comparison import band_chart, compare_chart
 from noisescope_dashboard._charts._critical import (
     b_simple_vs_b_crit_chart,
     bcrit_vs_loss_chart,
@@ -30,6 +30,7 @@ __all__ = [
     "XAxis",
     "b_simple_chart",
     "b_simple_vs_b_crit_chart",
+    "band_chart",
     "bcrit_vs_loss_chart",
     "compare_chart",
     "layers_chart",

@@ -1,8 +1,10 @@
-"""The Compare pages' chart: B_simple of several runs, coloured by run or task."""
+"""The Compare pages' charts: B_simple of several runs, coloured by run or task, and per
+group of runs (a batch size or learning rate) as a median line with a band."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import altair as alt
 import pandas as pd
@@ -16,6 +18,7 @@ from noisescope_dashboard._charts._axes import (
     drawn_colours,
     finish,
     named_colours,
+    scale_axis,
     values_in,
     wide_legend,
     y_encoding,
@@ -69,3 +72,91 @@ def compare_chart(
         .add_params(pick)
     )
     return finish(chart, title, TALL)
+
+
+def band_chart(
+    bands: pd.DataFrame,
+    runs: pd.DataFrame | None,
+    *,
+    x: XAxis,
+    group_title: str,
+    title: str,
+    log_y: bool = True,
+    y_title: str = "B_simple (batch size)",
+) -> alt.LayerChart:
+    """B_simple against loss per group of runs (a batch size or a learning rate): the median
+    line over its runs and a band from their lowest to their highest value (``bands``, from
+    ``_frames.band_points``), one colour per group in its order; with ``runs`` (compare
+    points with a ``group`` column) each run as a thin line of its group's colour too.
+    Clicking a legend entry highlights that group."""
+    data = drawable(bands, [x.field, "b_simple", "lo", "hi"], log_y)
+    if x.log:
+        data = data[data[x.field] > 0]
+    order = list(dict.fromkeys(data.sort_values("order")["group"]))
+    pick = alt.selection_point(fields=["group"], bind="legend", name="group_pick")
+    shown = values_in(data, "b_simple", "lo", "hi")
+    drawn_runs = None
+    if runs is not None and not runs.empty:
+        drawn_runs = drawable(runs, [x.field, "b_simple"], log_y)
+        if x.log:
+            drawn_runs = drawn_runs[drawn_runs[x.field] > 0]
+        shown += values_in(drawn_runs, "b_simple")
+    x_enc = x.encoding(values_in(data, x.field))
+    y_scale, y_axis = scale_axis(shown, log_y)
+    y_enc = alt.Y("b_simple:Q", title=y_title, scale=y_scale, axis=y_axis)
+    color = alt.Color(
+        "group:N",
+        title=group_title,
+        sort=order,
+        scale=alt.Scale(scheme="viridis", domain=order),
+        legend=wide_legend(),
+    )
+    base = alt.Chart(data)
+    layers: list[Any] = [
+        base.mark_area(opacity=0.18, interpolate="monotone").encode(
+            x=x_enc,
+            y=alt.Y("lo:Q", scale=y_scale, axis=y_axis, title=y_title),
+            y2="hi:Q",
+            color=color,
+            detail="group:N",
+            opacity=alt.when(pick).then(alt.value(0.22)).otherwise(alt.value(0.03)),
+        ),
+    ]
+    if drawn_runs is not None:
+        layers.append(
+            alt.Chart(drawn_runs)
+            .mark_line(interpolate="monotone", strokeWidth=1)
+            .encode(
+                x=x_enc,
+                y=y_enc,
+                color=color,
+                detail="run:N",
+                opacity=alt.when(pick).then(alt.value(0.45)).otherwise(alt.value(0.05)),
+                tooltip=[
+                    alt.Tooltip("run_name:N", title="run"),
+                    alt.Tooltip("group:N", title=group_title),
+                    x.tooltip(),
+                    alt.Tooltip("b_simple:Q", title="B_simple", format=TIP),
+                ],
+            )
+        )
+    layers.append(
+        base.mark_line(interpolate="monotone", strokeWidth=2.5)
+        .encode(
+            x=x_enc,
+            y=y_enc,
+            color=color,
+            detail="group:N",
+            opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.15)),
+            tooltip=[
+                alt.Tooltip("group:N", title=group_title),
+                x.tooltip(),
+                alt.Tooltip("b_simple:Q", title="median B_simple", format=TIP),
+                alt.Tooltip("lo:Q", title="lowest run", format=TIP),
+                alt.Tooltip("hi:Q", title="highest run", format=TIP),
+                alt.Tooltip("runs:Q", title="runs"),
+            ],
+        )
+        .add_params(pick)
+    )
+    return finish(alt.layer(*layers), title, TALL)

@@ -168,11 +168,11 @@ def b_simple_vs_b_crit_chart(
         .mark_point(filled=True, size=90)
         .encode(x=x, y=y, color=color, tooltip=tip),
     ]
-    # square, as the paper draws it: y = x runs at 45 degrees
+    # at the page's full width (issue 47: a square third of the page was hard to read)
     return cast(
         alt.LayerChart,
         alt.layer(*layers).properties(
-            width=SQUARE,
+            width="container",
             height=SQUARE,
             description=f"B_simple against B_crit across tasks in {units}",
         ),

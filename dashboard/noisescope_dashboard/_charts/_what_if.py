@@ -11,7 +11,6 @@ from noisescope_dashboard._charts._axes import (
     named_colours,
     scale_axis,
     values_in,
-    wide_legend,
     x_encoding,
     y_encoding,
 )
@@ -75,18 +74,35 @@ def speedup_chart(rows: pd.DataFrame) -> alt.LayerChart:
         ignore_index=True,
     )
     lines = {"S-E model": "#1f77b4", "ideal (speed-up = devices)": "#7f7f7f"}
-    color = named_colours("what:N", lines)
+    # the legend draws each line as a short stroke (solid, dashed): its default symbol, a
+    # filled circle with the dash pattern, rendered as a blob (issue 47)
+    legend = alt.Legend(
+        orient="bottom",
+        columns=2,
+        labelLimit=0,
+        symbolLimit=0,
+        symbolOpacity=1,
+        symbolType="stroke",
+        symbolStrokeWidth=2,
+        symbolSize=600,
+    )
+    color = alt.Color(
+        "what:N",
+        title=None,
+        scale=alt.Scale(domain=list(lines), range=list(lines.values())),
+        legend=legend,
+    )
     # the same field, domain and legend as the colour, so Vega-Lite draws one legend of both
     # (a legend=None here conflicted with the colour's: "Conflicting legend property")
     dash = alt.StrokeDash(
         "what:N",
         title=None,
         scale=alt.Scale(domain=list(lines), range=[[1, 0], [6, 4]]),
-        legend=wide_legend(),
+        legend=legend,
     )
     chart = (
         alt.Chart(long)
-        .mark_line(point=True)
+        .mark_line(point=alt.OverlayMarkDef(filled=True, size=40))
         .encode(
             x=x,
             y=alt.Y("value:Q", title="speed-up over one device", scale=y_scale, axis=y_axis),

@@ -16,12 +16,14 @@ from noisescope_dashboard._frames._critical import (
     B_CRIT,
     B_SIMPLE_AT_LOSS,
     bcrit_vs_loss,
+    frontier_table,
     frontier_text,
     sweep_curves,
     sweep_points,
     target_table,
     target_warnings,
     tasks_b_simple_vs_b_crit,
+    warnings_cell,
 )
 from noisescope_dashboard._frames._run import (
     MAX_EVALS,
@@ -32,20 +34,40 @@ from noisescope_dashboard._frames._run import (
     series_points,
     time_origin,
 )
-from noisescope_dashboard._frames._runs import compare_points, runs_table, task_table
-from noisescope_dashboard._frames._what_if import parallelism_rows, parallelism_table
+from noisescope_dashboard._frames._runs import (
+    BAND_BINS,
+    band_points,
+    compare_points,
+    group_label,
+    left_out_why,
+    runs_table,
+    task_table,
+)
+from noisescope_dashboard._frames._what_if import (
+    NEEDS_S_MIN,
+    NEEDS_STEP_TIME,
+    parallelism_rows,
+    parallelism_table,
+)
 
 __all__ = [
+    "BAND_BINS",
     "B_CRIT",
     "B_SIMPLE_AT_LOSS",
     "MAX_EVALS",
     "MAX_MARKS",
+    "NEEDS_STEP_TIME",
+    "NEEDS_S_MIN",
     "NOT_MARKS",
+    "band_points",
     "bcrit_vs_loss",
     "compare_points",
     "eval_points",
     "event_marks",
+    "frontier_table",
     "frontier_text",
+    "group_label",
+    "left_out_why",
     "parallelism_rows",
     "parallelism_table",
     "runs_table",
@@ -57,4 +79,5 @@ __all__ = [
     "task_table",
     "tasks_b_simple_vs_b_crit",
     "time_origin",
+    "warnings_cell",
 ]

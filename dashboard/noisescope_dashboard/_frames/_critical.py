@@ -52,11 +52,35 @@ def target_table(report: CriticalBatchReport) -> pd.DataFrame:
                 "B_simple at this loss": _text.count(t.b_simple) if t.b_simple is not None else "",
                 "B_simple 90% interval": _text.interval(t.b_simple_lo, t.b_simple_hi),
                 # in full under the table: a sentence each would be cut off in a cell
-                "warnings": f"{len(target_warnings(t))}, below" if target_warnings(t) else "",
-                "frontier (batch → lr, steps)": frontier_text(t),
+                "warnings": warnings_cell(len(target_warnings(t))),
             }
         )
     return pd.DataFrame(rows)
+
+
+def warnings_cell(n: int) -> str:
+    """The per-target table's warnings cell: how many, and where they are in full."""
+    return f"{n} warning{'s' if n != 1 else ''} (under the table)" if n else ""
+
+
+def frontier_table(report: CriticalBatchReport) -> pd.DataFrame:
+    """The frontier of every target, one row per target and batch size (a row each, so no
+    cell runs past the page's edge): loss target, batch size, the fastest lr, its steps and
+    the seeds whose median they are."""
+    rows = [
+        {
+            "loss target": _text.target(t.target),
+            f"batch size ({report.units})": _text.count(p.batch_size),
+            "fastest lr": f"{p.lr:.3g}" if p.lr is not None else "not logged",
+            "steps (median of its seeds)": _text.count(p.steps),
+            "seeds": _text.count(len(p.run_uids)),
+        }
+        for t in report.targets
+        for p in t.points
+    ]
+    columns = ["loss target", f"batch size ({report.units})", "fastest lr"]
+    columns += ["steps (median of its seeds)", "seeds"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def sweep_points(report: CriticalBatchReport) -> pd.DataFrame:

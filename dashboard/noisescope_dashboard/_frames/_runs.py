@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 import pandas as pd
 
 from noisescope import RunSeries, RunSummary, TaskSummary
+from noisescope.estimators import CURRENT_MIN_SAMPLES
 from noisescope_dashboard import _text
 
 
@@ -29,7 +30,10 @@ def runs_table(runs: Iterable[RunSummary]) -> pd.DataFrame:
                 "batch": _text.count(r.batch_in_use),
                 "units": r.units,
                 "b_simple": _text.b_simple_now(r),
-                "interval": _text.interval(r.b_simple_lo, r.b_simple_hi) if measured else "",
+                # a bound row ("≥ 44.7") shows the interval its reason names too
+                "interval": _text.interval(r.b_simple_lo, r.b_simple_hi)
+                if measured or r.b_simple_lower is not None
+                else "",
                 "ratio": _text.ratio(r.batch_to_b_simple)
                 if measured and r.batch_to_b_simple is not None
                 else "",
@@ -68,6 +72,17 @@ def runs_table(runs: Iterable[RunSummary]) -> pd.DataFrame:
     for c in ("_b_simple", "_ratio", "_loss"):
         frame[c] = pd.to_numeric(frame[c], errors="coerce").astype(float)
     return frame
+
+
+def left_out_why(run: RunSummary) -> str | None:
+    """Why a run is not offered unless asked for (None: it is): its loss diverged, or it has
+    fewer samples than a current B_simple needs (``estimators.CURRENT_MIN_SAMPLES``), so its
+    curve is a few points drawn as a smooth line."""
+    if run.diverged:
+        return "diverged"
+    if run.n_samples < CURRENT_MIN_SAMPLES:
+        return f"under {CURRENT_MIN_SAMPLES} samples"
+    return None
 
 
 def compare_points(series: Sequence[RunSeries], runs: dict[str, RunSummary]) -> pd.DataFrame:
@@ -134,3 +149,74 @@ def task_table(tasks: Iterable[TaskSummary]) -> pd.DataFrame:
             "B_simple range",
         ],
     )
+
+
+#: Loss bins per group of runs for the median line and its band.
+BAND_BINS = 24
+
+
+def group_label(run: RunSummary, by: str) -> str:
+    """The group a run is drawn in on Compare tasks: its batch in use ("batch 64") or its
+    learning rate from its config (``lr``; "lr not logged" without one)."""
+    if by == "lr":
+        lr = run.config.get("lr")
+        return f"lr {lr:.3g}" if isinstance(lr, int | float) else "lr not logged"
+    return f"batch {_text.count(run.batch_in_use if run.batch_in_use else run.batch_size)}"
+
+
+def band_points(
+    points: pd.DataFrame, runs: dict[str, RunSummary], by: str, *, log_loss: bool = False
+) -> pd.DataFrame:
+    """Per task and group (``group_label``), B_simple against loss as a median line with a
+    band: the loss range of the group's points cut into ``BAND_BINS`` bins (log-spaced with
+    ``log_loss``), and in each bin the median, lowest and highest of the runs' own medians
+    there. Columns: task, units, group, order (a sortable group key), runs, loss (the bin's
+    median loss), b_simple, lo, hi."""
+    columns = ["task", "units", "group", "order", "runs", "loss", "b_simple", "lo", "hi"]
+    data = points.dropna(subset=["loss", "b_simple"])
+    data = data[data["b_simple"] > 0]
+    if log_loss:
+        data = data[data["loss"] > 0]
+    if data.empty:
+        return pd.DataFrame(columns=columns)
+    data = data.assign(
+        group=[group_label(runs[u], by) for u in data["run"]],
+        order=[_group_order(runs[u], by) for u in data["run"]],
+    )
+    rows = []
+    for (task, units, group, order), part in data.groupby(
+        ["task", "units", "group", "order"], sort=True
+    ):
+        lo_loss, hi_loss = float(part["loss"].min()), float(part["loss"].max())
+        if hi_loss <= lo_loss:
+            edges = [lo_loss, hi_loss + 1e-12]
+        elif log_loss:
+            ratio = (hi_loss / lo_loss) ** (1.0 / BAND_BINS)
+            edges = [lo_loss * ratio**i for i in range(BAND_BINS + 1)]
+        else:
+            step = (hi_loss - lo_loss) / BAND_BINS
+            edges = [lo_loss + step * i for i in range(BAND_BINS + 1)]
+        bins = pd.cut(part["loss"], edges, include_lowest=True, labels=False)
+        for _, chunk in part.groupby(bins):
+            per_run = chunk.groupby("run")["b_simple"].median()
+            rows.append(
+                {
+                    "task": task,
+                    "units": units,
+                    "group": group,
+                    "order": order,
+                    "runs": len(per_run),
+                    "loss": float(chunk["loss"].median()),
+                    "b_simple": float(per_run.median()),
+                    "lo": float(per_run.min()),
+                    "hi": float(per_run.max()),
+                }
+            )
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _group_order(run: RunSummary, by: str) -> float:
+    if by == "lr":
+        lr = run.config.get("lr")
+        return float(lr) if isinstance(lr, int | float) else float("inf")
+    return float(run.batch_in_use or run.batch_size or 0.0)

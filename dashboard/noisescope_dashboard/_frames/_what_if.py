@@ -39,9 +39,23 @@ def parallelism_rows(plan: ParallelismPlan) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: What the steps and time cells say while they cannot be known (in place of a number).
+NEEDS_S_MIN = "needs S_min: pick a sweep fit"
+NEEDS_STEP_TIME = "enter a step time"
+
+
+def missing_steps_time(plan: ParallelismPlan) -> tuple[str, str]:
+    """What the empty steps and time cells say: steps need S_min (only a sweep fit gives it),
+    time needs S_min and a step time; empty where the number is there."""
+    steps = NEEDS_S_MIN if plan.s_min is None else ""
+    time = steps or (NEEDS_STEP_TIME if plan.step_time is None else "")
+    return steps, time
+
+
 def parallelism_table(plan: ParallelismPlan, units: str) -> pd.DataFrame:
-    """The plan's rows as text."""
+    """The plan's rows as text; the steps and time cells say what they need while empty."""
     word = _text.units_word(units)
+    no_steps, no_time = missing_steps_time(plan)
     return pd.DataFrame(
         [
             {
@@ -54,8 +68,8 @@ def parallelism_table(plan: ParallelismPlan, units: str) -> pd.DataFrame:
                 if r.doubling_speedup is not None
                 else "",
                 "extra compute": _text.percent(r.waste),
-                "steps": _text.whole(r.steps) if r.steps is not None else "",
-                "time": _text.hours(r.hours) if r.hours is not None else "",
+                "steps": _text.whole(r.steps) if r.steps is not None else no_steps,
+                "time": _text.hours(r.hours) if r.hours is not None else no_time,
                 "doubling": limit_label(r),
             }
             for r in plan.rows

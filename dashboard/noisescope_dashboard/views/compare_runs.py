@@ -11,11 +11,13 @@ from __future__ import annotations
 import streamlit as st
 
 from noisescope import RunSummary
+from noisescope.estimators import CURRENT_MIN_SAMPLES
 from noisescope_dashboard import _data, _frames, _sizes, _state, _text, _ui
 from noisescope_dashboard._compare import compare_section
 
 #: Runs compared when the URL names none.
 DEFAULT_RUNS = 5
+
 
 #: The Runs table's columns this page shows, in that order.
 COLUMNS = ("name", "task", "batch", "units", "b_simple", "interval", "ratio", "why")
@@ -78,14 +80,38 @@ def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
 def main(src: _data.Source) -> None:
     st.title("Compare runs")
     runs = _data.runs(src)
-    labels = {r.uid: _text.run_label(r) for r in runs}
+    hidden = {r.uid: why for r in runs if (why := _frames.left_out_why(r)) is not None}
+    show_all = bool(hidden) and _state.checkbox(
+        f"Also offer diverged runs and runs under {CURRENT_MIN_SAMPLES} samples ({len(hidden)})",
+        key="all",
+    )
+    named = set(st.query_params.get_all("runs"))  # a link's runs stay offered
+    offered = [r for r in runs if show_all or r.uid not in hidden or r.uid in named]
+    labels = {r.uid: _text.run_label(r) for r in offered}
     chosen_uids = _state.multiselect(
         "Runs",
         list(labels),
         key="runs",
-        default=list(labels)[:DEFAULT_RUNS],
+        default=[r.uid for r in offered if r.uid not in hidden][:DEFAULT_RUNS],
         format_func=lambda u: labels.get(u, u),
     )
+    if hidden and not show_all:
+        counts: dict[str, int] = {}
+        for why in hidden.values():
+            key = "diverged" if why == "diverged" else "short"
+            counts[key] = counts.get(key, 0) + 1
+        parts = []
+        if counts.get("diverged"):
+            parts.append(_text.plural(counts["diverged"], "diverged run"))
+        if counts.get("short"):
+            parts.append(
+                f"{_text.plural(counts['short'], 'run')} under {CURRENT_MIN_SAMPLES} samples"
+            )
+        st.caption(
+            "Not offered: "
+            + " and ".join(parts)
+            + " (their curves are a few points or a blow-up); tick the box above to pick them."
+        )
     if not chosen_uids:
         st.info("Pick two or more runs above to compare their noise scales.")
         st.stop()

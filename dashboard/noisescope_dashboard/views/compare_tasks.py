@@ -3,21 +3,21 @@
 (a) B_simple against B_crit across tasks, one point per task and loss target whose fit is
 determined (``GET /tasks/{project}/{task}/critical-batch``), both intervals, y = x for reference,
 one chart per unit;
-(b) B_simple against loss, one colour per task, one chart per unit (``GET /series``);
+(b) B_simple against loss, one chart per task, a median line with a band per batch size (or
+learning rate), each run on demand (``GET /series``);
 (c) the per-task summary (``GET /tasks``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import streamlit as st
 
 from noisescope import TaskSummary
 from noisescope.sweep import MIN_BATCH_SIZES, CriticalBatchReport
 from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
-from noisescope_dashboard._compare import compare_section
+from noisescope_dashboard._compare import bands_section
 
 VERSUS = "B_simple against B_crit across tasks"
 CAPTION = (
@@ -31,9 +31,7 @@ CAPTION = (
 
 def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping[str, str]) -> None:
     swept = [t for t in tasks if t.swept]
-    reports: list[CriticalBatchReport] = [
-        _data.critical_batch(src, t.project, t.task) for t in swept
-    ]
+    reports: list[CriticalBatchReport] = [_data.sweep_report(src, t.project, t.task) for t in swept]
     points, left_out = _frames.tasks_b_simple_vs_b_crit(reports)
     for t in tasks:
         if not t.swept:
@@ -52,21 +50,15 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping
             "Why each task or target is left out is listed below."
         )
     units = sorted(points["units"].unique())
-    places: list[Any] = [st.container()] if units else []
-    if len(units) > 1:  # one caption for the charts side by side, each titled with its unit
-        st.caption(CAPTION)
-        places = st.columns(len(units))
-    for unit, place in zip(units, places, strict=True):
+    for i, unit in enumerate(units):  # each at the page's full width, one under the other
         part = points[points["units"] == unit]
         word = _text.units_word(str(unit))
-        with place:
-            _ui.chart_with_downloads(
-                _charts.b_simple_vs_b_crit_chart(part, units=word, colours=colours),
-                part,
-                name=f"b_simple_vs_b_crit_{word}",
-                stretch=False,
-                caption=None if len(units) > 1 else CAPTION,
-            )
+        _ui.chart_with_downloads(
+            _charts.b_simple_vs_b_crit_chart(part, units=word, colours=colours),
+            part,
+            name=f"b_simple_vs_b_crit_{word}",
+            caption=CAPTION if i == 0 else None,
+        )
     if not left_out.empty:
         these = "these charts" if len(units) > 1 else "this chart"
         with st.expander(f"Left out of {these} ({len(left_out)})", expanded=points.empty):
@@ -89,9 +81,7 @@ def main(src: _data.Source) -> None:
     _versus_b_crit(src, chosen, colours)
     wanted = {(t.project, t.task) for t in chosen}
     runs = [r for r in _data.run_list(src) if (r.project, r.task) in wanted]
-    compare_section(
-        src, runs, color="task", key="tasks", progress=False, noun="tasks", colours=colours
-    )
+    bands_section(src, runs, key="tasks")
     st.subheader("Summary per task", anchor=False)
     summary = _frames.task_table(chosen)
     _ui.table(

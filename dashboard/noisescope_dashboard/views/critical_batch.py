@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from noisescope.sweep import MIN_BATCH_SIZES, CriticalBatchReport
+from noisescope.sweep import MIN_BATCH_SIZES, TARGETS_CONFIG_KEY, CriticalBatchReport
 from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
 
@@ -34,18 +34,23 @@ def parse_targets(text: str) -> tuple[list[float], list[str]]:
 
 
 def _targets(src: _data.Source, project: str, task: str, loss: str) -> CriticalBatchReport:
-    """The report for the targets in ``?targets=`` (the report's defaults when absent); the
-    input shows them and writes an edit back to the URL."""
+    """The report for the targets in ``?targets=`` (the sweep's defaults when absent: the
+    targets its runs name, ``_data.default_targets``, else the server's); the input shows them
+    and writes an edit back to the URL."""
     raw = st.query_params.get("targets")
     asked, bad = parse_targets(raw or "")
-    report = _data.critical_batch(src, project, task, tuple(asked), loss)  # type: ignore[arg-type]
+    declared = _data.default_targets(src, project, task)
+    chosen = tuple(asked) or declared
+    report = _data.critical_batch(src, project, task, chosen, loss)  # type: ignore[arg-type]
     shown = raw if raw else ", ".join(f"{t.target:g}" for t in report.targets)
     text = st.text_input(
         "Loss targets (comma separated; empty: the defaults)",
         value=shown,
         key="_qp_targets",
-        help="Each target is a loss every batch size should reach. The defaults lie between "
-        "where the runs start and the best loss every batch size reaches.",
+        help="Each target is a loss every batch size should reach. The defaults are the "
+        f"targets the sweep's runs name in their config (`{TARGETS_CONFIG_KEY}`, as "
+        "`python -m experiments` writes them), else they lie between where the runs start "
+        "and the best loss every batch size reaches.",
     )
     if text != shown:
         if text.strip():
@@ -53,7 +58,14 @@ def _targets(src: _data.Source, project: str, task: str, loss: str) -> CriticalB
         elif "targets" in st.query_params:
             del st.query_params["targets"]
         asked, bad = parse_targets(text)
-        report = _data.critical_batch(src, project, task, tuple(asked), loss)  # type: ignore[arg-type]
+        chosen = tuple(asked) or declared
+        report = _data.critical_batch(src, project, task, chosen, loss)  # type: ignore[arg-type]
+    if not asked and declared:
+        st.caption(
+            "The sweep's own targets, named in its runs' config "
+            f"(`{TARGETS_CONFIG_KEY}`): the ones `python -m experiments` analysed it at, so "
+            "these are the critical batch sizes it printed."
+        )
     if bad:
         st.error("Not numbers, left out: " + md(", ".join(bad)) + ". Write targets like 0.5, 0.3")
     return report
@@ -62,20 +74,34 @@ def _targets(src: _data.Source, project: str, task: str, loss: str) -> CriticalB
 def _results(report: CriticalBatchReport) -> None:
     units = _text.units_word(report.units)
     st.subheader("Per loss target", anchor=False)
-    _ui.table(_frames.target_table(report), fit=["frontier (batch → lr, steps)"])
+    _ui.table(_frames.target_table(report), fit=["warnings"])
+    # the table first, then the report's warnings and the targets': the API's (diverged runs,
+    # why B_crit is not determined, a frontier lr at the grid's edge, single seeds) are
+    # warnings; only a missing B_simple at a determined target is a note
+    warnings = [md(w) for w in report.warnings]
+    notes: list[str] = []
     for t in report.targets:
-        notes = _frames.target_warnings(t)
-        if not notes:
+        said = _frames.target_warnings(t)
+        if not said:
             continue
-        # the API's warnings (why B_crit is not determined, a frontier lr at the grid's edge,
-        # single seeds) are warnings; only a missing B_simple at a determined target is a note
-        say = st.warning if t.warnings or not t.determined else st.caption
-        say(
+        line = (
             f"Loss {md(_text.target(t.target))}"
             + ("" if t.determined else " (not determined)")
             + ": "
-            + md(" · ".join(notes))
+            + md(" · ".join(said))
         )
+        (warnings if t.warnings or not t.determined else notes).append(line)
+    _ui.show_warnings(warnings)
+    for line in notes:
+        st.caption(line)
+    frontier = _frames.frontier_table(report)
+    if not frontier.empty:
+        st.subheader("Frontier: the fastest learning rate per batch size", anchor=False)
+        st.caption(
+            "Per target and batch size, the learning rate whose runs reached the target in the "
+            "fewest steps (the median over its seeds): the points the fit goes through."
+        )
+        _ui.table(frontier)
     st.caption(
         f"B_crit, S_min and E_min come from fitting S = S_min (1 + B_crit/B) through the "
         f"frontier (per batch size, the learning rate that reached the target in the fewest "
@@ -143,9 +169,8 @@ def main(src: _data.Source) -> None:
         st.stop()
     report = _targets(src, summary.project, summary.task, str(loss))
     st.markdown(f"**Loss used:** {md(report.loss_method)}.")
-    for warning in report.warnings:
-        st.warning(md(warning))
     if not report.targets:
+        _ui.show_warnings([md(w) for w in report.warnings])
         st.info("No loss target to fit: see the messages above, or enter targets.")
         st.stop()
     _results(report)

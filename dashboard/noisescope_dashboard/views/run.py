@@ -7,16 +7,30 @@ sizes and the sweep's B_crit at the same loss (``GET /runs/{id}/branches`` and t
 The headline is ``GET /runs/{id}`` (the same value as the Runs table and the API); the verdict
 is ``GET /runs/{id}/recommendation``; the curves are ``GET /runs/{id}/series``, whose trailing
 window is the only thing the smoothing control changes. State lives in the query string.
+
+"Manage this run" renames and re-tags the run, archives or restores it and deletes it (behind a
+confirmation), through ``noisescope.Api`` with the dashboard's token: the same requests as the
+CLI's ``noisescope runs``; a server with auth on answers them only for a token of the run's
+project.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pandas as pd
 import streamlit as st
 
-from noisescope import ApiError, EventRow, NotFoundError, RunSummary, SeriesInfo, protocol
+from noisescope import (
+    Api,
+    ApiError,
+    EventRow,
+    NotFoundError,
+    RunSummary,
+    SeriesInfo,
+    protocol,
+)
 from noisescope_dashboard import _branches, _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
 
@@ -417,9 +431,87 @@ def _parent_line(src: _data.Source, run: RunSummary) -> None:
     st.caption(line)
 
 
+#: The session key of what the last change on this page did, said once after its rerun.
+_SAID = "_run_admin_said"
+
+
+def _tags(text: str) -> list[str]:
+    """Comma-separated tags as a list: each stripped, empty ones dropped, order kept."""
+    return [t for t in (part.strip() for part in text.split(",")) if t]
+
+
+def _change(src: _data.Source, call: Callable[[Api], None], said: str, *, gone: bool) -> None:
+    """Make one change through the API; on success forget every cached answer (lists,
+    tasks and comparisons change with it) and rerun, saying ``said``; else say why not.
+    ``gone``: the run no longer exists, so the page falls back to the newest run."""
+    try:
+        call(_data.api(src))
+    except ApiError as exc:
+        st.error(f"Not changed: {md(exc.detail)}")
+        return
+    st.cache_data.clear()
+    st.session_state[_SAID] = said
+    if gone:
+        if "run" in st.query_params:
+            del st.query_params["run"]
+        st.session_state.pop("_qp_run", None)
+    st.rerun()
+
+
+def _manage(src: _data.Source, run: RunSummary) -> None:
+    """Rename, re-tag, archive or restore, and delete the run (behind a confirmation)."""
+    uid = run.uid
+    with st.expander("Manage this run: name, tags, archive, delete"):
+        with st.form(f"edit_{uid}"):
+            name = st.text_input(
+                "Name", value=run.name, max_chars=protocol.MAX_NAME_LENGTH, key=f"name_{uid}"
+            )
+            tags = st.text_input(
+                "Tags (comma-separated)", value=", ".join(run.tags), key=f"tags_{uid}"
+            )
+            saved = st.form_submit_button("Save name and tags")
+        if saved:
+            new_tags = _tags(tags)
+
+            def edit(api: Api) -> None:
+                if name != run.name:
+                    api.rename_run(uid, name)
+                if new_tags != list(run.tags):
+                    api.set_tags(uid, new_tags)
+
+            _change(src, edit, "Saved the name and tags.", gone=False)
+        left, right = st.columns(2)
+        if run.archived_at is None:
+            left.caption(
+                "Archive: the run leaves the Runs list, sweeps and comparisons; its data is "
+                "kept and it can be restored."
+            )
+            if left.button("Archive", key=f"archive_{uid}", icon=":material/archive:"):
+                _change(src, lambda api: api.archive_run(uid), "Archived the run.", gone=False)
+        else:
+            left.caption("Restore: the run comes back into lists, sweeps and comparisons.")
+            if left.button("Restore", key=f"restore_{uid}", icon=":material/unarchive:"):
+                _change(src, lambda api: api.restore_run(uid), "Restored the run.", gone=False)
+        sure = right.checkbox(
+            "Delete this run with its samples and events, for good", key=f"sure_{uid}"
+        )
+        if right.button("Delete", key=f"delete_{uid}", disabled=not sure, icon=":material/delete:"):
+            said = f"Deleted run {md(uid)} with its samples and events."
+            _change(src, lambda api: api.delete_run(uid), said, gone=True)
+
+
 def main(src: _data.Source) -> None:
     st.title("Run")
+    said = st.session_state.pop(_SAID, None)
+    if said:
+        st.success(said)
     picked = _pick_run(src)
+    if picked.archived_at is not None:
+        st.info(
+            f"Archived on {picked.archived_at:%Y-%m-%d %H:%M} UTC: left out of the Runs list, "
+            "sweeps and comparisons. Its data is kept (a live job still adds samples); "
+            'restore it under "Manage this run".'
+        )
 
     @st.fragment(run_every=_data.LIVE_EVERY if picked.status == "running" else None)
     def body() -> None:
@@ -447,6 +539,7 @@ def main(src: _data.Source) -> None:
         _branches_section(src, run)
 
     body()
+    _manage(src, picked)
 
 
 _ui.run_page(main)

@@ -35,8 +35,9 @@ class Estimate:
 
 
 def sweep_targets(src: _data.Source, task: TaskSummary) -> list[TargetResult]:
-    """The loss targets of the task's sweep fit; none unless its runs span enough batch sizes."""
-    return _data.critical_batch(src, task.project, task.task).targets if task.swept else []
+    """The loss targets of the task's sweep fit, at the Critical batch size page's default
+    targets; none unless its runs span enough batch sizes."""
+    return _data.sweep_report(src, task.project, task.task).targets if task.swept else []
 
 
 def sources(task: TaskSummary, targets: list[TargetResult]) -> dict[str, Estimate]:
@@ -83,6 +84,22 @@ def sources(task: TaskSummary, targets: list[TargetResult]) -> dict[str, Estimat
     return out
 
 
+def default_source(options: dict[str, Estimate]) -> str | None:
+    """The source the page opens on: the sweep fit at the lowest loss target that carries no
+    warning, else at any target, else the first option (None: no option)."""
+    fits = [k for k in options if k.startswith("bcrit:")]  # in the sweep's order, lowest last
+    clean = [k for k in fits if not options[k].warnings]
+    if clean or fits:
+        return (clean or fits)[-1]
+    return next(iter(options), None)
+
+
+def task_order(tasks: list[TaskSummary]) -> list[TaskSummary]:
+    """Tasks with a batch-size sweep first (the page opens on the first), most batch sizes
+    first, then by name."""
+    return sorted(tasks, key=lambda t: (not t.swept, -len(t.batch_sizes), t.project, t.task))
+
+
 def _batch_input(label: str, key: str, default: int, container: Any) -> int:
     """A whole, positive batch size in ``?key=``."""
     value = _state.number(
@@ -93,7 +110,7 @@ def _batch_input(label: str, key: str, default: int, container: Any) -> int:
 
 def main(src: _data.Source) -> None:
     st.title("What-if")
-    task = _ui.pick_task(_data.tasks(src))
+    task = _ui.pick_task(task_order(_data.tasks(src)))
     units = _text.task_units(task)
     word = _text.units_word(units)
     targets = sweep_targets(src, task)
@@ -109,6 +126,7 @@ def main(src: _data.Source) -> None:
         "Critical batch size from",
         list(options),
         key="source",
+        default=default_source(options),
         format_func=lambda k: options[k].label,
     )
     source = options[str(chosen)]
@@ -177,8 +195,16 @@ def main(src: _data.Source) -> None:
     )
     m2.metric("Batch there", f"{_text.count(last.batch_size if last else None)} {word}")
     m3.metric("Extra compute there", _text.percent(last.waste if last else None))
+    if source.s_min is None:  # said here, above the columns it empties, and in their cells
+        st.caption(
+            "Steps and time stay empty: they need S_min, which only a sweep fit gives (pick a "
+            "B_crit from a sweep fit above)."
+        )
+    elif plan.step_time is None:
+        st.caption("Time stays empty until a step time is entered above.")
     _ui.table(
         _frames.parallelism_table(plan, units),
+        fit=["steps", "time"],
         column_config=_ui.described(
             {
                 "S / S_min": "Optimizer steps relative to the fewest possible",
@@ -191,10 +217,6 @@ def main(src: _data.Source) -> None:
             }
         ),
     )
-    if source.s_min is None:
-        st.caption("Steps and time need S_min, which only a sweep fit gives: pick a B_crit source.")
-    elif plan.step_time is None:
-        st.caption("Enter a step time to see hours.")
     rows = _frames.parallelism_rows(plan)
     _ui.chart_with_downloads(
         _charts.tradeoff_chart(rows, units=word),

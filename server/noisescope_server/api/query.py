@@ -76,6 +76,10 @@ def get_runs(
             "b_simple fields are null, for pickers)"
         ),
     ] = True,
+    archived: Annotated[
+        queries.Archived,
+        Query(description='archived runs: left out ("exclude"), listed too ("include") or alone'),
+    ] = "exclude",
 ) -> Response:
     return _json(
         queries.list_runs(
@@ -91,6 +95,7 @@ def get_runs(
             project_scope=scope,
             current=current,
             crash_after=settings.crash_after,
+            archived=archived,
         )
     )
 
@@ -148,6 +153,10 @@ def get_compare_series(
     runs: Annotated[list[str], Query(min_length=1, max_length=200, description="run ids")],
     max_points: Annotated[int, Query(ge=1, le=2000)] = 400,
     window_fraction: Annotated[float, Query(ge=0, le=1)] = 0.1,
+    archived: Annotated[
+        queries.Archived,
+        Query(description='archived runs: left out ("exclude"), compared too ("include")'),
+    ] = "exclude",
 ) -> Response:
     check_run_ids(runs)
     return _json(
@@ -157,6 +166,7 @@ def get_compare_series(
             max_points=max_points,
             window_fraction=window_fraction,
             project_scope=scope,
+            archived=archived,
         )
     )
 

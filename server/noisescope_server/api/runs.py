@@ -1,4 +1,5 @@
-"""Run lifecycle: create/update (PUT, idempotent by client-generated id) and status (PATCH).
+"""Run lifecycle: create/update (PUT, idempotent by client-generated id), status, name, tags
+and archiving (PATCH), and deletion (DELETE: the run and every row of it, for good).
 
 Both answers carry the run's dashboard link when the server knows its dashboard
 (``NOISESCOPE_DASHBOARD_URL``): the client prints it, so a job's log says where to look.
@@ -7,6 +8,7 @@ Both answers carry the run's dashboard link when the server knows its dashboard
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from noisescope_server import crud
 from noisescope_server.api._body import openapi_body, parse_model
@@ -61,7 +63,8 @@ async def put_run(
     "/runs/{run_id}",
     response_model=RunPutResult,
     openapi_extra=openapi_body(RunPatch),
-    summary="Update a run's status / end time",
+    summary="Update a run's status, end time, name or tags, or archive / restore it",
+    responses={403: {"description": "the token may not write to the run's project"}},
 )
 async def patch_run(
     run_id: str, request: Request, engine: EngineDep, settings: SettingsDep, scope: WriteScope
@@ -72,3 +75,18 @@ async def patch_run(
         return _answer(settings, ref, created=False)
 
     return await write_to_run(request, settings, patch)
+
+
+@router.delete(
+    "/runs/{run_id}",
+    status_code=204,
+    response_class=Response,
+    summary="Delete a run: its samples, sample blocks, events and the run itself (for good)",
+    responses={
+        403: {"description": "the token may not write to the run's project"},
+        404: {"description": "no such run"},
+    },
+)
+async def delete_run(run_id: str, engine: EngineDep, scope: WriteScope) -> Response:
+    await run_in_threadpool(crud.delete_run, engine, run_id, project_scope=scope)
+    return Response(status_code=204)

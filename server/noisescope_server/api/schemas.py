@@ -85,6 +85,9 @@ Name = Annotated[
     StringConstraints(min_length=1, max_length=protocol.MAX_NAME_LENGTH, strip_whitespace=True),
     NoNul,
 ]
+#: A run's display name (may be empty) and its tags: the same limits at creation and later.
+RunName = Annotated[str, StringConstraints(max_length=protocol.MAX_NAME_LENGTH), NoNul]
+Tags = Annotated[list[RunName], Field(max_length=protocol.MAX_TAGS)]
 Units = Literal["examples", "tokens"]
 Status = Literal["running", "finished", "failed", "crashed"]
 
@@ -101,11 +104,9 @@ class RunPut(_Strict):
 
     project: Name
     task: Name
-    name: Annotated[str, StringConstraints(max_length=protocol.MAX_NAME_LENGTH), NoNul] = ""
+    name: RunName = ""
     config: JsonObject = Field(default_factory=dict)
-    tags: list[Annotated[str, StringConstraints(max_length=protocol.MAX_NAME_LENGTH), NoNul]] = (
-        Field(default_factory=list, max_length=protocol.MAX_TAGS)
-    )
+    tags: Tags = Field(default_factory=list)
     batch_size: float | None = Field(default=None, gt=0)
     units: Units = "examples"
     status: Status = "running"
@@ -152,9 +153,20 @@ class RunPutResult(BaseModel):
 
 
 class RunPatch(_Strict):
+    """Change some of a run's fields; an absent or null field stays as it is. ``status``,
+    ``ended_at`` and ``batch_size`` come from the run's job; ``name``, ``tags`` and
+    ``archived`` from people (the dashboard, the CLI, ``noisescope.Api``)."""
+
     status: Status | None = None
     ended_at: StoredTime | None = Field(default=None, strict=False)
     batch_size: float | None = Field(default=None, gt=0)
+    name: RunName | None = Field(default=None, description="the run's new name")
+    tags: Tags | None = Field(default=None, description="the run's tags: replaces the list")
+    archived: bool | None = Field(
+        default=None,
+        description="true: archive (left out of lists, sweeps and comparisons; restorable); "
+        "false: restore",
+    )
 
 
 class EventItem(_Strict):

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select, update
+from sqlalchemy import Connection, Engine, delete, func, select, update
 
 from noisescope import protocol
 from noisescope_server.crud._sql import LOCK_RUN, TOUCH_RUN, insert_ignore
 from noisescope_server.db import write_transaction
 from noisescope_server.errors import BadInput, Conflict, Forbidden, NotFound
-from noisescope_server.models import Project, Run, Task
+from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
 from noisescope_server.utc import as_utc, utcnow
 from noisescope_server.validate import check_run_uid
 
@@ -202,14 +202,31 @@ def patch_run(
     status: str | None = None,
     ended_at: datetime | None = None,
     batch_size: float | None = None,
+    name: str | None = None,
+    tags: list[str] | None = None,
+    archived: bool | None = None,
     project_scope: int | None = None,
 ) -> RunRef:
     """Update a run's status (finished runs get ``ended_at`` = now unless given; one ahead
-    of the server's clock is stored as now, with a note: ``not_ahead``)."""
+    of the server's clock is stored as now, with a note: ``not_ahead``), its name, its tags
+    (the whole list) or whether it is archived. None leaves a field as it is.
+
+    Archiving keeps a run's first ``archived_at`` (archiving twice is no change) and does not
+    count as hearing from the run: a patch of only these leaves ``last_seen_at`` alone, so an
+    archived crashed run still reads crashed."""
     with write_transaction(engine) as conn:
         run = require_run(conn, run_uid, project_scope)
         now = utcnow()
-        values: dict[str, Any] = {"last_seen_at": now}
+        by_hand = name is not None or tags is not None or archived is not None
+        from_job = status is not None or ended_at is not None or batch_size is not None
+        values: dict[str, Any] = {} if by_hand and not from_job else {"last_seen_at": now}
+        if name is not None:
+            values["name"] = name
+        if tags is not None:
+            values["tags"] = list(tags)
+        if archived is not None:
+            # archived_at keeps its first time: COALESCE in SQL, so a second archive is no change
+            values["archived_at"] = func.coalesce(Run.archived_at, now) if archived else None
         if status is not None:
             values["status"] = status
             if status != "running" and ended_at is None:
@@ -219,8 +236,27 @@ def patch_run(
             values["ended_at"], note = not_ahead("ended_at", ended_at, now)
         if batch_size is not None:
             values["batch_size"] = batch_size
-        conn.execute(update(Run).where(Run.id == run.id).values(**values))
+        if values:
+            conn.execute(update(Run).where(Run.id == run.id).values(**values))
         return replace(run, notes=(note,)) if note else run
+
+
+def delete_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunRef:
+    """Delete a run for good: its samples, sample blocks, events and its row, in one
+    transaction, and nothing else (its project, task and any branch runs stay; a branch run
+    whose parent is gone reads as a run with an unknown parent, as before its parent came).
+
+    The rows are deleted explicitly, not left to ``ON DELETE CASCADE``: SQLite enforces foreign
+    keys only with ``PRAGMA foreign_keys``, which a database opened elsewhere may lack."""
+    with write_transaction(engine) as conn:
+        if lock_run(conn, check_run_uid(run_uid)) is None:  # require_run's says "create it"
+            raise NotFound(f"run {run_uid!r} does not exist (deleted already, or a typo?)")
+        run = require_run(conn, run_uid, project_scope)
+        conn.execute(delete(Sample).where(Sample.run_id == run.id))
+        conn.execute(delete(SampleBlock).where(SampleBlock.run_id == run.id))
+        conn.execute(delete(Event).where(Event.run_id == run.id))
+        conn.execute(delete(Run).where(Run.id == run.id))
+        return run
 
 
 def touch_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunRef:

@@ -21,7 +21,8 @@ it from the caller's token. A run outside the scope raises ``errors.Forbidden``.
 - ``_tasks``: projects and the per-task summary;
 - ``_raw``: a run's events (of some kinds, at most so many) and counts by kind, and its raw
   samples as CSV;
-- ``_common``: what they share (interval level, run status and row, scope check, tuple fetch).
+- ``_common``: what they share (interval level, run status and row, scope check, tuple fetch,
+  the archived-runs filter: archived runs are left out of every list unless asked for).
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ from noisescope.protocol import (
     TaskSummary,
 )
 from noisescope_server.queries._buckets import BucketSums, bucket_sums
-from noisescope_server.queries._common import LEVEL, finite_number, run_status
+from noisescope_server.queries._common import (
+    ARCHIVED_CHOICES,
+    LEVEL,
+    Archived,
+    archived_filter,
+    finite_number,
+    run_status,
+)
 from noisescope_server.queries._compare import compare_series
 from noisescope_server.queries._raw import event_counts, raw_samples_csv, run_events
 from noisescope_server.queries._runs import get_run, list_runs
@@ -48,7 +56,9 @@ from noisescope_server.queries._series import (
 from noisescope_server.queries._tasks import list_projects, task_summaries
 
 __all__ = [
+    "ARCHIVED_CHOICES",
     "LEVEL",
+    "Archived",
     "BucketSums",
     "EventRow",
     "RunSeries",
@@ -57,6 +67,7 @@ __all__ = [
     "SeriesPoint",
     "TaskSummary",
     "XAxis",
+    "archived_filter",
     "bucket_sums",
     "compare_series",
     "event_counts",

@@ -24,6 +24,7 @@ from sqlalchemy import (
 
 from noisescope import protocol
 from noisescope_server.models import BLOCK_SIZE, Run, Sample, SampleBlock
+from noisescope_server.queries._common import archived_filter
 
 
 @dataclass(frozen=True)
@@ -153,18 +154,22 @@ def bucket_sums(
     max_points: int = 2000,
     min_blocks: float | None = None,
     project_scope: int | None = None,
+    archived: str = "include",
 ) -> list[BucketSums]:
     """Bucketed sums for several runs and series in one query, at most ``max_points`` each.
 
     Runs with at least ``min_blocks`` pre-summed blocks (default: one per requested point) are
     read from ``sample_block``; comparisons of many runs accept coarser buckets for speed.
-    Unknown runs, and runs outside ``project_scope``, are left out.
+    Unknown runs, and runs outside ``project_scope``, are left out; so are archived runs when
+    ``archived`` is "exclude" (``queries._common.archived_filter``).
     """
     if not run_uids:
         return []
     max_points = max(1, int(max_points))
     with engine.connect() as conn:
-        known = select(Run.id, Run.uid).where(Run.uid.in_(list(run_uids)))
+        known = select(Run.id, Run.uid).where(
+            Run.uid.in_(list(run_uids)), archived_filter(archived)
+        )
         if project_scope is not None:
             known = known.where(Run.project_id == project_scope)
         uid_of = {int(i): str(uid) for i, uid in conn.execute(known)}

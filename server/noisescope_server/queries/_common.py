@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from sqlalchemy import Connection, and_, case, func, select
+from sqlalchemy import Connection, and_, case, func, select, true
 
 from noisescope import protocol
 from noisescope.protocol import finite_number as finite_number
-from noisescope_server.errors import Forbidden, NotFound
+from noisescope_server.errors import BadInput, Forbidden, NotFound
 from noisescope_server.models import Project, Run, Task
 from noisescope_server.utc import utcnow
 
@@ -50,6 +50,7 @@ def run_select(crash_after: float = protocol.CRASH_AFTER) -> Any:
             Run.project_id,
             Run.parent_uid,
             Run.branch_step,
+            Run.archived_at,
         )
         .join(Project, Project.id == Run.project_id)
         .join(Task, Task.id == Run.task_id)
@@ -95,6 +96,23 @@ def fetch_tuples(
     cursor = conn.execute(stmt, parameters).cursor
     assert cursor is not None
     return list(cursor.fetchall())
+
+
+#: Which runs a read lists: not archived ones (the default), all, or archived ones only.
+Archived = Literal["exclude", "include", "only"]
+ARCHIVED_CHOICES: tuple[str, ...] = ("exclude", "include", "only")
+
+
+def archived_filter(archived: str = "exclude") -> Any:
+    """The WHERE clause of ``archived`` (``Archived``) on the run table; ``BadInput`` for a
+    value that is none of them."""
+    if archived == "exclude":
+        return Run.archived_at.is_(None)
+    if archived == "only":
+        return Run.archived_at.is_not(None)
+    if archived == "include":
+        return true()
+    raise BadInput(f"archived must be one of {', '.join(ARCHIVED_CHOICES)}, got {archived!r:.40}")
 
 
 #: Evaluations a run needs for its evaluation curve to count (the sweep's and the run

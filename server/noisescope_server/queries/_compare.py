@@ -43,13 +43,14 @@ def compare_series(
     max_points: int = 400,
     window_fraction: float = 0.1,
     project_scope: int | None = None,
+    archived: str = "exclude",
 ) -> list[RunSeries]:
     """Whole-model series of several runs along steps, in one query, each smoothed over the
     trailing ``window_fraction`` of its own step range (``estimators.run_fraction_window``:
     runs of different lengths alike).
 
-    Points carry no interval (the comparison charts draw none). Unknown runs, and runs outside
-    ``project_scope``, are left out.
+    Points carry no interval (the comparison charts draw none). Unknown runs, runs outside
+    ``project_scope`` and archived runs (unless ``archived`` says otherwise) are left out.
     """
     buckets = bucket_sums(
         engine,
@@ -57,6 +58,7 @@ def compare_series(
         max_points=max_points,
         min_blocks=COMPARE_MIN_BLOCKS,
         project_scope=project_scope,
+        archived=archived,
     )
     by_uid: dict[str, list[BucketSums]] = {}
     for b in buckets:

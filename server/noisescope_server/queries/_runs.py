@@ -18,6 +18,7 @@ from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, T
 from noisescope_server.queries._common import (
     LEVEL,
     MIN_EVALS,
+    archived_filter,
     fetch_tuples,
     finite_number,
     json_value,
@@ -237,6 +238,7 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         branch_step=None if row.branch_step is None else int(row.branch_step),
         diverged=run_id in facts.diverged,
         diverged_reason=facts.diverged.get(run_id),
+        archived_at=as_utc(getattr(row, "archived_at", None)),
     )
 
 
@@ -263,12 +265,14 @@ def list_runs(
     project_scope: int | None = None,
     current: bool = True,
     crash_after: float = protocol.CRASH_AFTER,
+    archived: str = "exclude",
 ) -> list[RunSummary]:
     """Runs, newest first, filtered by project/task name, tag, status (as ``run_status``
     reads it), a case-insensitive substring of name/uid/task (``search``) and start time; each
     with its current B_simple (``current=False`` skips that window, for callers that only need
-    the runs)."""
+    the runs). Archived runs are left out unless ``archived`` is "include" or "only"."""
     stmt = run_select(crash_after).order_by(_sorted_start().desc(), Run.id.desc())
+    stmt = stmt.where(archived_filter(archived))
     if project is not None:
         stmt = stmt.where(Project.name == project)
     if task is not None:

@@ -28,7 +28,7 @@ def task_summaries(
     project_scope: int | None = None,
     crash_after: float = protocol.CRASH_AFTER,
 ) -> list[TaskSummary]:
-    """One row per (project, task), for cross-task comparison."""
+    """One row per (project, task), for cross-task comparison; archived runs count in none."""
     runs = list_runs(
         engine,
         project=project,
