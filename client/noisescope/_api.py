@@ -75,9 +75,9 @@ class ApiError(Exception):
     the request's. A password in the URL and a secret query value (``?token=``) are masked
     in all three (``noisescope._redact``): an error is printed, logged and shown on pages."""
 
-    def __init__(self, status: int, detail: str, url: str = "") -> None:
+    def __init__(self, status: int, detail: str, url: str = "", method: str = "GET") -> None:
         url, detail = redact_url(url), redact_text(detail)
-        where = f"GET {url} " if url else ""
+        where = f"{method} {url} " if url else ""
         said = f"answered HTTP {status}" if status else "got no answer"
         super().__init__(f"{where}{said}: {detail}" if where else f"HTTP {status}: {detail}")
         self.status = status
@@ -403,10 +403,17 @@ class Api:
             raise AnswerError(response.status, f"not the answer expected: {exc}", url) from None
 
     def _request(
-        self, path: str, query: dict[str, Any] | None = None, deadline: float | None = None
+        self,
+        path: str,
+        query: dict[str, Any] | None = None,
+        deadline: float | None = None,
+        *,
+        method: str = "GET",
+        body: dict[str, Any] | None = None,
     ) -> tuple[str, Response]:
         """The request's URL and its 2xx answer; ``ApiError`` for any other outcome. The call
-        ends by ``deadline`` (monotonic; default ``timeout`` from now)."""
+        ends by ``deadline`` (monotonic; default ``timeout`` from now). ``body``: sent as
+        JSON (a write)."""
         pairs = [
             (k, v)
             for k, value in (query or {}).items()
@@ -415,28 +422,39 @@ class Api:
         ]
         full = _wire.API_PREFIX + path + (f"?{urlencode(pairs)}" if pairs else "")
         url = self.url + full
+
+        def error(kind: type[ApiError], status: int, detail: str) -> ApiError:
+            return kind(status, detail, url, method)
+
         deadline = time.monotonic() + self.timeout if deadline is None else deadline
         left = deadline - time.monotonic()
         late = f"no whole answer within {self.timeout:g} s (the timeout, Api(timeout=...))"
         if left <= 0:
-            raise ApiError(0, late, url)
-        request = Request("GET", full, deadline_s=left, max_answer_bytes=self.max_answer_bytes)
+            raise error(ApiError, 0, late)
+        request = Request(
+            method,
+            full,
+            body=None if body is None else json.dumps(body).encode(),
+            headers={} if body is None else {"Content-Type": "application/json"},
+            deadline_s=left,
+            max_answer_bytes=self.max_answer_bytes,
+        )
         try:
             response = self._transport.handle_request(request)
         except DeadlinePassed:
-            raise ApiError(0, late, url) from None
+            raise error(ApiError, 0, late) from None
         except AnswerTooLarge as exc:
-            raise AnswerError(exc.status, self._too_large(), url) from None
+            raise error(AnswerError, exc.status, self._too_large()) from None
         except TransportError as exc:
-            raise ApiError(0, str(exc), url) from exc
+            raise error(ApiError, 0, str(exc)) from exc
         if len(response.body) > self.max_answer_bytes:  # a transport that does not stop early
-            raise AnswerError(response.status, self._too_large(), url)
+            raise error(AnswerError, response.status, self._too_large())
         if response.status == 404:
-            raise NotFoundError(404, response.detail(), url)
+            raise error(NotFoundError, 404, response.detail())
         if not 200 <= response.status < 300:
-            raise ApiError(response.status, response.detail(), url)
+            raise error(ApiError, response.status, response.detail())
         if is_html(response):  # a noisescope server answers /api/v1 with data, never a page
-            raise AnswerError(response.status, self._web_page(), url)
+            raise error(AnswerError, response.status, self._web_page())
         return url, response
 
     def _web_page(self) -> str:
@@ -451,35 +469,7 @@ class Api:
         """Send one write (``method`` with ``body`` as JSON) and check its 2xx answer, with
         the errors and the deadline of a read; a write is not retried (none of these is
         harmful to repeat, but the caller decides)."""
-        full = _wire.API_PREFIX + path
-        url = self.url + full
-        data = None if body is None else json.dumps(body).encode()
-        headers = {} if body is None else {"Content-Type": "application/json"}
-        request = Request(
-            method,
-            full,
-            body=data,
-            headers=headers,
-            deadline_s=self.timeout,
-            max_answer_bytes=self.max_answer_bytes,
-        )
-        try:
-            try:
-                response = self._transport.handle_request(request)
-            except DeadlinePassed:
-                late = f"no whole answer within {self.timeout:g} s (the timeout, Api(timeout=...))"
-                raise ApiError(0, late, url) from None
-            except AnswerTooLarge as exc:
-                raise AnswerError(exc.status, self._too_large(), url) from None
-            except TransportError as exc:
-                raise ApiError(0, str(exc), url) from exc
-            if response.status == 404:
-                raise NotFoundError(404, response.detail(), url)
-            if not 200 <= response.status < 300:
-                raise ApiError(response.status, response.detail(), url)
-        except ApiError as exc:  # its message names a GET: name this method instead
-            exc.args = (str(exc).replace("GET ", f"{method} ", 1),)
-            raise
+        self._request(path, method=method, body=body)
 
     def _too_large(self) -> str:
         return (

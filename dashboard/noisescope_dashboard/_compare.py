@@ -9,6 +9,7 @@ chart with its labels never cut, a click on a legend entry highlights it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -51,17 +52,7 @@ def compare_section(
                 container=c1,
             )
         )
-    fraction = _state.number(
-        "Smoothing window (fraction of each run)",
-        key="win",
-        value=0.1,
-        min_value=0.0,
-        max_value=1.0,
-        step=0.05,
-        help="Each point sums the trailing window of this share of its run's steps "
-        "(ratio last); 0: each bucket alone",
-        container=c2,
-    )
+    fraction = _smoothing_window(c2)
     with c3:
         log_y = _state.checkbox("log B_simple", key="logy", value=True)
         log_loss = _state.checkbox("log loss", key="logloss")
@@ -139,17 +130,7 @@ def bands_section(src: _data.Source, runs: Sequence[RunSummary], *, key: str) ->
     Diverged runs are left out (their loss leaves the axis). Returns the bands drawn."""
     c1, c2, c3 = st.columns([1.4, 1.2, 1])
     by = _state.radio("A line per", GROUPS, key="by", container=c1)
-    fraction = _state.number(
-        "Smoothing window (fraction of each run)",
-        key="win",
-        value=0.1,
-        min_value=0.0,
-        max_value=1.0,
-        step=0.05,
-        help="Each point sums the trailing window of this share of its run's steps "
-        "(ratio last); 0: each bucket alone",
-        container=c2,
-    )
+    fraction = _smoothing_window(c2)
     with c3:
         log_y = _state.checkbox("log B_simple", key="logy", value=True)
         log_loss = _state.checkbox("log loss", key="logloss")
@@ -199,3 +180,18 @@ def bands_section(src: _data.Source, runs: Sequence[RunSummary], *, key: str) ->
             caption=caption if i == 0 else None,
         )
     return bands
+
+
+def _smoothing_window(container: Any) -> float:
+    """The trailing-window control both comparison views share (``?win=``)."""
+    return _state.number(
+        "Smoothing window (fraction of each run)",
+        key="win",
+        value=0.1,
+        min_value=0.0,
+        max_value=1.0,
+        step=0.05,
+        help="Each point sums the trailing window of this share of its run's steps "
+        "(ratio last); 0: each bucket alone",
+        container=container,
+    )
