@@ -88,10 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if url not in (None, OFFLINE) and (out / "spool").is_dir():
             import noisescope
+            from noisescope._format import plural
 
             synced = noisescope.sync(out / "spool", url=url)
             progress.line(
-                f"noisescope sync: {len(synced.synced)} spooled runs, {synced.samples} samples "
+                f"noisescope sync: {plural(len(synced.synced), 'spooled run')}, "
+                f"{plural(synced.samples, 'sample')} "
                 f"delivered to {url}" + (f"; failed: {synced.failed}" if synced.failed else "")
             )
         results = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["count", "ratio", "ratio_beside", "ratio_interval", "whole"]
+__all__ = ["count", "plural", "ratio", "ratio_beside", "ratio_interval", "whole"]
 
 
 def count(value: float) -> str:
@@ -76,3 +76,9 @@ def ratio_interval(lo: float, hi: float, head: float | None = None) -> tuple[str
         ):
             break
     return lo_text, hi_text
+
+
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, plural unless 1, with thousands separators (exact: counts to check):
+    "1 run", "4,000 samples"."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")

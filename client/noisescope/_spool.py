@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from noisescope import _json, _wire
+from noisescope._format import plural
 
 try:  # POSIX only; on other systems concurrent sync of a live run is not guarded.
     import fcntl
@@ -320,11 +321,6 @@ def check_lines(data: bytes) -> tuple[list[tuple[int, bytes, dict[str, Any]]], l
 
 def _digest(line: bytes) -> bytes:
     return hashlib.blake2b(line, digest_size=16).digest()
-
-
-def plural(n: int, word: str) -> str:
-    """``n`` and ``word``, plural unless 1, with thousands separators (exact: counts to check)."""
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def held(samples: int, unknown: int, events: int) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 
 from noisescope import _wire
 from noisescope._config import Settings, resolve, server_hint, url_argument
+from noisescope._format import plural
 from noisescope._progress import Progress
 from noisescope._request import build_request, is_loopback
 from noisescope._retry import classify, is_html, not_noisescope
@@ -39,7 +40,6 @@ from noisescope._spool import (
     SetAside,
     batch_size,
     held,
-    plural,
     replay_requests,
     spooled_run_ids,
 )
