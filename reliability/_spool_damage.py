@@ -169,7 +169,9 @@ def torn(layout: Layout) -> Expect:
     keep = sum(len(line) + 1 for line in lines[:-2]) + len(lines[-2]) // 2
     with path.open("r+b") as f:
         f.truncate(keep)
-    lost = layout.record(0, RECORDS_PER_SEGMENT - 1)
+    # the segment's last record: usually its RECORDS_PER_SEGMENT-th, one more when the sender
+    # wrote a batch part-way (a loaded machine)
+    lost = layout.record(0, len(layout.seqs[0]) - 1)
     return Expect(lost, (path.name, "incomplete"), True)
 
 
