@@ -215,3 +215,8 @@ def rows_to_columns(rows: list[Sample], series_prefix: str = "") -> tuple[Column
         for name, col in zip(_wire.SAMPLE_COLUMNS, zip(*good, strict=True), strict=True)
     }
     return columns, refused
+
+
+def select_rows(columns: Columns, rows: list[int]) -> Columns:
+    """The samples ``rows`` (indices, in that order) of ``columns``."""
+    return {name: [values[i] for i in rows] for name, values in columns.items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import email.utils
 import random
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from noisescope._config import server_hint
 from noisescope._transport import Response
@@ -91,3 +91,29 @@ def not_noisescope_problem(url: str, request: str, response: Response) -> str:
         f"{url} is not a noisescope server: it answered {request} with HTTP "
         f"{response.status}{page}; {server_hint(url)} (set url= or NOISESCOPE_URL)"
     )
+
+
+def answer_field(response: Response, key: str) -> Any:
+    """``key`` of a JSON-object answer; None from any other answer (an older server, a
+    proxy's page, a body that is not JSON)."""
+    try:
+        answer = response.json()
+    except (ValueError, RecursionError):
+        return None
+    return answer.get(key) if isinstance(answer, dict) else None
+
+
+def inserted(response: Response, count: int) -> int:
+    """How many of ``count`` samples a samples answer says were stored anew
+    (``{"inserted": m}``); ``count`` from an answer that does not say."""
+    said = answer_field(response, "inserted")
+    return said if type(said) is int and 0 <= said <= count else count
+
+
+def refused_rows(response: Response, count: int) -> list[int]:
+    """The samples of a request of ``count`` that a 422 names (``{"rows": [...]}``), sorted;
+    none when it names none, or names one that is not in the request."""
+    rows = answer_field(response, "rows")
+    if not isinstance(rows, list) or not all(type(i) is int and 0 <= i < count for i in rows):
+        return []
+    return sorted(set(rows))

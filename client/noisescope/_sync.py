@@ -31,8 +31,9 @@ from noisescope import _wire
 from noisescope._config import Settings, resolve, server_hint, url_argument
 from noisescope._format import plural
 from noisescope._progress import Progress
+from noisescope._records import select_rows
 from noisescope._request import build_request, is_loopback
-from noisescope._retry import classify, is_html, not_noisescope
+from noisescope._retry import classify, inserted, is_html, not_noisescope, refused_rows
 from noisescope._spool import (
     Columns,
     Foreign,
@@ -149,29 +150,6 @@ def _recorded_run_id(spool: RunSpool, meta: dict[str, Any]) -> str:
     return str(run_id)
 
 
-def _inserted(response: Response, count: int) -> int:
-    """The samples the server stored anew (``{"inserted": m}``); ``count`` from a server that
-    does not say."""
-    try:
-        answer = response.json()
-        inserted = answer.get("inserted") if isinstance(answer, dict) else None
-    except (ValueError, RecursionError):
-        inserted = None
-    return inserted if type(inserted) is int and 0 <= inserted <= count else count
-
-
-def _refused_rows(response: Response, count: int) -> list[int]:
-    """The rows of a request of ``count`` samples that a 422 names (``{"rows": [...]}``)."""
-    try:
-        answer = response.json()
-        rows = answer.get("rows") if isinstance(answer, dict) else None
-    except (ValueError, RecursionError):
-        rows = None
-    if not isinstance(rows, list) or not all(type(i) is int and 0 <= i < count for i in rows):
-        return []
-    return sorted(set(rows))
-
-
 class _Run:
     """The requests of one run's delivery, and what it set aside."""
 
@@ -214,25 +192,25 @@ class _Run:
         response = self.send("POST", _wire.samples_path(self.run_id), {"columns": columns})
         if classify(response) == "ok":
             self.done.sent += count
-            self.done.stored += _inserted(response, count)
+            self.done.stored += inserted(response, count)
             return
         invalid = response.status == _INVALID and not not_noisescope(response)
-        rows = _refused_rows(response, count) if invalid else []
+        rows = refused_rows(response, count) if invalid else []
         if rows:
             why = f"the server refused them (HTTP {response.status}): {response.detail()}"
             lost = Counter(_line_of(parts, i) for i in rows)
-            self.spool.set_aside_refused(path, sorted(lost), _rows(columns, rows), why)
+            self.spool.set_aside_refused(path, sorted(lost), select_rows(columns, rows), why)
             refused = set(rows)
             rest = [i for i in range(count) if i not in refused]
             if rest:
                 left = [(line, size - lost[line]) for line, size in parts if size > lost[line]]
-                self.samples(path, _rows(columns, rest), left)
+                self.samples(path, select_rows(columns, rest), left)
             return
         if len(parts) > 1 and (invalid or response.status == _TOO_LARGE):
             offset = 0
             for line, size in parts:
                 self.samples(
-                    path, _rows(columns, list(range(offset, offset + size))), [(line, size)]
+                    path, select_rows(columns, list(range(offset, offset + size))), [(line, size)]
                 )
                 offset += size
             return
@@ -246,10 +224,6 @@ def _line_of(parts: list[tuple[int, int]], row: int) -> int:
             return line
         row -= size
     return parts[-1][0]
-
-
-def _rows(columns: Columns, rows: list[int]) -> Columns:
-    return {name: [values[i] for i in rows] for name, values in columns.items()}
 
 
 def sync_run(

@@ -34,16 +34,19 @@ from noisescope._config import Settings
 from noisescope._delivery._guard import Guard
 from noisescope._delivery._outbox import Outbox
 from noisescope._delivery._state import Event, Link, Stage, State, initial, transition
-from noisescope._records import rows_to_columns
+from noisescope._records import rows_to_columns, select_rows
 from noisescope._redact import redact_text, redact_url
 from noisescope._request import build_request, is_loopback
 from noisescope._retry import (
     Backoff,
     Outcome,
+    answer_field,
     classify,
+    inserted,
     not_noisescope,
     not_noisescope_problem,
     parse_retry_after,
+    refused_rows,
 )
 from noisescope._spool import Columns, RunSpool, replay_requests
 from noisescope._sync import deliver_orphans
@@ -435,8 +438,7 @@ class Sender:
         if self._on_page is None:
             return
         try:
-            answer = response.json()
-            link = answer.get("dashboard_url") if isinstance(answer, dict) else None
+            link = answer_field(response, "dashboard_url")
             if link is not None:
                 self._on_page(link)
         except Exception:  # an old server, a proxy's page: no link, nothing else changes
@@ -461,19 +463,19 @@ class Sender:
         count = len(columns["seq"])
         if outcome == "ok" and self.outbox.answered_inflight():
             # the guard's copy is counted when the spool replays it, all but these
-            already = count - _inserted(response, count) if fresh else 0
+            already = count - inserted(response, count) if fresh else 0
             if already:
                 self._count_already_stored(already)
                 self._copies_already_stored += already
             self._last_send = time.monotonic()
         elif outcome == "ok":
-            inserted = _inserted(response, count)
-            self.inserted += inserted
-            if fresh and inserted < count:
-                self._count_already_stored(count - inserted)
-                count = inserted
+            stored = inserted(response, count)
+            self.inserted += stored
+            if fresh and stored < count:
+                self._count_already_stored(count - stored)
+                count = stored
             elif self._copies_already_stored:  # a replay: of such a copy, perhaps
-                counted = min(self._copies_already_stored, count - inserted)
+                counted = min(self._copies_already_stored, count - stored)
                 self._copies_already_stored -= counted
                 count -= counted
             self.sent += count
@@ -509,14 +511,8 @@ class Sender:
         """``columns`` less the samples a 422 names (``"rows"``), which are counted dropped;
         None when the answer names none, or all of them (then the batch is refused whole)."""
         count = len(columns["seq"])
-        try:
-            rows = response.json().get("rows")
-            refused = set(rows) if isinstance(rows, list) else set()
-        except (ValueError, AttributeError, TypeError, RecursionError):
-            refused = set()
+        refused = refused_rows(response, count)
         if not refused or len(refused) >= count:
-            return None
-        if not all(type(i) is int and 0 <= i < count for i in refused):
             return None
         why = f"the server refused them (HTTP {response.status}): {response.detail()}"
         if not self.outbox.inflight_was_spooled():  # else the spool's replay counts them
@@ -527,8 +523,8 @@ class Sender:
             key=f"refused-rows-{response.status}",
             level=logging.WARNING,
         )
-        keep = [i for i in range(count) if i not in refused]
-        return {name: [col[i] for i in keep] for name, col in columns.items()}
+        named = set(refused)
+        return select_rows(columns, [i for i in range(count) if i not in named])
 
     def _replay_spool(self) -> bool:
         """Send spooled batches, oldest first; a segment is deleted once all of it is taken.
@@ -635,11 +631,7 @@ class Sender:
     def _say_server_warnings(self, response: Response) -> None:
         """What the server stored otherwise than sent (its answer's ``warnings``: a time from
         a clock ahead of the server's), each said once."""
-        try:
-            answer = response.json()
-            said = answer.get("warnings") if isinstance(answer, dict) else None
-        except (ValueError, RecursionError):
-            return
+        said = answer_field(response, "warnings")
         for warning in said if isinstance(said, list) else []:
             if isinstance(warning, str) and warning.isprintable():
                 self._error(f"the server says: {warning[:300]}", key=f"server:{warning[:80]}")
@@ -669,13 +661,3 @@ class Sender:
         if key is not None and key not in self._warned:
             self._warned.add(key)
             logger.log(max(level, logging.WARNING), "noisescope: %s", message)
-
-
-def _inserted(response: Response, count: int) -> int:
-    """How many of ``count`` samples the server's answer says it stored (all, if it says
-    nothing readable)."""
-    try:
-        inserted = response.json().get("inserted", count)
-    except (ValueError, AttributeError, TypeError, RecursionError):
-        return count
-    return inserted if type(inserted) is int and 0 <= inserted <= count else count
