@@ -34,8 +34,8 @@ Report = Callable[..., None]
 #: Events held in memory at most; beyond it the older half goes to the spool (or, with no
 #: usable spool, a new event is dropped and counted).
 EVENTS_MAX = 10_000
-#: Events per spool record: a record is replayed as one request, which the server bounds.
-EVENTS_PER_RECORD = 1000
+#: Events per request, and per spool record (a record is replayed as one request).
+EVENTS_PER_REQUEST = 1000
 
 
 class Outbox:
@@ -144,7 +144,7 @@ class Outbox:
             return False
         while len(self._events) > EVENTS_MAX // 2:
             with self.lock:
-                count = min(len(self._events) - EVENTS_MAX // 2, EVENTS_PER_RECORD)
+                count = min(len(self._events) - EVENTS_MAX // 2, EVENTS_PER_REQUEST)
                 batch = [json_safe(self._events.popleft()) for _ in range(max(0, count))]
             try:
                 ok = self.spool.append_record({"events": batch})
@@ -417,8 +417,8 @@ class Outbox:
         with self.lock, contextlib.suppress(IndexError):
             while True:
                 batch.append(json_safe(self._events.popleft()))
-        for start in range(0, len(batch), EVENTS_PER_RECORD):  # a record is one request
-            chunk = batch[start : start + EVENTS_PER_RECORD]
+        for start in range(0, len(batch), EVENTS_PER_REQUEST):  # a record is one request
+            chunk = batch[start : start + EVENTS_PER_REQUEST]
             try:
                 ok = self.spool.append_record({"events": chunk})
             except OSError:

@@ -32,7 +32,7 @@ from typing import Any
 from noisescope import _wire
 from noisescope._config import Settings
 from noisescope._delivery._guard import Guard
-from noisescope._delivery._outbox import Outbox
+from noisescope._delivery._outbox import EVENTS_PER_REQUEST, Outbox
 from noisescope._delivery._state import Event, Link, Stage, State, initial, transition
 from noisescope._records import rows_to_columns, select_rows
 from noisescope._redact import redact_text, redact_url
@@ -56,8 +56,6 @@ logger = logging.getLogger("noisescope")
 
 #: Seconds ``close`` waits before it says that it is waiting for the server.
 SLOW_CLOSE = 1.0
-#: Events per request.
-EVENTS_PER_REQUEST = 1000
 
 
 class Sender:
