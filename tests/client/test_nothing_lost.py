@@ -280,19 +280,42 @@ def test_a_run_id_used_again_counts_the_samples_the_server_ignores(
     assert "the run id was used before" in caplog.text
 
 
+#: Run fields over the server's limits, and the words of init's refusal of each.
+OVER_THE_LIMITS: dict[str, dict[str, Any]] = {
+    "config is": {"config": {"weights": "x" * (1 << 20)}},
+    "tags; the limit is 100": {"tags": [str(i) for i in range(10_000)]},
+    "name is 201 characters": {"name": "n" * 201},
+    "project is 201 characters": {"project": "p" * 201},
+    "project must not be blank": {"project": "  "},
+    "task must not contain NUL": {"task": "a\x00"},
+}
+
+
 def test_run_fields_the_server_would_refuse_are_refused_at_init(tmp_path: Path) -> None:
-    cases: dict[str, dict[str, Any]] = {
-        "config is": {"config": {"weights": "x" * (1 << 20)}},
-        "tags; the limit is 100": {"tags": [str(i) for i in range(10_000)]},
-        "name is 201 characters": {"name": "n" * 201},
-        "project is 201 characters": {"project": "p" * 201},
-        "project must not be blank": {"project": "  "},
-        "task must not contain NUL": {"task": "a\x00"},
-    }
-    for says, fields in cases.items():
+    for says, fields in OVER_THE_LIMITS.items():
         with pytest.raises(ValueError, match=says):
             noisescope.init(mode="offline", dir=tmp_path, **fields)
     assert not list(tmp_path.iterdir())  # nothing spooled that sync could not deliver
+
+
+def test_the_server_refuses_what_init_refuses(server: AppServer) -> None:
+    """init's rule (``_wire.run_fields_problem``) and the server's schema agree: each run
+    init refuses, the server answers 422, and the same run within the limits it takes."""
+    token, _ = _token(server, "limits")
+    with server.client() as http:
+        auth = {"Authorization": f"Bearer {token}"}
+        for i, fields in enumerate(OVER_THE_LIMITS.values()):
+            body = {"project": "limits", "task": "t", **fields}
+            refused = http.put(f"{API}/runs/limits-{i}", json=body, headers=auth)
+            assert refused.status_code in (401, 403, 422), (fields.keys(), refused.text)
+            if "project" not in fields:
+                assert refused.status_code == 422, (fields.keys(), refused.text)
+        taken = http.put(
+            f"{API}/runs/limits-ok",
+            json={"project": "limits", "task": "t", "name": "n" * 200, "tags": ["x"] * 100},
+            headers=auth,
+        )
+        assert taken.status_code in (200, 201), taken.text
 
 
 def test_a_password_in_the_url_is_never_printed_or_written(
