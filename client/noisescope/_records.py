@@ -154,9 +154,16 @@ def _all_taken(out: Columns) -> bool:
     step = out["step"]
     if min(step) < 0 or max(step) > INT64_MAX or max(out["seq"]) > INT64_MAX:
         return False
-    if any(len(s) > _wire.MAX_NAME_LENGTH or "\x00" in s for s in set(out["series"])):
+    # a batch holds one series and one pair of batch sizes, usually: then each is one value
+    series = out["series"]
+    names = series[:1] if _uniform(series) else set(series)
+    if any(len(s) > _wire.MAX_NAME_LENGTH or "\x00" in s for s in names):
         return False
-    pairs = set(zip(out["b_small"], out["b_big"], strict=True))
+    smalls, bigs = out["b_small"], out["b_big"]
+    if _uniform(smalls) and _uniform(bigs):
+        pairs = {(smalls[0], bigs[0])}
+    else:
+        pairs = set(zip(smalls, bigs, strict=True))
     if len(pairs) > _PAIRS_MAX:
         return False
     g_small_sq, g_big_sq = out["g_small_sq"], out["g_big_sq"]
@@ -171,6 +178,11 @@ def _all_taken(out: Columns) -> bool:
         if g_max * max((b_big + b_small) / gap, b_small * b_big / gap) > _wire.MAX_SUMMED:
             return False
     return True
+
+
+def _uniform(column: list[Any]) -> bool:
+    """Whether a (non-empty) column holds one value throughout: one C-level count."""
+    return column.count(column[0]) == len(column)
 
 
 def rows_to_columns(rows: list[Sample], series_prefix: str = "") -> tuple[Columns, list[str]]:
