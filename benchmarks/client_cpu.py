@@ -160,7 +160,7 @@ def _children(url: str, n: int, config: str, clients: int) -> tuple[list[dict[st
 
 def measure(quick: bool) -> dict[str, Any]:
     from benchmarks.ingest import http_rate
-    from tests.support.servers import ServerProcess
+    from harness import ServerProcess
 
     n = 20_000 if quick else 100_000
     clients = 4

@@ -82,7 +82,7 @@ def _child(client: Path, mode: str, url: str, n: int) -> dict[str, Any]:
 
 
 def measure(quick: bool) -> dict[str, Any]:
-    from tests.support.servers import ServerProcess
+    from harness import ServerProcess
 
     baseline = os.environ.get(BASELINE_ENV)
     versions = {"this": ROOT / "client"}

@@ -351,7 +351,7 @@ def _print_profile(page: _Page, new: Worker, old: Worker) -> None:
 
 
 def run(quick: bool = False, baseline: str = BASELINE, profile: bool = False) -> str:
-    from tests.support.servers import ServerProcess
+    from harness import ServerProcess
 
     big_n = 100_000 if quick else 1_000_000
     n_runs, per_run = (20, 5_000) if quick else (100, 10_000)

@@ -43,9 +43,9 @@ import requests
 
 from benchmarks import _cli
 from benchmarks._venv import competitor_python
+from harness import ServerProcess, free_port, wait_for_health
 from noisescope import _wire
 from noisescope_server.models import SAMPLE_COLUMNS
-from tests.support.servers import ServerProcess, free_port, wait_for_health
 
 PG_ADMIN = os.environ.get("NOISESCOPE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 COLUMNS = _wire.SAMPLE_COLUMNS

@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks import _cli
 from benchmarks._meter import Meter, NoiseGauge, metered
-from tests.support.trainers import QUIET_HF, QUIET_LIGHTNING
+from harness import QUIET_HF, QUIET_LIGHTNING
 
 TARGET_RATIO = 1.03
 

@@ -33,8 +33,8 @@ import noisescope
 from benchmarks import _cli
 from benchmarks._log_competitors import percentiles
 from benchmarks._venv import PINS, competitor_python
+from harness import ServerProcess, free_port
 from noisescope import Request, Response
-from tests.support.servers import ServerProcess, free_port
 
 HERE = Path(__file__).resolve().parent
 TARGET_P50_US = 5.0

@@ -35,8 +35,8 @@ from torch import Tensor, nn
 from benchmarks import _cli
 from benchmarks._meter import NoiseGauge
 from benchmarks.probe_overhead import ProbeFactory, Row, _Case, _rows, _Sink
+from harness.zoo.models import GPT, GPTConfig
 from noisescope.torch import GradientNoiseProbe
-from tests.probes.zoo.models import GPT, GPTConfig
 
 VOCAB, WIDTH, HEADS, LAYERS, CONTEXT, BATCH = 512, 256, 4, 4, 128, 16
 #: rounds, steps per arm and round, (metered steps, metered runs): a step is ~0.5 s of CPU
@@ -44,7 +44,7 @@ SIZES = (9, 2, (3, 3))
 
 
 def NanoGPT() -> nn.Module:
-    """The zoo's nanoGPT (``tests/probes/zoo``, written as nanoGPT writes it) at this size."""
+    """The zoo's nanoGPT (``harness/zoo``, written as nanoGPT writes it) at this size."""
     config = GPTConfig(
         block_size=CONTEXT, vocab_size=VOCAB, n_layer=LAYERS, n_head=HEADS, n_embd=WIDTH
     )
@@ -109,7 +109,7 @@ def run(quick: bool = False) -> str:
         "## Probes: per-example norms on a GPT (all parameters, norm layers)",
         "",
         "CPU time per training step (forward, backward, clipping, SGD step) of a GPT written "
-        "as nanoGPT writes it (the zoo's `GPT`, `tests/probes/zoo/models.py`, timed by "
+        "as nanoGPT writes it (the zoo's `GPT`, `harness/zoo/models.py`, timed by "
         "`benchmarks/probe_gpt.py`: tied `wte`/`lm_head`, `wpe(arange(T))` "
         "broadcast over the batch, nanoGPT's own `LayerNorm` class, Linear attention and MLP, "
         f"SDPA; {LAYERS} layers, width {WIDTH}, {HEADS} heads, {CONTEXT} tokens, vocabulary "

@@ -387,7 +387,7 @@ def _per_point(cases: list[_Case], label: str) -> tuple[float, float]:
 
 
 def run(quick: bool = False, baseline: str = BASELINE) -> str:
-    from tests.support.servers import ServerProcess
+    from harness import ServerProcess
 
     sizes = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
     n_small = 17 if quick else 98

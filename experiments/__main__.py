@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from experiments import analysis, figures, report
     from experiments.runner import OFFLINE, PROJECT, Progress, ensure_logged, run_sweep
     from experiments.tasks import TASKS
-    from tests.support.servers import ServerProcess
+    from harness import ServerProcess
 
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in names if t not in TASKS]

@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from experiments import branch_report
     from experiments.runner import Progress
-    from tests.support.servers import ServerProcess
+    from harness import ServerProcess
 
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in names if t not in BRANCH_TASKS]

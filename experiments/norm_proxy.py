@@ -6,7 +6,7 @@ the normalization layers' parameters alone (Gray et al., NeurIPS 2024): nearly f
 different quantity, tr(Σ_norm)/|G_norm|², from the whole model's tr(Σ)/|G|². This compares the
 two on the same batches and weights:
 
-- the zoo's models with normalization layers (``tests/probes/zoo``: nanoGPT as nanoGPT writes
+- the zoo's models with normalization layers (``harness/zoo``: nanoGPT as nanoGPT writes
   it, Hugging Face GPT-2, BERT, Llama, T5, a GroupNorm conv net; float64, each with a fixed
   set of N = 64 examples), at initialisation and after two lengths of training (Adam on
   batches drawn with replacement from the set). There the exact values are known (per-example
@@ -204,7 +204,7 @@ ZOO = ("nanogpt", "gpt2", "bert", "llama", "t5", "groupnorm_conv", "moe")
 
 def _exact(case: Any) -> tuple[float, float]:
     """Exact B_simple of the whole model and of its norm layers over the case's N examples."""
-    from tests.probes.zoo import Truth, brute_force_grads, trainable
+    from harness.zoo import Truth, brute_force_grads, trainable
 
     grads = brute_force_grads(case)
     norm = {id(p) for m in case.model.modules() if is_norm_layer(m) for p in m.parameters(False)}
@@ -222,7 +222,7 @@ def _exact(case: Any) -> tuple[float, float]:
 def _zoo_points(
     quick: bool, progress: Callable[[str], None]
 ) -> list[Point]:  # pragma: no cover - the study itself
-    from tests.probes.zoo import BUILDERS
+    from harness.zoo import BUILDERS
 
     names = ZOO[:2] if quick else ZOO
     checkpoints = (0, 30) if quick else (0, 30, 300)

@@ -521,7 +521,7 @@ def stored_section(backend: str, s: Sizes) -> tuple[bool, str]:
     failures = [{"request": _short(f.request), "got": str(f.status), "detail": f.detail[:110]}
                 for f in r.failures[:20]]  # fmt: skip
     body = (
-        f"{r.examples} random stories (hypothesis; `tests/support/write_then_read.py`): each "
+        f"{r.examples} random stories (hypothesis; `harness/write_then_read.py`): each "
         "writes 1 to 4 runs of one project with bodies at the edges of every field (the float "
         "range's ends, int64's, the UTC calendar's, branch plans, parent links, steps up to "
         "2^63 − 1), through PUT, samples, events, PATCH and heartbeat, then asks every read "
@@ -620,7 +620,7 @@ def read_client_section(s: Sizes) -> tuple[bool, str]:
              "held": "yes" if c.ok else "NO"} for c in cases]  # fmt: skip
     return all(c.ok for c in cases), (
         "`noisescope.Api` (the dashboard's only reader) against a loopback server that answers "
-        "what each case scripts (`tests/support/broken_http.py`). Held: the call raised an "
+        "what each case scripts (`harness/broken_http.py`). Held: the call raised an "
         "`ApiError` (or its subclass `AnswerError`, `NotFoundError`), which the dashboard "
         "catches, naming the URL; a trickle ended within the call's timeout + 3 s (it would "
         "take over a minute); the client's Python objects (tracemalloc peak) stayed within "

@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
+from harness import CHROMIUM_ARGS
 from reliability._hostile import good_columns
 from reliability._infra import Server, port
-from tests.support.browser import CHROMIUM_ARGS
 
 #: Each payload sets ``window.__ns_xss`` (or opens a dialog) if it ever runs.
 PAYLOADS = [

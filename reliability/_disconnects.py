@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import httpx
 import orjson
 
+from harness import columns, run_body
 from reliability._raw import _abandon, _exchange, _status
-from tests.server._data import columns, run_body
 
 __all__ = ["Disconnect", "run_auth_disconnects"]
 

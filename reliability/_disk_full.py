@@ -22,17 +22,17 @@ from typing import Any
 
 from sqlalchemy import text
 
-from reliability._client import B_BIG, B_SMALL, ClientSpec, sample_values
-from reliability._faults import FaultResult
-from reliability._infra import Server, Workdir, database, engine_for, start_worker, sync_spool
-from reliability._reconcile import check_run
-from tests.support.small_disk import (
+from harness.small_disk import (
     FullDisk,
     end_file,
     metadata_file,
     segment_file,
     small_filesystem,
 )
+from reliability._client import B_BIG, B_SMALL, ClientSpec, sample_values
+from reliability._faults import FaultResult
+from reliability._infra import Server, Workdir, database, engine_for, start_worker, sync_spool
+from reliability._reconcile import check_run
 
 SIZE = "512k"
 #: ``SIZE`` as the report writes it.

@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
-from tests.server._data import columns, run_body
-from tests.support.synthetic_sweep import make_sweep, post
-from tests.support.write_then_read import DATABASE_BLAME
+from harness import columns, run_body
+from harness.synthetic_sweep import make_sweep, post
+from harness.write_then_read import DATABASE_BLAME
 
 __all__ = ["EDGE_VALUES", "EdgeResult", "run_edges"]
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.spool_layout import HOSTILE_RUN_IDS, plant_layout, tree
 from reliability._client import ClientSpec
 from reliability._infra import (
     Server,
@@ -26,7 +27,6 @@ from reliability._infra import (
     sync_spool,
 )
 from reliability._reconcile import RunCheck, check_run, stored_seqs
-from tests.support.spool_layout import HOSTILE_RUN_IDS, plant_layout, tree
 
 
 @dataclass

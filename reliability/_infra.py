@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import ServerProcess, free_port, postgres
 from reliability._client import ClientSpec
-from tests.support import postgres
-from tests.support.servers import ServerProcess, free_port
 
 PG_ADMIN = os.environ.get(
     "NOISESCOPE_RELIABILITY_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

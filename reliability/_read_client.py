@@ -1,4 +1,4 @@
-"""``noisescope.Api`` against a deliberately broken server (tests/support/broken_http.py): each
+"""``noisescope.Api`` against a deliberately broken server (harness/broken_http.py): each
 failure mode (wrong content type, wrong shape, a trickle, a decompression bomb, a reset) must
 end the call with an ``ApiError`` that names the URL and what came back, within the call's
 timeout, without holding an answer past ``max_answer_bytes``."""
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import noisescope
+from harness.broken_http import Answer, BrokenServer, bomb, json_answer, reset, trickle
 from noisescope._api import MAX_ANSWER_BYTES
-from tests.support.broken_http import Answer, BrokenServer, bomb, json_answer, reset, trickle
 
 __all__ = ["ClientCase", "run_read_client"]
 

@@ -26,11 +26,11 @@ from typing import Any
 import httpx
 
 import noisescope
+from harness import columns, run_body
+from harness.synthetic_sweep import make_sweep, post
 from noisescope import protocol
 from noisescope_dashboard._frames import MAX_EVALS, MAX_MARKS, NOT_MARKS
 from noisescope_dashboard._text import task_key
-from tests.server._data import columns, run_body
-from tests.support.synthetic_sweep import make_sweep, post
 
 __all__ = ["ReadCase", "run_round3_reads"]
 

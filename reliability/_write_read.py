@@ -1,6 +1,6 @@
 """Stored, then read: whatever a write accepts (and rows stored before a rule, written here
 around the API), every read route answers. Random bodies at the edges of every field
-(tests/support/write_then_read.py, hypothesis) go through every write route; then every read
+(harness/write_then_read.py, hypothesis) go through every write route; then every read
 route is asked about what they made. No answer may be a 5xx, nor a read refused for what is
 stored; the server log must hold no traceback (the caller counts those)."""
 
@@ -15,9 +15,8 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from sqlalchemy import select, update
 
-from noisescope_server.models import Event, Run, Sample
-from tests.server._data import columns, run_body
-from tests.support.write_then_read import (
+from harness import columns, run_body
+from harness.write_then_read import (
     Exchange,
     Story,
     read_everything,
@@ -25,6 +24,7 @@ from tests.support.write_then_read import (
     stories,
     write_story,
 )
+from noisescope_server.models import Event, Run, Sample
 
 __all__ = ["WriteReadResult", "run_write_read"]
 

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.support import postgres
-from tests.support.servers import ServerProcess
+from harness import ServerProcess, postgres
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -41,7 +40,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 if TYPE_CHECKING:
-    from tests.support.inprocess import AppServer
+    from harness import AppServer
 
 # Inductor compiles in this process, not in a worker pool: the 2-rank tests fork this process,
 # and a child inherits a pool whose threads did not survive the fork, so its first compilation
@@ -83,7 +82,7 @@ def fresh_database(backend: str, folder: Path) -> Iterator[str]:
 def app_on(backend: str, folder: Path, **settings: Any) -> Iterator[AppServer]:
     """The server's app in this process (``AppServer(**settings)``) on an empty database of
     ``backend`` (``fresh_database``)."""
-    from tests.support.inprocess import AppServer
+    from harness import AppServer
 
     with fresh_database(backend, folder) as url, AppServer(database_url=url, **settings) as app:
         yield app
@@ -115,9 +114,9 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def app_server() -> Iterator[AppServer]:
-    """The server's app in this process (tests/support/inprocess.py) on a temporary SQLite
+    """The server's app in this process (harness/inprocess.py) on a temporary SQLite
     database: for tests of what the server stores and answers."""
-    from tests.support.inprocess import AppServer  # FastAPI's import only where it is used
+    from harness import AppServer  # FastAPI's import only where it is used
 
     with AppServer() as server:
         yield server

@@ -28,8 +28,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from tests.server._data import columns, run_body
-from tests.support.servers import ServerProcess, free_port, wait_for_health
+from harness import ServerProcess, columns, free_port, run_body, wait_for_health
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKS = {"fragment", "long"}
@@ -112,6 +111,9 @@ TESTED_BY: dict[tuple[str, str], list[str]] = {
     ],
     ("docs/client.md", "queued 0, sent 1200, spooled 300, dropped 0"): [
         "tests/test_doc_blocks.py::test_the_client_prints_the_lines_docs_client_md_shows",
+    ],
+    ("docs/client.md", "from noisescope.testing import MemoryTransport"): [
+        "tests/client/test_testing.py::test_the_documented_example_runs_as_written",
     ],
     ("docs/dashboard.md", 'python -m pytest tests/dashboard -m "not browser"'): [
         # CI runs every test of tests/dashboard (scripts/test.sh); this checks the commands
@@ -361,7 +363,7 @@ def test_the_team_server_commands_run_against_postgresql(pg_url: str, tmp_path: 
     and refuses an unauthenticated write (--auth write)."""
     from sqlalchemy.engine import make_url
 
-    from tests.support import postgres
+    from harness import postgres
 
     block = _block("docs/deployment.md", "noisescope db upgrade")
     admin = make_url(pg_url)

@@ -395,8 +395,8 @@ def test_the_api_example_runs_and_says_only_what_is_true(swept: bool, tmp_path: 
 
     import httpx
 
-    from tests.support.servers import ServerProcess
-    from tests.support.synthetic_sweep import make_sweep, post
+    from harness import ServerProcess
+    from harness.synthetic_sweep import make_sweep, post
 
     code = _api_example()
     assert "if t.determined" in code
@@ -435,7 +435,7 @@ def test_the_readme_steps_then_the_api_example_run_in_order(tmp_path: Path) -> N
     import shlex
 
     import noisescope
-    from tests.support.servers import ServerProcess
+    from harness import ServerProcess
 
     steps = _readme_steps()
     installs = [s for s in steps if "pip install" in s]

@@ -26,11 +26,12 @@ PACKAGES = {
     "experiments": ROOT / "experiments",
     "benchmarks": ROOT / "benchmarks",
     "reliability": ROOT / "reliability",
+    "harness": ROOT / "harness",
 }
 #: The two client sub-packages with their own rules (they need torch).
 TORCH_PARTS = ("noisescope.torch", "noisescope.integrations")
 #: Only the research and tooling packages may import these.
-TOOLING = ("experiments", "benchmarks", "reliability", "tests")
+TOOLING = ("experiments", "benchmarks", "reliability", "harness", "tests")
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ def _violations(
 def test_the_client_core_needs_only_requests() -> None:
     """``noisescope`` (outside torch/ and integrations/) runs in any training job: no torch, no
     framework; the optional packages each in one module that works without them (pandas inside
-    ``to_frame``, orjson in ``_json``); the server only through ``noisescope.cli``."""
+    ``to_frame``, orjson in ``_json``); never the server: its subcommands reach ``noisescope.cli``
+    through the entry point group ``noisescope.commands``."""
     core = [i for i in ALL_IMPORTS["noisescope"] if _part(i.module) == "noisescope"]
     optional = {"pandas": {"noisescope._results"}, "orjson": {"noisescope._json"}}
     assert _third_party(core) <= {"requests", *optional}, _third_party(core)
@@ -127,7 +129,7 @@ def test_the_client_core_needs_only_requests() -> None:
         assert users <= homes, (package, users)
     assert not _violations("noisescope", "noisescope", {*TORCH_PARTS, "noisescope_dashboard"})
     server_users = {i.module for i in core if _top(i.target) == "noisescope_server"}
-    assert server_users <= {"noisescope.cli"}, server_users
+    assert not server_users, server_users
 
 
 def test_the_probes_do_not_import_the_integrations() -> None:
@@ -141,15 +143,112 @@ def test_the_probes_do_not_import_the_integrations() -> None:
 
 
 def test_the_server_never_imports_torch_probes_or_the_dashboard() -> None:
-    """The dashboard only as a file to run (``noisescope dashboard``), from the CLI."""
+    """No dashboard code at all: ``noisescope dashboard`` finds the dashboard's ``app.py`` as a
+    file (``importlib.util.find_spec``, which runs none of it) for Streamlit to run."""
     forbidden = {"torch", *TORCH_PARTS, "noisescope_dashboard"}
-    allowed = ("noisescope_server.cli._processes",)
-    assert not _violations("noisescope_server", "noisescope_server", forbidden, allowed)
+    assert not _violations("noisescope_server", "noisescope_server", forbidden)
+    users = {i.module for i in ALL_IMPORTS["noisescope_server"] if i.target == "importlib.util"}
+    assert "noisescope_server.cli._processes" in users  # the scan sees where it looks the file up
 
 
 def test_the_dashboard_reads_only_the_http_api() -> None:
     forbidden = {"noisescope_server", "sqlalchemy", "torch", *TORCH_PARTS}
     assert not _violations("noisescope_dashboard", "noisescope_dashboard", forbidden)
+
+
+#: The bottom of the client (DEVELOPERS.md, "The contract at the bottom"): ``noisescope.protocol``
+#: and every client module it imports, transitively. The wire format, the answer types, the
+#: number format, the redaction rule and the sample rule (which computes the two-batch
+#: estimates, so it brings the pure maths of ``estimators``); never the read client
+#: (``_api``), ``sweep``, the run and its delivery path, the transports or the probes.
+PROTOCOL_CLOSURE = {
+    "noisescope.protocol",
+    "noisescope._wire",
+    "noisescope._results",
+    "noisescope._format",
+    "noisescope._redact",
+    "noisescope._sample_rule",
+    "noisescope._public",
+    "noisescope.estimators",
+}
+#: What would make the contract heavy again, named so that a failure says what came in.
+NEVER_UNDER_PROTOCOL = {
+    "noisescope._api",
+    "noisescope.sweep",
+    "noisescope.recommend",
+    "noisescope._run",
+    "noisescope._delivery",
+    "noisescope._spool",
+    "noisescope._transport",
+    "noisescope._records",
+    "noisescope._config",
+    "noisescope.cli",
+    *TORCH_PARTS,
+}
+
+
+def _client_closure(start: str) -> set[str]:
+    """``start`` and the client modules it imports, transitively (by the source), with the
+    sub-packages they sit in (loading ``noisescope.estimators._two_batch`` runs
+    ``noisescope.estimators``); the root ``noisescope`` itself aside."""
+    edges: dict[str, set[str]] = {}
+    for i in ALL_IMPORTS["noisescope"]:
+        if _top(i.target) == "noisescope":
+            edges.setdefault(i.module, set()).add(_client_module(i.target))
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module in seen or module == "noisescope":
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:n]) for n in range(2, len(parts))]
+        todo += sorted(edges.get(module, ()))
+    return seen
+
+
+def test_protocol_and_what_it_imports_import_nothing_else_of_the_client() -> None:
+    """``noisescope.protocol``, imported by the server from about 23 files, is the bottom of the
+    client: the modules it reaches are exactly ``PROTOCOL_CLOSURE`` (the estimators whole),
+    and they need nothing beyond the standard library (pandas only inside ``to_frame``)."""
+    closure = _client_closure("noisescope.protocol")
+    estimators = {m for m in closure if m.startswith("noisescope.estimators.")}
+    assert closure - estimators == PROTOCOL_CLOSURE, sorted(closure ^ PROTOCOL_CLOSURE)
+    assert estimators, "the sample rule's two-batch estimates come from estimators"
+    reached = {m for m in NEVER_UNDER_PROTOCOL for c in closure if c == m or c.startswith(m + ".")}
+    assert not reached, reached
+    imports = [i for i in ALL_IMPORTS["noisescope"] if i.module in closure]
+    assert _third_party(imports) <= {"pandas"}, _third_party(imports)
+    pandas_users = {i.module for i in imports if _top(i.target) == "pandas"}
+    assert pandas_users <= {"noisescope._results"}, pandas_users
+
+
+def test_loading_protocol_loads_only_its_closure() -> None:
+    """The same, at run time: a fresh interpreter (no site-packages) loading
+    ``noisescope.protocol`` from the source, the package's own ``__init__`` (the whole
+    client's front) aside, holds exactly the modules the source scan above finds, and no
+    third-party one."""
+    import json
+    import subprocess
+
+    script = (
+        "import json, sys, types\n"
+        "root = types.ModuleType('noisescope')\n"
+        f"root.__path__ = [{str(PACKAGES['noisescope'])!r}]\n"
+        "sys.modules['noisescope'] = root\n"
+        "import noisescope.protocol\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, check=True
+    )
+    loaded = set(json.loads(done.stdout))
+    client = {m for m in loaded if _top(m) == "noisescope"} - {"noisescope"}
+    assert "noisescope._api" not in client and "noisescope.sweep" not in client, sorted(client)
+    assert client == _client_closure("noisescope.protocol"), sorted(client)
+    others = {_top(m) for m in loaded} - {*sys.stdlib_module_names, "__main__", "noisescope"}
+    assert not others, others
 
 
 #: The client modules each product may import (DEVELOPERS.md, Packages): the public contract
@@ -271,7 +370,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_scan_sees_the_imports_it_checks() -> None:
     """Guards the checks above against a scanner that finds nothing."""
     targets = {(i.module, i.target) for i in ALL_IMPORTS["noisescope"]}
-    assert ("noisescope.cli", "noisescope_server.cli.register") in targets
+    assert ("noisescope.protocol", "noisescope._wire.API_PREFIX") in targets
     assert any(m.startswith("noisescope.torch.") and t == "torch" for m, t in targets)
     assert any(_top(i.target) == "noisescope" for i in ALL_IMPORTS["noisescope_dashboard"])
     graph_probe = {"a": {"b"}, "b": {"a"}, "c": set()}
@@ -310,6 +409,35 @@ def test_developers_md_layout_names_every_module() -> None:
             if not named:
                 missing.append(f"{package}/{path.name}")
     assert not missing, f"not in DEVELOPERS.md's layout: {missing}"
+
+
+#: The server's modules that assemble answers from what ``queries`` reads (issue 49).
+ASSEMBLERS = ("noisescope_server.sweeps", "noisescope_server.branches")
+
+
+def test_the_server_reads_the_database_for_answers_only_in_queries() -> None:
+    """``sweeps`` and ``branches`` assemble answers from what ``queries`` reads: they build no
+    statement (no ``select``, no table of ``models``), and no server module outside
+    ``queries`` reaches into one of its private modules (``queries._common``, ...)."""
+    found = [
+        f"{i.module}:{i.line} imports {i.target}"
+        for i in ALL_IMPORTS["noisescope_server"]
+        if (
+            i.module in ASSEMBLERS
+            and (
+                (_top(i.target) == "sqlalchemy" and i.target != "sqlalchemy.Engine")
+                or i.target.startswith("noisescope_server.models")
+            )
+        )
+        or (
+            i.target.startswith("noisescope_server.queries._")
+            and not i.module.startswith("noisescope_server.queries")
+        )
+    ]
+    assert not found, found
+    readers = {i.target for i in ALL_IMPORTS["noisescope_server"] if i.module in ASSEMBLERS}
+    assert "noisescope_server.queries.read_task_sweep" in readers  # the scan sees them
+    assert "noisescope_server.queries.read_run_branches" in readers
 
 
 #: The read side of the server: it fetches sums and hands them to ``noisescope.estimators``.
@@ -363,3 +491,37 @@ def test_the_read_side_leaves_windows_smoothers_and_intervals_to_estimators() ->
                 found.append(f"{where}:{node.lineno} uses {node.attr}")
     assert not found, found
     assert len(READ_SIDE) >= 10 and any(p.name == "_series.py" for p in READ_SIDE)
+
+
+def _imports_tests(path: Path) -> list[int]:
+    """The lines of ``path`` that import ``tests`` or a module of it (every import)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(_top(name) == "tests" for name in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_nothing_outside_tests_imports_tests() -> None:
+    """The tooling (benchmarks, reliability, experiments, scripts) and the products share the
+    test harness through ``harness``, never through ``tests``: the test suite may change its
+    helpers without breaking a benchmark or a reproduction."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    outside = [ROOT / f for f in listed if not f.startswith("tests/") and (ROOT / f).is_file()]
+    assert any(p.parent.name == "benchmarks" for p in outside)  # the scan sees the tooling
+    found = [f"{p.relative_to(ROOT)}:{line}" for p in sorted(outside) for line in _imports_tests(p)]
+    assert not found, found

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 import noisescope
+from harness.payloads import columns, log_sample_args
 from noisescope import _records, _sink, protocol
 from noisescope.recommend import NoiseTracker
 from noisescope_server import models, validate
 from noisescope_server.api import schemas
 from noisescope_server.crud import _samples, _sql
-from tests.server._data import columns, log_sample_args
 
 FIELDS = protocol.SAMPLE_FIELDS
 #: The table with one more logged field (what a developer adds first, before the forms).
@@ -52,7 +52,7 @@ def test_the_client_sample_is_checked_against_the_table() -> None:
     time = next(f for f in FIELDS if f.name == "time")
     retyped = tuple(dataclasses.replace(f, type=int) if f is time else f for f in FIELDS)
     assert _records.sample_problems(retyped) == [
-        "Sample.time is <class 'float'>, the table says <class 'int'>"
+        "SampleRow.time is <class 'float'>, the table says <class 'int'>"
     ]
 
 

@@ -30,6 +30,7 @@ from noisescope._redact import redact_text, redact_url
 from noisescope._results import (
     EventRow,
     ParallelismPlan,
+    RecommendationResult,
     RunBranches,
     RunSeries,
     RunSummary,
@@ -48,7 +49,6 @@ from noisescope._transport import (
 )
 from noisescope.estimators import MIN_SPEEDUP
 from noisescope.forecast import ForecastReport
-from noisescope.recommend import Recommendation
 from noisescope.sweep import CriticalBatchReport
 
 __all__ = [
@@ -93,19 +93,6 @@ class AnswerError(ApiError):
     """The server answered, but not with what this call reads: not JSON, the wrong shape,
     text that is not UTF-8, or larger than ``max_answer_bytes``. Not a noisescope server, or
     a broken one."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RecommendationResult:
-    """``GET /runs/{id}/recommendation``: the run's current B_simple turned into advice."""
-
-    run_id: str
-    units: str
-    last_step: int | None
-    window_samples: int
-    #: Where ``recommendation.batch_size`` came from: "query", "event" or "run".
-    batch_size_source: str
-    recommendation: Recommendation
 
 
 class Api:

@@ -1,5 +1,6 @@
-"""A committed sample as the client holds it (``Sample``), and its conversion to the wire's
-columns, off the training thread.
+"""A committed sample as the client holds it (``SampleRow``), and the conversion of a batch of
+them to the wire's columns, off the training thread (``rows_to_columns``, called by the outbox
+as it takes a batch: ``_delivery._outbox.Outbox.take``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from noisescope._sample_rule import INT64_MAX, sample_problem
 Columns = dict[str, list[Any]]
 
 
-class Sample(NamedTuple):
-    """One committed sample: the ``_wire.SAMPLE_COLUMNS`` in order."""
+class SampleRow(NamedTuple):
+    """One committed sample, as a row until its batch is taken (then it is columns): the
+    ``_wire.SAMPLE_COLUMNS`` in order. Not the server's stored ``models.Sample``."""
 
     seq: int
     step: int
@@ -33,29 +35,29 @@ class Sample(NamedTuple):
 
 
 def sample_problems(fields: tuple[_wire.SampleField, ...] = _wire.SAMPLE_FIELDS) -> list[str]:
-    """Where ``Sample`` differs from the field table's wire fields (names, order, types): each
-    a sentence, none when they agree. The fields the client fills in itself (``time``) are
+    """Where ``SampleRow`` differs from the field table's wire fields (names, order, types):
+    each a sentence, none when they agree. The fields the client fills in itself (``time``) are
     never None on this side."""
     wire = [f for f in fields if f.wire]
     want = {f.name: f.type | None if f.nullable and f.logged else f.type for f in wire}
-    got = typing.get_type_hints(Sample)
+    got = typing.get_type_hints(SampleRow)
     if tuple(got) != tuple(want):
-        return [f"Sample's fields {tuple(got)} are not the wire fields {tuple(want)}"]
+        return [f"SampleRow's fields {tuple(got)} are not the wire fields {tuple(want)}"]
     differ = [name for name in want if got[name] != want[name]]
-    return [f"Sample.{name} is {got[name]}, the table says {want[name]}" for name in differ]
+    return [f"SampleRow.{name} is {got[name]}, the table says {want[name]}" for name in differ]
 
 
-#: ``Sample`` stays written out (the training thread builds one per sample): it is checked
+#: ``SampleRow`` stays written out (the training thread builds one per sample): it is checked
 #: against the field table (``_wire.SAMPLE_FIELDS``) here, at import.
 assert not sample_problems(), sample_problems()
 
-#: ``Sample`` from a tuple of its fields without NamedTuple's argument parsing: the training
+#: ``SampleRow`` from a tuple of its fields without NamedTuple's argument parsing: the training
 #: thread builds one per sample (0.1 µs instead of 0.5 µs).
-new_sample: Callable[[tuple[Any, ...]], Sample] = functools.partial(tuple.__new__, Sample)
+new_sample: Callable[[tuple[Any, ...]], SampleRow] = functools.partial(tuple.__new__, SampleRow)
 
 
 def _indices(*names: str) -> tuple[int, ...]:
-    return tuple(Sample._fields.index(name) for name in names)
+    return tuple(SampleRow._fields.index(name) for name in names)
 
 
 _WIRE = [f for f in _wire.SAMPLE_FIELDS if f.wire]
@@ -63,19 +65,19 @@ _INTEGER = _indices(*(f.name for f in _WIRE if f.type is int))
 _FLOAT_REQUIRED = _indices(*(f.name for f in _WIRE if f.type is float and not f.nullable))
 _FLOAT_OPTIONAL = _indices(*(f.name for f in _WIRE if f.type is float and f.nullable))
 #: The range of each optional column (``_wire.SAMPLE_RANGES``), by index: outside, null.
-_RANGES = {Sample._fields.index(name): r for name, r in _wire.SAMPLE_RANGES.items()}
-_SERIES = Sample._fields.index("series")
+_RANGES = {SampleRow._fields.index(name): r for name, r in _wire.SAMPLE_RANGES.items()}
+_SERIES = SampleRow._fields.index("series")
 #: Distinct batch-size pairs in a batch up to which the fast path bounds the estimates.
 _PAIRS_MAX = 16
 assert all(_RANGES.get(i) for i in _FLOAT_OPTIONAL), "every optional float field has a range"
 
 
 def _open(name: str) -> int:
-    return Sample._fields.index(name) - 1
+    return SampleRow._fields.index(name) - 1
 
 
-#: Positions in the Run's open record of a step: a ``Sample``'s fields after ``seq``, in a list
-#: that a later ``log_sample`` of the same step and series updates in place.
+#: Positions in the Run's open record of a step: a ``SampleRow``'s fields after ``seq``, in a
+#: list that a later ``log_sample`` of the same step and series updates in place.
 OPEN_EXAMPLES = _open("examples")
 OPEN_B_SMALL = _open("b_small")
 OPEN_B_BIG = _open("b_big")
@@ -106,7 +108,7 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-def _fast_columns(rows: list[Sample], series_prefix: str) -> Columns | None:
+def _fast_columns(rows: list[SampleRow], series_prefix: str) -> Columns | None:
     """Column-wise conversion with C-level loops (map/all), for the common all-valid batch.
 
     Keeps the sender's hold on the GIL short, so the training thread rarely waits for it.
@@ -185,11 +187,12 @@ def _uniform(column: list[Any]) -> bool:
     return column.count(column[0]) == len(column)
 
 
-def rows_to_columns(rows: list[Sample], series_prefix: str = "") -> tuple[Columns, list[str]]:
+def rows_to_columns(rows: list[SampleRow], series_prefix: str = "") -> tuple[Columns, list[str]]:
     """Column-wise wire payload from rows, and why each row the server would refuse was left
     out (``_sample_rule.sample_problem``: one bad sample never costs its batch).
 
-    Done here, off the training thread, so the hot path never converts or validates. A
+    Done here, off the training thread, so the hot path never converts or validates; called
+    in one place, as the outbox takes a batch (``Outbox.take``): a batch keeps this form. A
     non-finite loss, lr, examples or time becomes null (JSON has no NaN), as does one outside
     the range the server takes (``_wire.SAMPLE_RANGES``); a non-finite squared norm makes the
     sample unusable (docs/science.md, Pitfalls: skip non-finite gradients) and it is left out.

@@ -4,23 +4,32 @@ The server's read side (``noisescope_server.queries``) builds these and encodes 
 ``noisescope.Api`` decodes the same JSON back into them. The dashboard, a notebook and the
 server therefore hold the very same fields. ``to_frame`` turns a list of any of them (or a
 series' points) into a pandas frame when pandas is installed.
+
+This module sits at the bottom of the client, beside the wire format: it imports only
+``_format`` (``noisescope.protocol`` re-exports it, and the server imports that). The modules
+that compute an answer import their types from here (``recommend``: ``Recommendation``,
+``BatchOption``; ``sweep``: ``MIN_BATCH_SIZES``), never the other way round.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from noisescope.sweep import MIN_BATCH_SIZES
+from noisescope import _format
 
 __all__ = [
+    "MIN_BATCH_SIZES",
+    "BatchOption",
     "BranchPointResult",
     "EventRow",
     "ParallelismPlan",
     "ParallelismRow",
+    "Recommendation",
+    "RecommendationResult",
     "RunBranches",
     "RunSeries",
     "RunSummary",
@@ -29,6 +38,10 @@ __all__ = [
     "TaskSummary",
     "to_frame",
 ]
+
+#: Fewest distinct batch sizes that must reach a target for a fit (``sweep.MIN_BATCH_SIZES``;
+#: ``TaskSummary.swept`` reads it).
+MIN_BATCH_SIZES = 3
 
 
 @dataclass(frozen=True)
@@ -284,6 +297,86 @@ class RunBranches:
     plateau_step: int | None
     plateau_b_crit: float | None
     plateau_reason: str | None
+
+
+@dataclass(frozen=True)
+class BatchOption:
+    """Predicted cost of training at ``batch_size`` (docs/science.md, B_crit ≈ B_simple)."""
+
+    batch_size: float
+    #: S/S_min = 1 + B_crit/B: optimizer steps relative to the minimum.
+    steps_ratio: float
+    #: E/E_min = 1 + B/B_crit: examples relative to the minimum.
+    examples_ratio: float
+    #: (φ + B0)/(φ + B): per-example progress relative to the reference batch B0 (Pollux).
+    efficiency: float
+    #: Measured or interpolated examples per second, and goodput = throughput × efficiency.
+    throughput: float | None = None
+    goodput: float | None = None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A recommendation for one run at one point in training.
+
+    All predictions are None with a ``reason`` while B_simple is not yet measurable.
+    """
+
+    batch_size: float
+    b_simple: float | None
+    b_simple_lo: float | None
+    b_simple_hi: float | None
+    level: float | None
+    reference_batch: float
+    #: The batch in use.
+    current: BatchOption | None
+    #: Candidate batch sizes, ascending.
+    options: tuple[BatchOption, ...]
+    #: Goodput-maximising batch among the measured/candidate sizes (needs ``throughput``).
+    goodput_batch_size: float | None
+    #: The critical-batch point B ≈ B_simple: 2x the minimum steps and 2x the minimum examples.
+    critical_batch_size: float | None
+    reason: str | None = None
+    #: The batch in use against B_simple in one sentence (``verdict``, or ``bound_verdict``
+    #: when only a lower bound is known).
+    verdict: str = ""
+    #: While ``b_simple`` is None: a ``level`` lower bound on it, where one is known.
+    b_simple_lower: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line a training script can print."""
+        count = _format.count
+        if self.b_simple is None or self.current is None:
+            if self.b_simple_lower is not None:
+                return f"B_simple ≥ {count(self.b_simple_lower)}; {self.verdict}"
+            return f"batch {count(self.batch_size)}: {self.reason or 'not yet measurable'}"
+        interval = ""
+        if self.b_simple_lo is not None and self.b_simple_hi is not None:
+            interval = f" [{count(self.b_simple_lo)}, {count(self.b_simple_hi)}]"
+        line = (
+            f"B_simple {count(self.b_simple)}{interval}; batch {count(self.batch_size)}: "
+            f"{_format.ratio(self.current.steps_ratio)}× min steps, "
+            f"{_format.ratio(self.current.examples_ratio)}× min examples"
+        )
+        if self.goodput_batch_size is not None:
+            line += f"; goodput-optimal batch {count(self.goodput_batch_size)}"
+        return line
+
+
+@dataclass(frozen=True)
+class RecommendationResult:
+    """``GET /runs/{id}/recommendation``: the run's current B_simple turned into advice."""
+
+    run_id: str
+    units: str
+    last_step: int | None
+    window_samples: int
+    #: Where ``recommendation.batch_size`` came from: "query", "event" or "run".
+    batch_size_source: str
+    recommendation: Recommendation
 
 
 def _row(item: Any) -> dict[str, Any]:

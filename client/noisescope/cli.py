@@ -1,10 +1,12 @@
 """The one ``noisescope`` command.
 
 The client distribution owns the entry point and its client-side subcommands (``sync``,
-``runs``);
-the server distribution, when installed, contributes ``up``, ``server``, ``dashboard``,
-``db`` and ``token`` through ``noisescope_server.cli.register``. Without it those names still
-appear in ``--help`` and explain how to install them, rather than failing as unknown.
+``runs``). Other distributions add theirs through the entry point group ``COMMANDS_GROUP``
+(``noisescope.commands``): each entry names a ``register(subparsers)`` function. The server
+distribution declares one there (``noisescope_server.cli:register``, in the repository's
+pyproject.toml), contributing ``up``, ``server``, ``dashboard``, ``db`` and ``token``; this
+module never imports the server. Without it those names still appear in ``--help`` and explain
+how to install them, rather than failing as unknown.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from noisescope._config import DEFAULT_URL as DEFAULT_URL
 from noisescope._config import check_url as check_url
 from noisescope._config import url_argument as url_argument
 
+#: The entry point group whose entries (``register(subparsers)`` functions) add subcommands.
+COMMANDS_GROUP = "noisescope.commands"
 SERVER_COMMANDS = {
     "up": "start the ingest server and the dashboard on a local SQLite database",
     "server": "run the ingest/query HTTP server",
@@ -54,15 +58,28 @@ def build_parser() -> argparse.ArgumentParser:
     from noisescope._runs_cli import register as register_runs
 
     register_runs(sub)
-    try:
-        from noisescope_server.cli import register as register_server
-    except ImportError:
+    if not _register_installed(sub):
         for name, help_text in SERVER_COMMANDS.items():
             p = sub.add_parser(name, help=f"{help_text} (needs the server install)")
             p.set_defaults(func=_missing_server)
-    else:
-        register_server(sub)
     return parser
+
+
+def _register_installed(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> bool:
+    """Let each installed distribution's ``COMMANDS_GROUP`` entry add its subcommands, in the
+    order of their names; whether any did. An entry whose module cannot be imported (a
+    distribution half installed or removed) is passed over as if absent."""
+    from importlib import metadata
+
+    registered = False
+    for entry in sorted(metadata.entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            register = entry.load()
+        except ImportError:
+            continue
+        register(sub)
+        registered = True
+    return registered
 
 
 def version() -> str:

@@ -15,12 +15,14 @@ in one module both sides import.
 The server and the dashboard import the client only through its public modules (this one,
 ``estimators``, ``sweep``, ``schedule``, ``recommend``, ``forecast``, ``cli`` and the package
 itself); ``tests/test_layout.py`` holds the allow-list. The definitions live in the client's
-private modules (``_wire``, ``_results``, ``_api``, ``_format``), re-exported here unchanged.
+private modules (``_wire``, ``_results``, ``_format``, ``_redact``, ``_sample_rule``),
+re-exported here unchanged. This module is the bottom of the client: it and what it imports
+import nothing else of it (not the read client ``_api``, not ``sweep``, not the delivery
+path), which ``tests/test_layout.py`` checks on the source and in a fresh interpreter.
 """
 
 from __future__ import annotations
 
-from noisescope._api import RecommendationResult
 from noisescope._format import count as format_count
 from noisescope._format import ratio as format_ratio
 from noisescope._format import ratio_beside as format_ratio_beside
@@ -31,6 +33,7 @@ from noisescope._results import (
     EventRow,
     ParallelismPlan,
     ParallelismRow,
+    RecommendationResult,
     RunBranches,
     RunSeries,
     RunSummary,

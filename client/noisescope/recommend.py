@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 from noisescope import _format
-from noisescope._results import ParallelismPlan, ParallelismRow, RunSummary
+from noisescope._public import report_as_public
+from noisescope._results import (
+    BatchOption,
+    ParallelismPlan,
+    ParallelismRow,
+    Recommendation,
+    RunSummary,
+)
 from noisescope._sink import Sink
 from noisescope.estimators import (
     MIN_SPEEDUP,
@@ -61,72 +67,10 @@ __all__ = [
     "verdict",
 ]
 
-
-@dataclass(frozen=True)
-class BatchOption:
-    """Predicted cost of training at ``batch_size`` (docs/science.md, B_crit ≈ B_simple)."""
-
-    batch_size: float
-    #: S/S_min = 1 + B_crit/B: optimizer steps relative to the minimum.
-    steps_ratio: float
-    #: E/E_min = 1 + B/B_crit: examples relative to the minimum.
-    examples_ratio: float
-    #: (φ + B0)/(φ + B): per-example progress relative to the reference batch B0 (Pollux).
-    efficiency: float
-    #: Measured or interpolated examples per second, and goodput = throughput × efficiency.
-    throughput: float | None = None
-    goodput: float | None = None
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """A recommendation for one run at one point in training.
-
-    All predictions are None with a ``reason`` while B_simple is not yet measurable.
-    """
-
-    batch_size: float
-    b_simple: float | None
-    b_simple_lo: float | None
-    b_simple_hi: float | None
-    level: float | None
-    reference_batch: float
-    #: The batch in use.
-    current: BatchOption | None
-    #: Candidate batch sizes, ascending.
-    options: tuple[BatchOption, ...]
-    #: Goodput-maximising batch among the measured/candidate sizes (needs ``throughput``).
-    goodput_batch_size: float | None
-    #: The critical-batch point B ≈ B_simple: 2x the minimum steps and 2x the minimum examples.
-    critical_batch_size: float | None
-    reason: str | None = None
-    #: The batch in use against B_simple in one sentence (``verdict``, or ``bound_verdict``
-    #: when only a lower bound is known).
-    verdict: str = ""
-    #: While ``b_simple`` is None: a ``level`` lower bound on it, where one is known.
-    b_simple_lower: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def summary(self) -> str:
-        """One line a training script can print."""
-        count = _format.count
-        if self.b_simple is None or self.current is None:
-            if self.b_simple_lower is not None:
-                return f"B_simple ≥ {count(self.b_simple_lower)}; {self.verdict}"
-            return f"batch {count(self.batch_size)}: {self.reason or 'not yet measurable'}"
-        interval = ""
-        if self.b_simple_lo is not None and self.b_simple_hi is not None:
-            interval = f" [{count(self.b_simple_lo)}, {count(self.b_simple_hi)}]"
-        line = (
-            f"B_simple {count(self.b_simple)}{interval}; batch {count(self.batch_size)}: "
-            f"{_format.ratio(self.current.steps_ratio)}× min steps, "
-            f"{_format.ratio(self.current.examples_ratio)}× min examples"
-        )
-        if self.goodput_batch_size is not None:
-            line += f"; goodput-optimal batch {count(self.goodput_batch_size)}"
-        return line
+# The answer types are defined with the others at the bottom of the client (``_results``, which
+# ``noisescope.protocol`` re-exports without loading this module); shown under this module.
+for _answer in (BatchOption, Recommendation):
+    report_as_public(_answer, __name__)
 
 
 #: The balance band: a batch within this factor of B_crit (B_crit/2 to 2 B_crit) is near the S-E

@@ -1,4 +1,5 @@
-"""A run's branch points read back from its branch runs (``noisescope.branch``).
+"""A run's branch points assembled from its branch runs (``noisescope.branch``), which
+``queries.read_run_branches`` reads.
 
 Each branch run carries ``parent_uid`` and ``branch_step`` (its columns), its batch size, its
 plan in ``config["branch"]`` (seed, ε) and its outcome as a ``branch`` event (the loss after the
@@ -14,77 +15,18 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
-from noisescope import protocol
 from noisescope.estimators import branch_mean_loss, epsilon_problem, local_critical_batch
 from noisescope.forecast import plateau
 from noisescope.protocol import BranchPointResult, RunBranches
-from noisescope_server.models import BLOCK_SIZE, Event, Run, Sample, SampleBlock
-from noisescope_server.queries._common import archived_filter, finite_number, scoped_run
+from noisescope_server.queries import finite_number, read_run_branches
 
 __all__ = ["LEVEL", "run_branches"]
 
 LEVEL = 0.9
 #: ε when a branch run's config does not say (``noisescope.branch.plan``'s default).
 DEFAULT_EPSILON = 0.01
-
-
-def _latest_payloads(conn: Any, run_ids: list[int], kind: str) -> dict[int, dict[str, Any]]:
-    """The last event of ``kind`` (highest step, then id) of each run."""
-    if not run_ids:
-        return {}
-    last = (
-        select(Event.run_id, func.max(Event.id).label("id"))
-        .where(Event.run_id.in_(run_ids), Event.kind == kind)
-        .group_by(Event.run_id)
-        .subquery()
-    )
-    rows = conn.execute(select(Event.run_id, Event.payload).join(last, last.c.id == Event.id))
-    return {int(r.run_id): dict(r.payload or {}) for r in rows}
-
-
-def _parent_losses(conn: Any, run_id: int) -> list[tuple[int, float]]:
-    rows = conn.execute(
-        select(Event.step, Event.payload)
-        .where(Event.run_id == run_id, Event.kind == protocol.EVAL_EVENT_KIND)
-        .order_by(Event.step, Event.id)
-    )
-    out = []
-    for r in rows:
-        loss = finite_number((r.payload or {}).get("loss"))
-        if loss is not None:
-            out.append((int(r.step), loss))
-    return out
-
-
-def _examples_at(conn: Any, run_id: int, step: int) -> float | None:
-    """The most examples (tokens) the run's samples at or before ``step`` report: whole blocks
-    from ``sample_block``, the samples of the blocks ``step`` falls inside from ``sample``."""
-    before = conn.execute(
-        select(func.max(SampleBlock.examples_max)).where(
-            SampleBlock.run_id == run_id, SampleBlock.step_max <= step
-        )
-    ).scalar()
-    edge = conn.execute(
-        select(func.min(SampleBlock.block), func.max(SampleBlock.block)).where(
-            SampleBlock.run_id == run_id,
-            SampleBlock.step_min <= step,
-            SampleBlock.step_max > step,
-        )
-    ).one()
-    inside = None
-    if edge[0] is not None:
-        inside = conn.execute(
-            select(func.max(Sample.examples)).where(
-                Sample.run_id == run_id,
-                Sample.seq >= int(edge[0]) * BLOCK_SIZE,
-                Sample.seq < (int(edge[1]) + 1) * BLOCK_SIZE,
-                Sample.step <= step,
-            )
-        ).scalar()
-    found = [finite_number(v) for v in (before, inside)]
-    return max((v for v in found if v is not None), default=None)
 
 
 def _branch_config(config: Any) -> dict[str, Any]:
@@ -186,23 +128,11 @@ def _point(
 
 def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunBranches:
     """Every branch step of ``run_uid`` with its local critical batch size, oldest first."""
-    with engine.connect() as conn:
-        parent = scoped_run(conn, run_uid, project_scope)  # NotFound / Forbidden, as every read
-        kids = conn.execute(
-            select(Run.id, Run.uid, Run.batch_size, Run.branch_step, Run.config, Run.units).where(
-                Run.parent_uid == run_uid,
-                Run.project_id == parent.project_id,
-                archived_filter(),  # an archived branch run is taken out of the points
-            )
-        ).all()
-        outcomes = _latest_payloads(conn, [int(k.id) for k in kids], protocol.BRANCH_EVENT_KIND)
-        # a run without branch runs (every run but a few) reads none of its evaluations
-        parent_losses = _parent_losses(conn, int(parent.id)) if kids else []
-        steps = sorted({int(k.branch_step or 0) for k in kids})
-        parent_examples = {step: _examples_at(conn, int(parent.id), step) for step in steps}
+    read = read_run_branches(engine, run_uid, project_scope=project_scope)  # NotFound / Forbidden
+    parent, parent_losses = read.parent, read.parent_losses
     by_step: dict[int, list[Any]] = defaultdict(list)
     other_units: Counter[int] = Counter()
-    for k in kids:
+    for k in read.kids:
         if str(k.units) == str(parent.units):
             by_step[int(k.branch_step or 0)].append(k)
         else:  # batch sizes in other units than the parent's are never compared
@@ -210,8 +140,8 @@ def run_branches(engine: Engine, run_uid: str, *, project_scope: int | None = No
     points = []
     for step in sorted(by_step):
         before = [loss for s, loss in parent_losses if s <= step]
-        point = _point(step, before[-1] if before else None, by_step[step], outcomes)
-        point = replace(point, parent_examples=parent_examples.get(step))
+        point = _point(step, before[-1] if before else None, by_step[step], read.outcomes)
+        point = replace(point, parent_examples=read.parent_examples.get(step))
         if other_units[step]:
             left_out = (
                 f"{other_units[step]} branch runs count other units than the parent "

@@ -1,8 +1,10 @@
-"""A task's batch-size sweep read from the database and handed to ``noisescope.sweep``.
+"""A task's batch-size sweep, read by ``queries`` and handed to ``noisescope.sweep``.
 
-The analysis itself (crossings, the frontier of the fastest learning rate per batch size, the
-S-E fit and its interval, B_simple at the same loss, default targets) lives once, in
-``noisescope.sweep``. This module decides only what each run contributes:
+The reading (the task's runs, their evaluations, batch-size changes and bucket sums) is
+``queries.read_task_sweep``; the analysis itself (crossings, the frontier of the fastest
+learning rate per batch size, the S-E fit and its interval, B_simple at the same loss, default
+targets) lives once, in ``noisescope.sweep``. This module decides only what each run
+contributes:
 
 - its batch size: the one given at ``init`` (else the largest B_big it logged); a run whose
   batch size changed (a ``batch_size`` event, the scheduler's) is left out, since the model
@@ -24,14 +26,19 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
 from noisescope import protocol, sweep
 from noisescope.estimators import training_loss_curve
-from noisescope_server.errors import BadInput, Forbidden, NotFound
-from noisescope_server.models import Event, Project, Run, Task
-from noisescope_server.queries import LEVEL, BucketSums, bucket_sums, finite_number, run_status
-from noisescope_server.queries._common import MIN_EVALS, archived_filter
+from noisescope_server.errors import BadInput
+from noisescope_server.queries import (
+    LEVEL,
+    MIN_EVALS,
+    BucketSums,
+    TaskSweep,
+    finite_number,
+    read_task_sweep,
+)
 
 __all__ = ["LOSS_CHOICES", "MAX_POINTS_PER_RUN", "critical_batch"]
 
@@ -61,6 +68,10 @@ def _train_curve(buckets: Sequence[BucketSums]) -> tuple[list[float], list[float
     )
 
 
+#: A run that may be a point of the sweep: its row, its batch size and its buckets.
+_Candidate = tuple[Any, float, list[BucketSums]]
+
+
 def critical_batch(
     engine: Engine,
     project: str,
@@ -80,65 +91,40 @@ def critical_batch(
     """
     if loss not in LOSS_CHOICES:
         raise BadInput(f"loss must be one of {', '.join(LOSS_CHOICES)}, got {loss!r}")
-    with engine.connect() as conn:
-        found = conn.execute(
-            select(Task.id, Project.id)
-            .join(Project, Project.id == Task.project_id)
-            .where(Project.name == project, Task.name == task)
-        ).first()
-        if found is None:
-            raise NotFound(f"task {project!r:.100}/{task!r:.100} does not exist")
-        task_id, project_id = int(found[0]), int(found[1])
-        if project_scope is not None and project_id != project_scope:
-            raise Forbidden(f"this token does not grant access to project {project!r:.100}")
-        # Branch runs (noisescope.branch) continue another run from its checkpoint: they do not
-        # start at initialisation, so they are no points of the sweep.
-        n_branches = conn.execute(
-            select(func.count())
-            .select_from(Run)
-            .where(Run.task_id == task_id, Run.parent_uid.is_not(None), archived_filter())
-        ).scalar_one()
-        runs = conn.execute(
-            select(
-                Run.id,
-                Run.uid,
-                Run.name,
-                Run.batch_size,
-                Run.units,
-                run_status(crash_after).label("status"),
-                Run.config,
-            )
-            # archived runs are no points of the sweep: archiving is how a run is taken out
-            .where(Run.task_id == task_id, Run.parent_uid.is_(None), archived_filter())
-            .order_by(Run.started_at, Run.id)
-        ).all()
-        run_ids = [int(r.id) for r in runs]
-        events = conn.execute(
-            select(Event.run_id, Event.kind, Event.step, Event.payload)
-            .where(
-                Event.run_id.in_(run_ids),
-                Event.kind.in_([protocol.EVAL_EVENT_KIND, protocol.BATCH_SIZE_EVENT_KIND]),
-            )
-            .order_by(Event.run_id, Event.step, Event.id)
-        ).all()
-    evals: dict[int, list[tuple[float, float]]] = {}
-    changed: set[int] = set()  # runs whose batch size changed (a scheduler's events)
-    for run_id, kind, step, payload in events:
-        if kind == protocol.BATCH_SIZE_EVENT_KIND:
-            changed.add(int(run_id))
-            continue
-        value = finite_number(payload.get("loss")) if isinstance(payload, dict) else None
-        if value is not None:
-            evals.setdefault(int(run_id), []).append((float(step), value))
-    buckets: dict[str, list[BucketSums]] = {}
-    for b in bucket_sums(engine, [str(r.uid) for r in runs], max_points=MAX_POINTS_PER_RUN):
-        buckets.setdefault(b.run_uid, []).append(b)
-
+    read = read_task_sweep(
+        engine,
+        project,
+        task,
+        max_points=MAX_POINTS_PER_RUN,
+        project_scope=project_scope,
+        crash_after=crash_after,
+    )
+    runs = read.runs
     units = Counter(str(r.units) for r in runs).most_common(1)[0][0] if runs else "examples"
+    candidates, excluded = _candidates(read, units)
+    source, notes = _loss_source(read, candidates, loss)
+    sweep_runs = _sweep_runs(read, candidates, source, excluded)  # adds to ``excluded``
+    return sweep.analyse(
+        sweep_runs,
+        targets,
+        project=project,
+        task=task,
+        units=units,
+        loss_source=source,
+        excluded=excluded,
+        warnings=notes,
+        level=LEVEL,
+        keep_diverged=include_diverged,
+    )
+
+
+def _candidates(read: TaskSweep, units: str) -> tuple[list[_Candidate], list[sweep.ExcludedRun]]:
+    """The runs that may be points (one batch size each, in the task's units) and those left
+    out, with why."""
     excluded: list[sweep.ExcludedRun] = []
-    candidates = []
-    for r in runs:
-        mine = buckets.get(str(r.uid), [])
+    candidates: list[_Candidate] = []
+    for r in read.runs:
+        mine = read.buckets.get(str(r.uid), [])
         batch = finite_number(r.batch_size)
         if batch is None or batch <= 0:
             logged = [b.batch_size for b in mine if b.batch_size is not None]
@@ -148,7 +134,7 @@ def critical_batch(
             out = "units", f"counts {r.units}, the task's other runs count {units}"
         elif batch is None:
             out = "no_batch_size", "no batch size: pass batch_size= to noisescope.init"
-        elif int(r.id) in changed:
+        elif int(r.id) in read.changed:
             out = (
                 "batch_size_changed",
                 "its batch size changed during the run; a sweep needs one batch size per run",
@@ -157,13 +143,19 @@ def critical_batch(
             excluded.append(sweep.ExcludedRun(str(r.uid), str(r.name), *out))
             continue
         candidates.append((r, float(batch), mine))  # type: ignore[arg-type]
+    return candidates, excluded
 
-    with_evals = [r for r, _, _ in candidates if len(evals.get(int(r.id), [])) >= MIN_EVALS]
+
+def _loss_source(
+    read: TaskSweep, candidates: list[_Candidate], loss: LossChoice
+) -> tuple[sweep.LossSource, list[str]]:
+    """Which loss every run is read by (one kind for all), and the notes that explain it."""
+    with_evals = [r for r, _, _ in candidates if len(read.evals.get(int(r.id), [])) >= MIN_EVALS]
     source: sweep.LossSource
     notes: list[str] = []
-    if n_branches:
+    if read.n_branches:
         notes.append(
-            f"{n_branches} branch runs of this task are left out: they continue another run "
+            f"{read.n_branches} branch runs of this task are left out: they continue another run "
             "from a checkpoint (see GET /runs/{id}/branches)"
         )
     if loss == "eval" or (loss == "auto" and candidates and len(with_evals) == len(candidates)):
@@ -176,10 +168,21 @@ def critical_batch(
                 "must compare one kind of loss, so every run is read by its training loss "
                 "(log eval_loss in every run to use evaluations)"
             )
+    return source, notes
+
+
+def _sweep_runs(
+    read: TaskSweep,
+    candidates: list[_Candidate],
+    source: sweep.LossSource,
+    excluded: list[sweep.ExcludedRun],
+) -> list[sweep.SweepRun]:
+    """The candidates with a loss curve of ``source``, as ``noisescope.sweep`` takes them;
+    those without one are added to ``excluded``."""
     sweep_runs = []
     for r, batch, mine in candidates:
         if source == "eval":
-            points = evals.get(int(r.id), [])
+            points = read.evals.get(int(r.id), [])
             if len(points) < MIN_EVALS:
                 excluded.append(
                     sweep.ExcludedRun(
@@ -213,15 +216,4 @@ def critical_batch(
                 status=str(r.status),
             )
         )
-    return sweep.analyse(
-        sweep_runs,
-        targets,
-        project=project,
-        task=task,
-        units=units,
-        loss_source=source,
-        excluded=excluded,
-        warnings=notes,
-        level=LEVEL,
-        keep_diverged=include_diverged,
-    )
+    return sweep_runs

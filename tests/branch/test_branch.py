@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from examples.branching import DigitsTrainer
+from harness.lsq_branch import DiesAfter, Killed, NoisyLeastSquares
 from noisescope import branch
 from noisescope.estimators import local_critical_batch
-from tests.branch.lsq_branch import DiesAfter, Killed, NoisyLeastSquares
 
 
 def _parent(steps: int) -> NoisyLeastSquares:

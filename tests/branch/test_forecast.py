@@ -18,7 +18,7 @@ from noisescope.forecast import (
 
 # A synthetic sweep whose B_crit follows a power law in the loss, B_crit(L) = B* L^-K, with the
 # S-E model's steps S(L) = (tau / q) ln((L0 - L_inf) / (L - L_inf)) (1 + B_crit(L) / B) on each
-# run's curve (tests/support/synthetic_sweep.py's model with a B_crit that grows as the loss
+# run's curve (harness/synthetic_sweep.py's model with a B_crit that grows as the loss
 # falls). Each seed scales tau once for all losses: the targets share runs, and their errors
 # move together.
 L0, L_INF, TAU, B_STAR, K = 3.0, 0.5, 40.0, 100.0, 1.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
-from tests.support.loopback import LoopbackServer
+from harness.loopback import LoopbackServer
 
 
 class HungServer(LoopbackServer):

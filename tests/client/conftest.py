@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from noisescope._config import ENVIRONMENT
-from tests.client._fakes import FakeServer
+from noisescope.testing import MemoryTransport as FakeServer
 
 
 @pytest.fixture

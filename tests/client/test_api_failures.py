@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import noisescope
+from harness.broken_http import Answer, BrokenServer, bomb, json_answer, reset, trickle
 from noisescope._transport import Request, Response
-from tests.support.broken_http import Answer, BrokenServer, bomb, json_answer, reset, trickle
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from noisescope._config import Settings
-from noisescope._delivery import Event, Link, Outbox, Stage, State, transition
+from noisescope._delivery import Link, Outbox, Signal, Stage, State, transition
 from noisescope._delivery._state import initial
 
 CLIENT = Path(__file__).resolve().parents[2] / "client" / "noisescope"
@@ -25,6 +25,28 @@ def test_only_the_outbox_touches_the_buffer() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "_buffer":
                 users.add(path.relative_to(CLIENT).as_posix())
     assert users == {"_delivery/_outbox.py"}
+
+
+def test_a_batch_is_converted_and_spooled_in_one_place() -> None:
+    """A batch takes its one form as the outbox takes it: ``rows_to_columns`` has one caller
+    (``Outbox._take``), and only the outbox appends samples or events to the spool."""
+    calls: dict[str, list[str]] = {"rows_to_columns": [], "append": [], "append_record": []}
+    for path in CLIENT.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            for node in ast.walk(function):
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                spool_call = isinstance(func, ast.Attribute) and "spool" in ast.unparse(func.value)
+                if name == "rows_to_columns" or (name in calls and spool_call):
+                    calls[name].append(f"{path.relative_to(CLIENT).as_posix()}:{function.name}")
+    assert calls["rows_to_columns"] == ["_delivery/_outbox.py:_take"]
+    delivery = {c for c in calls["append"] + calls["append_record"] if c.startswith("_delivery")}
+    assert delivery == {"_delivery/_outbox.py:_to_spool", "_delivery/_outbox.py:_spool_events"}
 
 
 def test_the_sender_state_changes_in_one_place() -> None:
@@ -51,46 +73,46 @@ def test_a_run_goes_from_new_to_finished() -> None:
     assert (state.stage, state.link, state.urgent, state.spools_only) == (
         Stage.RUNNING, Link.NEW, False, False,
     )  # fmt: skip
-    state = transition(state, Event.FAILED, retry_at=5.0)
+    state = transition(state, Signal.FAILED, retry_at=5.0)
     assert state.retry_at == 5.0
-    state = transition(state, Event.CREATED)
-    state = transition(state, Event.ANSWERED)
+    state = transition(state, Signal.CREATED)
+    state = transition(state, Signal.ANSWERED)
     assert (state.link, state.retry_at) == (Link.CREATED, 0.0)
-    state = transition(state, Event.CLOSE, final={"status": "finished"})
+    state = transition(state, Signal.CLOSE, final={"status": "finished"})
     assert state.stopping and state.urgent and state.final == {"status": "finished"}
-    state = transition(state, Event.FINAL_TAKEN)
+    state = transition(state, Signal.FINAL_TAKEN)
     assert state.final_sent
 
 
 def test_a_lost_run_is_created_again_after_the_delay() -> None:
-    state = transition(initial(has_server=True), Event.CREATED)
-    state = transition(state, Event.LOST, retry_at=2.0)
+    state = transition(initial(has_server=True), Signal.CREATED)
+    state = transition(state, Signal.LOST, retry_at=2.0)
     assert (state.link, state.retry_at) == (Link.NEW, 2.0)
 
 
 def test_refused_and_offline_runs_only_spool() -> None:
-    refused = transition(initial(has_server=True), Event.REFUSED)
+    refused = transition(initial(has_server=True), Signal.REFUSED)
     offline = initial(has_server=False)
     for state in (refused, offline):
         assert state.spools_only
         # a late answer changes nothing: the spool keeps the run
-        assert transition(state, Event.CREATED).link is state.link
-        assert transition(state, Event.FINAL_TAKEN).link is state.link
+        assert transition(state, Signal.CREATED).link is state.link
+        assert transition(state, Signal.FINAL_TAKEN).link is state.link
 
 
 def test_flush_and_close() -> None:
-    state = transition(State(), Event.FLUSH)
+    state = transition(State(), Signal.FLUSH)
     assert state.urgent and not state.stopping
-    assert not transition(state, Event.FLUSHED).urgent
-    closed = transition(State(), Event.CLOSE, final={"status": "failed"})
-    again = transition(closed, Event.CLOSE, final={"status": "finished"})
+    assert not transition(state, Signal.FLUSHED).urgent
+    closed = transition(State(), Signal.CLOSE, final={"status": "failed"})
+    again = transition(closed, Signal.CLOSE, final={"status": "finished"})
     assert again.final == {"status": "failed"}  # the first close's end is the run's end
-    assert transition(closed, Event.FLUSHED).urgent  # a flush ending does not undo a close
-    assert transition(closed, Event.ABANDON).stage is Stage.ABANDONED
+    assert transition(closed, Signal.FLUSHED).urgent  # a flush ending does not undo a close
+    assert transition(closed, Signal.ABANDON).stage is Stage.ABANDONED
 
 
-@given(st.lists(st.sampled_from(list(Event)), max_size=40), st.booleans())
-def test_every_sequence_of_events_is_a_state(events: list[Event], server: bool) -> None:
+@given(st.lists(st.sampled_from(list(Signal)), max_size=40), st.booleans())
+def test_every_sequence_of_events_is_a_state(events: list[Signal], server: bool) -> None:
     """Any order of events (threads race) gives a state: finished and refused runs stay so,
     the end never changes once given, a run never goes back to running."""
     state = initial(has_server=server)
@@ -113,12 +135,19 @@ def test_the_outbox_numbers_commits_and_wakes_the_sender_at_a_batch() -> None:
     assert (len(outbox), woken) == (2, [])
     outbox.commit([[1, None, 8.0, 64.0, 2.0, 1.0, None, None, 0.0, ""]] * 2)
     assert (len(outbox), woken) == (4, [1])
-    rows = outbox.take(3, sending=True)
-    assert [row.seq for row in rows] == [2, 6, 10]  # rank 2 of 4: seq = index · 4 + 2
+    batch = outbox.take(3)
+    assert batch is not None
+    assert batch.columns["seq"] == [2, 6, 10]  # rank 2 of 4: seq = index · 4 + 2
+    assert batch.columns["series"] == ["rank2"] * 3  # in the wire's columns from the take
     assert outbox.queued() == 4
-    outbox.put_back(rows)
-    outbox.done_inflight()
-    assert [row.seq for row in outbox.take(10, sending=True)] == [2, 6, 10, 14]
+    outbox.end_batch(batch, delivered=False, keep=True)  # no spool: held in memory, as it is
+    assert (len(outbox), outbox.queued()) == (4, 4)
+    again = outbox.take(10)
+    assert again is batch and again.sent_before  # the held batch first, whole
+    outbox.end_batch(again, delivered=True, keep=True)
+    rest = outbox.take(10)
+    assert rest is not None and rest.columns["seq"] == [14]
+    assert [*batch.columns["seq"], *rest.columns["seq"]] == [2, 6, 10, 14]
 
 
 def test_a_full_outbox_without_a_spool_counts_what_it_cannot_hold() -> None:

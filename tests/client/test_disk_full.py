@@ -16,19 +16,19 @@ from typing import Any
 import pytest
 
 import noisescope
-from noisescope import _spool
-from noisescope._spool import RunSpool, encode_record
-from noisescope._status import Status
-from noisescope._sync import SyncResult, sync
-from noisescope.cli import main as cli_main
-from tests.client._fakes import FakeServer
-from tests.support.small_disk import (
+from harness.small_disk import (
     FullDisk,
     end_file,
     metadata_file,
     segment_file,
     small_filesystem,
 )
+from noisescope import _spool
+from noisescope._spool import RunSpool, encode_record
+from noisescope._status import Status
+from noisescope._sync import SyncResult, sync
+from noisescope.cli import main as cli_main
+from noisescope.testing import MemoryTransport as FakeServer
 
 LOGGED = 6000
 

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 import noisescope
+from harness import ServerProcess, free_port
 from noisescope import HTTPTransport, Request, Response
 from noisescope.cli import main as cli_main
-from tests.client._fakes import wait_for
 from tests.client._proxy import FaultProxy
 from tests.support.database import query
-from tests.support.servers import ServerProcess, free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,9 @@ import pytest
 import requests
 
 import noisescope
-from tests.client._fakes import FakeServer, wait_for
-from tests.support.servers import ServerProcess, free_port
+from harness import ServerProcess, free_port
+from noisescope.testing import MemoryTransport as FakeServer
+from tests.support.waiting import wait_for
 
 
 class RawServer:
@@ -243,7 +244,7 @@ def test_ctrl_c_while_finish_waits_spools_the_rest_says_so_and_stops(
     printed = capsys.readouterr().err
     assert "waiting up to 30 s" in printed
     assert status.spooled == 10 and status.queued == 0
-    assert "spooled 10, dropped 0; last error: connection refused (fake)" in printed
+    assert "spooled 10, dropped 0; last error: connection refused (MemoryTransport.down)" in printed
     assert f"send it with: noisescope sync {tmp_path} --url http://down.test:1" in printed
 
 

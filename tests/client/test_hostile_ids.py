@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import noisescope
+from harness.spool_layout import HOSTILE_RUN_IDS, plant_layout, tree
 from noisescope._spool import RunSpool
 from noisescope._sync import sync
-from tests.client._fakes import FakeServer
-from tests.support.spool_layout import HOSTILE_RUN_IDS, plant_layout, tree
+from noisescope.testing import MemoryTransport as FakeServer
 
 
 @pytest.fixture

@@ -16,8 +16,9 @@ import pytest
 
 import noisescope
 from noisescope._spool import RunSpool
-from tests.client._fakes import FakeServer, wait_for
+from noisescope.testing import MemoryTransport as FakeServer
 from tests.client._hung import HungServer
+from tests.support.waiting import wait_for
 
 BATCH_INTERVAL = 0.5
 #: What a SIGKILLed client may lose while the server hangs, in seconds of training: the

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 import noisescope
+from harness import AppServer, ServerProcess
 from noisescope import _wire
-from tests.client._fakes import FakeServer, wait_for
+from noisescope.testing import MemoryTransport as FakeServer
 from tests.support.database import query
-from tests.support.inprocess import AppServer
-from tests.support.servers import ServerProcess
+from tests.support.waiting import wait_for
 
 
 def _link_lines(err: str) -> list[str]:

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import noisescope
+from harness import AppServer
 from noisescope import Request, Response, TransportError, protocol
-from noisescope._delivery import _sender
-from noisescope._records import Sample
+from noisescope._delivery import _outbox
+from noisescope._records import SampleRow
 from tests.conftest import BACKENDS, app_on
-from tests.support.inprocess import AppServer
 
 API = protocol.API_PREFIX
 ADMIN = "nothing-lost-admin"
@@ -123,11 +123,13 @@ def test_samples_the_server_names_are_dropped_and_the_rest_sent(
     """A client whose own check misses a rule (an older client, a newer server): the 422's
     ``rows`` are counted dropped and the rest of the batch is sent at once."""
 
-    def unchecked(rows: list[Sample], prefix: str = "") -> tuple[dict[str, list[Any]], list[str]]:
+    def unchecked(
+        rows: list[SampleRow], prefix: str = ""
+    ) -> tuple[dict[str, list[Any]], list[str]]:
         columns = zip(protocol.SAMPLE_COLUMNS, zip(*rows, strict=True), strict=True)
         return {name: list(col) for name, col in columns}, []
 
-    monkeypatch.setattr(_sender, "rows_to_columns", unchecked)
+    monkeypatch.setattr(_outbox, "rows_to_columns", unchecked)
     run = _init(server, "server-named", tmp_path, batch_max=500)
     _log_with_one_bad(run, 1000, 700, BAD["equal batch sizes"])
     status = run.finish(timeout=30)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import noisescope
-from tests.support.servers import ServerProcess
+from harness import ServerProcess
 
 HEAD = """
 import sys, time

@@ -52,3 +52,13 @@ def test_settings_default_spool_is_the_one_resolve_uses(
     expected = tmp_path / ".noisescope" / "spool"
     assert resolve().dir == expected
     assert Settings().dir == expected
+
+
+def test_the_testing_module_is_a_transport_users_can_import() -> None:
+    """``noisescope.testing`` (docs/client.md): its names live there, and its transport is a
+    ``noisescope.Transport``."""
+    import noisescope.testing as testing
+
+    assert testing.__all__ == ["Fault", "MemoryTransport"]
+    assert testing.MemoryTransport.__module__ == "noisescope.testing"
+    assert isinstance(testing.MemoryTransport(), noisescope.Transport)

@@ -12,10 +12,9 @@ import httpx
 import pytest
 
 import noisescope
+from harness import ServerProcess, columns, run_body
+from harness.synthetic_sweep import make_sweep, post
 from noisescope.sweep import CriticalBatchReport
-from tests.server._data import columns, run_body
-from tests.support.servers import ServerProcess
-from tests.support.synthetic_sweep import make_sweep, post
 
 
 @pytest.fixture(scope="module")

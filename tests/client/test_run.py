@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import noisescope
-from tests.client._fakes import FakeServer, wait_for
+from noisescope.testing import MemoryTransport as FakeServer
+from tests.support.waiting import wait_for
 
 
 def make_run(fake: FakeServer, **kwargs: object) -> noisescope.Run:

@@ -10,10 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness import AppServer, columns, run_body
 from noisescope import _runs_cli, protocol
 from noisescope.cli import main
-from tests.server._data import columns, run_body
-from tests.support.inprocess import AppServer
 
 
 @pytest.fixture(scope="module")

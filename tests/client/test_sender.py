@@ -17,7 +17,8 @@ import noisescope
 from noisescope import TransportError
 from noisescope._retry import Backoff, classify, parse_retry_after
 from noisescope._transport import Response
-from tests.client._fakes import FakeServer, wait_for
+from noisescope.testing import MemoryTransport as FakeServer
+from tests.support.waiting import wait_for
 
 
 def make_run(fake: FakeServer, **kwargs: object) -> noisescope.Run:
@@ -294,9 +295,9 @@ def test_both_encoders_write_the_same_values(
 def test_columns_with_fields_never_logged_are_nulls() -> None:
     """examples/lr not logged at all (the common case) stay null on the fast path; a batch
     that mixes logged and unlogged values, or a non-finite loss, gives the same columns."""
-    from noisescope._records import Sample, new_sample, rows_to_columns
+    from noisescope._records import SampleRow, new_sample, rows_to_columns
 
-    def row(seq: int, examples: float | None, loss: float) -> Sample:
+    def row(seq: int, examples: float | None, loss: float) -> SampleRow:
         return new_sample((seq, seq, examples, 8.0, 64.0, 2.0, 1.0, loss, None, 0.5, "s"))
 
     plain, invalid = rows_to_columns([row(0, None, 1.0), row(1, None, 2.0)], "rank1")

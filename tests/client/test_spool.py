@@ -23,7 +23,8 @@ from noisescope._spool import (
 )
 from noisescope._sync import report, sync
 from noisescope.cli import main as cli_main
-from tests.client._fakes import FakeServer, wait_for
+from noisescope.testing import MemoryTransport as FakeServer
+from tests.support.waiting import wait_for
 
 
 def columns(seqs: list[int]) -> dict[str, list[Any]]:
@@ -233,7 +234,7 @@ def test_a_spool_with_its_end_in_run_json_is_still_finished_by_sync(tmp_path: Pa
     spool = RunSpool(tmp_path, "old-run")
     assert spool.acquire()
     final = {"status": "failed", "ended_at": "2024-01-01T00:00:00+00:00"}
-    spool.write_meta({"run_id": "old-run", "run": {"project": "p"}, "final": final})
+    spool.write_meta({"run_id": "old-run", "run": {"project": "p", "task": "t"}, "final": final})
     (tmp_path / "old-run" / "end").unlink()
     spool.append(columns([0, 1]))
     spool.release()

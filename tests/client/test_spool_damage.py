@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import AppServer
 from reliability._spool_damage import DAMAGES, in_process_sync, run_case
 from tests.conftest import app_on
-from tests.support.inprocess import AppServer
 
 #: Damage that sync names without a sample count: a torn record (its JSON is cut, so its size
 #: is unknown) and a run whose run.json is unreadable (named failed; it stays in the spool).

@@ -17,12 +17,12 @@ from types import SimpleNamespace
 import pytest
 
 import noisescope
+from harness import AppServer
 from noisescope import _spool
 from noisescope._spool import RunSpool
 from noisescope._sync import SyncResult, report, sync, sync_run
 from reliability._spool_damage import stored_seqs, write_spool
 from tests.conftest import BACKENDS, app_on
-from tests.support.inprocess import AppServer
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.broken_http import BrokenServer, json_answer
 from noisescope._transport import HTTPTransport, Request
-from tests.support.broken_http import BrokenServer, json_answer
 
 HEALTH = Request("GET", "/api/v1/health", None, {})
 

@@ -1,9 +1,9 @@
 """Fixtures for the dashboard tests: a real server on synthetic runs, a fresh AppTest per test.
 
 The dashboard reads only the HTTP API, so every test runs against ``python -m
-noisescope_server`` (``tests.support.servers.ServerProcess``) on a SQLite file written by
-``_synth``. ``st.cache_data``/``cache_resource`` outlive an AppTest (streamlit issue 9139):
-every test starts with empty caches.
+noisescope_server`` (``harness.servers.ServerProcess``) on a SQLite file written by
+``harness.dashboard_runs``. ``st.cache_data``/``cache_resource`` outlive an AppTest
+(streamlit issue 9139): every test starts with empty caches.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+from harness import ServerProcess
+from harness.dashboard_runs import default_runs, insert_runs
 from noisescope import Api
-from tests.support.servers import ServerProcess
-
-from ._synth import default_runs, insert_runs
 
 APP = Path(__file__).parents[2] / "dashboard" / "noisescope_dashboard" / "app.py"
 #: The admin token of ``auth_server`` (it creates project tokens).

@@ -11,12 +11,12 @@ import httpx
 import pytest
 
 import noisescope
+from harness import ServerProcess
+from harness.lsq_branch import branch_logged_parent
+from harness.payloads import columns, log_sample_args
+from harness.synthetic_sweep import make_sweep, post
 from noisescope import Api
 from noisescope_dashboard import _branches
-from tests.branch.lsq_branch import branch_logged_parent
-from tests.server._data import columns, log_sample_args
-from tests.support.servers import ServerProcess
-from tests.support.synthetic_sweep import make_sweep, post
 
 from ._app import chart_data, charts, plain, texts
 from .conftest import MakeApp

@@ -24,11 +24,10 @@ from urllib.parse import quote, urlencode
 import pytest
 import requests
 
+from harness import dashboard_stack as _stack
+from harness.dashboard_runs import DIGITS64, HOSTILE_TASK, LM, NOTICE, NOTICE_MESSAGE, SHORT
 from noisescope import Api
 from noisescope_dashboard import _text
-
-from . import _stack
-from ._synth import DIGITS64, HOSTILE_TASK, LM, NOTICE, NOTICE_MESSAGE, SHORT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

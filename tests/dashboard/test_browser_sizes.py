@@ -1,6 +1,6 @@
 """The Compare runs page's model-size chart in a real browser: a server holding runs of two
-model sizes with branch runs (``_sizes_data``), ``streamlit run`` reading it, headless Debian
-Chromium through Playwright (as ``test_browser``)."""
+model sizes with branch runs (``harness.model_sizes``), ``streamlit run`` reading it, headless
+Debian Chromium through Playwright (as ``test_browser``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from harness import ServerProcess
+from harness import dashboard_stack as _stack
+from harness.model_sizes import SIZES, post_model_sizes
 from noisescope import Api
 from noisescope_dashboard import _sizes
-from tests.support.servers import ServerProcess
 
-from . import _stack
-from ._sizes_data import SIZES, post_model_sizes
 from .test_browser import _chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

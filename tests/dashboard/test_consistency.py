@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 
+from harness.dashboard_runs import DIGITS64, LM, NOTICE, SHORT
 from noisescope import Api
 from noisescope_dashboard import _text
 
 from ._app import plain, texts
-from ._synth import DIGITS64, LM, NOTICE, SHORT
 from .conftest import MakeApp
 
 

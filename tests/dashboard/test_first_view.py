@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from harness import ServerProcess
+from harness.dashboard_runs import SHORT, insert_runs, sweep_runs
 from noisescope import Api, RunSummary, sweep
 from noisescope_dashboard import _frames, _text, _ui
-from tests.support.servers import ServerProcess
 
 from ._app import charts, plain
-from ._synth import SHORT, insert_runs, sweep_runs
 from ._vega import spec_layers
 from .conftest import MakeApp
 

@@ -1,5 +1,5 @@
 """Compare runs by model size against a real server: two branched runs of one task naming
-their size in ``config["n_params"]`` (``_sizes_data``), and a token run naming it in
+their size in ``config["n_params"]`` (``harness.model_sizes``), and a token run naming it in
 ``config["model_size"]``."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 
 import noisescope
+from harness import ServerProcess
+from harness.model_sizes import BRANCH_STEPS, PROJECT, SIZES, post_model_sizes
+from harness.payloads import columns, log_sample_args
 from noisescope import Api
 from noisescope_dashboard import _sizes
-from tests.server._data import columns, log_sample_args
-from tests.support.servers import ServerProcess
 
 from ._app import chart_data, charts, plain, texts
-from ._sizes_data import BRANCH_STEPS, PROJECT, SIZES, post_model_sizes
 from .conftest import MakeApp
 
 EXAMPLES_TITLE = _sizes.TITLE + " — runs in examples"

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
+from harness import ServerProcess, columns
 from noisescope_dashboard import _frames, _text
 from noisescope_server import crud
 from noisescope_server.db import make_engine, upgrade
-from tests.server._data import columns
-from tests.support.servers import ServerProcess
 
 from ._app import chart_data, plain, texts
 from .conftest import MakeApp

@@ -9,8 +9,8 @@ import uuid
 import httpx
 import pytest
 
+from harness import columns
 from noisescope import Api, NotFoundError, protocol
-from tests.server._data import columns
 
 from ._app import plain, texts
 from .conftest import MakeApp

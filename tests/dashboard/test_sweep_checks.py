@@ -10,11 +10,11 @@ import httpx
 import pandas as pd
 import streamlit as st
 
+from harness import ServerProcess
+from harness.synthetic_sweep import make_sweep, post
 from noisescope import Api
 from noisescope_dashboard import _frames, _text
 from tests.server.test_diverged import _BlowUp
-from tests.support.servers import ServerProcess
-from tests.support.synthetic_sweep import make_sweep, post
 
 from ._app import chart_data, plain
 from .conftest import MakeApp

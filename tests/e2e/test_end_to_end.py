@@ -19,10 +19,10 @@ import sqlalchemy as sa
 torch = pytest.importorskip("torch")
 
 import noisescope  # noqa: E402
+from harness import ServerProcess  # noqa: E402
 from noisescope.torch import GradientNoiseProbe  # noqa: E402
 from noisescope_server import queries  # noqa: E402
 from tests.support.database import query  # noqa: E402
-from tests.support.servers import ServerProcess  # noqa: E402
 
 D, SIGMA = 8, 1.0
 MICRO, K, STEPS = 4, 8, 400

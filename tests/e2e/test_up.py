@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import noisescope
+from harness import free_port, wait_for_health
 from noisescope.protocol import format_count
 from tests.support.database import query
-from tests.support.servers import free_port, wait_for_health
 
 ROOT = Path(__file__).resolve().parents[2]
 

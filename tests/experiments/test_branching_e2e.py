@@ -7,7 +7,7 @@ from pathlib import Path
 
 import noisescope
 from experiments.branching import BRANCH_TASKS, main
-from tests.support.servers import ServerProcess
+from harness import ServerProcess
 
 
 def test_branching_study_writes_its_section_and_the_server_agrees(tmp_path: Path) -> None:

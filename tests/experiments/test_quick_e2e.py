@@ -15,8 +15,8 @@ from experiments import analysis
 from experiments.__main__ import main
 from experiments.runner import PROJECT
 from experiments.tasks import TASKS
+from harness import ServerProcess
 from noisescope_server.sweeps import MAX_POINTS_PER_RUN
-from tests.support.servers import ServerProcess
 
 
 def _assert_server_agrees(database: Path, records: list[dict[str, Any]]) -> None:

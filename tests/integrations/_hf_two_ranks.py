@@ -30,9 +30,9 @@ import accelerate.state  # type: ignore[import-untyped]
 import torch
 from transformers import Trainer, TrainingArguments
 
+from harness import QUIET_HF
 from noisescope.integrations import HuggingFaceCallback
 from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
-from tests.support.trainers import QUIET_HF
 
 #: (wrapper, micro-batches per step)
 RUNS = [("fsdp2", 1), ("fsdp2", 2), ("ddp", 1), ("ddp", 2)]

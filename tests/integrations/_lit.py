@@ -18,8 +18,8 @@ from sklearn.datasets import load_digits
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from harness import QUIET_LIGHTNING
 from noisescope.integrations import LightningCallback
-from tests.support.trainers import QUIET_LIGHTNING
 
 
 def digits_loader(batch_size: int, n: int = 512, shuffle: bool = False) -> DataLoader[Any]:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from harness import ServerProcess
 from tests.support.database import query
-from tests.support.servers import ServerProcess
 
 # Keep the 2-core machine usable for everyone: one intra-op thread per training process.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

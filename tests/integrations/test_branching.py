@@ -1,4 +1,5 @@
-"""``branch_every=N`` on both callbacks: noisescope.branch from inside the framework's loop.
+"""``branch=BranchOptions(every=N, ...)`` on both callbacks: noisescope.branch from inside the
+framework's loop.
 
 The parent run must go on exactly as without branching (parameters, optimizer and scheduler
 state, every later step's loss, and the probe's samples), the branches are runs linked to it on
@@ -7,6 +8,7 @@ the server, and a sweep killed half-way resumes without redoing its finished bra
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +19,13 @@ from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments, default_data_collator
 
 import noisescope
-from noisescope.integrations import HuggingFaceCallback, LightningCallback
+from harness import QUIET_HF, QUIET_LIGHTNING, ServerProcess
+from noisescope.integrations import BranchOptions, HuggingFaceCallback, LightningCallback
 from tests.integrations._lit import DigitsMLP, digits_loader
 from tests.integrations._tiny import ByteLMDataset, RecordingCollator, tiny_gpt2
 from tests.integrations.conftest import stored_run
 from tests.integrations.test_hf import DigitsDataset, MeanLossClassifier
 from tests.support.database import query
-from tests.support.servers import ServerProcess
-from tests.support.trainers import QUIET_HF, QUIET_LIGHTNING
 
 PLAN = {"multipliers": (1, 2, 4), "budget": 32, "seeds": 2, "lr_rule": "sqrt"}
 
@@ -94,7 +95,7 @@ def test_hf_branching_leaves_the_parent_run_as_it_was(
     server: ServerProcess, tmp_path: Path
 ) -> None:
     trainer, callback = _hf(
-        server, tmp_path / "a", branch_every=2, branch_eval=_eval_batches(), branch_plan=PLAN
+        server, tmp_path / "a", branch=BranchOptions(every=2, eval=_eval_batches(), plan=PLAN)
     )
     with pytest.warns(UserWarning, match="no branches at step 6: the lr is 0.0"):
         trainer.train()  # the linear decay reaches 0 at the last step
@@ -158,12 +159,10 @@ def test_hf_a_killed_branch_sweep_resumes(server: ServerProcess, tmp_path: Path)
     # budget 32: a branch at b=8 trains 4 steps of 2 micro-batches (8 loss calls), b=16 2 steps
     # of 4 and b=32 1 step of 8: every branch makes 8 calls; killed in the 4th branch
     store = tmp_path / "store"
-    kw: dict[str, Any] = {
-        "branch_every": 4, "branch_eval": _eval_batches(), "branch_plan": PLAN,
-        "branch_store": store, "run_id": "hf-branch-resume",
-    }  # fmt: skip
+    options = BranchOptions(every=4, eval=_eval_batches(), plan=PLAN, store=store)
+    kw: dict[str, Any] = {"run_id": "hf-branch-resume"}
     killed = _CountingLoss(kill_at=8 * 3 + 5)
-    trainer, callback = _hf(server, tmp_path / "a", branch_loss=killed, **kw)
+    trainer, callback = _hf(server, tmp_path / "a", branch=replace(options, loss=killed), **kw)
     with pytest.raises(_Killed):
         trainer.train()
     assert callback.run is not None
@@ -172,15 +171,18 @@ def test_hf_a_killed_branch_sweep_resumes(server: ServerProcess, tmp_path: Path)
     assert len(list((finished / "step4").glob("branch-*.json"))) == 3
 
     resumed_loss = _CountingLoss()
-    trainer, callback = _hf(server, tmp_path / "b", branch_loss=resumed_loss, **kw)
+    trainer, callback = _hf(
+        server, tmp_path / "b", branch=replace(options, loss=resumed_loss), **kw
+    )
     trainer.train()
     (sweep,) = callback.branch_sweeps
     assert sweep.reused == 3 and not sweep.missing and not sweep.notes
     assert resumed_loss.train_calls == 8 * 3  # only the 3 missing branches trained
 
     fresh_loss = _CountingLoss()
-    kw.update(branch_store=tmp_path / "fresh", run_id="hf-branch-fresh")
-    trainer, fresh = _hf(server, tmp_path / "c", branch_loss=fresh_loss, **kw)
+    options = replace(options, store=tmp_path / "fresh", loss=fresh_loss)
+    kw.update(run_id="hf-branch-fresh")
+    trainer, fresh = _hf(server, tmp_path / "c", branch=options, **kw)
     trainer.train()
     assert fresh_loss.train_calls == 8 * 6
     assert sweep.local == fresh.branch_sweeps[0].local
@@ -196,8 +198,9 @@ def test_hf_language_model_branches_count_the_runs_tokens(
     eval_batches = [collate([eval_data[i] for i in range(8)])]
     callback = HuggingFaceCallback(
         project="branching", url=server.url, dir=tmp_path / "spool", quiet=True,
-        branch_every=2, branch_eval=eval_batches,
-        branch_plan={"multipliers": (1, 2), "seeds": 2, "lr_rule": "sqrt"},
+        branch=BranchOptions(
+            every=2, eval=eval_batches, plan={"multipliers": (1, 2), "seeds": 2, "lr_rule": "sqrt"}
+        ),
     )  # fmt: skip
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
@@ -222,13 +225,15 @@ def test_hf_language_model_branches_count_the_runs_tokens(
 
 
 def test_hf_setups_it_cannot_branch_are_refused(server: ServerProcess, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="branch_eval"):
-        HuggingFaceCallback(branch_every=2)
-    with pytest.raises(ValueError, match="branch_every must be"):
-        HuggingFaceCallback(branch_every=0, branch_eval=[])
-    with pytest.raises(ValueError, match="branch_plan keys"):
-        HuggingFaceCallback(branch_every=2, branch_eval=[], branch_plan={"budjet": 8})
-    trainer, _ = _hf(server, tmp_path, branch_every=2, branch_eval=_eval_batches())
+    with pytest.raises(ValueError, match="needs eval"):
+        HuggingFaceCallback(branch=BranchOptions(every=2, eval=None))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="every must be"):
+        HuggingFaceCallback(branch=BranchOptions(every=0, eval=[]))
+    with pytest.raises(ValueError, match="plan keys"):
+        HuggingFaceCallback(branch=BranchOptions(every=2, eval=[], plan={"budjet": 8}))
+    with pytest.raises(TypeError, match=r"branch=noisescope.integrations.BranchOptions\(every="):
+        HuggingFaceCallback(branch_every=2, branch_eval=[])  # the keywords before BranchOptions
+    trainer, _ = _hf(server, tmp_path, branch=BranchOptions(every=2, eval=_eval_batches()))
     trainer.args.bf16 = True
     with pytest.raises(RuntimeError, match=r"mixed precision.*supports one process"):
         trainer.train()
@@ -290,8 +295,10 @@ def test_lightning_branching_leaves_the_parent_run_as_it_was(
     server: ServerProcess, tmp_path: Path
 ) -> None:
     module, callback = _lit(
-        server, tmp_path / "a", branch_every=2, branch_eval=_lit_eval(),
-        branch_plan={**PLAN, "budget": 64}, branch_loss=_mlp_loss,
+        server, tmp_path / "a",
+        branch=BranchOptions(
+            every=2, eval=_lit_eval(), plan={**PLAN, "budget": 64}, loss=_mlp_loss
+        ),
     )  # fmt: skip
     plain, plain_callback = _lit(server, tmp_path / "b")
     _assert_same_state(module.trainer_state, plain.trainer_state)
@@ -323,21 +330,21 @@ def _mlp_loss(m: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
 def test_lightning_a_killed_branch_sweep_resumes(server: ServerProcess, tmp_path: Path) -> None:
     # budget 64 at base 16 in micro-batches of 8: 8 loss calls a branch; killed in the 4th
     store = tmp_path / "store"
-    kw: dict[str, Any] = {
-        "branch_every": 2, "branch_eval": _lit_eval(), "branch_plan": {**PLAN, "budget": 64},
-        "branch_store": store, "run_id": "lit-branch-resume",
-    }  # fmt: skip
+    options = BranchOptions(every=2, eval=_lit_eval(), plan={**PLAN, "budget": 64}, store=store)
+    kw: dict[str, Any] = {"run_id": "lit-branch-resume"}
+    killed = _CountingLoss(8 * 3 + 5, _mlp_loss)
     with pytest.raises(_Killed):
-        _lit(server, tmp_path / "a", branch_loss=_CountingLoss(8 * 3 + 5, _mlp_loss), **kw)
+        _lit(server, tmp_path / "a", branch=replace(options, loss=killed), **kw)
     assert len(list((store / "lit-branch-resume" / "step2").glob("branch-*.json"))) == 3
     resumed_loss = _CountingLoss(loss=_mlp_loss)
-    _, callback = _lit(server, tmp_path / "b", branch_loss=resumed_loss, **kw)
+    _, callback = _lit(server, tmp_path / "b", branch=replace(options, loss=resumed_loss), **kw)
     first, second = callback.branch_sweeps
     assert (first.reused, second.reused) == (3, 0) and not first.notes
     assert resumed_loss.train_calls == 8 * (3 + 6)  # step 2's missing 3 branches, step 4's 6
     fresh_loss = _CountingLoss(loss=_mlp_loss)
-    kw.update(branch_store=tmp_path / "fresh", run_id="lit-branch-fresh")
-    _, fresh = _lit(server, tmp_path / "c", branch_loss=fresh_loss, **kw)
+    options = replace(options, store=tmp_path / "fresh", loss=fresh_loss)
+    kw.update(run_id="lit-branch-fresh")
+    _, fresh = _lit(server, tmp_path / "c", branch=options, **kw)
     assert [s.local for s in callback.branch_sweeps] == [s.local for s in fresh.branch_sweeps]
 
 
@@ -346,7 +353,7 @@ def test_lightning_token_units_branch_in_the_runs_nominal_tokens(
 ) -> None:
     _, callback = _lit(
         server, tmp_path, units="tokens", batch_size_fn=lambda batch: 3 * len(batch[0]),
-        branch_every=4, branch_eval=_lit_eval(), branch_plan={**PLAN, "budget": 192},
+        branch=BranchOptions(every=4, eval=_lit_eval(), plan={**PLAN, "budget": 192}),
     )  # fmt: skip
     assert callback.run is not None and callback.run.batch_size == 3 * 16
     (sweep,) = callback.branch_sweeps
@@ -359,7 +366,7 @@ def test_lightning_setups_it_cannot_branch_are_refused(
     server: ServerProcess, tmp_path: Path
 ) -> None:
     callback = LightningCallback(
-        url=server.url, dir=tmp_path, quiet=True, branch_every=1, branch_eval=_lit_eval()
+        url=server.url, dir=tmp_path, quiet=True, branch=BranchOptions(every=1, eval=_lit_eval())
     )
     trainer = pl.Trainer(
         max_steps=2, accelerator="cpu", devices=1, precision="bf16-mixed", callbacks=[callback],

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import noisescope
+from harness import ServerProcess
 from noisescope.estimators import CURRENT_MIN_SAMPLES
 from tests.support.database import query
-from tests.support.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "integrations.md"
@@ -98,7 +98,7 @@ def test_the_branching_example_runs_and_branches(tmp_path: Path) -> None:
     blocks = re.findall(
         r"```python\n(.*?)```", (ROOT / "docs" / "branching.md").read_text(), flags=re.DOTALL
     )
-    (block,) = [b for b in blocks if "branch_every=" in b]
+    (block,) = [b for b in blocks if "branch=BranchOptions(" in b]
     script = tmp_path / "example.py"
     script.write_text(block)
     env = {**os.environ, "NOISESCOPE_DIR": str(tmp_path / "spool"), "CUDA_VISIBLE_DEVICES": ""}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.servers import ServerProcess
+from harness import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

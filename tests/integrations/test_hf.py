@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 from transformers import Trainer, TrainingArguments
 
+from harness import QUIET_HF, ServerProcess
 from noisescope.integrations import HuggingFaceCallback
 from tests.integrations._subprocess import pythonpath as _pythonpath
 from tests.integrations._tiny import (
@@ -34,8 +35,6 @@ from tests.integrations._tiny import (
 )
 from tests.integrations.conftest import assert_same_samples, stored_run
 from tests.support.dynamo import compiled_counts
-from tests.support.servers import ServerProcess
-from tests.support.trainers import QUIET_HF
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -321,7 +320,7 @@ def test_parameters_identical_with_and_without_the_callback(
 def test_importing_noisescope_stays_light() -> None:
     code = (
         "import sys, noisescope, noisescope.integrations as i\n"
-        "assert i.__all__ == ['HuggingFaceCallback', 'LightningCallback']\n"
+        "assert i.__all__ == ['BranchOptions', 'HuggingFaceCallback', 'LightningCallback']\n"
         "heavy = [m for m in ('torch', 'transformers', 'lightning', 'accelerate')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"
@@ -333,7 +332,7 @@ def test_importing_noisescope_stays_light() -> None:
 def two_ranks(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
     """``_hf_two_ranks.py`` under torch.distributed.run on 2 gloo processes (its DDP and FSDP2
     runs, 1 and 2 micro-batches per step): each rank's JSON result."""
-    from tests.support.servers import free_port
+    from harness import free_port
 
     out = tmp_path_factory.mktemp("hf-two-ranks")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}

@@ -20,13 +20,12 @@ import pytest
 import torch
 from torch import Tensor
 
+from harness import QUIET_LIGHTNING, ServerProcess
 from noisescope.integrations import LightningCallback
 from tests.integrations._lit import DigitsMLP, digits_loader
 from tests.integrations._subprocess import pythonpath as _pythonpath
 from tests.integrations.conftest import Stored, assert_same_samples, stored_run
 from tests.support.dynamo import compiled_counts
-from tests.support.servers import ServerProcess
-from tests.support.trainers import QUIET_LIGHTNING
 
 ROOT = Path(__file__).resolve().parents[2]
 

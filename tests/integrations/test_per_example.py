@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments
 
+from harness import QUIET_HF, QUIET_LIGHTNING, ServerProcess
 from noisescope.integrations import HuggingFaceCallback, LightningCallback
 from noisescope.torch import GradientNoiseProbe
 from tests.integrations._lit import DigitsMLP, digits_loader
@@ -37,8 +38,6 @@ from tests.integrations._tiny import (
 )
 from tests.integrations.conftest import stored_run
 from tests.integrations.test_hf import DigitsDataset, MeanLossClassifier
-from tests.support.servers import ServerProcess
-from tests.support.trainers import QUIET_HF, QUIET_LIGHTNING
 
 LR = 0.1
 CLIP = 0.01

@@ -77,7 +77,7 @@ def test_fsdp1_is_refused_before_training(tmp_path: Path) -> None:
     made here as Accelerate makes it, for real (gloo, one process)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from tests.support.servers import free_port
+    from harness import free_port
 
     # TCPStore is public API, but torch.distributed imports it without re-exporting it
     store = torch.distributed.TCPStore("127.0.0.1", free_port(), 1, is_master=True)  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessContext, start_processes
 
-from tests.support.servers import free_port
+from harness import free_port
 
 WORLD = 2
 

@@ -14,10 +14,9 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import noisescope
+from harness import AppServer, free_port
 from noisescope.torch import GradientNoiseProbe, _rows
 from tests.probes.lsq_torch import ListSink
-from tests.support.inprocess import AppServer
-from tests.support.servers import free_port
 
 if TYPE_CHECKING:
     from typing import Unpack

@@ -1,7 +1,7 @@
-"""The probe on the models people train (tests/probes/zoo), against their exact noise scale.
+"""The probe on the models people train (harness/zoo), against their exact noise scale.
 
 Each zoo case is a tiny real model at fixed weights with a finite data set of N = 64 examples
-(float64, dropout 0). The truth (tests/probes/zoo/truth.py) comes from each example's gradient by
+(float64, dropout 0). The truth (harness/zoo/truth.py) comes from each example's gradient by
 its own backward: their Gram matrix K gives the exact G, tr(Sigma) and B_simple for batches drawn
 with replacement, and, for any batch, exactly what the probe must log. Units are examples, the
 loss the mean over the batch's examples (a language model's: over its tokens, all real), except
@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 import torch
 
+from harness.zoo import BUILDERS, Truth, ZooCase, brute_force_grads, func_grads, trainable
+from harness.zoo.truth import window_b_simple
 from noisescope.torch import GradientNoiseProbe, PerExampleNorms
 from tests.probes.lsq_torch import ListSink
-from tests.probes.zoo import BUILDERS, Truth, ZooCase, brute_force_grads, func_grads, trainable
-from tests.probes.zoo.truth import window_b_simple
 
 CASES = list(BUILDERS)
 STEPS = 16  # statistical tests: steps per window (sigma from simulated windows of this shape)

@@ -1,5 +1,5 @@
 """GET /api/v1/runs/{run_id}/recommendation through the server's app (in this process:
-tests/support/inprocess.py), on SQLite and PostgreSQL.
+harness/inprocess.py), on SQLite and PostgreSQL.
 
 Samples go in through the real client (``noisescope.init``, its sender thread, over the
 in-process transport), batch-size changes through the real scheduler (``Run.log_event``); the
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 import noisescope
+from harness import AppServer
 from noisescope.recommend import recommend
 from noisescope.schedule import BatchSizeScheduler
-from tests.support.inprocess import AppServer
 
 G_SQ, TRACE_SIGMA = 2.0, 300.0  # B_simple = 150
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import noisescope
+from harness import ServerProcess
 from noisescope import Request, Response, TransportError
-from tests.client._fakes import wait_for
-from tests.support.servers import ServerProcess
+from tests.support.waiting import wait_for
 
 
 class FlakyTransport:

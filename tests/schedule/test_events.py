@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 
 import noisescope
+from harness import ServerProcess
 from noisescope.schedule import BatchSizeScheduler
-from tests.support.servers import ServerProcess
 
 
 def test_events_logged_while_the_server_is_down_arrive_once_it_is_up(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Module-scoped servers for the endpoint tests, on SQLite and on PostgreSQL.
 
-``server`` is the app in the test's process (``tests.support.inprocess.AppServer``: the same
+``server`` is the app in the test's process (``harness.inprocess.AppServer``: the same
 app and settings as ``python -m noisescope_server``, called through ASGI), which starts in a
 fraction of a second; ``server_process`` is the real process (``ServerProcess``), for tests of
 what only a process shows (raw bytes on a socket, its command line and environment). Each
@@ -17,9 +17,8 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from starlette.testclient import TestClient
 
+from harness import AppServer, ServerProcess
 from tests.conftest import BACKENDS, fresh_database
-from tests.support.inprocess import AppServer
-from tests.support.servers import ServerProcess
 
 #: The module servers' limits: a 1 MiB body and 10 000 samples, so limit tests stay small.
 LIMITS = {"NOISESCOPE_MAX_BODY_BYTES": str(1 << 20), "NOISESCOPE_MAX_SAMPLES": "10000"}

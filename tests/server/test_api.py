@@ -13,9 +13,9 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
+from harness.http_clients import HttpResponse
+from harness.payloads import columns, expected_sums, run_body
 from noisescope.estimators import NoiseScale, current_window, two_batch_estimates
-from tests.server._data import columns, expected_sums, run_body
-from tests.support.http_clients import HttpResponse
 
 API = "/api/v1"
 

@@ -1,6 +1,6 @@
 """Projects and tokens: a token of project A can neither write nor read project B; revocation
 is immediate; secrets are stored hashed and never logged. The app in this process
-(tests/support/inprocess.py) with auth "write" and "all", on SQLite and PostgreSQL."""
+(harness/inprocess.py) with auth "write" and "all", on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.server._data import columns, run_body
+from harness import AppServer, columns, run_body
 from tests.support.database import query
-from tests.support.inprocess import AppServer
 
 API = "/api/v1"
 ADMIN = "admin-secret-for-tests"

@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from tests.server._data import columns, run_body
-from tests.support.inprocess import AppServer
+from harness import AppServer, columns, run_body
 
 API = "/api/v1"
 

@@ -15,8 +15,7 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from tests.server._data import columns, run_body
-from tests.support.servers import ServerProcess
+from harness import ServerProcess, columns, run_body
 
 API = "/api/v1"
 GZ = {"Content-Encoding": "gzip"}

@@ -13,20 +13,19 @@ import pytest
 from sqlalchemy import Engine, update
 
 import noisescope
-from noisescope import branch
-from noisescope.forecast import forecast_report
-from noisescope_server.models import Run
-from tests.branch.lsq_branch import (
+from harness import AppServer, columns, run_body
+from harness.http_clients import HttpClient, HttpResponse
+from harness.lsq_branch import (
     DiesAfter,
     Killed,
     NoisyLeastSquares,
     branch_logged_parent,
     logged_plan,
 )
-from tests.server._data import columns, run_body
-from tests.support.http_clients import HttpClient, HttpResponse
-from tests.support.inprocess import AppServer
-from tests.support.synthetic_sweep import make_sweep, post
+from harness.synthetic_sweep import make_sweep, post
+from noisescope import branch
+from noisescope.forecast import forecast_report
+from noisescope_server.models import Run
 
 
 def _parent_with_branches(server: AppServer, tmp_path: Path) -> tuple[str, Any, str]:

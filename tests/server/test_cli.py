@@ -13,15 +13,16 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from harness import ServerProcess, free_port, wait_for_health
 from noisescope.cli import SERVER_COMMANDS, build_parser, main
 from noisescope_server import cli as server_cli
 from noisescope_server import db
 from noisescope_server.cli import bind_socket, dashboard_command, dashboard_env
-from tests.support.servers import ServerProcess, free_port, wait_for_health
 
 
 def test_db_upgrade_and_current(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -301,6 +302,48 @@ def test_the_server_commands_have_the_help_lines_shown_without_the_server_instal
     shown = {c.dest: c.help for c in sub._choices_actions}
     assert {name: shown[name] for name in SERVER_COMMANDS} == SERVER_COMMANDS
     assert set(shown) - set(SERVER_COMMANDS) == {"sync", "runs"}  # the client's own
+
+
+def test_the_server_commands_come_from_the_entry_point_group(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``noisescope.cli`` imports no server code: it finds the server's ``register`` through
+    the entry point group the server distribution declares (pyproject.toml). Without such an
+    entry, or with one whose module cannot be imported, the names stay and say how to install
+    the server."""
+    from importlib import metadata
+
+    from noisescope import cli as client_cli
+
+    (entry,) = metadata.entry_points(group=client_cli.COMMANDS_GROUP)
+    assert entry.value == "noisescope_server.cli:register"
+    assert entry.load() is server_cli.register
+    gone = metadata.EntryPoint("server", "noisescope_no_such_server:register", entry.group)
+    for entries in ([], [gone]):
+
+        def installed(group: str, found: list[metadata.EntryPoint] = entries) -> Any:
+            assert group == client_cli.COMMANDS_GROUP
+            return found
+
+        monkeypatch.setattr(metadata, "entry_points", installed)
+        assert main(["up"]) == 2
+        assert client_cli.SERVER_INSTALL_HINT in capsys.readouterr().err
+
+
+def test_the_dashboard_app_is_found_without_importing_the_dashboard() -> None:
+    """``noisescope dashboard`` runs the dashboard's ``app.py`` in Streamlit's process; the
+    server finds the file from the import system's spec, which runs none of the package."""
+    code = (
+        "import sys\n"
+        "from noisescope_server.cli import dashboard_app\n"
+        "print(dashboard_app())\n"
+        "print(any(m.split('.')[0] == 'noisescope_dashboard' for m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    app, loaded = done.stdout.split()
+    assert Path(app).name == "app.py" and Path(app).is_file()
+    assert Path(app).parent.name == "noisescope_dashboard"
+    assert loaded == "False"
 
 
 def test_dashboard_url_option_is_checked() -> None:

@@ -13,10 +13,9 @@ import pytest
 from sqlalchemy import Engine, select, update
 from starlette.testclient import TestClient
 
+from harness import ServerProcess, columns, run_body
 from noisescope import _wire
 from noisescope_server.models import Run
-from tests.server._data import columns, run_body
-from tests.support.servers import ServerProcess
 
 API = "/api/v1"
 

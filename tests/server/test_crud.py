@@ -10,12 +10,12 @@ import threading
 import pytest
 from sqlalchemy import Engine, func, select
 
+from harness.payloads import columns, expected_sums
 from noisescope.estimators import two_batch_estimates
 from noisescope_server import crud, db, queries
 from noisescope_server.crud import _runs, _samples, _sql
 from noisescope_server.errors import Forbidden
 from noisescope_server.models import SAMPLE_COLUMNS, Sample, SampleBlock
-from tests.server._data import columns, expected_sums
 
 
 @pytest.fixture

@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from harness import AppServer, run_body
 from noisescope.estimators import CURRENT_BLOCK
 from noisescope.recommend import NoiseTracker
 from noisescope.schedule import BatchSizeScheduler
 from noisescope_dashboard import _frames, _text
 from noisescope_server.models import BLOCK_SIZE
-from tests.server._data import run_body
-from tests.support.inprocess import AppServer
 
 API = "/api/v1"
 B_SMALL, B_BIG = 8.0, 32.0

@@ -12,8 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from harness import free_port
 from noisescope_server import db
-from tests.support.servers import free_port
 
 
 class LateProxy:

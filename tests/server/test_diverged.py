@@ -8,7 +8,7 @@ import uuid
 
 from starlette.testclient import TestClient
 
-from tests.support.synthetic_sweep import L0, SynthRun, make_sweep, post
+from harness.synthetic_sweep import L0, SynthRun, make_sweep, post
 
 API = "/api/v1"
 

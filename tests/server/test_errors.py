@@ -14,11 +14,11 @@ import httpx
 import pytest
 import uvicorn
 
+from harness import free_port, wait_for_health
 from noisescope_server import queries
 from noisescope_server.app import create_app
 from noisescope_server.errors import BadInput
 from noisescope_server.settings import Settings
-from tests.support.servers import free_port, wait_for_health
 
 API = "/api/v1"
 

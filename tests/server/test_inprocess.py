@@ -1,4 +1,4 @@
-"""The in-process server (tests/support/inprocess.py) is the server process's app: the same
+"""The in-process server (harness/inprocess.py) is the server process's app: the same
 answers, settings and log, and the client's writer and reader work through its transport.
 
 Most endpoint tests run on it (tests/server/conftest.py); these check that what they see is
@@ -12,11 +12,9 @@ from pathlib import Path
 import pytest
 
 import noisescope
+from harness import AppServer, ServerProcess, columns, run_body
 from noisescope import Transport
 from noisescope_server import queries
-from tests.server._data import columns, run_body
-from tests.support.inprocess import AppServer
-from tests.support.servers import ServerProcess
 
 API = "/api/v1"
 

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from tests.server._data import columns, run_body
-from tests.support.http_clients import HttpClient, HttpResponse
-from tests.support.inprocess import AppServer
+from harness import AppServer, columns, run_body
+from harness.http_clients import HttpClient, HttpResponse
 
 API = "/api/v1"
 ADMIN = "admin-secret-for-tests"

@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import Engine, insert, select, update
 from starlette.testclient import TestClient
 
+from harness import run_body
 from noisescope import _wire
 from noisescope_server.jsonclip import CLIPPED, TOO_LARGE, TOO_LARGE_KEY, clip_json
 from noisescope_server.models import Event, Run
-from tests.server._data import run_body
 
 API = "/api/v1"
 LIMIT = _wire.MAX_JSON_DEPTH

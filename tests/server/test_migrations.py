@@ -12,9 +12,9 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
 
+from harness import columns
 from noisescope_server import crud, db
 from noisescope_server.models import Base
-from tests.server._data import columns
 
 TABLES = {"project", "task", "run", "sample", "sample_block", "event", "token"}
 

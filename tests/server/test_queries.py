@@ -9,11 +9,11 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from harness.payloads import columns, expected_sums
 from noisescope.estimators import CURRENT_FRACTION, CURRENT_RAW_LIMIT, current_window
 from noisescope_server import crud, db, queries
 from noisescope_server.models import BLOCK_SIZE, SampleBlock
 from noisescope_server.queries._compare import COMPARE_MIN_BLOCKS
-from tests.server._data import columns, expected_sums
 
 
 def _engine_with_runs(db_url: str) -> tuple[Engine, dict[str, dict[str, list[Any]]], int]:

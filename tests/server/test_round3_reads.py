@@ -13,11 +13,10 @@ from typing import Any
 from sqlalchemy import Engine, update
 from starlette.testclient import TestClient
 
+from harness import AppServer, columns, run_body
+from harness.synthetic_sweep import make_sweep, post
 from noisescope_server import crud
 from noisescope_server.models import Run
-from tests.server._data import columns, run_body
-from tests.support.inprocess import AppServer
-from tests.support.synthetic_sweep import make_sweep, post
 
 API = "/api/v1"
 

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from harness import AppServer, columns, run_body
 from noisescope import Api, ApiError, NotFoundError, protocol
-from tests.server._data import columns, run_body
 from tests.support.database import query
-from tests.support.inprocess import AppServer
 
 API = protocol.API_PREFIX
 ADMIN = "admin-secret-for-run-admin-tests"

@@ -8,8 +8,7 @@ import socket
 import pytest
 from starlette.testclient import TestClient
 
-from tests.server._data import columns, run_body
-from tests.support.servers import ServerProcess
+from harness import ServerProcess, columns, run_body
 
 API = "/api/v1"
 RULE = "1-64 characters from A-Z a-z 0-9 _ . -"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from tests.server._data import run_body
+from harness import run_body
 
 API = "/api/v1"
 

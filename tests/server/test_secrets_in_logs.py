@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import ServerProcess
 from noisescope_server.logs import RedactSecrets
-from tests.support.servers import ServerProcess
 
 SECRET = "s3cr3t-t0ken-in-the-url"
 

@@ -20,13 +20,13 @@ import orjson
 import pytest
 from sqlalchemy import Engine, func, select
 
+from harness import columns
 from noisescope._results import SeriesPoint
 from noisescope.estimators import NoiseScale, interval_from_blocks
 from noisescope_server import crud, db, queries
 from noisescope_server.models import Run, SampleBlock
 from noisescope_server.queries import _series
 from noisescope_server.queries._common import LEVEL
-from tests.server._data import columns
 
 
 def _ingest(engine: Engine, cols: dict[str, list[Any]]) -> None:

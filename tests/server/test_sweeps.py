@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from harness import AppServer
+from harness.synthetic_sweep import L0, SynthRun, make_sweep, post
 from noisescope.estimators import training_loss_curve
 from noisescope_server import sweeps
 from noisescope_server.queries._buckets import BucketSums
-from tests.support.inprocess import AppServer
-from tests.support.synthetic_sweep import L0, SynthRun, make_sweep, post
 
 API = "/api/v1"
 BATCHES = (16, 32, 64, 128, 256, 512)

@@ -1,7 +1,7 @@
 """Whatever the write path accepts, every read path can answer (issue 29): random bodies at the
 edges of every field through every write route of a real server, then every read route about
 what they made; no answer is a 5xx, nor a 422 blaming the database for what it stored
-(tests/support/write_then_read.py)."""
+(harness/write_then_read.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import uuid
 
 from hypothesis import HealthCheck, given, settings
 
-from tests.server._data import columns, run_body
-from tests.support.inprocess import AppServer
-from tests.support.write_then_read import (
+from harness import AppServer, columns, run_body
+from harness.write_then_read import (
     Story,
     read_everything,
     server_errors,

@@ -1,7 +1,7 @@
 """What the sweep checks before its answer is trusted (client/noisescope/sweep/_checks.py): an
 undetermined B_crit is no number, diverged runs are left out, a frontier learning rate at an
 edge of the grid and a frontier point from one seed are warned about; each check on a sweep
-built to trigger it and silent on a clean one (tests/support/synthetic_sweep.py)."""
+built to trigger it and silent on a clean one (harness/synthetic_sweep.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from harness.synthetic_sweep import make_sweep, to_sweep_runs
 from noisescope import sweep
-from tests.support.synthetic_sweep import make_sweep, to_sweep_runs
 
 BATCHES = (16, 32, 64, 128, 256, 512)
 B_CRIT = 200.0

@@ -1,4 +1,4 @@
-"""The critical batch size from sweeps whose answer is known (tests/support/synthetic_sweep.py):
+"""The critical batch size from sweeps whose answer is known (harness/synthetic_sweep.py):
 the frontier, the fit and its interval, B_simple at the same loss, default targets, warnings."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
+from harness.synthetic_sweep import make_sweep, steps_to, to_sweep_runs
 from noisescope import sweep
-from tests.support.synthetic_sweep import make_sweep, steps_to, to_sweep_runs
 
 BATCHES = (16, 32, 64, 128, 256, 512, 1024)
 

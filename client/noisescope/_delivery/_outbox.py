@@ -6,25 +6,32 @@ them), the events queued by ``Run.log_event``, the batch in the request being se
 move of those to the on-disk spool (a spill during an outage, a copy of a hung request's
 batch, the older half of a full buffer, what is left at exit).
 
+A batch has one form from the moment it is taken: ``take`` converts the rows to the wire's
+columns (``_records.rows_to_columns``, its one caller), leaving out and counting the rows the
+server would refuse, and returns a ``Batch``. The sender posts its columns and tells the
+outbox how the request ended (``end_batch``); a batch that neither the server nor the disk
+took is held as it is, in memory, and is the next one taken. Samples reach the disk in one
+place, ``_to_spool``; events in one place, ``_spool_events``.
+
 Threads: ``commit`` runs on whichever thread commits a step, one at a time (the Run commits
 under its own lock); it only appends at the buffer's tail, an atomic ``deque.append``, so the
 training thread never waits for the outbox's lock in the common case. Every other move of
-rows (take, put back, clear) is made under ``lock``, by the sender or the guard.
+rows (take, hold, clear) is made under ``lock``, by the sender or the guard.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from noisescope._config import Settings
-from noisescope._records import Sample, json_safe, new_sample, rows_to_columns
-from noisescope._spool import Columns, RunSpool
+from noisescope._records import Columns, SampleRow, json_safe, new_sample, rows_to_columns
+from noisescope._spool import RunSpool
 
 logger = logging.getLogger("noisescope")
 
@@ -36,6 +43,24 @@ Report = Callable[..., None]
 EVENTS_MAX = 10_000
 #: Events per request, and per spool record (a record is replayed as one request).
 EVENTS_PER_REQUEST = 1000
+
+
+@dataclass(slots=True)
+class Batch:
+    """Samples taken from the buffer, in the form they keep until the server or the disk
+    takes them: the wire's columns, without the rows the server would refuse."""
+
+    columns: Columns
+    #: Rows left out of ``columns`` because the server would refuse them (counted dropped).
+    invalid: int
+    #: Sent before in a request that got no answer (or a retryable one): the server may hold
+    #: these samples already, so samples it held are re-sends, not another session's.
+    sent_before: bool = False
+
+    @property
+    def count(self) -> int:
+        """The samples in ``columns``."""
+        return len(self.columns["seq"])
 
 
 class Outbox:
@@ -57,21 +82,31 @@ class Outbox:
         self._wake = wake
         self._memory_max = settings.memory_max
         self._batch_max = settings.batch_max
-        self._buffer: deque[Sample] = deque()
+        self._buffer: deque[SampleRow] = deque()
+        #: Batches taken that neither the server nor the disk took, oldest first: taken again
+        #: before the buffer (they count against ``memory_max`` as the buffer's rows do).
+        self._held: deque[Batch] = deque()
+        self._held_rows = 0
+        #: Rows the buffer may hold before ``commit`` makes room: ``memory_max`` less the
+        #: held batches' (one attribute for the training thread to read).
+        self._room = self._memory_max
         self.lock = threading.Lock()
         # seq = local index · stride + offset: unique across ranks when all ranks send.
         self._seq_stride = settings.world_size if settings.all_ranks else 1
         self._seq = settings.rank if settings.all_ranks else 0
         #: The batch in the request being sent, and whether the guard already spooled a copy.
-        self.inflight: list[Sample] | None = None
+        self.inflight: Batch | None = None
         self.inflight_spooled = False
         #: Events in the request being sent (a copy may be spooled by the guard likewise).
         self.inflight_events: list[Any] | None = None
         self.inflight_events_spooled = False
-        #: Held while the guard copies the request in flight to the spool.
+        #: Held while the guard copies the request in flight to the spool, and while the
+        #: sender ends a request (who spools its batch is decided once).
         self._copying = threading.Lock()
-        #: Samples taken from the buffer on their way to the spool (counted as queued meanwhile).
+        #: Samples taken on their way to the spool (counted as queued meanwhile).
         self.spilling = 0
+        #: Rows taken from the buffer and being converted to a batch (queued meanwhile).
+        self.converting = 0
         #: Samples taken from the buffer so far (the guard: how far behind the sender is).
         self.taken = 0
         #: Events (``Run.log_event``) waiting to be sent.
@@ -91,8 +126,8 @@ class Outbox:
 
     # -- the training thread's side -------------------------------------------------------------
     def commit(self, records: Iterable[list[Any]]) -> None:
-        """Number a finished step's records (a ``Sample``'s fields after ``seq``) and keep
-        them. A full buffer first moves its older half to the spool (the caller waits for the
+        """Number a finished step's records (a ``SampleRow``'s fields after ``seq``) and keep
+        them. A full memory first moves its older half to the spool (the caller waits for the
         disk); a record neither can take is counted and said once. Wakes the sender when a
         batch is ready."""
         rows = self._buffer
@@ -100,7 +135,7 @@ class Outbox:
         seq = self._seq
         stride = self._seq_stride
         for record in records:
-            if len(rows) >= self._memory_max and not self._make_room():
+            if len(rows) >= self._room and not self._make_room():
                 self.overflow += 1
                 continue
             rows.append(new_sample((seq, *record)))
@@ -110,8 +145,9 @@ class Outbox:
             self._wake()
 
     def __len__(self) -> int:
-        """Samples in the buffer (not counting a batch in a request or on its way to disk)."""
-        return len(self._buffer)
+        """Samples waiting in memory: the buffer and the held batches (not counting a batch in
+        a request or on its way to disk)."""
+        return len(self._buffer) + self._held_rows
 
     def add_event(self, event: dict[str, Any]) -> None:
         """Queue an event; a full queue first moves its older half to the spool (the caller
@@ -146,18 +182,16 @@ class Outbox:
             with self.lock:
                 count = min(len(self._events) - EVENTS_MAX // 2, EVENTS_PER_REQUEST)
                 batch = [json_safe(self._events.popleft()) for _ in range(max(0, count))]
-            try:
-                ok = self.spool.append_record({"events": batch})
-            except OSError:
-                ok = False
-            if not ok:
+            if not self._spool_events(batch):
                 with self.lock:
                     self._events.extendleft(reversed(batch))
                 return len(self._events) < EVENTS_MAX
         return True
 
     def _make_room(self) -> bool:
-        if self.make_room():
+        """On the training thread, when memory is full: ``_spill_half``, or say once that
+        it cannot (then the caller counts the overflow as dropped)."""
+        if self._spill_half():
             return True
         if self.overflow == 0:
             logger.warning(
@@ -167,6 +201,20 @@ class Outbox:
                 self.spool_problem(),
             )
         return False
+
+    def _spill_half(self) -> bool:
+        """Move the older half of what waits in memory to the spool (back-pressure: the
+        committing thread waits for the disk). False if the spool cannot take it."""
+        if not self.spool_usable():
+            return False
+        target = self._memory_max // 2
+        while len(self) > target:
+            batch = self._take(min(self._batch_max, len(self) - target), sending=False)
+            if batch is None:
+                break
+            if not self._spill_batch(batch, hold=True):
+                return False
+        return True
 
     # -- accounting -----------------------------------------------------------------------------
     @property
@@ -190,55 +238,114 @@ class Outbox:
                 self._drops[kind] = (self._drops.get(kind, (0, ""))[0] + count, why)
 
     def queued(self) -> int:
-        """Samples in memory: the buffer, the batch in a request (unless spooled), spilling."""
+        """Samples in memory: the buffer, held batches, rows being converted, the batch in a
+        request (unless spooled), those on their way to disk."""
         with self.lock:
             inflight = self.inflight if not self.inflight_spooled else None
-            return len(self._buffer) + (len(inflight) if inflight else 0) + self.spilling
+            sending = inflight.count if inflight is not None else 0
+            waiting = len(self._buffer) + self._held_rows + self.converting
+            return waiting + sending + self.spilling
 
     def in_memory(self) -> bool:
         """Whether any sample or event in a request is held only in memory."""
-        return bool(self._buffer or self.inflight or self.spilling or self.inflight_events)
+        return bool(
+            self._buffer
+            or self._held
+            or self.inflight is not None
+            or self.converting
+            or self.spilling
+            or self.inflight_events
+        )
 
     def has_events(self) -> bool:
         return bool(self._events)
 
     def progress(self) -> tuple[int, int]:
-        """(samples taken from the buffer so far, samples committed so far)."""
+        """(samples out of memory so far, samples committed so far): a held batch is in
+        memory again."""
         with self.lock:
-            return self.taken, self.taken + len(self._buffer)
+            return self.taken - self._held_rows, self.taken + len(self._buffer)
 
     # -- the sender's side: batches -------------------------------------------------------------
-    def take(self, limit: int, sending: bool) -> list[Sample]:
-        """Up to ``limit`` rows, oldest first: the batch of the next request (``sending``:
-        release it with ``done_inflight``) or rows on their way to the spool (release them
-        with ``done_spilling``)."""
+    def take(self, limit: int) -> Batch | None:
+        """The batch of the next request: a held batch, else up to ``limit`` rows of the
+        buffer, oldest first, in columns (None: nothing to take). End its request with
+        ``end_batch``."""
+        return self._take(limit, sending=True)
+
+    def _take(self, limit: int, sending: bool) -> Batch | None:
+        """The oldest held batch, else up to ``limit`` rows of the buffer converted to a batch
+        (the rows the server would refuse left out, and counted; converted outside ``lock``):
+        the request's batch (``sending``) or one on its way to the spool (``_spill_batch``)."""
         with self.lock:
-            rows: list[Sample] = []
+            if self._held:
+                batch = self._held.popleft()
+                self._count_held(-batch.count)
+                self._taken(batch, sending)
+                return batch
+            rows: list[SampleRow] = []
             popleft = self._buffer.popleft
             try:
                 for _ in range(limit):
                     rows.append(popleft())
             except IndexError:
                 pass
+            if not rows:
+                return None
             self.taken += len(rows)
-            if sending:
-                self.inflight, self.inflight_spooled = rows, False
-            else:
-                self.spilling += len(rows)
-            return rows
+            self.converting += len(rows)
+        converted: Batch | None = None
+        try:
+            columns, left_out = rows_to_columns(rows, self.series_prefix)
+            converted = Batch(columns, len(left_out))
+        finally:
+            with self.lock:
+                self.converting -= len(rows)
+                if converted is not None:
+                    self._taken(converted, sending)
+        self._count_invalid(left_out)
+        return converted
 
-    def put_back(self, rows: list[Sample]) -> None:
-        """Rows taken that neither the server nor the disk took: back at the buffer's head."""
-        with self.lock:
-            self._buffer.extendleft(reversed(rows))
+    def _taken(self, batch: Batch, sending: bool) -> None:
+        """``batch`` is the request's or on its way to the spool (caller holds ``lock``)."""
+        if sending:
+            self.inflight, self.inflight_spooled = batch, False
+        else:
+            self.spilling += batch.count
 
-    def done_inflight(self) -> None:
-        with self.lock:
-            self.inflight, self.inflight_spooled = None, False
+    def _hold(self, batch: Batch) -> None:
+        """Keep a batch neither the server nor the disk took, in memory, in seq order (caller
+        holds ``lock``): it is the next one taken."""
+        held = self._held
+        first = batch.columns["seq"][0]
+        index = 0
+        while index < len(held) and held[index].columns["seq"][0] < first:
+            index += 1
+        held.insert(index, batch)
+        self._count_held(batch.count)
 
-    def done_spilling(self, count: int) -> None:
-        with self.lock:
-            self.spilling -= count
+    def _count_held(self, rows: int) -> None:
+        """``rows`` more (or fewer) held rows (caller holds ``lock``)."""
+        self._held_rows += rows
+        self._room = self._memory_max - self._held_rows
+
+    def end_batch(self, batch: Batch, delivered: bool, keep: bool) -> None:
+        """The request of ``batch`` (from ``take``) is over. Not ``delivered`` (no answer, or
+        one to retry), the batch goes to the spool unless the guard copied it there while the
+        request hung; one the disk cannot take is held in memory with ``keep`` (and no row
+        left out: those were counted once), else counted dropped."""
+        with self._copying:
+            hold = False
+            if not delivered and batch.count:
+                with self.lock:
+                    spooled = self.inflight_spooled
+                if not spooled:
+                    hold = not self._to_spool(batch.columns, hold=keep and not batch.invalid)
+            with self.lock:
+                self.inflight, self.inflight_spooled = None, False
+                if hold:
+                    batch.sent_before = True
+                    self._hold(batch)
 
     def inflight_was_spooled(self) -> bool:
         """Whether the guard spooled the batch in the request (then the spool's replay, not
@@ -276,27 +383,7 @@ class Outbox:
                 self._events.extendleft(reversed(batch))
             return spooled
 
-    # -- overflow: a burst faster than the sender -----------------------------------------------
-    def make_room(self) -> bool:
-        """On the training thread, when the memory buffer is full: move its older half to the
-        spool (back-pressure: the caller waits for the disk). False if the spool cannot take
-        it (then the caller counts the overflow as dropped)."""
-        if not self.spool_usable():
-            return False
-        target = self._memory_max // 2
-        while len(self._buffer) > target:
-            rows = self.take(min(self._batch_max, len(self._buffer) - target), False)
-            if not rows:
-                break
-            columns, left_out = rows_to_columns(rows, self.series_prefix)
-            self.count_invalid(left_out)
-            if columns["seq"] and not self.to_spool(columns, hold=True):
-                self.put_back(rows)
-                self.done_spilling(len(rows))
-                return False
-            self.done_spilling(len(rows))
-        return True
-
+    # -- to the spool ---------------------------------------------------------------------------
     def spool_problem(self) -> str:
         """Why the spool cannot take samples now (for a message about dropped ones)."""
         if self.spool is None:
@@ -304,28 +391,33 @@ class Outbox:
         return self._spool_trouble or "the spool could not take them"
 
     def spill(self, force: bool, keep: int = 0) -> None:
-        """Move buffered rows to the spool, oldest first: all of them if ``force`` or
-        ``batch_interval`` has passed since the last spill (so an outage keeps at most that
+        """Move samples waiting in memory to the spool, oldest first: all of them if ``force``
+        or ``batch_interval`` has passed since the last spill (so an outage keeps at most that
         much in memory), else whole batches only; ``keep`` newest rows stay (the sender's
-        next requests). Without a usable spool the rows stay in memory, where ``commit``
-        bounds them at ``memory_max`` (counting the overflow as dropped)."""
+        next requests). Without a usable spool they stay in memory, where ``commit`` bounds
+        them at ``memory_max`` (counting the overflow as dropped)."""
         if not self.spool_usable():
             return
         now = time.monotonic()
         if now - self._last_spill >= self.settings.batch_interval:
             force = True
-        if self._buffer and force:
+        if len(self) and force:
             self._last_spill = now
         batch_max = self._batch_max
-        while len(self._buffer) > keep and (force or len(self._buffer) - keep >= batch_max):
-            rows = self.take(min(batch_max, len(self._buffer) - keep), sending=False)
-            columns, left_out = rows_to_columns(rows, self.series_prefix)
-            self.count_invalid(left_out)
-            if columns["seq"] and not self.to_spool(columns, hold=not left_out):
-                self.put_back(rows)  # no disk: keep them in memory
-                self.done_spilling(len(rows))
-                return
-            self.done_spilling(len(rows))
+        while len(self) > keep and (force or len(self) - keep >= batch_max):
+            batch = self._take(min(batch_max, len(self) - keep), sending=False)
+            if batch is None or not self._spill_batch(batch, hold=not batch.invalid):
+                return  # no disk: kept in memory
+
+    def _spill_batch(self, batch: Batch, hold: bool) -> bool:
+        """A batch ``_take`` took for the spool, to the spool; False if the disk could not
+        take it and, with ``hold``, it is held in memory again."""
+        kept = bool(batch.count) and not self._to_spool(batch.columns, hold=hold)
+        with self.lock:
+            self.spilling -= batch.count
+            if kept:
+                self._hold(batch)
+        return not kept
 
     def spool_usable(self) -> bool:
         return self.spool is not None and time.monotonic() >= self._spool_retry_at
@@ -338,22 +430,24 @@ class Outbox:
         self.spool_inflight()
         self.spill(force=True)
         with self.lock:  # what neither the server nor the disk took is lost: count it
-            left = len(self._buffer)
+            left = len(self._buffer) + self._held_rows
             self._buffer.clear()
+            self._held.clear()
+            self._count_held(-self._held_rows)
         if left:
             self.drop(left, "lost-at-exit", "they could not be sent or spooled at finish")
             self._report(f"{left} samples could not be sent or spooled", key="lost-at-exit")
         self.spill_events(final=True)
 
-    def to_spool(self, columns: Columns, count_dropped: bool = True, hold: bool = False) -> bool:
-        """Append a batch to the spool. With ``hold``, a batch the disk cannot take (no spool,
-        I/O error) is not counted dropped: False tells the caller to keep it in memory."""
+    def _to_spool(self, columns: Columns, hold: bool) -> bool:
+        """Append a batch to the spool: the one place samples go to disk. With ``hold``, a
+        batch the disk cannot take (no spool, I/O error) is not counted dropped: False tells
+        the caller to keep it in memory."""
         count = len(columns["seq"])
         if self.spool is None or not self.spool_usable():
             if hold:
                 return False
-            if count_dropped:
-                self.drop(count, "spool", self.spool_problem())
+            self.drop(count, "spool", self.spool_problem())
             return True
         try:
             ok = self.spool.append(columns)
@@ -368,10 +462,9 @@ class Outbox:
             )
             if hold:
                 return False
-            if count_dropped:
-                self.drop(count, "spool", self._spool_trouble)
+            self.drop(count, "spool", self._spool_trouble)
             return True
-        if not ok and count_dropped:
+        if not ok:
             self._spool_trouble = (
                 f"the spool limit of {self.spool.max_bytes} bytes is reached at {self.spool.dir}"
             )
@@ -384,7 +477,7 @@ class Outbox:
             )
         return True
 
-    def count_invalid(self, left_out: list[str]) -> None:
+    def _count_invalid(self, left_out: list[str]) -> None:
         """Count the samples left out of a batch because the server would refuse them (each
         one's reason in ``left_out``), and say so once, with the first reason."""
         if left_out:
@@ -396,6 +489,14 @@ class Outbox:
                 key="invalid",
                 level=logging.WARNING,
             )
+
+    def _spool_events(self, events: list[Any]) -> bool:
+        """Append one record of events to the spool: the one place events go to disk. False
+        if it could not (no spool, the limit, an I/O error)."""
+        try:
+            return self.spool is not None and self.spool.append_record({"events": events})
+        except OSError:
+            return False
 
     def spill_events(self, final: bool = False) -> None:
         """Events go to the spool too when the run ends offline or unreachable; ``final`` (at
@@ -414,16 +515,12 @@ class Outbox:
         if self.spool is None or not self._events:
             return
         batch: list[Any] = []
-        with self.lock, contextlib.suppress(IndexError):
-            while True:
+        with self.lock:
+            while self._events:
                 batch.append(json_safe(self._events.popleft()))
         for start in range(0, len(batch), EVENTS_PER_REQUEST):  # a record is one request
             chunk = batch[start : start + EVENTS_PER_REQUEST]
-            try:
-                ok = self.spool.append_record({"events": chunk})
-            except OSError:
-                ok = False
-            if not ok:
+            if not self._spool_events(chunk):
                 self.dropped_events += len(chunk)
 
     def spool_inflight(self) -> None:
@@ -435,20 +532,13 @@ class Outbox:
 
     def _spool_inflight(self) -> None:
         with self.lock:
-            rows = self.inflight if not self.inflight_spooled else None
-            self.inflight_spooled = self.inflight_spooled or rows is not None
+            batch = self.inflight if not self.inflight_spooled else None
+            self.inflight_spooled = self.inflight_spooled or batch is not None
             events = self.inflight_events if not self.inflight_events_spooled else None
             self.inflight_events_spooled = self.inflight_events_spooled or events is not None
-        if rows:
-            columns, _ = rows_to_columns(rows, self.series_prefix)
-            if columns["seq"] and not self.to_spool(columns, hold=True):
-                with self.lock:
-                    self.inflight_spooled = False  # not on disk after all
-        if events:
-            try:
-                ok = self.spool is not None and self.spool.append_record({"events": events})
-            except OSError:
-                ok = False
-            if not ok:
-                with self.lock:
-                    self.inflight_events_spooled = False
+        if batch is not None and batch.count and not self._to_spool(batch.columns, hold=True):
+            with self.lock:
+                self.inflight_spooled = False  # not on disk after all
+        if events and not self._spool_events(events):
+            with self.lock:
+                self.inflight_events_spooled = False

@@ -2,8 +2,10 @@
 
 One daemon thread per run. The training thread only hands finished steps to the ``Outbox``;
 this thread takes them in batches (by count: ``batch_max``; by time: ``batch_interval``),
-converts them to columns (``_records``) and POSTs them through a ``Transport`` (``_request``
-builds the bodies). What it does next depends on one ``State`` only, changed by
+each already in the wire's columns (``Outbox.take``), and POSTs them through a ``Transport``
+(``_request`` builds the bodies); a request that fails hands its batch back to the outbox
+(``Outbox.end_batch``), which spools it or holds it. The sender only decides when a batch goes
+and what an answer means. What it does next depends on one ``State`` only, changed by
 ``_state.transition`` in ``_on``.
 
 Failure policy (why it is safe):
@@ -33,8 +35,8 @@ from noisescope import _wire
 from noisescope._config import Settings
 from noisescope._delivery._guard import Guard
 from noisescope._delivery._outbox import EVENTS_PER_REQUEST, Outbox
-from noisescope._delivery._state import Event, Link, Stage, State, initial, transition
-from noisescope._records import rows_to_columns, select_rows
+from noisescope._delivery._state import Link, Signal, Stage, State, initial, transition
+from noisescope._records import select_rows
 from noisescope._redact import redact_text, redact_url
 from noisescope._request import build_request, is_loopback
 from noisescope._retry import (
@@ -58,9 +60,15 @@ logger = logging.getLogger("noisescope")
 SLOW_CLOSE = 1.0
 
 
+def _delivered(outcome: Outcome | None) -> bool:
+    """Whether a request is over for good: answered, and not to be sent again (a refusal
+    counts what it refused)."""
+    return outcome is not None and outcome not in ("retry", "missing", "refused")
+
+
 class Sender:
-    """Moves committed rows from its ``outbox`` to the server (or the spool) on its own
-    thread. ``transport`` None: offline, everything goes to the spool."""
+    """Sends its ``outbox``'s batches to the server on its own thread (what fails goes back to
+    the outbox, which spools it). ``transport`` None: offline, everything goes to the spool."""
 
     def __init__(
         self,
@@ -114,9 +122,6 @@ class Sender:
         #: Why the run's end could not be recorded in the spool at close, if it could not.
         self.end_unrecorded: str | None = None
         self._warned: set[str] = set()
-        #: The largest seq of rows put back into the buffer after a request that got no
-        #: answer: sent again, they may be stored already (not another session's).
-        self._resent_upto = -1
         #: Samples of guard-copied batches counted as already stored (another session's),
         #: not to be counted sent when the copy is replayed.
         self._copies_already_stored = 0
@@ -127,11 +132,11 @@ class Sender:
         self.requests = 0
 
     def _on(
-        self, event: Event, *, retry_at: float = 0.0, final: Mapping[str, Any] | None = None
+        self, signal: Signal, *, retry_at: float = 0.0, final: Mapping[str, Any] | None = None
     ) -> State:
-        """Apply ``event``: the one place the sender's state changes."""
+        """Apply ``signal``: the one place the sender's state changes."""
         with self._state_lock:
-            self.state = transition(self.state, event, retry_at=retry_at, final=final)
+            self.state = transition(self.state, signal, retry_at=retry_at, final=final)
             return self.state
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -170,7 +175,7 @@ class Sender:
 
     def flush(self, timeout: float) -> bool:
         """Ask for everything to be sent now; wait up to ``timeout``. True if all was sent."""
-        self._on(Event.FLUSH)
+        self._on(Signal.FLUSH)
         self._wake.set()
         deadline = time.monotonic() + max(0.0, timeout)
         with self._cond:
@@ -180,7 +185,7 @@ class Sender:
                     break
                 self._cond.wait(min(remaining, 0.05))
                 self._wake.set()
-        self._on(Event.FLUSHED)
+        self._on(Signal.FLUSHED)
         return self.idle()
 
     def close(
@@ -197,7 +202,7 @@ class Sender:
                 self.spool.write_end(final)
             except OSError as exc:
                 self.end_unrecorded = str(exc)
-        self._on(Event.CLOSE, final=final)
+        self._on(Signal.CLOSE, final=final)
         self._wake.set()
         interrupted = False
         outbox = self.outbox
@@ -211,7 +216,7 @@ class Sender:
                 interrupted = True
         if self._thread is not None and self._thread.is_alive():
             # The server did not take everything in time: leave the rest on disk.
-            self._on(Event.ABANDON)
+            self._on(Signal.ABANDON)
             self._wake.set()
             outbox.spill_everything()
             self._thread.join(0.2)
@@ -293,7 +298,7 @@ class Sender:
         ):
             self._heartbeat()
         if not state.orphans_done and not state.stopping and self.idle():
-            self._on(Event.ORPHANS_DONE)
+            self._on(Signal.ORPHANS_DONE)
             self._resume_orphans()
         return state.stopping and self.idle()
 
@@ -345,7 +350,7 @@ class Sender:
         """No request before the backoff's delay (``lost``: the server lost the run, which is
         created again then)."""
         delay = self.backoff.next_delay(retry_after)
-        self._on(Event.LOST if lost else Event.FAILED, retry_at=time.monotonic() + delay)
+        self._on(Signal.LOST if lost else Signal.FAILED, retry_at=time.monotonic() + delay)
         self._error(reason, key=None)
         self._outage_error = reason
         logger.debug("noisescope: %s; retrying in %.2fs", reason, delay)
@@ -372,7 +377,7 @@ class Sender:
             self._enter_outage(f"HTTP {response.status}: {response.detail()}", retry_after)
         elif outcome == "ok":
             self.backoff.reset()
-            self._on(Event.ANSWERED)
+            self._on(Signal.ANSWERED)
             if self._outage_error is not None and self.last_error == self._outage_error:
                 self.last_error = None
             self._outage_error = None
@@ -391,7 +396,7 @@ class Sender:
         if outcome == "ok":
             self._tell_page(response)
             self._say_server_warnings(response)
-            self._on(Event.CREATED)
+            self._on(Signal.CREATED)
             return True
         if outcome == "retry":
             return False
@@ -415,7 +420,7 @@ class Sender:
                     "--token <TOKEN>"
                 )
         self.refusal = message
-        self._on(Event.REFUSED)
+        self._on(Signal.REFUSED)
         self._error(message, key="run-refused", level=logging.WARNING)
 
     def _heartbeat(self) -> None:
@@ -545,7 +550,7 @@ class Sender:
                     outcome = self._post_events(payload["events"])
                 else:
                     outcome = self._post(payload["columns"])
-                if outcome is None or outcome in ("retry", "missing", "refused"):
+                if not _delivered(outcome):
                     return False
                 samples = len(payload["columns"]["seq"]) if kind == "samples" else 0
                 self.spool.acknowledge(path, last + 1, samples)
@@ -553,6 +558,8 @@ class Sender:
         return True
 
     def _send_buffer(self) -> bool:
+        """Send the outbox's batches while one is due; False when a request failed (its
+        batch is then on disk, or held in memory by the outbox and sent first next time)."""
         outbox = self.outbox
         batch_max = self.settings.batch_max
         while len(outbox):
@@ -563,24 +570,22 @@ class Sender:
             )
             if not due:
                 return True
-            rows = outbox.take(batch_max, sending=True)
-            columns, left_out = rows_to_columns(rows, self.series_prefix)
-            outbox.count_invalid(left_out)
-            if columns["seq"]:
-                # rows put back after a request with no answer may be stored already
-                fresh = min(columns["seq"]) > self._resent_upto
-                outcome = self._post(columns, fresh=fresh)
-                if outcome is None or outcome in ("retry", "missing", "refused"):
-                    keep = not left_out and self.state.stage is not Stage.ABANDONED  # else counted
-                    if outbox.inflight_was_spooled():
-                        pass  # the guard spooled it while the request hung
-                    elif not outbox.to_spool(columns, hold=keep):
-                        outbox.put_back(rows)  # no disk: keep it in memory
-                        self._resent_upto = max(self._resent_upto, max(columns["seq"]))
-                    outbox.done_inflight()
-                    outbox.spill(force=False)
-                    return False
-            outbox.done_inflight()
+            batch = outbox.take(batch_max)
+            if batch is None:
+                break
+            outcome: Outcome | None = None
+            try:
+                # a batch held after a request with no answer may be stored already
+                outcome = (
+                    self._post(batch.columns, fresh=not batch.sent_before) if batch.count else "ok"
+                )
+            finally:
+                # held in memory if the disk cannot take it, unless close() gave up waiting
+                keep = self.state.stage is not Stage.ABANDONED
+                outbox.end_batch(batch, _delivered(outcome), keep)
+            if not _delivered(outcome):
+                outbox.spill(force=False)
+                return False
             half = self.settings.memory_max // 2
             if len(outbox) > half:
                 # Producing faster than the server takes: what is beyond half of memory_max
@@ -599,7 +604,7 @@ class Sender:
             try:
                 outcome = self._post_events(batch)
             finally:
-                delivered = outcome is not None and outcome not in ("retry", "missing", "refused")
+                delivered = _delivered(outcome)
                 outbox.end_events(batch, delivered)
             if not delivered:
                 return False
@@ -624,7 +629,7 @@ class Sender:
         response = self._request("PATCH", _wire.runs_path(self.run_id), final)
         if response is not None and self._answered(response) != "retry":
             self._say_server_warnings(response)
-            self._on(Event.FINAL_TAKEN)
+            self._on(Signal.FINAL_TAKEN)
 
     def _say_server_warnings(self, response: Response) -> None:
         """What the server stored otherwise than sent (its answer's ``warnings``: a time from

@@ -4,7 +4,7 @@ Everything that decides what the sender thread does next is one immutable ``Stat
 run's life is (``Stage``), what the server knows of the run (``Link``), until when no request
 is made (an outage's ``retry_at``), whether someone waits for everything to be sent, whether
 the orphaned spools were looked at, and the run's final status. It changes only through
-``transition(state, event)``; the sender applies it under one lock, so the thread, ``flush``
+``transition(state, signal)``; the sender applies it under one lock, so the thread, ``flush``
 and ``close`` always see a whole state, never half of a change.
 """
 
@@ -42,8 +42,9 @@ class Link(enum.Enum):
     FINISHED = "finished"
 
 
-class Event(enum.Enum):
-    """What happened to the sender; each is one ``transition``."""
+class Signal(enum.Enum):
+    """What happened to the sender, the state machine's input: each is one ``transition``.
+    (Not the server's ``models.Event``, nor a ``Run.log_event``.)"""
 
     #: ``flush()`` waits for everything to be sent.
     FLUSH = "flush"
@@ -109,39 +110,39 @@ def initial(has_server: bool) -> State:
 
 def transition(
     state: State,
-    event: Event,
+    signal: Signal,
     *,
     retry_at: float = 0.0,
     final: Mapping[str, Any] | None = None,
 ) -> State:
-    """The state after ``event``. ``retry_at`` goes with FAILED and LOST, ``final`` with
-    CLOSE. An event that cannot happen in ``state`` (a late answer after the run was
+    """The state after ``signal``. ``retry_at`` goes with FAILED and LOST, ``final`` with
+    CLOSE. A signal that cannot happen in ``state`` (a late answer after the run was
     refused, a second close) leaves it as it is."""
-    if event is Event.FLUSH:
+    if signal is Signal.FLUSH:
         return replace(state, flushing=True)
-    if event is Event.FLUSHED:
+    if signal is Signal.FLUSHED:
         return replace(state, flushing=False)
-    if event is Event.CLOSE:
+    if signal is Signal.CLOSE:
         if state.stage is not Stage.RUNNING:
             return state
         return replace(state, stage=Stage.STOPPING, final=final)
-    if event is Event.ABANDON:
+    if signal is Signal.ABANDON:
         return replace(state, stage=Stage.ABANDONED)
-    if event is Event.CREATED:
+    if signal is Signal.CREATED:
         return replace(state, link=Link.CREATED) if state.link is Link.NEW else state
-    if event is Event.REFUSED:
+    if signal is Signal.REFUSED:
         refusable = state.link is Link.NEW or state.link is Link.CREATED
         return replace(state, link=Link.REFUSED) if refusable else state
-    if event is Event.LOST:
+    if signal is Signal.LOST:
         if state.link is not Link.CREATED:
             return replace(state, retry_at=retry_at)
         return replace(state, link=Link.NEW, retry_at=retry_at)
-    if event is Event.FAILED:
+    if signal is Signal.FAILED:
         return replace(state, retry_at=retry_at)
-    if event is Event.ANSWERED:
+    if signal is Signal.ANSWERED:
         return replace(state, retry_at=0.0) if state.retry_at else state
-    if event is Event.FINAL_TAKEN:
+    if signal is Signal.FINAL_TAKEN:
         return replace(state, link=Link.FINISHED) if state.link is Link.CREATED else state
-    if event is Event.ORPHANS_DONE:
+    if signal is Signal.ORPHANS_DONE:
         return replace(state, orphans_done=True)
-    raise AssertionError(f"unknown event {event!r}")  # pragma: no cover
+    raise AssertionError(f"unknown signal {signal!r}")  # pragma: no cover

@@ -6,8 +6,10 @@
   'noisescope[lightning]'``).
 
 Both are thin layers over the plain-loop API (``noisescope.init`` and
-``noisescope.torch.GradientNoiseProbe``). The classes are loaded on first access, so importing
-``noisescope`` or ``noisescope.integrations`` never imports torch, transformers or lightning.
+``noisescope.torch.GradientNoiseProbe``); both branch (docs/branching.md) when given
+``branch=BranchOptions(every=N, eval=batches, ...)`` (:class:`BranchOptions`). The callback
+classes are loaded on first access, so importing ``noisescope`` or ``noisescope.integrations``
+never imports torch, transformers or lightning.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from noisescope.integrations._options import BranchOptions
+
 if TYPE_CHECKING:
     from noisescope.integrations._hf import HuggingFaceCallback
     from noisescope.integrations._lightning import LightningCallback
 
-__all__ = ["HuggingFaceCallback", "LightningCallback"]
+__all__ = ["BranchOptions", "HuggingFaceCallback", "LightningCallback"]
 
 _LAZY = {
     "HuggingFaceCallback": ("noisescope.integrations._hf", "transformers"),

@@ -19,9 +19,11 @@ from torch import Tensor, nn
 import noisescope
 from noisescope import _wire, branch
 from noisescope._run import Run
+from noisescope.branch import BranchSweep, Every
 from noisescope.torch import GradientNoiseProbe
 
-from ._branching import BranchOptions, ModuleBranches, log_to, store_for
+from ._branching import ModuleBranches, log_to, store_for
+from ._options import BranchOptions, refuse_branch_keywords
 
 logger = logging.getLogger("noisescope")
 
@@ -42,8 +44,13 @@ class _TrackingCallback:
         every: int,
         small_batches: Literal["all", "first"],
         init_kwargs: dict[str, Any],
-        branching: BranchOptions | None = None,
+        branch: BranchOptions | None = None,
     ) -> None:
+        refuse_branch_keywords(type(self).__name__, init_kwargs)
+        if branch is not None and not isinstance(branch, BranchOptions):
+            raise TypeError(
+                f"branch must be a noisescope.integrations.BranchOptions, got {type(branch)}"
+            )
         if units is not None and (problem := _wire.units_problem(units)):
             raise ValueError(problem)
         if small_batches not in ("all", "first"):
@@ -63,15 +70,16 @@ class _TrackingCallback:
         self._loss_sum: Tensor | None = None  # this optimizer step's micro-batch losses
         self._n_micro = 0  # micro-batches recorded in this optimizer step
         self._disabled: str | None = None  # why this run is not measured, if it is not
-        self._branch = branching
-        self._every: branch.Every | None = None
+        self._branch = branch
+        self._sweeps: list[BranchSweep] = []
+        self._every: Every | None = None
         self._branching = False  # inside a branch sweep: the hooks leave it alone
         self._probe_args: dict[str, Any] = {}
 
     @property
     def branch_sweeps(self) -> list[branch.BranchSweep]:
-        """Every branch point's ``noisescope.branch.BranchSweep`` (``branch_every=N``)."""
-        return [] if self._branch is None else self._branch.sweeps
+        """Every branch point's ``noisescope.branch.BranchSweep`` (``branch=``), in order."""
+        return self._sweeps
 
     def _begin_training(self) -> None:
         """A new ``fit()``/``train()``: measure again, in a new run if ours has finished."""
@@ -146,9 +154,9 @@ class _TrackingCallback:
         default_root: str,
         units: str = "examples",
     ) -> branch.BranchSweep | None:
-        """``branch_every=N``: at a branch step, ``noisescope.branch`` branches from the
-        parent's state (the probe detached meanwhile, so branches are not measured as the
-        parent's steps) and puts it back."""
+        """``branch=BranchOptions(every=N, ...)``: at a branch step, ``noisescope.branch``
+        branches from the parent's state (the probe detached meanwhile, so branches are not
+        measured as the parent's steps) and puts it back."""
         options = self._branch
         if options is None:
             return None
@@ -185,7 +193,7 @@ class _TrackingCallback:
                 self.probe = probe if probe.error is not None else self._new_probe(probe)
                 self.probe.step_count = probe.step_count
         if sweep is not None:
-            options.sweeps.append(sweep)
+            self._sweeps.append(sweep)
         return sweep
 
     def _new_probe(self, old: GradientNoiseProbe) -> GradientNoiseProbe:

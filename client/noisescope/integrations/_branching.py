@@ -1,4 +1,5 @@
-"""Opt-in branching from the framework callbacks (``branch_every=N``; docs/branching.md).
+"""Opt-in branching from the framework callbacks (``branch=BranchOptions(every=N, ...)``;
+docs/branching.md).
 
 The callback knows the model, optimizer, scheduler, train dataset and collate function, the
 parent's batch size, learning rate and gradient clipping; the user adds the evaluation batches
@@ -14,7 +15,6 @@ import copy
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,59 +24,19 @@ from torch import Tensor, nn
 from noisescope import branch
 from noisescope._run import Run
 
+from ._options import BranchOptions
+
 #: What the callbacks can branch (named in the errors for what they cannot).
 SUPPORTED = (
     "one process on one device (no DDP, FSDP, DeepSpeed or nn.DataParallel), automatic "
     "optimization with one optimizer, no mixed-precision autocast (fp32, bf16-true, ...)"
 )
 
-#: Plan settings the callbacks pass on to ``noisescope.branch.plan``.
-PLAN_KEYS = ("multipliers", "budget", "lr_rule", "seeds", "epsilon", "level")
-
 LossFn = Callable[[nn.Module, Any], Tensor]
 
 
 def unsupported(what: str) -> RuntimeError:
-    return RuntimeError(f"noisescope: branch_every cannot branch {what}; it supports {SUPPORTED}")
-
-
-@dataclass
-class BranchOptions:
-    """The callback's branching arguments, checked once at construction."""
-
-    every: int
-    eval_batches: Iterable[Any]
-    loss_fn: LossFn | None
-    store: str | os.PathLike[str] | None
-    first: int | None
-    plan: Mapping[str, Any] = field(default_factory=dict)
-    sweeps: list[branch.BranchSweep] = field(default_factory=list)
-
-    @classmethod
-    def make(
-        cls,
-        every: int | None,
-        eval_batches: Iterable[Any] | None,
-        loss_fn: LossFn | None,
-        store: str | os.PathLike[str] | None,
-        first: int | None,
-        plan: Mapping[str, Any] | None,
-    ) -> BranchOptions | None:
-        if every is None:
-            if eval_batches is not None or loss_fn is not None or plan:
-                raise ValueError("branch_eval, branch_loss and branch_plan need branch_every=N")
-            return None
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"branch_every must be an integer >= 1, got {every!r}")
-        if eval_batches is None:
-            raise ValueError(
-                "branch_every needs branch_eval: the batches (a DataLoader or a list, in the "
-                "form the model's forward takes) every branch is evaluated on"
-            )
-        unknown = sorted(set(plan or {}) - set(PLAN_KEYS))
-        if unknown:
-            raise ValueError(f"branch_plan keys must be among {PLAN_KEYS}, got {unknown}")
-        return cls(every, eval_batches, loss_fn, store, first, dict(plan or {}))
+    return RuntimeError(f"noisescope: branching cannot branch {what}; it supports {SUPPORTED}")
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:
@@ -223,7 +183,7 @@ class ModuleBranches:
         finally:
             self.model.train(training)
         if not losses:
-            raise ValueError("branch_eval holds no batches")
+            raise ValueError("BranchOptions.eval holds no batches")
         return sum(losses) / len(losses)
 
 
@@ -233,7 +193,7 @@ def loss_output(output: Any) -> Tensor:
     if not isinstance(loss, Tensor):
         raise TypeError(
             f"the branch loss must be a tensor or hold one under 'loss', got {type(output)}: "
-            "pass branch_loss=lambda model, batch: ..."
+            "pass BranchOptions(loss=lambda model, batch: ...)"
         )
     return loss
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,7 +50,8 @@ from noisescope.torch._torch_api import queue_after_backward
 from noisescope.torch._wrappers import detect
 
 from ._base import _TrackingCallback
-from ._branching import BranchOptions, LossFn, ModuleBranches, loss_output, unsupported
+from ._branching import ModuleBranches, loss_output, unsupported
+from ._options import BranchOptions
 
 __all__ = ["HuggingFaceCallback"]
 
@@ -105,17 +106,11 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             "first" (only the first micro-batch's: two gradient reads per step instead of one
             per micro-batch, and the per-parameter hooks only check a flag: the least
             overhead; tr(Sigma) gets noisier). See ``GradientNoiseProbe``.
-        branch_every: opt in to branching (docs/branching.md): every N optimizer steps,
+        branch: opt in to branching (docs/branching.md), a
+            ``noisescope.integrations.BranchOptions``: every N optimizer steps,
             ``noisescope.branch`` trains short continuations at batch sizes b, 2b, ... from
-            the Trainer's state on its own train dataset and puts the state back.
-        branch_eval: the batches every branch is evaluated on (needed with ``branch_every``).
-        branch_loss: ``fn(model, batch) -> loss`` for branch training and evaluation
-            (default: the model's own ``loss``).
-        branch_store: where finished branches are kept (default:
-            ``<output_dir>/noisescope-branches``), one folder per run id and branch step.
-        branch_first: the first branch step (default: ``branch_every``).
-        branch_plan: ``noisescope.branch.plan`` settings (``multipliers``, ``budget``,
-            ``lr_rule``, ``seeds``, ``epsilon``, ``level``).
+            the Trainer's state on its own train dataset and puts the state back (default
+            loss: the model's own ``loss``; default store: ``<output_dir>/noisescope-branches``).
         init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
     """
 
@@ -131,17 +126,9 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         layers: bool | Mapping[str, Any] = False,
         every: int = 1,
         small_batches: Literal["all", "first"] = "all",
-        branch_every: int | None = None,
-        branch_eval: Iterable[Any] | None = None,
-        branch_loss: LossFn | None = None,
-        branch_store: str | os.PathLike[str] | None = None,
-        branch_first: int | None = None,
-        branch_plan: Mapping[str, Any] | None = None,
+        branch: BranchOptions | None = None,
         **init_kwargs: Any,
     ) -> None:
-        branching = BranchOptions.make(
-            branch_every, branch_eval, branch_loss, branch_store, branch_first, branch_plan
-        )
         super().__init__(
             run,
             project=project,
@@ -153,7 +140,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             every=every,
             small_batches=small_batches,
             init_kwargs=init_kwargs,
-            branching=branching,
+            branch=branch,
         )
         self._train_dataloader: Any = None
         self._branch_units = "examples"
@@ -242,7 +229,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        """``branch_every=N``: branch after the optimizer and scheduler steps of a branch step."""
+        """``branch=``: branch after the optimizer and scheduler steps of a branch step."""
         if self._branch is None:
             return
         examples = args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -399,7 +386,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         assert options is not None
         if self._model is None or self._optimizer is None or loader is None:
             raise RuntimeError(
-                "noisescope: branch_every needs the Trainer's model, optimizer and train "
+                "noisescope: branching needs the Trainer's model, optimizer and train "
                 "dataloader, and the Trainer passed none to the callback"
             )
         return ModuleBranches(
@@ -408,8 +395,8 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             [] if self._scheduler is None else [self._scheduler],
             loader.dataset,
             loader.collate_fn,
-            options.loss_fn or (lambda model, batch: loss_output(model(**batch))),
-            options.eval_batches,
+            options.loss or (lambda model, batch: loss_output(model(**batch))),
+            options.eval,
             micro_batch_size=args.per_device_train_batch_size,
             max_grad_norm=args.max_grad_norm or None,
             items_per_example=self._tokens_per_example,
@@ -531,7 +518,7 @@ def _truthy(flag: str | None) -> bool:
 
 
 def _check_branchable(args: TrainingArguments, model: nn.Module | None) -> None:
-    """``branch_every`` on a setup it cannot branch: say so before training starts."""
+    """``branch=`` on a setup it cannot branch: say so before training starts."""
     world = int(getattr(args, "world_size", 1) or 1)
     if world > 1:
         raise unsupported(f"a Trainer on {world} processes")

@@ -23,8 +23,7 @@ those steps are not measured.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -38,7 +37,8 @@ from noisescope.torch import _deepspeed
 from noisescope.torch._wrappers import fsdp1_refused
 
 from ._base import _TrackingCallback
-from ._branching import BranchOptions, LossFn, ModuleBranches, loss_output, unsupported
+from ._branching import ModuleBranches, loss_output, unsupported
+from ._options import BranchOptions
 
 __all__ = ["LightningCallback"]
 
@@ -76,11 +76,10 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             "first" (only the first micro-batch's: two gradient reads per step instead of one
             per micro-batch, and the per-parameter hooks only check a flag: the least
             overhead; tr(Sigma) gets noisier). See ``GradientNoiseProbe``.
-        branch_every, branch_eval, branch_store, branch_first, branch_plan: opt-in branching
-            every N optimizer steps, as for ``HuggingFaceCallback`` (default store:
+        branch: opt-in branching every N optimizer steps, a
+            ``noisescope.integrations.BranchOptions``, as for ``HuggingFaceCallback`` (default
+            loss: ``training_step(batch, 0)``, its tensor or its ``"loss"``; default store:
             ``<default_root_dir>/noisescope-branches``).
-        branch_loss: ``fn(module, batch) -> loss`` (default: ``training_step(batch, 0)``, its
-            tensor or its ``"loss"``).
         init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
     """
 
@@ -99,17 +98,9 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         layers: bool | Mapping[str, Any] = False,
         every: int = 1,
         small_batches: Literal["all", "first"] = "all",
-        branch_every: int | None = None,
-        branch_eval: Iterable[Any] | None = None,
-        branch_loss: LossFn | None = None,
-        branch_store: str | os.PathLike[str] | None = None,
-        branch_first: int | None = None,
-        branch_plan: Mapping[str, Any] | None = None,
+        branch: BranchOptions | None = None,
         **init_kwargs: Any,
     ) -> None:
-        branching = BranchOptions.make(
-            branch_every, branch_eval, branch_loss, branch_store, branch_first, branch_plan
-        )
         if units is None:  # a run passed in fixes the units
             units = getattr(run, "units", None) or "examples"
         if loss_reduction not in ("mean", "sum"):
@@ -125,7 +116,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             every=every,
             small_batches=small_batches,
             init_kwargs=init_kwargs,
-            branching=branching,
+            branch=branch,
         )
         self._optimizer_steps = 0  # trainer.global_step at the last batch end
         self.batch_size_fn = batch_size_fn
@@ -222,7 +213,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        """``branch_every=N``: branch after the optimizer (and step-interval schedulers) of a
+        """``branch=``: branch after the optimizer (and step-interval schedulers) of a
         branch step have stepped."""
         step = int(trainer.global_step)
         if self._branch is None or step == self._optimizer_steps:
@@ -268,8 +259,8 @@ class LightningCallback(_TrackingCallback, pl.Callback):
             [config.scheduler for config in trainer.lr_scheduler_configs],
             loader.dataset,
             loader.collate_fn,
-            options.loss_fn or (lambda _, batch: loss_output(pl_module.training_step(batch, 0))),
-            options.eval_batches,
+            options.loss or (lambda _, batch: loss_output(pl_module.training_step(batch, 0))),
+            options.eval,
             micro_batch_size=micro,
             max_grad_norm=float(trainer.gradient_clip_val or 0) or None,
             to_device=trainer.strategy.batch_to_device,
@@ -329,7 +320,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
 
 
 def _check_branchable(trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-    """``branch_every`` on a setup it cannot branch: say so before training starts."""
+    """``branch=`` on a setup it cannot branch: say so before training starts."""
     if trainer.world_size > 1 or not isinstance(trainer.strategy, SingleDeviceStrategy):
         strategy = type(trainer.strategy).__name__
         raise unsupported(f"under {strategy} on {trainer.world_size} process(es)")

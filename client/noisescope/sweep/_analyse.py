@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from noisescope._format import count as _fmt
+from noisescope._results import MIN_BATCH_SIZES as MIN_BATCH_SIZES
 from noisescope.estimators import (
     LOSS_WINDOW,
     CriticalBatchFit,
@@ -29,8 +30,6 @@ from ._report import (
 
 #: Default targets sit at these fractions of the way from the hardest common loss to the start.
 DEFAULT_TARGET_FRACTIONS = (0.5, 0.3, 0.15, 0.05)
-#: Fewest distinct batch sizes that must reach a target for a fit.
-MIN_BATCH_SIZES = 3
 
 
 def _round_near(value: float, tolerance: float) -> float:

@@ -4,6 +4,7 @@ processes."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import subprocess
@@ -34,6 +35,18 @@ def server_command(
     return [*command, "--log-level", "warning"]
 
 
+def dashboard_app() -> Path:
+    """The dashboard's Streamlit script (``app.py`` of ``noisescope_dashboard``, installed with
+    this distribution), found without importing the dashboard: the server imports no dashboard
+    code, and Streamlit runs the file in its own process."""
+    spec = importlib.util.find_spec("noisescope_dashboard")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            "noisescope_dashboard is not installed", name="noisescope_dashboard"
+        )
+    return Path(spec.origin).with_name("app.py")
+
+
 def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
     """The Streamlit command line for the dashboard app shipped with this distribution; the
     server it reads comes from its environment (``dashboard_env``).
@@ -41,15 +54,12 @@ def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
     ``toolbarMode minimal`` hides Streamlit's Deploy button and developer menu: they mean
     nothing to someone looking at their runs.
     """
-    import noisescope_dashboard
-
-    app = Path(noisescope_dashboard.__file__).with_name("app.py")
     return [
         sys.executable,
         "-m",
         "streamlit",
         "run",
-        str(app),
+        str(dashboard_app()),
         "--server.headless",
         "true",
         "--server.port",

@@ -19,6 +19,10 @@ it from the caller's token. A run outside the scope raises ``errors.Forbidden``.
 - ``_buckets``: bucketed sums of several runs at once;
 - ``_compare``: several runs' series for the comparison charts;
 - ``_tasks``: projects and the per-task summary;
+- ``_sweeps``: what a task's batch-size sweep is made of (``noisescope_server.sweeps``
+  assembles it for ``noisescope.sweep``);
+- ``_branches``: what a run's branch points are made of (``noisescope_server.branches``
+  assembles them);
 - ``_raw``: a run's events (of some kinds, at most so many) and counts by kind, and its raw
   samples as CSV;
 - ``_common``: what they share (interval level, run status and row, scope check, tuple fetch,
@@ -35,10 +39,12 @@ from noisescope.protocol import (
     SeriesPoint,
     TaskSummary,
 )
+from noisescope_server.queries._branches import RunBranchRows, read_run_branches
 from noisescope_server.queries._buckets import BucketSums, bucket_sums
 from noisescope_server.queries._common import (
     ARCHIVED_CHOICES,
     LEVEL,
+    MIN_EVALS,
     Archived,
     archived_filter,
     finite_number,
@@ -53,19 +59,23 @@ from noisescope_server.queries._series import (
     series_names,
     smooth_series,
 )
+from noisescope_server.queries._sweeps import TaskSweep, read_task_sweep
 from noisescope_server.queries._tasks import list_projects, task_summaries
 
 __all__ = [
     "ARCHIVED_CHOICES",
     "LEVEL",
+    "MIN_EVALS",
     "Archived",
     "BucketSums",
     "EventRow",
+    "RunBranchRows",
     "RunSeries",
     "RunSummary",
     "SeriesInfo",
     "SeriesPoint",
     "TaskSummary",
+    "TaskSweep",
     "XAxis",
     "archived_filter",
     "bucket_sums",
@@ -76,6 +86,8 @@ __all__ = [
     "list_projects",
     "list_runs",
     "raw_samples_csv",
+    "read_run_branches",
+    "read_task_sweep",
     "run_events",
     "run_series",
     "run_status",

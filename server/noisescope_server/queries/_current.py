@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Connection, bindparam, select
 
@@ -16,26 +15,43 @@ from noisescope_server.queries._common import LEVEL, fetch_tuples
 # answer (tests/server/test_current_rule.py checks BLOCK_SIZE == CURRENT_BLOCK).
 
 
-@dataclass(frozen=True)
-class CurrentWindow:
-    """A run's current window (``estimators.current_window``) and where it lies."""
+class CurrentFields(TypedDict):
+    """A run's current window (``estimators.current_window``) and where it lies: the fields of
+    ``RunSummary`` it fills, under their names there (``RunSummary(..., **fields)``)."""
 
     b_simple: float | None
-    lo: float | None
-    hi: float | None
-    reason: str | None
+    b_simple_lo: float | None
+    b_simple_hi: float | None
+    b_simple_reason: str | None
     g_sq: float | None
     trace_sigma: float | None
-    n: int
-    first_step: int | None
-    last_step: int | None
+    window_samples: int
+    window_first_step: int | None
+    window_last_step: int | None
     #: While ``b_simple`` is None: a lower bound on it, where one is known.
-    lower: float | None = None
+    b_simple_lower: float | None
     #: Why the window stopped growing before its interval was narrow (``CurrentNoiseScale``).
-    limit: str | None = None
+    window_limit: str | None
 
 
-def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentWindow:
+def no_current(reason: str) -> CurrentFields:
+    """The fields of a run whose current window is not read, with why."""
+    return CurrentFields(
+        b_simple=None,
+        b_simple_lo=None,
+        b_simple_hi=None,
+        b_simple_reason=reason,
+        g_sq=None,
+        trace_sigma=None,
+        window_samples=0,
+        window_first_step=None,
+        window_last_step=None,
+        b_simple_lower=None,
+        window_limit=None,
+    )
+
+
+def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentFields:
     """The current B_simple of a run (``estimators.current_noise_scale``): windows of up to
     ``CURRENT_RAW_LIMIT`` samples are read as raw samples, longer ones as 64-sample blocks,
     so either way the interval has its full count of blocks and the read stays small. Rows
@@ -60,18 +76,18 @@ def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentWindow
     steps = steps_of.get(window.n)  # the rule may have read one doubling further back
     used, interval = window.n, window.interval
     b_iv, g_iv, s_iv = interval.b_simple, interval.g_sq, interval.trace_sigma
-    return CurrentWindow(
+    return CurrentFields(
         b_simple=None if b_iv is None else b_iv.value,
-        lo=None if b_iv is None else b_iv.lo,
-        hi=None if b_iv is None else b_iv.hi,
-        reason=interval.reason if b_iv is None else None,
+        b_simple_lo=None if b_iv is None else b_iv.lo,
+        b_simple_hi=None if b_iv is None else b_iv.hi,
+        b_simple_reason=interval.reason if b_iv is None else None,
         g_sq=None if g_iv is None else g_iv.value,
         trace_sigma=None if s_iv is None else s_iv.value,
-        n=int(used),
-        first_step=steps[0] if steps and used else None,
-        last_step=steps[1] if steps and used else None,
-        lower=window.lower_bound,
-        limit=window.limit,
+        window_samples=int(used),
+        window_first_step=steps[0] if steps and used else None,
+        window_last_step=steps[1] if steps and used else None,
+        b_simple_lower=window.lower_bound,
+        window_limit=window.limit,
     )
 
 

@@ -26,7 +26,7 @@ from noisescope_server.queries._common import (
     run_status,
     scoped_run,
 )
-from noisescope_server.queries._current import CurrentWindow, read_current
+from noisescope_server.queries._current import no_current, read_current
 from noisescope_server.utc import as_utc
 
 #: ``b_simple_reason`` of runs listed with ``current=False``.
@@ -188,16 +188,13 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     source = "event" if in_use is not None else None
     if in_use is None and _positive(row.batch_size) is not None:
         in_use, source = float(row.batch_size), "run"
-    now = (
-        read_current(conn, run_id, n_samples)
-        if current
-        else CurrentWindow(None, None, None, NOT_COMPUTED, None, None, 0, None, None)
-    )
+    now = read_current(conn, run_id, n_samples) if current else no_current(NOT_COMPUTED)
     if n_samples == 0 and current:
         reason = _no_whole_model(str(row.uid), facts.layers_only.get(run_id))
         if notice and isinstance(notice.get("message"), str):
             reason += f": {notice['message']}"
-        now = CurrentWindow(None, None, None, reason, None, None, 0, None, None)
+        now = no_current(reason)
+    b_simple = now["b_simple"]
     return RunSummary(
         uid=str(row.uid),
         project=str(row.project),
@@ -219,18 +216,8 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         batch_in_use=in_use,
         batch_in_use_source=source,
         level=LEVEL,
-        b_simple=now.b_simple,
-        b_simple_lo=now.lo,
-        b_simple_hi=now.hi,
-        b_simple_reason=now.reason,
-        g_sq=now.g_sq,
-        trace_sigma=now.trace_sigma,
-        window_samples=now.n,
-        window_first_step=now.first_step,
-        window_last_step=now.last_step,
-        b_simple_lower=now.lower,
-        window_limit=now.limit,
-        batch_to_b_simple=(in_use / now.b_simple if in_use is not None and now.b_simple else None),
+        **now,
+        batch_to_b_simple=(in_use / b_simple if in_use is not None and b_simple else None),
         notice=str(notice["message"])
         if notice and isinstance(notice.get("message"), str)
         else None,

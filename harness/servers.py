@@ -130,7 +130,7 @@ class ServerProcess:
     def client(self, token: str | None = None, prefix: str = "", **kwargs: Any) -> httpx.Client:
         """An ``httpx.Client`` on the server (``base_url`` is ``url + prefix``, 30 s timeout
         unless given); ``token``: a bearer token on every request. The same call as
-        ``AppServer.client`` (tests/support/inprocess.py)."""
+        ``AppServer.client`` (harness/inprocess.py)."""
         import httpx  # a test dependency; experiments and benchmarks import this module too
 
         headers = dict(kwargs.pop("headers", {}) or {})

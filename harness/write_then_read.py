@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from hypothesis import strategies as st
 
-from tests.support.http_clients import HttpClient
+from harness.http_clients import HttpClient
 
 __all__ = ["Exchange", "Story", "read_everything", "server_errors", "stories", "write_story"]
 

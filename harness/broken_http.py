@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tests.support.loopback import LoopbackServer
+from harness.loopback import LoopbackServer
 
 __all__ = ["Answer", "BrokenServer", "bomb", "json_answer", "reset", "trickle"]
 

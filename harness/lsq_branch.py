@@ -131,7 +131,7 @@ def branch_logged_parent(
     lsq.sgd(8, 0.2, 50, np.random.default_rng(1))
     parent.log(50, eval_loss=lsq.evaluate())
     init_kwargs: dict[str, object] = {"dir": tmp / "spool", **({"quiet": True} if quiet else {})}
-    if transport is not None:  # e.g. an in-process server's (tests/support/inprocess.py)
+    if transport is not None:  # e.g. an in-process server's (harness/inprocess.py)
         init_kwargs["transport"] = transport
     plan, log = logged_plan(
         parent,

@@ -7,7 +7,7 @@ starts in a fraction of a second where ``ServerProcess`` takes seconds (a Python
 importing FastAPI, SQLAlchemy and the app). Three ways in, all on one event loop:
 
 - ``client()``: Starlette's ``TestClient`` on the app (httpx's API: an ``httpx.Client``, or
-  ``httpx2.Client`` where that package is installed; ``tests/support/http_clients.py`` names
+  ``httpx2.Client`` where that package is installed; ``harness/http_clients.py`` names
   both), for tests that speak HTTP; it follows no redirects and turns a server bug into a 500,
   as ``httpx.Client(base_url=server.url)`` against the process does;
 - ``transport()``: a ``noisescope.Transport`` (``ASGITransport``) for ``noisescope.init(...,
@@ -20,7 +20,7 @@ some other server. ``log()`` holds what the server would have logged at warning 
 traceback of every exception that reached ASGI (a process logs those as "Exception in ASGI
 application"), so "no traceback in the server log" means the same here.
 
-Use ``ServerProcess`` (``tests/support/servers.py``) instead for anything about the process or
+Use ``ServerProcess`` (``harness/servers.py``) instead for anything about the process or
 the wire: kills and restarts, several workers, PostgreSQL outages, raw sockets and broken
 bodies, timeouts, the CLI, the dashboard and the browser.
 """

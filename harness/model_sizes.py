@@ -1,7 +1,7 @@
 """Runs of several model sizes of one task, with branch runs, posted through the client to a
 running server: for the Compare runs page's model-size chart (tests and screenshots).
 
-Each "model" is noisy least squares in ``d`` dimensions (``tests.branch.lsq_branch``; its
+Each "model" is noisy least squares in ``d`` dimensions (``harness.lsq_branch``; its
 ``n_params`` is ``d``) trained by SGD at batch 4. Its samples are the two-batch estimator's
 squared norms drawn around the exact |G|² = |Sδ|² and tr(Σ) = |Sδ|² + (δᵀSδ + σ²)·tr S of the
 current weights (docs/science.md, "Ground truth for tests"), with the exact loss and the
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 import noisescope
+from harness.lsq_branch import NoisyLeastSquares, logged_plan
 from noisescope import branch
-from tests.branch.lsq_branch import NoisyLeastSquares, logged_plan
 
 __all__ = ["BRANCH_STEPS", "PROJECT", "SIZES", "TASK", "post_model_sizes", "run_id"]
 

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.http_clients import HttpClient
 from noisescope import sweep
-from tests.support.http_clients import HttpClient
 
 __all__ = ["SynthRun", "make_sweep", "post", "steps_to", "to_sweep_runs"]
 

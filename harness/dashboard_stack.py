@@ -1,7 +1,7 @@
 """A real server on synthetic data and the dashboard reading it, for the browser test and for
 ``scripts/dashboard_screenshots.py``: both drive the same stack through Playwright.
 
-The server is ``tests.support.servers.ServerProcess``; the dashboard is started with the
+The server is ``harness.servers.ServerProcess``; the dashboard is started with the
 command line and environment ``noisescope dashboard`` uses (``dashboard_command``,
 ``dashboard_env``: only ``NOISESCOPE_URL`` and ``NOISESCOPE_TOKEN``), so what the browser sees
 is what a user's ``noisescope up`` serves.
@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from harness.browser import CHROMIUM_ARGS
+from harness.dashboard_runs import default_runs, insert_runs
+from harness.servers import ServerProcess, free_port
 from noisescope_server.cli._processes import dashboard_command, dashboard_env
-from tests.support.browser import CHROMIUM_ARGS
-from tests.support.servers import ServerProcess, free_port
-
-from ._synth import default_runs, insert_runs
 
 __all__ = [
     "Stack",
