@@ -24,7 +24,8 @@ import torch
 from torch.nn import functional as F
 
 from experiments import sections
-from experiments.tasks import TASKS, CharLM, DigitsMLP, StepResult, TaskSpec, _measured_step
+from experiments._step import StepResult, measured_step
+from experiments.tasks import TASKS, CharLM, DigitsMLP, TaskSpec
 
 __all__ = ["BRANCH_TASKS", "BranchTask", "main"]
 
@@ -169,13 +170,13 @@ def step_on(trainer: Any, draws: torch.Tensor, lr: float) -> StepResult:
             )
             for j in range(k)
         ]
-        return _measured_step(trainer.params, trainer.opt, lr, micro, float(m))
+        return measured_step(trainer.params, trainer.opt, lr, micro, float(m))
     assert isinstance(trainer, CharLM)
     offsets = torch.arange(trainer.context)
     x = trainer.train[draws[:, None] + offsets]
     y = trainer.train[draws[:, None] + offsets + 1]
     micro = [(lambda sl=slice(j * m, (j + 1) * m): trainer._loss(x[sl], y[sl])) for j in range(k)]
-    return _measured_step(trainer.params, trainer.opt, lr, micro, float(m * trainer.context))
+    return measured_step(trainer.params, trainer.opt, lr, micro, float(m * trainer.context))
 
 
 @dataclass(frozen=True)

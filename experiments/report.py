@@ -13,7 +13,7 @@ from experiments.analysis import b_simple_per_batch, run_name
 from experiments.tasks import TaskSpec
 from noisescope import sweep
 
-__all__ = ["TaskResult", "b_crit_text", "ratio", "render"]
+__all__ = ["TaskResult", "b_crit_text", "frontier_edges", "ratio", "render"]
 
 
 @dataclass
@@ -65,6 +65,50 @@ def _truth_at(records: Sequence[dict[str, Any]], t: sweep.TargetResult, key: str
     return statistics.median(values) if values else None
 
 
+def frontier_edges(res: TaskResult, t: sweep.TargetResult) -> dict[str, list[float]]:
+    """Where each frontier point's learning rate sits among those tried at its batch size:
+    ``interior`` (a slower rate tried on each side), ``stability edge`` (the next larger rate
+    tried diverged: the optimum is bounded by it), or an open ``grid top``/``grid bottom`` (no
+    larger/smaller rate tried: the optimum may lie beyond the grid). Batch sizes in task units."""
+    tried: dict[float, dict[float, bool]] = {}
+    for r in res.records:
+        curve = r["evals"]
+        blew = r["status"] == "diverged" or (
+            sweep.divergence(curve["step"], curve["loss"]) is not None
+        )
+        at = tried.setdefault(float(r["batch_size_units"]), {})
+        at[float(f"{r['lr']:.6g}")] = at.get(float(f"{r['lr']:.6g}"), False) or blew
+    out: dict[str, list[float]] = {
+        "interior": [],
+        "stability edge": [],
+        "grid top": [],
+        "grid bottom": [],
+    }
+    for p in t.points:
+        if p.lr is None:
+            continue
+        lr, rates = float(f"{p.lr:.6g}"), tried.get(p.batch_size, {})
+        larger = sorted(x for x in rates if x > lr)
+        if not larger:
+            out["grid top"].append(p.batch_size)
+        elif not any(x < lr for x in rates):
+            out["grid bottom"].append(p.batch_size)
+        elif rates[larger[0]]:
+            out["stability edge"].append(p.batch_size)
+        else:
+            out["interior"].append(p.batch_size)
+    return out
+
+
+def _edges_text(edges: dict[str, list[float]]) -> str:
+    parts = [
+        f"{len(v)} {k}" + (f" (B = {', '.join(_fmt(b) for b in v)})" if k != "interior" else "")
+        for k, v in edges.items()
+        if v
+    ]
+    return ", ".join(parts) if parts else "–"
+
+
 def _determined(res: TaskResult) -> list[sweep.TargetResult]:
     return [t for t in res.report.targets if t.determined and t.b_crit is not None]
 
@@ -72,7 +116,7 @@ def _determined(res: TaskResult) -> list[sweep.TargetResult]:
 def task_section(res: TaskResult) -> tuple[str, list[str]]:
     """The markdown for one task and a list of target misses."""
     spec = res.spec
-    u = spec.units
+    u = spec.unit_label
     bs = [b * spec.tokens_per_example for b in spec.batch_sizes]
     n_runs = len(res.records)
     statuses: dict[str, int] = {}
@@ -109,6 +153,7 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
     lines += [head, sep]
     misses = []
     notes = []
+    edge_lines = []
     for t in res.report.targets:
         per_b = [v[0] for v in b_simple_per_batch(res.runs, t).values() if v[0] is not None]
         simple = (
@@ -129,6 +174,14 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
                 f" {_fmt(_truth_at(res.records, t, 'b_noise_true'))} |"
             )
         lines.append(line)
+        edges = frontier_edges(res, t)
+        edge_lines.append(f"| {t.target:g} | {_edges_text(edges)} |")
+        open_edges = edges["grid top"] + edges["grid bottom"]
+        if open_edges:
+            misses.append(
+                f"{spec.name} @ {t.target:g}: frontier at an open edge of the lr grid at "
+                f"B = {', '.join(_fmt(b) for b in open_edges)}"
+            )
         said = list(t.warnings)
         if t.b_simple_reason is not None:
             said.append(f"B_simple: {t.b_simple_reason}")
@@ -140,6 +193,16 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
             misses.append(f"{spec.name} @ {t.target:g}: no B_simple ({t.b_simple_reason})")
         elif not 1 / 3 <= rt <= 3:
             misses.append(f"{spec.name} @ {t.target:g}: B_simple/B_crit = {rt:.2f}")
+    lines += [
+        "",
+        "Where each frontier point's learning rate sits among the rates tried at its batch size "
+        "(*stability edge*: the next larger rate diverged, so the optimum is bounded; *grid "
+        "top/bottom*: nothing faster was tried beyond it, an open edge):",
+        "",
+        "| loss target | frontier points |",
+        "|---|---|",
+        *edge_lines,
+    ]
     if notes:
         lines += ["", "Notes from the analysis (`noisescope.sweep`):", "", *notes]
     # A frontier learning rate at an edge of the grid is among the notes above: the product's
@@ -187,6 +250,79 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
     return "\n".join(lines), misses
 
 
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    for rank, i in enumerate(order):
+        ranks[i] = float(rank)
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (no ties expected among a handful of tasks)."""
+    n = len(xs)
+    if n < 3:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    d2 = sum((a - b) ** 2 for a, b in zip(rx, ry, strict=True))
+    return 1.0 - 6.0 * d2 / (n * (n * n - 1))
+
+
+def ordering_section(results: Sequence[TaskResult]) -> list[str]:
+    """The paper's ordering claim as a test: per task, how far its lowest target is below its
+    starting loss, and its B_crit and B_simple there and over its targets; rank correlations
+    across tasks."""
+    rows = []
+    for res in results:
+        firsts = [r["evals"]["loss"][0] for r in res.records if r["evals"]["loss"]]
+        start = statistics.median(firsts) if firsts else None
+        determined = _determined(res)
+        if start is None or not determined:
+            continue
+        last = determined[-1]
+        crits = [t.b_crit for t in determined if t.b_crit is not None]
+        simples = [t.b_simple for t in determined if t.b_simple is not None]
+        rows.append(
+            {
+                "task": res.spec.name,
+                "units": res.spec.unit_label,
+                "start": start,
+                "target": last.target,
+                "relative": last.target / start,
+                "b_crit": last.b_crit,
+                "b_simple": last.b_simple,
+                "median_crit": statistics.median(crits),
+                "median_simple": statistics.median(simples) if simples else None,
+            }
+        )
+    lines = [
+        "| task | units | loss at start | lowest determined target | target / start | "
+        "B_crit there | B_simple there | median B_crit | median B_simple |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: r["median_crit"]):
+        lines.append(
+            f"| {r['task']} | {r['units']} | {_fmt(r['start'])} | {_fmt(r['target'])} | "
+            f"{_fmt(r['relative'], 2)} | {_fmt(r['b_crit'])} | {_fmt(r['b_simple'])} | "
+            f"{_fmt(r['median_crit'])} | {_fmt(r['median_simple'])} |"
+        )
+    both = [r for r in rows if r["median_simple"] is not None]
+    rho_noise = spearman([r["median_simple"] for r in both], [r["median_crit"] for r in both])
+    rho_depth = spearman([-r["relative"] for r in rows], [r["median_crit"] for r in rows])
+    lines += [
+        "",
+        f"Rank correlation across the {len(both)} tasks with both: median B_simple against "
+        f"median B_crit, Spearman ρ = **{_fmt(rho_noise, 2)}** (1: B_simple orders the tasks "
+        "exactly as their sweeps do). Across the "
+        f"{len(rows)} tasks with a determined B_crit: how deep the lowest determined target lies "
+        f"(a smaller target / start) against median B_crit, ρ = **{_fmt(rho_depth, 2)}** "
+        "(positive: the tasks trained to a lower relative loss need larger batches). Units "
+        "differ (tokens for the language model, episodes for CartPole, examples elsewhere), so "
+        "the ranks across tasks compare numbers in different units, as the paper's figure does.",
+    ]
+    return lines
+
+
 def render(
     results: Sequence[TaskResult],
     summary_figure: str,
@@ -209,12 +345,12 @@ def render(
         if crits:
             medians[res.spec.name] = statistics.median(crits)
             span_lines.append(
-                f"| {res.spec.name} | {res.spec.units} | {_fmt(min(crits))} – {_fmt(max(crits))} "
-                f"({len(crits)} of {n_targets}) |"
+                f"| {res.spec.name} | {res.spec.unit_label} | {_fmt(min(crits))} – "
+                f"{_fmt(max(crits))} ({len(crits)} of {n_targets}) |"
             )
         else:
             span_lines.append(
-                f"| {res.spec.name} | {res.spec.units} | none determined (0 of {n_targets}) |"
+                f"| {res.spec.name} | {res.spec.unit_label} | none determined (0 of {n_targets}) |"
             )
     spread = max(medians.values()) / min(medians.values()) if len(medians) >= 2 else None
     ratios = [ratio(t) for res in results for t in res.report.targets]
@@ -228,7 +364,8 @@ def render(
         "McCandlish et al. (2018) claim that the simple noise scale B_simple = tr(Σ)/|G|², "
         "measured cheaply during one run, predicts the critical batch size B_crit that a whole "
         "batch-size sweep measures, and that both grow as the loss falls. This page tests that "
-        "with noisescope's own client and server on three CPU tasks. Everything below, numbers "
+        f"with noisescope's own client and server on {len(results)} CPU tasks. Everything "
+        "below, numbers "
         "and figures, is written by",
         "",
         f"    {command}",
@@ -252,9 +389,12 @@ def render(
         "disk; a cached run the server does not have is re-sent from the cache through the same "
         "client API, samples and evaluations (counted per task below).",
         "- The loss that defines the targets is smooth by construction: exact for least squares, "
-        "the full training-set loss for digits, a fixed held-out set for the language model, "
-        "evaluated every 4 % of the steps so far; the step at which a run reaches a target is "
-        "interpolated between evaluations.",
+        "the full training-set loss for the digits MLP, conv net and VAE (the VAE's negative "
+        "ELBO with its sampling noise fixed), a fixed held-out set for the language model, and "
+        "for CartPole 500 − the mean return of 32 evaluation episodes played with fixed random "
+        "numbers (the negative return, shifted to stay positive), evaluated every 4 % of the "
+        "steps so far; the step at which a run reaches a target is interpolated between "
+        "evaluations.",
         "- Frontier: per target and batch size, the learning rate that reached the target in the "
         "fewest steps, the median over its seeds (a seed that never reached it counts as "
         "infinitely slow).",
@@ -290,11 +430,23 @@ def render(
         f"pairs where B_crit is determined (of {total}).",
         "- Spread of B_crit across tasks (ratio of the per-task medians over determined "
         f"targets): **{_fmt(spread, 3)}×** (target ≥ 10×; units differ: tokens for the language "
-        "model).",
+        "model, episodes for CartPole).",
         "",
         *span_lines,
         "",
         f"![B_simple vs B_crit]({summary_figure})",
+        "",
+        "The same tasks on the dashboard's Compare tasks page, read from the server this command "
+        "logged to (`noisescope server --database-url sqlite:///experiments/runs/full/"
+        "noisescope.db`, then `python scripts/dashboard_screenshots.py --server URL --only "
+        "compare_tasks_paper --prefix reproduction_`; the page's own targets are the ones each "
+        "task's runs declare, the same as here), every unit on one chart as the paper draws it:",
+        "",
+        "![Compare tasks](figures/reproduction_compare_tasks_paper.png)",
+        "",
+        "### Do harder tasks need larger batches?",
+        "",
+        *ordering_section(results),
         "",
         "Misses against the issue's targets: "
         + ("none." if not misses else "; ".join(misses) + "."),

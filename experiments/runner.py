@@ -30,7 +30,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -371,13 +371,18 @@ class _Sweep:
     budget_at: float | None = None
     best_steps: float | None = None
     best_lr: float | None = None
+    #: Every run at the current batch size (all its learning rates and repeats).
+    at_size: list[RunRecord] = field(default_factory=list)
 
     def evaluate(self, lr: float) -> bool:
-        """Train (or load) every repeat of (batch size, lr); True if it is the best lr so far.
+        """Train (or load) every repeat of (batch size, lr); True if it is now the fastest
+        learning rate at this batch size for some loss target.
 
-        The steps to the lowest target decide, as ``noisescope.sweep.frontier`` ranks learning
-        rates: the median over repeats, a repeat that never got there counting as infinitely
-        slow. The best median so far is the prune bound (see the module docstring).
+        Learning rates are ranked as ``noisescope.sweep.frontier`` ranks them: the median steps
+        over repeats, a repeat that never got there counting as infinitely slow. The best median
+        at the lowest target is the prune bound (see the module docstring). "Some target", not
+        only the lowest: a larger rate is often fastest to the higher targets, and the search
+        must step past it, or that target's frontier point sits at the edge of what was tried.
         """
         spec, b = self.spec, self.batch_size
         lowest = min(spec.loss_targets)
@@ -416,13 +421,16 @@ class _Sweep:
             )
             if self.on_run is not None:
                 self.on_run(record)
+        self.at_size += mine
         points, _ = frontier(to_sweep_runs(mine), lowest)
-        if not points:
-            return False
-        if self.best_steps is None or points[0].steps < self.best_steps:
+        if points and (self.best_steps is None or points[0].steps < self.best_steps):
             self.best_steps, self.best_lr = points[0].steps, lr
-            return True
-        return False
+        runs = to_sweep_runs(self.at_size)
+        fastest = set()
+        for target in spec.loss_targets:
+            at_target, _ = frontier(runs, target)
+            fastest |= {p.lr for p in at_target if p.lr is not None}
+        return any(math.isclose(lr, f, rel_tol=1e-9) for f in fastest)
 
 
 def run_sweep(
@@ -435,9 +443,11 @@ def run_sweep(
     """The sweep of ``spec``: batch sizes largest first, a local lr search at each.
 
     At each batch size the grid is searched from the previous batch size's best lr: upward
-    (larger lr) while the lowest target is reached in fewer (median) steps, then, if the first
-    step up did not improve, downward likewise (and downward also while no lr has reached the
-    target yet: too large an lr stalls above it). Cached runs are loaded, not retrained.
+    (larger lr) while the new rate is the fastest to some loss target, then downward from the
+    start likewise (and downward also while no lr has reached the lowest target yet: too large
+    an lr stalls above it). So every frontier point has a slower rate tried on each side of it,
+    or sits at the end of the grid (widen it), or below a rate that diverged (the stability
+    edge). Cached runs are loaded, not retrained.
     """
     sizes = sorted(spec.batch_sizes, reverse=True)
     per_size = min(3, len(spec.lrs)) * spec.seeds  # a first guess: the lr, one up, one down
@@ -451,20 +461,18 @@ def run_sweep(
             count.total = count.done + round(count.done / swept * (len(sizes) - swept))
         sweep.batch_size = batch_size
         sweep.best_steps = sweep.best_lr = None
+        sweep.at_size = []
         sweep.budget_at = (
             None if examples_needed is None else CAP_FACTOR * examples_needed / batch_size
         )
         start = grid.index(guess)
         sweep.evaluate(grid[start])
         i = start + 1
-        improved_up = False
         while i < len(grid) and sweep.evaluate(grid[i]):
-            improved_up = True
             i += 1
-        if not improved_up:
-            i = start - 1
-            while i >= 0 and (sweep.evaluate(grid[i]) or sweep.best_steps is None):
-                i -= 1
+        i = start - 1
+        while i >= 0 and (sweep.evaluate(grid[i]) or sweep.best_steps is None):
+            i -= 1
         if sweep.best_steps is not None and sweep.best_lr is not None:
             guess = sweep.best_lr
             needed = sweep.best_steps * batch_size

@@ -1,13 +1,10 @@
-"""The three reproduction tasks: data, model and one measured training step each.
+"""The reproduction tasks: data, model and one measured training step each.
 
 Every task trains with batches drawn i.i.d. *with replacement*, so a mean-reduced batch gradient
 has covariance Σ/B exactly (docs/science.md eq. 1; sampling without replacement would add the
-(N−B)/(N−1) factor). Each step splits its batch into ``k`` equal micro-batches (gradient
-accumulation): the micro-batch gradients are the ``G_small`` and their mean is ``G_big``
-(docs/science.md, "Where the two batch sizes come from"), so the noise-scale samples cost no extra
-backward passes.
+(N−B)/(N−1) factor). Each step splits its batch into micro-batches (``experiments._step``).
 
-Tasks, easiest (smallest critical batch) to hardest:
+The supervised tasks defined here:
 
 - ``digits``: a one-hidden-layer MLP on scikit-learn's bundled 8x8 digits, plain SGD; the loss is
   the full training-set loss (the objective being optimised), evaluated exactly.
@@ -15,6 +12,9 @@ Tasks, easiest (smallest critical batch) to hardest:
   loss ½(δᵀSδ + σ²) and B_simple, B_noise are known in closed form (docs/science.md eq. 8).
 - ``charlm``: a byte-level transformer language model on a fixed list of Python's own stdlib
   sources, Adam; units are tokens; the loss is the loss on a held-out slice of the same files.
+
+and the paper's other domains, in ``experiments.domains``: ``digits_cnn`` (an image classifier),
+``digits_vae`` (a generative model) and ``cartpole`` (reinforcement learning).
 """
 
 from __future__ import annotations
@@ -31,18 +31,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from experiments._step import StepResult, measured_step, micro_count
+
 __all__ = ["TASKS", "StepResult", "TaskSpec", "Trainer", "make_trainer"]
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One optimizer step's noise-scale sample (docs/science.md eq. 1) and its training loss."""
-
-    b_small: float
-    b_big: float
-    g_small_sq: float
-    g_big_sq: float
-    loss: float
 
 
 class Trainer(Protocol):
@@ -59,7 +50,8 @@ class Trainer(Protocol):
 class TaskSpec:
     """A task's sweep: batch sizes (in examples/sequences), lr grid, loss targets, budgets.
 
-    ``quick`` holds the overrides used by ``--quick``, which also runs one seed. Loss targets
+    ``quick`` holds the overrides used by ``--quick``, which runs one seed unless they say
+    otherwise (the reduced sweeps CI runs, tests/experiments/test_domains.py). Loss targets
     are fixed before running and the same analysis is applied to every task.
     """
 
@@ -77,6 +69,13 @@ class TaskSpec:
     micro_batches: int = 4
     seeds: int = 1
     quick: dict[str, object] = field(default_factory=dict)
+    #: What one example is, on the page ("episodes" for CartPole); the server's ``units``
+    #: stay "examples".
+    shown_units: str = ""
+
+    @property
+    def unit_label(self) -> str:
+        return self.shown_units or self.units
 
     def sized(self, quick: bool) -> TaskSpec:
         if not quick:
@@ -84,53 +83,6 @@ class TaskSpec:
         from dataclasses import replace
 
         return replace(self, quick={}, **{"seeds": 1, **self.quick})  # type: ignore[arg-type]
-
-
-# --------------------------------------------------------------------------------------------
-# Generic torch step: k micro-batches, their gradients are G_small, the mean is G_big.
-
-
-def _measured_step(
-    params: Sequence[torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    lr: float,
-    micro_losses: Sequence[Callable[[], torch.Tensor]],
-    b_small: float,
-) -> StepResult:
-    """Gradient accumulation with per-micro-batch squared norms, then one optimizer step."""
-    k = len(micro_losses)
-    total: list[torch.Tensor] = [torch.zeros_like(p) for p in params]
-    g_small_sq = 0.0
-    loss_sum = 0.0
-    for loss_fn in micro_losses:
-        loss = loss_fn()
-        grads = torch.autograd.grad(loss, list(params))
-        g_small_sq += float(sum(g.pow(2).sum() for g in grads))
-        for acc, g in zip(total, grads, strict=True):
-            acc.add_(g)
-        loss_sum += float(loss.detach())
-    g_big_sq = 0.0
-    for p, acc in zip(params, total, strict=True):
-        acc.div_(k)
-        g_big_sq += float(acc.pow(2).sum())
-        p.grad = acc
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.step()
-    return StepResult(
-        b_small=b_small,
-        b_big=b_small * k,
-        g_small_sq=g_small_sq / k,
-        g_big_sq=g_big_sq,
-        loss=loss_sum / k,
-    )
-
-
-def _micro(batch_size: int, k: int) -> int:
-    k = min(k, batch_size)
-    if batch_size % k:
-        raise ValueError(f"batch size {batch_size} is not divisible into {k} micro-batches")
-    return k
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,7 +105,7 @@ class LeastSquares:
         self.rng = np.random.default_rng(sampler_seed)
 
     def step(self, batch_size: int, lr: float) -> StepResult:
-        k = _micro(batch_size, self.k)
+        k = micro_count(batch_size, self.k)
         m = batch_size // k
         d = self.w.shape[0]
         x = self.rng.standard_normal((batch_size, d)) * np.sqrt(self.eigs)
@@ -196,14 +148,9 @@ class DigitsMLP:
     """64-64-10 tanh MLP, plain SGD, trained on 1437 of the 1797 bundled digits."""
 
     def __init__(self, seed: int, sampler_seed: int, hidden: int, k: int):
-        from sklearn.datasets import load_digits
+        from experiments.domains import digits_images
 
-        data = load_digits()
-        order = np.random.default_rng(0).permutation(len(data.target))
-        n_train = int(0.8 * len(order))
-        idx = order[:n_train]
-        self.x = torch.tensor(data.data[idx] / 16.0, dtype=torch.float32)
-        self.y = torch.tensor(data.target[idx], dtype=torch.long)
+        self.x, self.y = digits_images()
         torch.manual_seed(seed)
         self.model = nn.Sequential(nn.Linear(64, hidden), nn.Tanh(), nn.Linear(hidden, 10))
         self.params = list(self.model.parameters())
@@ -212,7 +159,7 @@ class DigitsMLP:
         self.k = k
 
     def step(self, batch_size: int, lr: float) -> StepResult:
-        k = _micro(batch_size, self.k)
+        k = micro_count(batch_size, self.k)
         m = batch_size // k
         idx = torch.randint(0, len(self.y), (batch_size,), generator=self.gen)
 
@@ -220,7 +167,7 @@ class DigitsMLP:
             sl = idx[j * m : (j + 1) * m]
             return lambda: F.cross_entropy(self.model(self.x[sl]), self.y[sl])
 
-        return _measured_step(self.params, self.opt, lr, [micro(j) for j in range(k)], float(m))
+        return measured_step(self.params, self.opt, lr, [micro(j) for j in range(k)], float(m))
 
     def eval_loss(self) -> float:
         with torch.no_grad():
@@ -331,7 +278,7 @@ class CharLM:
         return F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1))
 
     def step(self, batch_size: int, lr: float) -> StepResult:
-        k = _micro(batch_size, self.k)
+        k = micro_count(batch_size, self.k)
         m = batch_size // k
         t = self.context
         starts = torch.randint(0, len(self.train) - t - 1, (batch_size,), generator=self.gen)
@@ -344,7 +291,7 @@ class CharLM:
             return lambda: self._loss(x[sl], y[sl])
 
         # Units are tokens: the loss is a mean over m·t tokens per micro-batch.
-        return _measured_step(self.params, self.opt, lr, [micro(j) for j in range(k)], float(m * t))
+        return measured_step(self.params, self.opt, lr, [micro(j) for j in range(k)], float(m * t))
 
     def eval_loss(self) -> float:
         with torch.no_grad():
@@ -363,7 +310,7 @@ TASKS: dict[str, TaskSpec] = {
         name="digits",
         title="MLP on scikit-learn digits",
         batch_sizes=(4, 8, 16, 32, 64, 128, 256),
-        lrs=(1.6, 0.8, 0.4, 0.2, 0.1, 0.05),
+        lrs=(3.2, 1.6, 0.8, 0.4, 0.2, 0.1, 0.05),
         loss_targets=(1.0, 0.5, 0.3, 0.2, 0.15),
         max_steps=6000,
         max_examples=200_000,
@@ -382,7 +329,7 @@ TASKS: dict[str, TaskSpec] = {
         name="lsq",
         title="Noisy least squares",
         batch_sizes=(4, 8, 16, 32, 64, 128, 256, 512),
-        lrs=(1.6, 0.8, 0.4, 0.2, 0.1, 0.05, 0.025, 0.0125),
+        lrs=(3.2, 1.6, 0.8, 0.4, 0.2, 0.1, 0.05, 0.025, 0.0125),
         loss_targets=(1.0, 0.75, 0.6, 0.55),
         max_steps=20_000,
         max_examples=2_000_000,
@@ -403,7 +350,7 @@ TASKS: dict[str, TaskSpec] = {
         units="tokens",
         tokens_per_example=64,
         batch_sizes=(2, 4, 8, 16, 32, 64),
-        lrs=(1.6e-2, 8e-3, 4e-3, 2e-3, 1e-3),
+        lrs=(3.2e-2, 1.6e-2, 8e-3, 4e-3, 2e-3, 1e-3, 5e-4, 2.5e-4),
         loss_targets=(2.5, 2.3, 2.15, 2.0),
         max_steps=5000,
         max_examples=80_000,
@@ -415,6 +362,72 @@ TASKS: dict[str, TaskSpec] = {
             "lrs": (4e-3,),
             "loss_targets": (3.0,),
             "max_steps": 400,
+        },
+    ),
+    "digits_cnn": TaskSpec(
+        name="digits_cnn",
+        title="Conv net on scikit-learn digits",
+        batch_sizes=(4, 8, 16, 32, 64, 128, 256),
+        lrs=(3.2, 1.6, 0.8, 0.4, 0.2, 0.1, 0.05, 0.025),
+        loss_targets=(1.0, 0.5, 0.3, 0.2, 0.1),
+        max_steps=6000,
+        max_examples=200_000,
+        optimizer="SGD",
+        seeds=3,
+        description="conv 3x3 (16) → ReLU → conv 3x3 stride 2 (32) → ReLU → linear, plain SGD, "
+        "the same 1437 training images as the MLP, sampled with replacement; loss = "
+        "cross-entropy on the whole training set",
+        quick={
+            "batch_sizes": (4, 8, 16, 64),
+            "lrs": (0.4, 0.2),
+            "loss_targets": (0.5,),
+            "max_steps": 400,
+        },
+    ),
+    "digits_vae": TaskSpec(
+        name="digits_vae",
+        title="VAE on scikit-learn digits",
+        batch_sizes=(8, 16, 32, 64, 128, 256, 512),
+        lrs=(0.064, 0.032, 0.016, 0.008, 0.004, 0.002),
+        loss_targets=(30.0, 27.0, 26.0, 25.0),
+        max_steps=8000,
+        max_examples=400_000,
+        optimizer="Adam",
+        seeds=2,
+        description="64-64-(8+8) encoder, 8-64-64 Bernoulli decoder, Adam, the same 1437 "
+        "training images (pixels in [0, 1]) sampled with replacement, one reparameterised draw "
+        "per image; loss = negative ELBO (nats per image) on the whole training set with the "
+        "evaluation's noise fixed",
+        quick={
+            "batch_sizes": (8, 32, 128, 512),
+            "lrs": (0.032, 0.016, 0.008),
+            "loss_targets": (26.0,),
+            "max_steps": 400,
+        },
+    ),
+    "cartpole": TaskSpec(
+        name="cartpole",
+        title="REINFORCE on CartPole (reinforcement learning)",
+        shown_units="episodes",
+        batch_sizes=(2, 4, 8, 16, 32, 64, 128),
+        lrs=(0.64, 0.32, 0.16, 0.08, 0.04, 0.02, 0.01, 0.005, 0.0025),
+        loss_targets=(400.0, 250.0, 100.0),
+        max_steps=3000,
+        max_examples=60_000,
+        optimizer="Adam",
+        seeds=3,
+        description="4-32-2 tanh policy, REINFORCE with a learned state-value baseline, discounted "
+        "reward-to-go (γ = 0.99), Adam, gymnasium's CartPole-v1; the batch is episodes (each "
+        "update plays B fresh episodes with the current policy; one episode is one example); "
+        "loss = 500 − mean return of 32 evaluation episodes with fixed random numbers (the "
+        "negative return, shifted by CartPole's maximum return of 500)",
+        quick={
+            # B_crit is a few episodes: a reduced sweep needs the small batches and 3 seeds
+            "batch_sizes": (2, 4, 8, 16, 32),
+            "lrs": (0.08, 0.04),
+            "loss_targets": (400.0, 250.0),
+            "seeds": 3,
+            "max_steps": 100,
         },
     ),
 }
@@ -438,6 +451,14 @@ def make_trainer(spec: TaskSpec, seed: int, sampler_seed: int) -> Trainer:
             k=spec.micro_batches,
             eval_sequences=48,
         )
+    from experiments import domains
+
+    if spec.name == "digits_cnn":
+        return domains.DigitsCNN(seed, sampler_seed, k=spec.micro_batches)
+    if spec.name == "digits_vae":
+        return domains.DigitsVAE(seed, sampler_seed, k=spec.micro_batches)
+    if spec.name == "cartpole":
+        return domains.CartPoleReinforce(seed, sampler_seed, k=spec.micro_batches)
     raise ValueError(f"unknown task {spec.name!r}; choose from {sorted(TASKS)}")
 
 

@@ -10,13 +10,21 @@ from urllib.parse import quote
 import pandas as pd
 import pytest
 
+from harness import free_port
+from harness.broken_http import Answer, BrokenServer
+from harness.dashboard_runs import (
+    DIGITS64,
+    HOSTILE_TASK,
+    LM,
+    NOTICE,
+    NOTICE_MESSAGE,
+    SHORT,
+    default_runs,
+)
 from noisescope import Api
 from noisescope_dashboard import _frames, _text
-from tests.support.broken_http import Answer, BrokenServer
-from tests.support.servers import free_port
 
 from ._app import chart_data, charts, plain, texts
-from ._synth import DIGITS64, HOSTILE_TASK, LM, NOTICE, NOTICE_MESSAGE, SHORT, default_runs
 from ._vega import spec_layers
 from .conftest import MakeApp
 
@@ -298,6 +306,31 @@ def test_compare_runs_one_chart_per_unit_with_a_clickable_legend(
             on_runs[column].get("help"),
         ), column
     assert shown["ratio"]["help"] == "Below 1: a bigger batch would cut steps"
+
+
+def test_compare_tasks_puts_every_unit_on_one_chart_on_request(
+    make_app: MakeApp, server: str, api: Api
+) -> None:
+    """The paper's figure: tasks in examples and in tokens on one chart, each in its units."""
+    at = make_app(server, "compare_tasks")
+    at.checkbox(key="together").check().run()
+    assert not at.exception
+    title = "B_simple against B_crit across tasks in task units"
+    specs, data = charts(at), chart_data(at)
+    assert not any(t.endswith(("in examples", "in tokens")) for t in specs if "B_crit" in t)
+    versus = specs[title]
+    assert _layer_marks(versus) == ["line", "rule", "rule", "point"]
+    shown = max(data[title], key=len)
+    assert set(shown["units"]) == {"examples", "tokens"}
+    expected = {
+        (f"{r.project}/{r.task}", t.target, t.b_crit)
+        for r in (api.critical_batch("vision", "digits"), api.critical_batch("nlp", "lm-sweep"))
+        for t in r.targets
+        if t.determined and t.b_simple is not None
+    }
+    assert {(r.task, r.target, r.b_crit) for r in shown.itertuples()} == expected
+    linked = make_app(server, "compare_tasks", together="true")  # a link to this view
+    assert title in charts(linked)
 
 
 def test_compare_tasks_as_the_paper_draws_it(make_app: MakeApp, server: str, api: Api) -> None:

@@ -124,7 +124,8 @@ def b_simple_vs_b_crit_chart(
 
     ``frame``: task, target, b_crit, b_simple and their shown interval ends
     (``b_crit_lo_shown`` ...), plus ``b_crit_interval``/``b_simple_interval`` text, all in
-    ``units`` ("examples" or "tokens": one chart per unit, never both on one axis).
+    ``units`` ("examples" or "tokens": one chart per unit; "task units" for the paper's view,
+    every task in its own units, which the page offers only on request).
     ``colours``: task to colour for the whole page (``palette_colours``; default: these tasks').
     """
     values = values_in(

@@ -2,7 +2,7 @@
 
 (a) B_simple against B_crit across tasks, one point per task and loss target whose fit is
 determined (``GET /tasks/{project}/{task}/critical-batch``), both intervals, y = x for reference,
-one chart per unit;
+one chart per unit, or every task on one chart as the paper's figure puts them (``?together``);
 (b) B_simple against loss, one chart per task, a median line with a band per batch size (or
 learning rate), each run on demand (``GET /series``);
 (c) the per-task summary (``GET /tasks``).
@@ -27,6 +27,10 @@ CAPTION = (
     "equals B_crit; the paper finds B_simple within a small factor of B_crit, often below it. "
     "Tasks counting tokens and tasks counting examples get one chart each."
 )
+TOGETHER = (
+    "One chart for every unit, as the paper's figure puts them: each task in its own units "
+    "(examples or tokens), so the positions compare tasks, not the numbers across units."
+)
 
 
 def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping[str, str]) -> None:
@@ -50,14 +54,19 @@ def _versus_b_crit(src: _data.Source, tasks: list[TaskSummary], colours: Mapping
             "Why each task or target is left out is listed below."
         )
     units = sorted(points["units"].unique())
+    together = len(units) > 1 and _state.checkbox(
+        "Every unit on one chart (as the paper's figure)", key="together"
+    )
+    if together:
+        units = ["task units"]
     for i, unit in enumerate(units):  # each at the page's full width, one under the other
-        part = points[points["units"] == unit]
-        word = _text.units_word(str(unit))
+        part = points if together else points[points["units"] == unit]
+        word = "task units" if together else _text.units_word(str(unit))
         _ui.chart_with_downloads(
             _charts.b_simple_vs_b_crit_chart(part, units=word, colours=colours),
             part,
-            name=f"b_simple_vs_b_crit_{word}",
-            caption=CAPTION if i == 0 else None,
+            name=f"b_simple_vs_b_crit_{word.replace(' ', '_')}",
+            caption=(TOGETHER if together else CAPTION) if i == 0 else None,
         )
     if not left_out.empty:
         these = "these charts" if len(units) > 1 else "this chart"

@@ -1,0 +1,73 @@
+"""The paper's other domains (experiments/domains.py): each task's reduced sweep gives a
+determined B_crit and a B_simple, and each trainer measures what it says it does."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import analysis
+from experiments.__main__ import TASK_NAMES
+from experiments.domains import CARTPOLE_MAX_RETURN, CartPoleReinforce, DigitsCNN, DigitsVAE
+from experiments.runner import Progress, run_sweep
+from experiments.tasks import TASKS
+
+pytest.importorskip("gymnasium")
+
+
+def test_every_task_is_named_by_the_command() -> None:
+    assert set(TASK_NAMES) == set(TASKS)
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", "digits_vae", "cartpole"])
+def test_the_reduced_sweep_determines_b_crit_and_measures_b_simple(
+    name: str, tmp_path: Path
+) -> None:
+    spec = TASKS[name].sized(quick=True)
+    records = run_sweep(spec, tmp_path, None, Progress(io.StringIO()))
+    report = analysis.analyse(
+        analysis.to_sweep_runs(records), spec.loss_targets, task=name, units=spec.units
+    )
+    determined = [t for t in report.targets if t.determined]
+    assert determined, [t.warnings for t in report.targets]
+    for t in determined:
+        assert t.b_crit is not None and min(spec.batch_sizes) <= t.b_crit <= max(spec.batch_sizes)
+        assert t.b_simple is not None and t.b_simple > 0, t.b_simple_reason
+
+
+def test_the_vae_starts_near_64_ln_2_nats_and_its_loss_is_the_negative_elbo() -> None:
+    """At initialisation the decoder's logits are near 0, so each pixel costs about ln 2 nats
+    and the KL term is small: the negative ELBO of 64 pixels starts near 64 ln 2 = 44.4."""
+    vae = DigitsVAE(seed=0, sampler_seed=1, k=4)
+    first = vae.eval_loss()
+    assert abs(first - 64 * math.log(2)) < 3
+    assert vae.eval_loss() == first  # the evaluation's noise is fixed
+    for _ in range(30):
+        vae.step(64, lr=0.01)
+    assert vae.eval_loss() < first - 5
+
+
+def test_the_conv_net_batch_gradient_is_the_mean_of_its_micro_batches() -> None:
+    cnn = DigitsCNN(seed=0, sampler_seed=1, k=4)
+    result = cnn.step(32, lr=0.0)
+    assert (result.b_small, result.b_big) == (8.0, 32.0)
+    # |mean of k vectors|² ≤ mean of their |·|², with equality only when all are equal.
+    assert 0 < result.g_big_sq < result.g_small_sq
+
+
+def test_cartpole_counts_episodes_and_its_loss_is_the_return_short_of_500() -> None:
+    agent = CartPoleReinforce(seed=0, sampler_seed=1, k=4, eval_episodes=8)
+    states, actions, alive, lengths = agent._play(6, env_seed=3, gen=torch.Generator())
+    assert states.shape[1] == actions.shape[1] == alive.shape[1] == 6
+    # Each episode's return is its length: one reward per step while it is alive.
+    assert alive.sum(dim=0).tolist() == lengths.tolist()
+    assert all(1 <= n <= CARTPOLE_MAX_RETURN for n in lengths)
+    result = agent.step(8, lr=0.01)
+    assert (result.b_small, result.b_big) == (2.0, 8.0)
+    assert 0 <= result.loss < CARTPOLE_MAX_RETURN
+    loss = agent.eval_loss()
+    assert loss == agent.eval_loss()  # fixed random numbers: the same policy, the same loss
