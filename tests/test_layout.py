@@ -251,6 +251,25 @@ def test_loading_protocol_loads_only_its_closure() -> None:
     assert not others, others
 
 
+def test_the_server_and_a_training_job_never_load_the_read_client() -> None:
+    """The whole package as installed: ``import noisescope`` (a training job) and the server's
+    app, API and CLI leave ``noisescope._api`` unloaded; ``noisescope.Api`` loads it on first
+    use and shows its names as ``noisescope.X``."""
+    import subprocess
+
+    script = (
+        "import sys\n"
+        "import noisescope\n"
+        "import noisescope_server.app, noisescope_server.api, noisescope_server.cli\n"
+        "assert 'noisescope._api' not in sys.modules, 'loaded'\n"
+        "from noisescope._api import NotFoundError\n"
+        "assert noisescope.Api.__module__ == 'noisescope'\n"
+        "assert NotFoundError.__module__ == 'noisescope', NotFoundError.__module__\n"
+        "assert {'Api', 'ApiError'} <= set(dir(noisescope))\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
+
+
 #: The client modules each product may import (DEVELOPERS.md, Packages): the public contract
 #: (``noisescope.protocol``: wire format, sample fields, run body, event kinds, answer types)
 #: and the public maths; never a private module, never a name starting with ``_``.

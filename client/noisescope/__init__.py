@@ -12,10 +12,11 @@ api.runs(project="digits")[0].b_simple
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from noisescope import branch, estimators, forecast, sweep
-from noisescope._api import AnswerError, Api, ApiError, NotFoundError
 from noisescope._config import Settings
-from noisescope._public import report_all_as_public
+from noisescope._public import report_all_as_public, report_as_public
 from noisescope._results import to_frame
 from noisescope._run import Run, init
 from noisescope._status import Status
@@ -37,7 +38,14 @@ from noisescope.protocol import (
 from noisescope.recommend import NoiseTracker, Recommendation
 from noisescope.schedule import BatchDecision, BatchSizeScheduler
 
+if TYPE_CHECKING:
+    from noisescope._api import AnswerError, Api, ApiError, NotFoundError
+
 __version__ = "0.1.0"
+
+#: The read client, loaded on first use: a training job that only writes, and the server (which
+#: imports ``noisescope.protocol``), never load it.
+_READ_CLIENT = ("AnswerError", "Api", "ApiError", "NotFoundError")
 
 __all__ = [
     "AnswerError",
@@ -78,4 +86,20 @@ __all__ = [
 ]
 
 
-report_all_as_public(__name__)
+def __getattr__(name: str) -> object:
+    if name in _READ_CLIENT:
+        from noisescope import _api
+
+        for public in _READ_CLIENT:  # all at once: each shows as noisescope.X from then on
+            value = getattr(_api, public)
+            report_as_public(value, __name__)
+            globals()[public] = value
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+report_all_as_public(__name__, lazy=_READ_CLIENT)

@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import sys
 import typing
+from collections.abc import Collection
 
 
 def report_as_public(obj: object, module: str) -> None:
@@ -28,8 +29,10 @@ def report_as_public(obj: object, module: str) -> None:
         obj.__module__ = module
 
 
-def report_all_as_public(module: str) -> None:
-    """``report_as_public`` for every name in ``module``'s ``__all__`` (called at its end)."""
+def report_all_as_public(module: str, lazy: Collection[str] = ()) -> None:
+    """``report_as_public`` for every name in ``module``'s ``__all__`` (called at its end) but
+    the ``lazy`` ones, which the module's ``__getattr__`` reports when it loads them."""
     namespace = vars(sys.modules[module])
     for name in namespace["__all__"]:
-        report_as_public(namespace[name], module)
+        if name not in lazy:
+            report_as_public(namespace[name], module)
