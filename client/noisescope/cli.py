@@ -32,6 +32,7 @@ SERVER_COMMANDS = {
     "db": "database maintenance (upgrade, current)",
     "token": "create, list and revoke project API tokens",
 }
+SERVER_FIX = "from a noisescope checkout: `pip install ./client .`"
 SERVER_INSTALL_HINT = (
     "this command needs the server distribution; from a noisescope checkout run "
     "`pip install ./client .`"
@@ -58,28 +59,29 @@ def build_parser() -> argparse.ArgumentParser:
     from noisescope._runs_cli import register as register_runs
 
     register_runs(sub)
-    if not _register_installed(sub):
-        for name, help_text in SERVER_COMMANDS.items():
+    failed = _register_installed(sub)
+    for name, help_text in SERVER_COMMANDS.items():
+        if name not in sub.choices:  # not installed, or installed but failing to load
             p = sub.add_parser(name, help=f"{help_text} (needs the server install)")
-            p.set_defaults(func=_missing_server)
+            p.set_defaults(func=_missing_server, failed=failed)
     return parser
 
 
-def _register_installed(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> bool:
+def _register_installed(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> list[str]:
     """Let each installed distribution's ``COMMANDS_GROUP`` entry add its subcommands, in the
-    order of their names; whether any did. An entry whose module cannot be imported (a
-    distribution half installed or removed) is passed over as if absent."""
+    order of their names. An entry that fails to load or to register (a distribution half
+    installed, removed, or broken) is passed over, so the other commands still work; returns
+    what failed and why, for the message of a command it would have added."""
     from importlib import metadata
 
-    registered = False
+    failed = []
     for entry in sorted(metadata.entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
         try:
             register = entry.load()
-        except ImportError:
-            continue
-        register(sub)
-        registered = True
-    return registered
+            register(sub)
+        except Exception as exc:  # any failure of another distribution's code
+            failed.append(f"{entry.value} failed to load: {type(exc).__name__}: {exc}")
+    return failed
 
 
 def version() -> str:
@@ -97,7 +99,15 @@ def version() -> str:
 
 
 def _missing_server(args: argparse.Namespace) -> int:
-    print(f"noisescope {args.command}: {SERVER_INSTALL_HINT}", file=sys.stderr)
+    failed: list[str] = args.failed
+    if failed:  # installed, but broken: reinstalling as the hint says may not be the fix
+        print(
+            f"noisescope {args.command}: the server distribution is installed but "
+            f"{'; '.join(failed)}. Check that its dependencies are installed ({SERVER_FIX})",
+            file=sys.stderr,
+        )
+    else:
+        print(f"noisescope {args.command}: {SERVER_INSTALL_HINT}", file=sys.stderr)
     return 2
 
 

@@ -155,3 +155,34 @@ def test_a_full_outbox_without_a_spool_counts_what_it_cannot_hold() -> None:
     outbox.commit([[step, None, 8.0, 64.0, 2.0, 1.0, None, None, 0.0, ""] for step in range(5)])
     assert (len(outbox), outbox.overflow, outbox.dropped) == (2, 3, 3)
     assert "memory_max=2" in outbox.drops()[0][1]
+
+
+def test_a_batch_with_a_bad_row_is_held_whole_without_a_spool() -> None:
+    """One row the server would refuse is left out, and counted, when the batch is taken; the
+    valid rest of a batch that no server and no disk took waits in memory like any other."""
+    outbox = Outbox(Settings(batch_max=10), None, "", lambda *a, **k: None)
+    rows = [[step, None, 8.0, 64.0, 2.0, 1.0, None, None, 0.0, ""] for step in range(10)]
+    rows[4][4] = float("inf")  # g_small_sq
+    outbox.commit(rows)
+    batch = outbox.take(10)
+    assert batch is not None and (batch.count, batch.invalid) == (9, 1)
+    outbox.end_batch(batch, delivered=False, keep=True)
+    assert (len(outbox), outbox.dropped) == (9, 1)
+    outbox.spill(force=True)  # no spool: still in memory, nothing more dropped
+    assert (len(outbox), outbox.dropped) == (9, 1)
+    again = outbox.take(10)
+    assert again is batch
+    outbox.end_batch(again, delivered=True, keep=True)
+    assert (len(outbox), outbox.queued(), outbox.dropped) == (0, 0, 1)
+
+
+def test_a_request_ending_after_close_gave_up_is_counted_not_held() -> None:
+    """close() empties memory for good (spill_everything); a request that ends after that has
+    nowhere to wait, so its batch is counted dropped instead of held where nobody reads it."""
+    outbox = Outbox(Settings(batch_max=5), None, "", lambda *a, **k: None)
+    outbox.commit([[step, None, 8.0, 64.0, 2.0, 1.0, None, None, 0.0, ""] for step in range(5)])
+    batch = outbox.take(5)
+    assert batch is not None
+    outbox.spill_everything()
+    outbox.end_batch(batch, delivered=False, keep=True)
+    assert (len(outbox), outbox.queued(), outbox.dropped) == (0, 0, 5)

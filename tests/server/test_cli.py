@@ -319,7 +319,7 @@ def test_the_server_commands_come_from_the_entry_point_group(
     assert entry.value == "noisescope_server.cli:register"
     assert entry.load() is server_cli.register
     gone = metadata.EntryPoint("server", "noisescope_no_such_server:register", entry.group)
-    for entries in ([], [gone]):
+    for entries, says in (([], client_cli.SERVER_INSTALL_HINT), ([gone], gone.value)):
 
         def installed(group: str, found: list[metadata.EntryPoint] = entries) -> Any:
             assert group == client_cli.COMMANDS_GROUP
@@ -327,7 +327,40 @@ def test_the_server_commands_come_from_the_entry_point_group(
 
         monkeypatch.setattr(metadata, "entry_points", installed)
         assert main(["up"]) == 2
-        assert client_cli.SERVER_INSTALL_HINT in capsys.readouterr().err
+        assert says in capsys.readouterr().err
+
+
+def test_a_broken_server_install_says_why_and_leaves_the_other_commands_working(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An entry whose module fails to import (a dependency missing), lacks ``register``, or
+    whose ``register`` raises: the client's own commands still parse and run, and each server
+    command says what failed instead of telling the user to install what is installed."""
+    from importlib import metadata
+
+    from noisescope import cli as client_cli
+
+    group = client_cli.COMMANDS_GROUP
+    broken = [
+        metadata.EntryPoint("server", "noisescope_no_such_server:register", group),
+        metadata.EntryPoint("server", "noisescope._format:no_such_register", group),
+        metadata.EntryPoint("server", "noisescope._format:plural", group),  # wrong signature
+    ]
+    for entry in broken:
+        monkeypatch.setattr(metadata, "entry_points", lambda group, e=entry: [e])
+        parser = build_parser()  # never raises
+        assert parser.parse_args(["runs", "archive", "x"]).command == "runs"
+        assert main(["up"]) == 2
+        err = capsys.readouterr().err
+        assert "installed but" in err and entry.value in err, err
+        assert client_cli.SERVER_INSTALL_HINT not in err
+    other = metadata.EntryPoint("other", "noisescope._format:plural", group)
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [other])
+    assert set(SERVER_COMMANDS) <= set(  # another distribution's entry hides no placeholder
+        next(
+            a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+        ).choices
+    )
 
 
 def test_the_dashboard_app_is_found_without_importing_the_dashboard() -> None:

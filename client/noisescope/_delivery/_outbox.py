@@ -103,6 +103,9 @@ class Outbox:
         #: Held while the guard copies the request in flight to the spool, and while the
         #: sender ends a request (who spools its batch is decided once).
         self._copying = threading.Lock()
+        #: Set (under ``_copying``) when close() gave up waiting: a request ending after that
+        #: holds nothing in memory, which is being emptied for good.
+        self._abandoned = False
         #: Samples taken on their way to the spool (counted as queued meanwhile).
         self.spilling = 0
         #: Rows taken from the buffer and being converted to a batch (queued meanwhile).
@@ -332,15 +335,16 @@ class Outbox:
     def end_batch(self, batch: Batch, delivered: bool, keep: bool) -> None:
         """The request of ``batch`` (from ``take``) is over. Not ``delivered`` (no answer, or
         one to retry), the batch goes to the spool unless the guard copied it there while the
-        request hung; one the disk cannot take is held in memory with ``keep`` (and no row
-        left out: those were counted once), else counted dropped."""
+        request hung; one the disk cannot take is held in memory with ``keep`` unless close()
+        gave up meanwhile (its rows the server would refuse were left out, and counted, when it
+        was taken), else counted dropped."""
         with self._copying:
             hold = False
             if not delivered and batch.count:
                 with self.lock:
                     spooled = self.inflight_spooled
                 if not spooled:
-                    hold = not self._to_spool(batch.columns, hold=keep and not batch.invalid)
+                    hold = not self._to_spool(batch.columns, hold=keep and not self._abandoned)
             with self.lock:
                 self.inflight, self.inflight_spooled = None, False
                 if hold:
@@ -406,7 +410,7 @@ class Outbox:
         batch_max = self._batch_max
         while len(self) > keep and (force or len(self) - keep >= batch_max):
             batch = self._take(min(batch_max, len(self) - keep), sending=False)
-            if batch is None or not self._spill_batch(batch, hold=not batch.invalid):
+            if batch is None or not self._spill_batch(batch, hold=True):
                 return  # no disk: kept in memory
 
     def _spill_batch(self, batch: Batch, hold: bool) -> bool:
@@ -424,6 +428,8 @@ class Outbox:
 
     def spill_everything(self) -> None:
         """Called on the caller's thread at close when the wait ran out."""
+        with self._copying:  # a request ending from now on spools its batch or counts it
+            self._abandoned = True
         self._spool_retry_at = 0.0  # last chance: try the disk
         # The batch being sent right now: a copy (the server ignores a duplicate), counted as
         # spooled only, as a hung request's is.
