@@ -65,9 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from experiments import analysis, figures, report
-    from experiments.runner import OFFLINE, PROJECT, Progress, ensure_logged, run_sweep
+    from experiments.runner import (
+        OFFLINE,
+        PROJECT,
+        Progress,
+        archive_stale,
+        ensure_logged,
+        run_sweep,
+    )
     from experiments.tasks import TASKS
     from harness import ServerProcess
+    from noisescope._format import plural
 
     names = [t.strip() for t in (args.tasks or ",".join(TASK_NAMES)).split(",") if t.strip()]
     unknown = [t for t in names if t not in TASKS]
@@ -93,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if url not in (None, OFFLINE) and (out / "spool").is_dir():
             import noisescope
-            from noisescope._format import plural
 
             synced = noisescope.sync(out / "spool", url=url)
             progress.line(
@@ -104,16 +111,25 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         summary = []
         resent_total: dict[str, int] = {}
+        archived_total: dict[str, int] = {}
         for name in names:
             spec = TASKS[name].sized(args.quick)
             records = run_sweep(spec, out, url, progress)
             if url not in (None, OFFLINE):
                 resent = ensure_logged(records, spec, url, out, progress)
+                stale = archive_stale(records, spec, url, out)
                 progress.line(
                     f"{name}: all {len(records)} runs are on the server"
                     + (f" ({resent} re-sent from the run cache)" if resent else "")
+                    + (
+                        f"; archived {plural(stale, 'run')} of an earlier version of the "
+                        "task there (not in the run cache)"
+                        if stale
+                        else ""
+                    )
                 )
                 resent_total[name] = resent
+                archived_total[name] = stale
             runs = analysis.to_sweep_runs(records)
             crit = analysis.analyse(
                 runs, spec.loss_targets, project=PROJECT, task=name, units=spec.units
@@ -126,7 +142,15 @@ def main(argv: list[str] | None = None) -> int:
                 figures.task_chart(spec.title, spec.unit_label, crit, best_runs), docs / fig
             )
             results.append(
-                report.TaskResult(spec, crit, runs, records, fig, resent_total.get(name))
+                report.TaskResult(
+                    spec,
+                    crit,
+                    runs,
+                    records,
+                    fig,
+                    resent_total.get(name),
+                    archived_total.get(name, 0),
+                )
             )
             for t in crit.targets:
                 point = t.b_simple_vs_b_crit()

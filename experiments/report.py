@@ -24,6 +24,8 @@ class TaskResult:
     records: list[dict[str, Any]]
     figure: str
     resent: int | None = None
+    #: The server's runs of the task that the cache does not hold, archived by this invocation.
+    archived: int = 0
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -129,13 +131,25 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
         "",
         f"{spec.description}. Batch sizes ({u}): {', '.join(f'{b:g}' for b in bs)}; "
         f"learning rates ({spec.optimizer}): {', '.join(f'{lr:g}' for lr in spec.lrs)}; "
-        f"{spec.micro_batches} micro-batches per step give the two-batch samples; seeds per "
+        f"{spec.micro_batches} micro-batches per step give the two-batch samples"
+        + (
+            f" (a batch smaller than {spec.micro_batches} splits into one example each); "
+            if min(spec.batch_sizes) < spec.micro_batches
+            else "; "
+        )
+        + "seeds per "
         f"(B, lr): {spec.seeds}. "
         f"{n_runs} runs ({', '.join(f'{v} {k}' for k, v in sorted(statuses.items()))}), "
         f"{wall / 60:.1f} min of training (wall clock, shared 2-core machine)."
         + (
             f" Server: {res.resent} of {n_runs} runs were re-sent from the run cache by this "
-            "invocation (the others were logged as they trained, or were already there)."
+            "invocation (the others were logged as they trained, or were already there)"
+            + (
+                f"; {res.archived} runs of an earlier version of the task, not in the run "
+                "cache, were archived there, so the server's sweep is this one."
+                if res.archived
+                else "."
+            )
             if res.resent is not None
             else ""
         ),
@@ -144,7 +158,7 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
     truth = any("b_simple_true" in r["evals"] for r in res.records)
     head = (
         f"| loss target | B reaching | S_min | E_min | B_crit [{level}] "
-        f"| B_simple [{level}] (range over B) | B_simple / B_crit |"
+        f"| B_simple [{level}] (range over the B where measured) | B_simple / B_crit |"
     )
     sep = "|---|---|---|---|---|---|---|"
     if truth:

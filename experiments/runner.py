@@ -44,6 +44,7 @@ __all__ = [
     "PROJECT",
     "Progress",
     "RunRecord",
+    "archive_stale",
     "ensure_logged",
     "load_runs",
     "run_sweep",
@@ -287,9 +288,7 @@ def ensure_logged(
     resent = 0
     for record in records:
         name = run_name(record["batch_size"], record["lr"], record.get("seed", 0))
-        run_id = (
-            record.get("run_id") or uuid.uuid5(uuid.NAMESPACE_URL, f"{out}/{spec.name}/{name}").hex
-        )
+        run_id = _run_id(record, spec, out)
         answer = requests.get(f"{url}/api/v1/runs/{run_id}", timeout=30)
         if answer.status_code == 200:
             continue
@@ -327,6 +326,31 @@ def ensure_logged(
         resent += 1
         progress.update(f"{spec.name}: re-sent {name} from the cache")
     return resent
+
+
+def _run_id(record: RunRecord, spec: TaskSpec, out: Path) -> str:
+    """A cached run's id on the server: the one it was logged under, else the one
+    ``ensure_logged`` re-sends it under."""
+    name = run_name(record["batch_size"], record["lr"], record.get("seed", 0))
+    logged: str | None = record.get("run_id")
+    return logged or uuid.uuid5(uuid.NAMESPACE_URL, f"{out}/{spec.name}/{name}").hex
+
+
+def archive_stale(records: list[RunRecord], spec: TaskSpec, url: str, out: Path) -> int:
+    """Archive the server's runs of this task that the run cache does not hold: runs of an
+    earlier version of the task (its trainer or settings changed, so its cache folder did),
+    which would otherwise enter the server's critical batch beside this sweep's. Archived, not
+    deleted (``noisescope runs restore`` brings one back). Returns how many."""
+    import noisescope
+
+    api = noisescope.Api(url)
+    kept = {_run_id(r, spec, out) for r in records}
+    stale = [
+        r.uid for r in api.runs(project=PROJECT, task=spec.name, current=False) if r.uid not in kept
+    ]
+    for run_id in stale:
+        api.archive_run(run_id)
+    return len(stale)
 
 
 def _save(path: Path, record: RunRecord) -> None:

@@ -40,6 +40,9 @@ def test_the_documented_example_runs_as_written(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == "100 samples stored; the run is finished\n"
     assert not (tmp_path / "spool").exists() or not any((tmp_path / "spool").rglob("*.jsonl"))
+    # the refused request's warning names the transport, not a server URL it never used
+    assert "cannot deliver to the transport MemoryTransport" in proc.stderr, proc.stderr
+    assert "8765" not in proc.stderr
 
 
 def _columns(seqs: list[int], **changed: list[Any]) -> dict[str, list[Any]]:

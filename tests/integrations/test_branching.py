@@ -231,6 +231,9 @@ def test_hf_setups_it_cannot_branch_are_refused(server: ServerProcess, tmp_path:
         HuggingFaceCallback(branch=BranchOptions(every=0, eval=[]))
     with pytest.raises(ValueError, match="plan keys"):
         HuggingFaceCallback(branch=BranchOptions(every=2, eval=[], plan={"budjet": 8}))
+    for first in (0, -3, 1.5):
+        with pytest.raises(ValueError, match="first must be an integer >= 1"):
+            BranchOptions(every=2, eval=[], first=first)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"branch=noisescope.integrations.BranchOptions\(every="):
         HuggingFaceCallback(branch_every=2, branch_eval=[])  # the keywords before BranchOptions
     trainer, _ = _hf(server, tmp_path, branch=BranchOptions(every=2, eval=_eval_batches()))

@@ -52,7 +52,7 @@ from noisescope._retry import (
 )
 from noisescope._spool import Columns, RunSpool, replay_requests
 from noisescope._sync import deliver_orphans
-from noisescope._transport import Response, Transport, TransportError
+from noisescope._transport import HTTPTransport, Response, Transport, TransportError
 
 logger = logging.getLogger("noisescope")
 
@@ -364,10 +364,17 @@ class Sender:
             logger.warning(
                 "noisescope: cannot deliver to %s (%s); retrying in the background, %s and "
                 "are sent when it answers (or with `noisescope sync`)",
-                redact_url(self.settings.url),
+                self._destination(),
                 redact_text(reason),
                 where,
             )
+
+    def _destination(self) -> str:
+        """Where requests go, for a message: the server's URL, or the transport given to
+        ``init(transport=...)`` (the URL is not used then)."""
+        if self.transport is None or isinstance(self.transport, HTTPTransport):
+            return redact_url(self.settings.url)
+        return f"the transport {type(self.transport).__name__}"
 
     def _answered(self, response: Response) -> Outcome:
         self._last_contact = time.monotonic()

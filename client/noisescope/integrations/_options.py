@@ -64,8 +64,10 @@ class BranchOptions:
                 "the model's forward takes) every branch is evaluated on"
             )
         first = self.first
-        if first is not None and (isinstance(first, bool) or not isinstance(first, int)):
-            raise ValueError(f"BranchOptions: first must be an integer, got {first!r}")
+        if first is not None and (
+            isinstance(first, bool) or not isinstance(first, int) or first < 1
+        ):
+            raise ValueError(f"BranchOptions: first must be an integer >= 1, got {first!r}")
         unknown = sorted(set(self.plan) - set(PLAN_KEYS))
         if unknown:
             raise ValueError(f"BranchOptions: plan keys must be among {PLAN_KEYS}, got {unknown}")
