@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import noisescope
     from experiments import analysis, figures, report
     from experiments.runner import (
         OFFLINE,
@@ -100,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         progress.line(f"noisescope server on {url} (database {out / 'noisescope.db'})")
     try:
         if url not in (None, OFFLINE) and (out / "spool").is_dir():
-            import noisescope
-
             synced = noisescope.sync(out / "spool", url=url)
             progress.line(
                 f"noisescope sync: {plural(len(synced.synced), 'spooled run')}, "
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             records = run_sweep(spec, out, url, progress)
             if url not in (None, OFFLINE):
                 resent = ensure_logged(records, spec, url, out, progress)
-                stale = archive_stale(records, spec, url, out)
+                stale = archive_stale(records, spec, noisescope.Api(url), out)
                 progress.line(
                     f"{name}: all {len(records)} runs are on the server"
                     + (f" ({resent} re-sent from the run cache)" if resent else "")

@@ -32,12 +32,15 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from experiments.analysis import run_name, to_sweep_runs
 from experiments.tasks import TaskSpec, make_trainer
 from noisescope import _progress
 from noisescope.sweep import B_SIMPLE_WINDOW, TARGETS_CONFIG_KEY, crossing_step, frontier
+
+if TYPE_CHECKING:
+    from noisescope import Api
 
 __all__ = [
     "OFFLINE",
@@ -336,14 +339,11 @@ def _run_id(record: RunRecord, spec: TaskSpec, out: Path) -> str:
     return logged or uuid.uuid5(uuid.NAMESPACE_URL, f"{out}/{spec.name}/{name}").hex
 
 
-def archive_stale(records: list[RunRecord], spec: TaskSpec, url: str, out: Path) -> int:
+def archive_stale(records: list[RunRecord], spec: TaskSpec, api: Api, out: Path) -> int:
     """Archive the server's runs of this task that the run cache does not hold: runs of an
     earlier version of the task (its trainer or settings changed, so its cache folder did),
     which would otherwise enter the server's critical batch beside this sweep's. Archived, not
     deleted (``noisescope runs restore`` brings one back). Returns how many."""
-    import noisescope
-
-    api = noisescope.Api(url)
     kept = {_run_id(r, spec, out) for r in records}
     stale = [
         r.uid for r in api.runs(project=PROJECT, task=spec.name, current=False) if r.uid not in kept

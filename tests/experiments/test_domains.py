@@ -76,3 +76,29 @@ def test_cartpole_counts_episodes_and_its_loss_is_the_return_short_of_500() -> N
     assert 0 <= result.loss < CARTPOLE_MAX_RETURN
     loss = agent.eval_loss()
     assert loss == agent.eval_loss()  # fixed random numbers: the same policy, the same loss
+
+
+def test_runs_of_an_earlier_version_of_a_task_are_archived_on_the_server() -> None:
+    """The server's sweep of a task is the run cache's: a run the cache does not hold (its
+    task's trainer changed since) is archived, restorably; the cached ones stay."""
+    from experiments.runner import PROJECT, archive_stale
+    from harness import AppServer, columns, run_body
+    from noisescope import protocol
+
+    spec = TASKS["cartpole"]
+    kept, stale = "a" * 32, "b" * 32
+    with AppServer() as server:
+        with server.client() as http:
+            for uid in (kept, stale):
+                put = http.put(
+                    f"{protocol.API_PREFIX}/runs/{uid}", json=run_body(PROJECT, spec.name)
+                )
+                assert put.status_code == 201
+                body = {"columns": columns(10)}
+                assert http.post(f"{protocol.API_PREFIX}/runs/{uid}/samples", json=body).is_success
+        api = server.api()
+        record = {"run_id": kept, "batch_size": 4, "lr": 0.04, "seed": 0}
+        assert archive_stale([record], spec, api, Path("unused")) == 1
+        assert [r.uid for r in api.runs(project=PROJECT, task=spec.name)] == [kept]
+        assert api.run(stale).archived_at is not None
+        assert archive_stale([record], spec, api, Path("unused")) == 0  # nothing more to do
