@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from noisescope import _wire
-from noisescope._config import Settings
+from noisescope._config import DEFAULT_URL, Settings
 from noisescope._delivery._guard import Guard
 from noisescope._delivery._outbox import EVENTS_PER_REQUEST, Outbox
 from noisescope._delivery._state import Link, Signal, Stage, State, initial, transition
@@ -371,10 +371,13 @@ class Sender:
 
     def _destination(self) -> str:
         """Where requests go, for a message: the server's URL, or the transport given to
-        ``init(transport=...)`` (the URL is not used then)."""
+        ``init(transport=...)`` (with the URL it stands for, where one was set)."""
+        url = redact_url(self.settings.url)
         if self.transport is None or isinstance(self.transport, HTTPTransport):
-            return redact_url(self.settings.url)
-        return f"the transport {type(self.transport).__name__}"
+            return url
+        through = f"the transport {type(self.transport).__name__}"
+        # a URL set beside the transport names what it stands for; the default one, nothing
+        return through if self.settings.url == DEFAULT_URL else f"{url} through {through}"
 
     def _answered(self, response: Response) -> Outcome:
         self._last_contact = time.monotonic()
