@@ -21,6 +21,7 @@ covariance Σ/B exactly (docs/science.md eq. 1).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,14 @@ from torch.nn import functional as F
 
 from experiments._step import StepResult, measured_step, micro_count
 
-__all__ = ["CARTPOLE_MAX_RETURN", "CartPoleReinforce", "DigitsCNN", "DigitsVAE", "digits_images"]
+__all__ = [
+    "CARTPOLE_MAX_RETURN",
+    "CartPoleReinforce",
+    "DigitsCNN",
+    "DigitsClassifier",
+    "DigitsVAE",
+    "digits_images",
+]
 
 
 def digits_images() -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,25 +70,14 @@ class _Images:
         return [idx[j * m : (j + 1) * m] for j in range(k)], float(m)
 
 
-# --------------------------------------------------------------------------------------------
-# An image classifier: a small conv net
+class DigitsClassifier(_Images):
+    """A classifier of the digits images trained by plain SGD on the cross-entropy; the loss
+    is the whole training set's. Subclasses build ``model`` (after seeding torch)."""
 
+    model: nn.Module
 
-class DigitsCNN(_Images):
-    """conv 3x3 (16) → ReLU → conv 3x3 stride 2 (32) → ReLU → linear to 10 classes, plain SGD."""
-
-    def __init__(self, seed: int, sampler_seed: int, k: int) -> None:
+    def __init__(self, sampler_seed: int, k: int) -> None:
         super().__init__(sampler_seed, k)
-        torch.manual_seed(seed)
-        self.model = nn.Sequential(
-            nn.Unflatten(1, (1, 8, 8)),
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, 3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(32 * 4 * 4, 10),
-        )
         self.params = list(self.model.parameters())
         self.opt = torch.optim.SGD(self.params, lr=0.1)
 
@@ -98,6 +95,27 @@ class DigitsCNN(_Images):
 
     def truth(self) -> dict[str, float]:
         return {}
+
+
+# --------------------------------------------------------------------------------------------
+# An image classifier: a small conv net
+
+
+class DigitsCNN(DigitsClassifier):
+    """conv 3x3 (16) → ReLU → conv 3x3 stride 2 (32) → ReLU → linear to 10 classes, plain SGD."""
+
+    def __init__(self, seed: int, sampler_seed: int, k: int) -> None:
+        torch.manual_seed(seed)
+        self.model = nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(32 * 4 * 4, 10),
+        )
+        super().__init__(sampler_seed, k)
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,13 +295,7 @@ class CartPoleReinforce:
         result = measured_step(self.params, self.opt, lr, [micro(j) for j in range(k)], float(m))
         self._fit_value(states, to_go * ADVANTAGE_SCALE, mask)
         # The step's loss as the sweep reads it: the return short of the maximum.
-        return StepResult(
-            result.b_small,
-            result.b_big,
-            result.g_small_sq,
-            result.g_big_sq,
-            CARTPOLE_MAX_RETURN - float(lengths.mean()),
-        )
+        return dataclasses.replace(result, loss=CARTPOLE_MAX_RETURN - float(lengths.mean()))
 
     def _fit_value(self, states: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> None:
         """A few regression steps of v towards this batch's (scaled) rewards to go; used from

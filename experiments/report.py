@@ -13,7 +13,7 @@ from experiments.analysis import b_simple_per_batch, run_name
 from experiments.tasks import TaskSpec
 from noisescope import sweep
 
-__all__ = ["TaskResult", "b_crit_text", "frontier_edges", "ratio", "render"]
+__all__ = ["TaskResult", "b_crit_text", "frontier_edges", "ratio", "render", "tried_rates"]
 
 
 @dataclass
@@ -67,19 +67,31 @@ def _truth_at(records: Sequence[dict[str, Any]], t: sweep.TargetResult, key: str
     return statistics.median(values) if values else None
 
 
-def frontier_edges(res: TaskResult, t: sweep.TargetResult) -> dict[str, list[float]]:
-    """Where each frontier point's learning rate sits among those tried at its batch size:
-    ``interior`` (a slower rate tried on each side), ``stability edge`` (the next larger rate
-    tried diverged: the optimum is bounded by it), or an open ``grid top``/``grid bottom`` (no
-    larger/smaller rate tried: the optimum may lie beyond the grid). Batch sizes in task units."""
-    tried: dict[float, dict[float, bool]] = {}
-    for r in res.records:
+#: Per batch size (task units): each learning rate tried there (6 digits, as the sweep groups
+#: seeds) and whether a run at it diverged.
+Tried = dict[float, dict[float, bool]]
+
+
+def tried_rates(records: Sequence[dict[str, Any]]) -> Tried:
+    """The learning rates tried per batch size, each marked diverged when any of its runs
+    stopped as diverged or its loss curve diverged (``sweep.divergence``)."""
+    tried: Tried = {}
+    for r in records:
         curve = r["evals"]
         blew = r["status"] == "diverged" or (
             sweep.divergence(curve["step"], curve["loss"]) is not None
         )
         at = tried.setdefault(float(r["batch_size_units"]), {})
-        at[float(f"{r['lr']:.6g}")] = at.get(float(f"{r['lr']:.6g}"), False) or blew
+        lr = float(f"{r['lr']:.6g}")
+        at[lr] = at.get(lr, False) or blew
+    return tried
+
+
+def frontier_edges(tried: Tried, t: sweep.TargetResult) -> dict[str, list[float]]:
+    """Where each frontier point's learning rate sits among those tried at its batch size:
+    ``interior`` (a slower rate tried on each side), ``stability edge`` (the next larger rate
+    tried diverged: the optimum is bounded by it), or an open ``grid top``/``grid bottom`` (no
+    larger/smaller rate tried: the optimum may lie beyond the grid). Batch sizes in task units."""
     out: dict[str, list[float]] = {
         "interior": [],
         "stability edge": [],
@@ -168,6 +180,7 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
     misses = []
     notes = []
     edge_lines = []
+    tried = tried_rates(res.records)
     for t in res.report.targets:
         per_b = [v[0] for v in b_simple_per_batch(res.runs, t).values() if v[0] is not None]
         simple = (
@@ -188,7 +201,7 @@ def task_section(res: TaskResult) -> tuple[str, list[str]]:
                 f" {_fmt(_truth_at(res.records, t, 'b_noise_true'))} |"
             )
         lines.append(line)
-        edges = frontier_edges(res, t)
+        edges = frontier_edges(tried, t)
         edge_lines.append(f"| {t.target:g} | {_edges_text(edges)} |")
         open_edges = edges["grid top"] + edges["grid bottom"]
         if open_edges:

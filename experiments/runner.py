@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 from experiments.analysis import run_name, to_sweep_runs
 from experiments.tasks import TaskSpec, make_trainer
 from noisescope import _progress
-from noisescope.sweep import B_SIMPLE_WINDOW, TARGETS_CONFIG_KEY, crossing_step, frontier
+from noisescope.sweep import (
+    B_SIMPLE_WINDOW,
+    TARGETS_CONFIG_KEY,
+    SweepRun,
+    crossing_step,
+    frontier,
+)
 
 if TYPE_CHECKING:
     from noisescope import Api
@@ -395,8 +401,9 @@ class _Sweep:
     budget_at: float | None = None
     best_steps: float | None = None
     best_lr: float | None = None
-    #: Every run at the current batch size (all its learning rates and repeats).
-    at_size: list[RunRecord] = field(default_factory=list)
+    #: Every run at the current batch size (all its learning rates and repeats), as the
+    #: frontier reads them.
+    at_size: list[SweepRun] = field(default_factory=list)
 
     def evaluate(self, lr: float) -> bool:
         """Train (or load) every repeat of (batch size, lr); True if it is now the fastest
@@ -445,14 +452,14 @@ class _Sweep:
             )
             if self.on_run is not None:
                 self.on_run(record)
-        self.at_size += mine
-        points, _ = frontier(to_sweep_runs(mine), lowest)
+        runs = to_sweep_runs(mine)
+        self.at_size += runs
+        points, _ = frontier(runs, lowest)
         if points and (self.best_steps is None or points[0].steps < self.best_steps):
             self.best_steps, self.best_lr = points[0].steps, lr
-        runs = to_sweep_runs(self.at_size)
         fastest = set()
         for target in spec.loss_targets:
-            at_target, _ = frontier(runs, target)
+            at_target, _ = frontier(self.at_size, target)
             fastest |= {p.lr for p in at_target if p.lr is not None}
         return any(math.isclose(lr, f, rel_tol=1e-9) for f in fastest)
 

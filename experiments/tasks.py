@@ -31,7 +31,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from experiments import domains
 from experiments._step import StepResult, measured_step, micro_count
+from experiments.domains import DigitsClassifier
 
 __all__ = ["TASKS", "StepResult", "TaskSpec", "Trainer", "make_trainer"]
 
@@ -144,37 +146,13 @@ class LeastSquares:
 # (b) MLP on scikit-learn digits
 
 
-class DigitsMLP:
+class DigitsMLP(DigitsClassifier):
     """64-64-10 tanh MLP, plain SGD, trained on 1437 of the 1797 bundled digits."""
 
     def __init__(self, seed: int, sampler_seed: int, hidden: int, k: int):
-        from experiments.domains import digits_images
-
-        self.x, self.y = digits_images()
         torch.manual_seed(seed)
         self.model = nn.Sequential(nn.Linear(64, hidden), nn.Tanh(), nn.Linear(hidden, 10))
-        self.params = list(self.model.parameters())
-        self.opt = torch.optim.SGD(self.params, lr=0.1)
-        self.gen = torch.Generator().manual_seed(sampler_seed)
-        self.k = k
-
-    def step(self, batch_size: int, lr: float) -> StepResult:
-        k = micro_count(batch_size, self.k)
-        m = batch_size // k
-        idx = torch.randint(0, len(self.y), (batch_size,), generator=self.gen)
-
-        def micro(j: int) -> Callable[[], torch.Tensor]:
-            sl = idx[j * m : (j + 1) * m]
-            return lambda: F.cross_entropy(self.model(self.x[sl]), self.y[sl])
-
-        return measured_step(self.params, self.opt, lr, [micro(j) for j in range(k)], float(m))
-
-    def eval_loss(self) -> float:
-        with torch.no_grad():
-            return float(F.cross_entropy(self.model(self.x), self.y))
-
-    def truth(self) -> dict[str, float]:
-        return {}
+        super().__init__(sampler_seed, k)
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,8 +429,6 @@ def make_trainer(spec: TaskSpec, seed: int, sampler_seed: int) -> Trainer:
             k=spec.micro_batches,
             eval_sequences=48,
         )
-    from experiments import domains
-
     if spec.name == "digits_cnn":
         return domains.DigitsCNN(seed, sampler_seed, k=spec.micro_batches)
     if spec.name == "digits_vae":

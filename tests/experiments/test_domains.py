@@ -102,3 +102,39 @@ def test_runs_of_an_earlier_version_of_a_task_are_archived_on_the_server() -> No
         assert [r.uid for r in api.runs(project=PROJECT, task=spec.name)] == [kept]
         assert api.run(stale).archived_at is not None
         assert archive_stale([record], spec, api, Path("unused")) == 0  # nothing more to do
+
+
+def test_each_frontier_point_is_placed_among_the_rates_tried_at_its_batch_size() -> None:
+    """Interior (slower rates on both sides), at the stability edge (the next larger rate
+    diverged), or at an open edge of what was tried: the page's "frontier points" table."""
+    from types import SimpleNamespace
+
+    from experiments.report import frontier_edges, tried_rates
+
+    def record(batch: float, lr: float, diverged: bool = False) -> dict[str, object]:
+        losses = [2.0, 1.0, 0.5] if not diverged else [2.0, 1.0, 9.0]
+        return {
+            "batch_size_units": batch,
+            "lr": lr,
+            "status": "reached",  # the curve alone says it diverged
+            "evals": {"step": [0.0, 10.0, 20.0], "loss": losses},
+        }
+
+    records = [
+        *(record(4, lr) for lr in (0.1, 0.2, 0.4)),  # 0.2: interior
+        record(8, 0.2), record(8, 0.4), record(8, 0.8, diverged=True),  # 0.4: stability edge
+        record(16, 0.2), record(16, 0.4),  # 0.4: grid top
+        record(32, 0.2), record(32, 0.4),  # 0.2: grid bottom
+    ]  # fmt: skip
+
+    def point(batch: float, lr: float) -> SimpleNamespace:
+        return SimpleNamespace(batch_size=float(batch), lr=lr)
+
+    target = SimpleNamespace(points=[point(4, 0.2), point(8, 0.4), point(16, 0.4), point(32, 0.2)])
+    edges = frontier_edges(tried_rates(records), target)  # type: ignore[arg-type]
+    assert edges == {
+        "interior": [4.0],
+        "stability edge": [8.0],
+        "grid top": [16.0],
+        "grid bottom": [32.0],
+    }
