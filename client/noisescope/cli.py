@@ -32,11 +32,8 @@ SERVER_COMMANDS = {
     "db": "database maintenance (upgrade, current)",
     "token": "create, list and revoke project API tokens",
 }
-SERVER_FIX = "from a noisescope checkout: `pip install ./client .`"
-SERVER_INSTALL_HINT = (
-    "this command needs the server distribution; from a noisescope checkout run "
-    "`pip install ./client .`"
-)
+SERVER_FIX = "from a noisescope checkout run `pip install ./client .`"
+SERVER_INSTALL_HINT = f"this command needs the server distribution; {SERVER_FIX}"
 
 
 def build_parser() -> argparse.ArgumentParser:

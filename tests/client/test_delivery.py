@@ -140,11 +140,11 @@ def test_the_outbox_numbers_commits_and_wakes_the_sender_at_a_batch() -> None:
     assert batch.columns["seq"] == [2, 6, 10]  # rank 2 of 4: seq = index · 4 + 2
     assert batch.columns["series"] == ["rank2"] * 3  # in the wire's columns from the take
     assert outbox.queued() == 4
-    outbox.end_batch(batch, delivered=False, keep=True)  # no spool: held in memory, as it is
+    outbox.end_batch(batch, delivered=False)  # no spool: held in memory, as it is
     assert (len(outbox), outbox.queued()) == (4, 4)
     again = outbox.take(10)
     assert again is batch and again.sent_before  # the held batch first, whole
-    outbox.end_batch(again, delivered=True, keep=True)
+    outbox.end_batch(again, delivered=True)
     rest = outbox.take(10)
     assert rest is not None and rest.columns["seq"] == [14]
     assert [*batch.columns["seq"], *rest.columns["seq"]] == [2, 6, 10, 14]
@@ -166,13 +166,13 @@ def test_a_batch_with_a_bad_row_is_held_whole_without_a_spool() -> None:
     outbox.commit(rows)
     batch = outbox.take(10)
     assert batch is not None and (batch.count, batch.invalid) == (9, 1)
-    outbox.end_batch(batch, delivered=False, keep=True)
+    outbox.end_batch(batch, delivered=False)
     assert (len(outbox), outbox.dropped) == (9, 1)
     outbox.spill(force=True)  # no spool: still in memory, nothing more dropped
     assert (len(outbox), outbox.dropped) == (9, 1)
     again = outbox.take(10)
     assert again is batch
-    outbox.end_batch(again, delivered=True, keep=True)
+    outbox.end_batch(again, delivered=True)
     assert (len(outbox), outbox.queued(), outbox.dropped) == (0, 0, 1)
 
 
@@ -184,5 +184,5 @@ def test_a_request_ending_after_close_gave_up_is_counted_not_held() -> None:
     batch = outbox.take(5)
     assert batch is not None
     outbox.spill_everything()
-    outbox.end_batch(batch, delivered=False, keep=True)
+    outbox.end_batch(batch, delivered=False)
     assert (len(outbox), outbox.queued(), outbox.dropped) == (0, 0, 5)

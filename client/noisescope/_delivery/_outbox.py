@@ -332,19 +332,19 @@ class Outbox:
         self._held_rows += rows
         self._room = self._memory_max - self._held_rows
 
-    def end_batch(self, batch: Batch, delivered: bool, keep: bool) -> None:
+    def end_batch(self, batch: Batch, delivered: bool) -> None:
         """The request of ``batch`` (from ``take``) is over. Not ``delivered`` (no answer, or
         one to retry), the batch goes to the spool unless the guard copied it there while the
-        request hung; one the disk cannot take is held in memory with ``keep`` unless close()
-        gave up meanwhile (its rows the server would refuse were left out, and counted, when it
-        was taken), else counted dropped."""
+        request hung; one the disk cannot take is held in memory, unless close() gave up
+        waiting meanwhile (``spill_everything``): then it is counted dropped. (Its rows the
+        server would refuse were left out, and counted, when it was taken.)"""
         with self._copying:
             hold = False
             if not delivered and batch.count:
                 with self.lock:
                     spooled = self.inflight_spooled
                 if not spooled:
-                    hold = not self._to_spool(batch.columns, hold=keep and not self._abandoned)
+                    hold = not self._to_spool(batch.columns, hold=not self._abandoned)
             with self.lock:
                 self.inflight, self.inflight_spooled = None, False
                 if hold:

@@ -221,8 +221,8 @@ class Sender:
             outbox.spill_everything()
             self._thread.join(0.2)
             if not self._thread.is_alive():
-                # A batch the thread held during the spill (a failed POST) went back to the
-                # buffer after it was drained: spool it or count it too.
+                # What reached memory during the spill (a step another thread committed): spool
+                # it or count it too. A request ending after the spill counts its own batch.
                 outbox.spill_everything()
             outbox.spill_events(final=True)
         elif len(outbox) or outbox.has_events():  # thread died or never started
@@ -590,9 +590,8 @@ class Sender:
                     self._post(batch.columns, fresh=not batch.sent_before) if batch.count else "ok"
                 )
             finally:
-                # held in memory if the disk cannot take it, unless close() gave up waiting
-                keep = self.state.stage is not Stage.ABANDONED
-                outbox.end_batch(batch, _delivered(outcome), keep)
+                # spooled, or held in memory if the disk cannot take it (Outbox.end_batch)
+                outbox.end_batch(batch, _delivered(outcome))
             if not _delivered(outcome):
                 outbox.spill(force=False)
                 return False
