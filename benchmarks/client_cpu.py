@@ -99,14 +99,14 @@ def stage_costs() -> dict[str, float]:
 def _configure(config: str) -> None:
     """Reproduce a configuration in this (child) process."""
     from noisescope import _json, _request
-    from noisescope._delivery import _sender
+    from noisescope._delivery import _exchange
 
     if config in ("stdlib", "before"):
         wire_json: Any = _json
         wire_json.orjson = None
     if config == "before":
         _request.GZIP_LEVEL = 5
-        _sender.is_loopback = lambda url: False  # type: ignore[attr-defined]  # gzip always
+        _exchange.is_loopback = lambda url: False  # type: ignore[attr-defined]  # gzip always
 
 
 def _log_child(args: tuple[str, str, int, str, Any, Any]) -> None:

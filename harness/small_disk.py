@@ -1,5 +1,5 @@
 """A full disk under the spool, two ways: a real small filesystem (a tmpfs, where this process
-may mount one) and ENOSPC injected at the spool's one write (``noisescope._spool._write_some``).
+may mount one) and ENOSPC injected at the spool's one write (``noisescope._spool_io._write_some``).
 Shared by tests/client/test_disk_full.py and the reliability suite's disk-full section."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def end_file(path: Path) -> bool:
 
 
 class FullDisk:
-    """Stands in for ``noisescope._spool._write_some``: the files ``hit`` picks share ``room``
+    """Stands in for ``noisescope._spool_io._write_some``: the files ``hit`` picks share ``room``
     bytes of free space; a write larger than what is left is short (as on a real filesystem)
     and the next one raises ENOSPC. Other files are written normally. Set ``room`` to give
     space back."""

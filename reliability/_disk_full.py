@@ -6,7 +6,7 @@ finished on the server after the sync (or ``finish()`` said its end could not be
 
 On a real 512 KiB tmpfs (a client process, offline, and online with the server down; only
 where this process may mount one), and in-process with ENOSPC injected at the spool's one write
-(``noisescope._spool._write_some``) at each point: the first segment, mid-segment, run.json,
+(``noisescope._spool_io._write_some``) at each point: the first segment, mid-segment, run.json,
 the end, and the sync itself. All runs go to one SQLite server; sync is the real one.
 """
 
@@ -157,14 +157,14 @@ def tmpfs_outage(server: Server, workdir: Path, root: Path, burst: int) -> Fault
 
 @contextlib.contextmanager
 def _injected(disk: FullDisk) -> Iterator[FullDisk]:
-    from noisescope import _spool
+    from noisescope import _spool_io
 
-    saved = _spool._write_some
-    _spool._write_some = disk
+    saved = _spool_io._write_some
+    _spool_io._write_some = disk
     try:
         yield disk
     finally:
-        _spool._write_some = saved
+        _spool_io._write_some = saved
 
 
 def _in_process(
@@ -254,7 +254,7 @@ def describe(skipped: str | None) -> str:
         f"The client's spool on a full disk: a real {SIZE_TEXT} tmpfs (`mount -t tmpfs`; a client "
         f"process logging {BURST:,} samples as fast as it can, offline, and online with the "
         "server SIGKILLed before it starts, `flush_timeout=2`), and ENOSPC injected at the "
-        f"spool's one write (`_spool._write_some`) at each point, for an offline run of "
+        f"spool's one write (`_spool_io._write_some`) at each point, for an offline run of "
         f"{INJECTED:,} samples (`memory_max=5000`) in this process. Then `noisescope sync` "
         "to a SQLite server (with `--run ID --end finished` where finish said the end could "
         "not be recorded). Held: `queued` 0 and `sent + spooled + dropped` = logged, the rows "

@@ -50,9 +50,10 @@ def test_a_batch_is_converted_and_spooled_in_one_place() -> None:
 
 
 def test_the_sender_state_changes_in_one_place() -> None:
-    """``state`` is assigned only in ``Sender._on`` (through ``transition``), and the old
-    flags are gone."""
-    tree = ast.parse((CLIENT / "_delivery" / "_sender.py").read_text())
+    """``state`` is assigned only in ``Sender._on`` (its base's, through ``transition``), and
+    the old flags are gone."""
+    sources = [(CLIENT / "_delivery" / name).read_text() for name in ("_sender.py", "_exchange.py")]
+    tree = ast.parse("\n".join(sources))
     assigners = set()
     for function in ast.walk(tree):
         if not isinstance(function, ast.FunctionDef):

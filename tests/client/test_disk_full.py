@@ -4,7 +4,7 @@ delivers, every logged sample is sent, spooled or counted dropped (one count, in
 the sync, or ``finish()`` says that its end could not be recorded.
 
 On a real 512 KiB tmpfs where this process may mount one (skipped otherwise), and with ENOSPC
-injected at the spool's one write (``_spool._write_some``) at each point: the first segment,
+injected at the spool's one write (``_spool_io._write_some``) at each point: the first segment,
 mid-segment, run.json, the end, and the sync.
 """
 
@@ -23,7 +23,7 @@ from harness.small_disk import (
     segment_file,
     small_filesystem,
 )
-from noisescope import _spool
+from noisescope import _spool_io
 from noisescope._spool import RunSpool, encode_record
 from noisescope._status import Status
 from noisescope._sync import SyncResult, sync
@@ -66,7 +66,7 @@ def check_delivery(
 @pytest.fixture
 def full_disk(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
     disk = FullDisk(lambda path: False)
-    monkeypatch.setattr(_spool, "_write_some", disk)
+    monkeypatch.setattr(_spool_io, "_write_some", disk)
     return disk
 
 

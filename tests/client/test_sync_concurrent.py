@@ -18,7 +18,7 @@ import pytest
 
 import noisescope
 from harness import AppServer
-from noisescope import _spool
+from noisescope import _spool_folder
 from noisescope._spool import RunSpool
 from noisescope._sync import SyncResult, report, sync, sync_run
 from reliability._spool_damage import stored_seqs, write_spool
@@ -86,7 +86,7 @@ def test_a_sync_waits_for_the_other_and_says_it_delivered_the_run(
         time.sleep(seconds)
 
     shim = SimpleNamespace(sleep=sleep, time=time.time, strftime=time.strftime, gmtime=time.gmtime)
-    monkeypatch.setattr(_spool, "time", shim)
+    monkeypatch.setattr(_spool_folder, "time", shim)
     first = RunSpool.at(root, run.folder.name)
     assert first.claim(wait=False) == "taken"
     results: list[SyncResult] = []
