@@ -5,7 +5,10 @@ forked child that inherited them.
   ``failed`` when an uncaught exception (Ctrl-C included) ends the process, else ``finished``.
 - SIGTERM and SIGHUP (a scheduler's stop, a closed terminal) end a process without ``atexit``:
   where their handler is still the default, noisescope's finishes the runs as ``failed`` and
-  then lets the signal end the process as it would have.
+  then lets the signal end the process as it would have. One that arrives while ``finish()``
+  waits for the server (a run in ``_finishing``) cuts that wait short: what the server has not
+  taken goes to the spool, the finish line says so, then the signal ends the process. Ctrl-C
+  there does the same (``Sender.close``), then raises KeyboardInterrupt.
 - A ``multiprocessing`` child ends with ``os._exit`` (no ``atexit``): a run *started* in one
   is finished by a multiprocessing finalizer, which such a child runs on its way out.
 - A DataLoader worker forked from the training process inherits the runs but not their sender
@@ -21,6 +24,7 @@ import signal
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
     from noisescope._run import Run
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+#: Runs whose ``finish()`` is waiting for the server now.
+_finishing: weakref.WeakSet[Run] = weakref.WeakSet()
 #: The process (pid) whose exit hooks are installed: a forked child installs its own.
 _hooks_pid: int | None = None
 #: Signals that end a process without ``atexit`` and that a job scheduler or a terminal sends.
@@ -47,6 +53,33 @@ def track(run: Run) -> None:
 def forget(run: Run) -> None:
     """``run`` has finished: nothing left to do for it at exit."""
     _live_runs.discard(run)
+
+
+@contextlib.contextmanager
+def finishing(run: Run) -> Iterator[None]:
+    """``run``'s ``finish()`` waits for the server meanwhile: a signal cuts it short."""
+    _finishing.add(run)
+    try:
+        yield
+    finally:
+        _finishing.discard(run)
+
+
+def _cut_short(why: str) -> None:
+    """The runs whose ``finish()`` waits now leave the rest on disk (``Run.cut_short``), on a
+    helper thread joined with a bound: the interrupted main thread may hold a lock they need."""
+    runs = [run for run in list(_finishing) if run._pid == os.getpid()]
+    if not runs:
+        return
+
+    def cut() -> None:
+        for run in runs:
+            with contextlib.suppress(Exception):
+                run.cut_short(why)
+
+    helper = threading.Thread(target=cut, name="noisescope-cut-short", daemon=True)
+    helper.start()
+    helper.join(SIGNAL_FLUSH_MAX)
 
 
 def finish_all(status: str, timeout: float | None = None, why: str | None = None) -> None:
@@ -78,6 +111,7 @@ def _on_ending_signal(signum: int, _frame: FrameType | None) -> None:
     if signal.getsignal(signum) is not _on_ending_signal:
         return
     name = signal.Signals(signum).name
+    _cut_short(f"the process got {name} while finishing")
     finish_all("failed", timeout=SIGNAL_FLUSH_MAX, why=f"the process got {name}")
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)

@@ -2,7 +2,8 @@
 
 Connection errors, timeouts, 408, 425, 429 and 5xx are retried with exponential backoff and
 jitter, never sooner than the server's ``Retry-After``; 404 means the server lost the run
-(create it again); any other answer is final, and a 405 or a web page is no noisescope
+(create it again); 410 that the run was deleted there (nothing more is sent for it, and it is
+never created again); any other answer is final, and a 405 or a web page is no noisescope
 server's (``not_noisescope``).
 """
 
@@ -17,8 +18,9 @@ from noisescope._config import server_hint
 from noisescope._transport import Response
 
 #: What an answer means for the request's data: ``refused`` is the sender's reading of a 401/403
-#: on a run the server had taken (a token revoked mid-run): the spool keeps everything.
-Outcome = Literal["ok", "retry", "fatal", "missing", "refused"]
+#: on a run the server had taken (a token revoked mid-run): the spool keeps everything;
+#: ``gone``: the run was deleted on the server, which takes nothing more of it (HTTP 410).
+Outcome = Literal["ok", "retry", "fatal", "missing", "refused", "gone"]
 
 
 class Backoff:
@@ -71,6 +73,8 @@ def classify(response: Response) -> Outcome:
         return "retry"
     if status == 404:
         return "missing"
+    if status == 410:
+        return "gone"
     return "fatal"
 
 

@@ -130,6 +130,9 @@ class Run:
 
         self._spool: RunSpool | None = None
         self._sender: Sender | None = None
+        #: The status ``finish()`` records, and whether a signal cut that finish short.
+        self._final_status = "finished"
+        self._cut_short = False
         if self.active:
             if self.mode == "online" and settings.dashboard_url:  # before the sender can learn it
                 self._found_page(run_page_url(settings.dashboard_url, self.id))
@@ -387,22 +390,45 @@ class Run:
             wait = self.settings.flush_timeout if timeout is None else timeout
             final = {"status": status, "ended_at": _now_iso()}
             setting = " (flush_timeout)" if timeout is None else ""
-            interrupted = self._sender.close(
-                final, wait, waiting=lambda: self._say_waiting(f"{wait:g} s{setting}")
-            )
-            self.active = False
-            result = self.status()
-            self._report(result, status)
-            if self._spool is not None and self._sender.final_sent:
-                self._spool.remove_if_empty()  # an offline run, even empty, waits for sync
-            elif self._spool is not None:
-                self._spool.release()
+            self._final_status = status
+            with _process.finishing(self):
+                interrupted = self._sender.close(
+                    final, wait, waiting=lambda: self._say_waiting(f"{wait:g} s{setting}")
+                )
+            if self._cut_short:
+                return self.status()  # said and left on disk by the signal's handler
+            result = self._end(status)
             if interrupted:
                 raise KeyboardInterrupt  # the rest is spooled and said: now stop, as asked
             return result
         except Exception as exc:
             self._hot_error(exc)
             return self.status()
+
+    def _end(self, status: str, why: str | None = None) -> Status:
+        """After the sender closed: the finish line (``why``: what cut the finish short), and
+        the spool folder removed when nothing is left in it for sync, else released."""
+        self.active = False
+        result = self.status()
+        self._report(result, status, why)
+        sender = self._sender
+        done = sender is not None and (sender.final_sent or sender.state.gone)
+        if self._spool is not None and done:
+            self._spool.remove_if_empty()  # an offline run, even empty, waits for sync
+        elif self._spool is not None:
+            self._spool.release()
+        return result
+
+    def cut_short(self, why: str) -> None:
+        """A signal ends the process while ``finish()`` waits for the server (``why``): what
+        the server has not taken goes to the spool now (what it cannot take is counted), and
+        the finish line says so; the caller then ends the process."""
+        sender = self._sender
+        if sender is None or self._cut_short:
+            return
+        self._cut_short = True
+        sender.abandon()
+        self._end(self._final_status, why)
 
     def _say_ended(self, why: str) -> None:
         """The process is ending without ``finish()`` (``why``): say that the run is
@@ -424,14 +450,19 @@ class Run:
         if not self.settings.quiet:
             print(f"noisescope: {line}", file=sys.stderr, flush=True)
 
-    def _report(self, result: Status, status: str) -> None:
+    def _report(self, result: Status, status: str, why: str | None = None) -> None:
         line = f"run {self.id} ({self.name}): {result.line()}"
+        if why is not None:
+            line = f"run {self.id} ({self.name}): {why}; {result.line()}"
         sender = self._sender
-        needs_sync = (
+        gone = sender is not None and sender.state.gone
+        needs_sync = not gone and (
             self.mode == "offline"
             or result.spooled > 0
             or (sender is not None and not sender.final_sent)
         )
+        if gone:
+            line += ". The server deleted the run: nothing of it is kept for sync"
         unsaved = self._spool.meta_problem if self._spool is not None else None
         if needs_sync and unsaved is not None:
             where = "Nothing of it is in the spool: its run.json could not be written"

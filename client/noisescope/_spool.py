@@ -328,6 +328,27 @@ class RunSpool(SpoolFolder):
                 samples += batch_size(record)
             self.pending_samples -= samples - acked
 
+    def drop_segments(self) -> tuple[int, int]:
+        """Delete every segment, sent or not (the run was deleted on the server, which takes
+        nothing more of it): the (samples, events) they held that it had not taken."""
+        events = 0
+        paths = self.seal()
+        with self._lock:
+            samples = self.pending_samples
+        for path in paths:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            start = self.replay_start(path)
+            for record in list(decode_records(data))[start:]:
+                listed = record.get("events")
+                events += len(listed) if isinstance(listed, list) else 0
+            self.discard(path)
+        with self._lock:
+            self.pending_samples = 0
+        return samples, events
+
     def remove_if_empty(self, foreign: list[Foreign] | None = None) -> bool:
         """Delete the run folder if nothing is left to send; always release the lock.
 

@@ -46,6 +46,12 @@ from noisescope._transport import HTTPTransport, Response, Transport, TransportE
 
 logger = logging.getLogger("noisescope")
 
+#: Why samples of a deleted run were not delivered (completes "... samples dropped because").
+_DELETED_WHY = (
+    "the run was deleted on the server (HTTP 410): nothing more of it is sent; start a new run "
+    "to record this job"
+)
+
 
 class Exchange:
     """The requests of one run and the meaning of their answers: run creation, samples,
@@ -84,6 +90,8 @@ class Exchange:
         self._request_started: float | None = None
         #: Why the server will not take this run (its answer to PUT), when ``Link.REFUSED``.
         self.refusal: str | None = None
+        #: What the server said when it answered that the run was deleted (``Link.GONE``).
+        self.deleted: str | None = None
         #: gzip large bodies, except to a server on this machine (CPU for nothing there).
         self._compress = not is_loopback(settings.url)
         self._last_send = time.monotonic()
@@ -194,10 +202,26 @@ class Exchange:
             if self._outage_error is not None and self.last_error == self._outage_error:
                 self.last_error = None
             self._outage_error = None
+        elif outcome == "gone":
+            self._deleted(response)
         elif response.status in (401, 403) and self.state.link is Link.CREATED:
             self._refuse(response, "no longer takes run")
             return "refused"
         return outcome
+
+    def _deleted(self, response: Response) -> None:
+        """The server says the run was deleted (410): from now on nothing of it is sent or
+        spooled, what is left is counted dropped (``Sender._drop_deleted``), and it is never
+        created again; said once, with the server's remedy."""
+        if self.state.gone:
+            return
+        self._on(Signal.DELETED)
+        self.deleted = (
+            f"run {self.run_id} was deleted on the server (HTTP 410: {response.detail()}); "
+            "nothing more of it is sent, and what it did not deliver is counted dropped. To "
+            "record this job, start a new run (init() with a new run_id, or none)"
+        )
+        self._error(self.deleted, key="run-deleted", level=logging.WARNING)
 
     def _ensure_run(self) -> bool:
         if self.state.link is Link.CREATED:
@@ -211,7 +235,7 @@ class Exchange:
             self._say_server_warnings(response)
             self._on(Signal.CREATED)
             return True
-        if outcome == "retry":
+        if outcome == "retry" or outcome == "gone":
             return False
         self.not_noisescope = not_noisescope(response)
         self._refuse(response, "refused run")
@@ -260,11 +284,17 @@ class Exchange:
         except Exception:  # an old server, a proxy's page: no link, nothing else changes
             logger.debug("noisescope: no run link in the answer to PUT", exc_info=True)
 
-    def _post(self, columns: Columns, fresh: bool = False) -> Outcome | None:
+    def _post(
+        self, columns: Columns, fresh: bool = False, *, alone: bool = True, replay: bool = False
+    ) -> Outcome | None:
         """POST one batch: the outcome, or None if there was no answer. Samples the server
         refuses by index are dropped (counted) and the rest sent again at once. ``fresh``: the
         batch's first request (not a replay), so samples the server already held are not
-        re-sends but another session's with the same numbers, and are counted."""
+        re-sends but another session's with the same numbers, and are counted. ``alone``
+        False: the batch merges several spooled records, and a refusal of the whole of it is
+        neither counted nor said (the caller sends each record alone, so that one refused
+        record costs only its own samples). ``replay``: the batch is in the spool, which
+        counts it should the run turn out deleted."""
         while True:
             response = self._request("POST", _wire.samples_path(self.run_id), {"columns": columns})
             if response is None:
@@ -299,9 +329,12 @@ class Exchange:
         elif outcome == "missing":
             # The server lost the run (database reset?): create it again, then resend.
             self._enter_outage(f"HTTP 404: {response.detail()}", 0.0, warn=False, lost=True)
-        elif outcome == "fatal":
-            why = f"the server rejected them (HTTP {response.status}): {response.detail()}"
-            self.outbox.drop(count, f"rejected-{response.status}", why)
+        elif outcome == "gone" and not replay and not self.outbox.answered_inflight():
+            self.outbox.drop(count, "run-deleted", _DELETED_WHY)
+        elif outcome == "fatal" and alone:
+            if not self.outbox.answered_inflight():  # else its copy in the spool counts it
+                why = f"the server rejected them (HTTP {response.status}): {response.detail()}"
+                self.outbox.drop(count, f"rejected-{response.status}", why)
             self._error(
                 f"server rejected {count} samples (HTTP {response.status}): {response.detail()}",
                 key=f"rejected-{response.status}",
@@ -342,13 +375,21 @@ class Exchange:
         named = set(refused)
         return select_rows(columns, [i for i in range(count) if i not in named])
 
-    def _post_events(self, events: list[Any]) -> Outcome | None:
+    def _post_events(self, events: list[Any], replay: bool = False) -> Outcome | None:
+        """POST events; those refused, or of a deleted run, are counted dropped (once: see
+        below). ``replay``: the events are a spool record."""
         response = self._request("POST", _wire.events_path(self.run_id), {"events": events})
         outcome = None if response is None else self._answered(response)
         if outcome == "missing":
             self._enter_outage("HTTP 404: unknown run", 0.0, warn=False, lost=True)
-        if outcome == "fatal" and response is not None:
+        # a copy the guard spooled is counted when the spool is replayed (or, for a deleted
+        # run, discarded); a replay's refusal is counted here, its deletion by the discard
+        copied = outcome in ("fatal", "gone") and self.outbox.events_were_spooled()
+        if outcome == "gone" and not (copied or replay):
             self.outbox.dropped_events += len(events)
+        if outcome == "fatal" and response is not None:
+            if not copied:
+                self.outbox.dropped_events += len(events)
             self._error(
                 f"server rejected {len(events)} events (HTTP {response.status}): "
                 f"{response.detail()}",

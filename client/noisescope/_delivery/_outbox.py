@@ -358,6 +358,26 @@ class Outbox:
         with self._copying, self.lock:
             return self.inflight_spooled
 
+    def events_were_spooled(self) -> bool:
+        """Whether the guard spooled the events in the request (as ``inflight_was_spooled``)."""
+        with self._copying, self.lock:
+            return self.inflight_events_spooled
+
+    def drop_everything(self, kind: str, why: str) -> tuple[int, int]:
+        """Count every sample and event in memory as dropped (``kind``, ``why``) and let them
+        go: the run will take nothing more (deleted on the server). Returns (samples, events);
+        the batch in a request ends with its answer."""
+        with self.lock:
+            samples = len(self._buffer) + self._held_rows
+            events = len(self._events)
+            self._buffer.clear()
+            self._held.clear()
+            self._count_held(-self._held_rows)
+            self._events.clear()
+        self.drop(samples, kind, why)
+        self.dropped_events += events
+        return samples, events
+
     def answered_inflight(self) -> bool:
         """The request in flight was answered: ``inflight_was_spooled``, and from now on the
         guard copies nothing of it (a copy made after the answer was counted would be

@@ -16,16 +16,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from noisescope import _wire
 from noisescope._config import Settings
-from noisescope._delivery._exchange import Exchange
+from noisescope._delivery._exchange import _DELETED_WHY, Exchange
 from noisescope._delivery._guard import Guard
 from noisescope._delivery._outbox import EVENTS_PER_REQUEST
 from noisescope._delivery._state import Signal, Stage
 from noisescope._retry import Outcome
-from noisescope._spool import RunSpool, replay_requests
+from noisescope._spool import RunSpool, batch_size, replay_requests
 from noisescope._sync import deliver_orphans
 from noisescope._transport import Transport
 
@@ -70,7 +71,7 @@ class Sender(Exchange):
                 self.outbox,
                 self.settings,
                 lambda: self._request_started,
-                lambda: self.state.spools_only,
+                lambda: self.state.spools_only or self.state.gone,
             )
             self._guard.start()
 
@@ -85,7 +86,7 @@ class Sender(Exchange):
         """Nothing in memory and nothing spooled that could still be sent in this process."""
         if self.outbox.in_memory():
             return False
-        if self.state.spools_only:
+        if self.state.spools_only or self.state.gone:
             return True
         if self.outbox.has_events():
             return False
@@ -133,16 +134,9 @@ class Sender(Exchange):
             except KeyboardInterrupt:
                 interrupted = True
         if self._thread is not None and self._thread.is_alive():
-            # The server did not take everything in time: leave the rest on disk.
-            self._on(Signal.ABANDON)
-            self._wake.set()
-            outbox.spill_everything()
-            self._thread.join(0.2)
-            if not self._thread.is_alive():
-                # What reached memory during the spill (a step another thread committed): spool
-                # it or count it too. A request ending after the spill counts its own batch.
-                outbox.spill_everything()
-            outbox.spill_events(final=True)
+            self.abandon()  # the server did not take everything in time
+        elif self.state.gone:
+            self._drop_deleted()
         elif len(outbox) or outbox.has_events():  # thread died or never started
             outbox.spill_everything()
             outbox.spill_events(final=True)
@@ -152,6 +146,42 @@ class Sender(Exchange):
             with contextlib.suppress(Exception):
                 self.transport.close()
         return interrupted
+
+    def abandon(self) -> None:
+        """Stop waiting for the server: what it has not taken goes to the spool now, and what
+        the spool cannot take is counted dropped (a deleted run's is, all of it). ``close``
+        calls it when its wait runs out; a signal that ends the process during ``finish()``
+        does too (``_process``)."""
+        outbox = self.outbox
+        self._on(Signal.ABANDON)
+        self._wake.set()
+        self._leave_on_disk()
+        if self._thread is not None:
+            self._thread.join(0.2)
+        if not self.alive:
+            # What reached memory during the spill (a step another thread committed): spool it
+            # or count it too. A request ending after the spill counts its own batch.
+            self._leave_on_disk()
+        outbox.spill_events(final=True)
+        if self._guard is not None:
+            self._guard.stop()
+
+    def _leave_on_disk(self) -> None:
+        """Everything in memory to the spool (``Outbox.spill_everything``); of a deleted run,
+        counted dropped instead."""
+        if self.state.gone:
+            self._drop_deleted()
+        else:
+            self.outbox.spill_everything()
+
+    def _drop_deleted(self) -> None:
+        """The run was deleted on the server: what is in memory and in the spool will never
+        be taken; count it dropped and let it go (the spool's segments are deleted)."""
+        self.outbox.drop_everything("run-deleted", _DELETED_WHY)
+        if self.spool is not None:
+            samples, events = self.spool.drop_segments()
+            self.outbox.drop(samples, "run-deleted", _DELETED_WHY)
+            self.outbox.dropped_events += events
 
     # -- the thread ---------------------------------------------------------------------------
     def _main(self) -> None:
@@ -188,6 +218,9 @@ class Sender(Exchange):
         outbox = self.outbox
         if self._commit_open is not None and state.urgent:
             self._commit_open()
+        if state.gone:
+            self._drop_deleted()
+            return state.stopping
         if state.spools_only:
             outbox.spill(force=True)
             outbox.spill_events()
@@ -240,7 +273,9 @@ class Sender(Exchange):
         """Send spooled batches, oldest first; a segment is deleted once all of it is taken.
 
         Consecutive spooled batches are merged into requests of up to ``replay_max`` samples:
-        after an outage the backlog drains in a few large requests, not many small ones.
+        after an outage the backlog drains in a few large requests, not many small ones. A
+        merge refused whole is sent again record by record (``_replay_alone``): one refused
+        record costs only its own samples.
         """
         if self.spool is None or self.spool.bytes_used <= 0:
             return True
@@ -252,17 +287,41 @@ class Sender(Exchange):
                 why = f"their spool records were damaged ({aside.sentence()})"
                 self.outbox.drop(aside.samples, "damaged-spool", why)
                 self.outbox.dropped_events += aside.events
+            first = done
             for last, kind, payload in replay_requests(records, done, self.replay_max):
                 if kind == "events":
-                    outcome = self._post_events(payload["events"])
+                    outcome = self._post_events(payload["events"], replay=True)
                 else:
-                    outcome = self._post(payload["columns"])
-                if not _delivered(outcome):
-                    return False
+                    outcome = self._post(payload["columns"], alone=last == first, replay=True)
+                    if outcome == "fatal" and last > first:
+                        outcome = self._replay_alone(path, records, first, last)
+                        if outcome == "gone" or not _delivered(outcome):
+                            return False
+                        first = last + 1
+                        continue
+                if outcome == "gone" or not _delivered(outcome):
+                    return False  # a deleted run's spool is counted when it is dropped
                 samples = len(payload["columns"]["seq"]) if kind == "samples" else 0
                 self.spool.acknowledge(path, last + 1, samples)
+                first = last + 1
             self.spool.discard(path)
         return True
+
+    def _replay_alone(
+        self, path: Path, records: list[dict[str, Any]], first: int, last: int
+    ) -> Outcome | None:
+        """Send records[first:last + 1] of a spool segment one request each (their merge was
+        refused whole), each acknowledged once answered; the first outcome that is not a
+        delivery, else "ok"."""
+        assert self.spool is not None
+        for index in range(first, last + 1):
+            size = batch_size(records[index])
+            if size:
+                outcome = self._post(records[index]["columns"], replay=True)
+                if outcome == "gone" or not _delivered(outcome):
+                    return outcome
+            self.spool.acknowledge(path, index + 1, size)
+        return "ok"
 
     def _send_buffer(self) -> bool:
         """Send the outbox's batches while one is due; False when a request failed (its
@@ -289,6 +348,8 @@ class Sender(Exchange):
             finally:
                 # spooled, or held in memory if the disk cannot take it (Outbox.end_batch)
                 outbox.end_batch(batch, _delivered(outcome))
+            if outcome == "gone":
+                return False  # the next pass counts what is left
             if not _delivered(outcome):
                 outbox.spill(force=False)
                 return False
@@ -312,6 +373,6 @@ class Sender(Exchange):
             finally:
                 delivered = _delivered(outcome)
                 outbox.end_events(batch, delivered)
-            if not delivered:
+            if not delivered or outcome == "gone":
                 return False
         return True

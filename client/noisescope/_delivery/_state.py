@@ -38,6 +38,9 @@ class Link(enum.Enum):
     REFUSED = "refused"
     #: No server (offline mode): the spool keeps the run for ``noisescope sync``.
     LOCAL = "local"
+    #: The run was deleted on the server (HTTP 410): nothing more is sent or spooled for it,
+    #: what is left is counted dropped, and it is never created again.
+    GONE = "gone"
     #: The final status was taken: nothing more to send.
     FINISHED = "finished"
 
@@ -60,6 +63,8 @@ class Signal(enum.Enum):
     REFUSED = "refused"
     #: The server lost the run (a 404): create it again, after ``retry_at``.
     LOST = "lost"
+    #: The run was deleted on the server (a 410): for good.
+    DELETED = "deleted"
     #: No answer, or a retryable one: no request before ``retry_at``.
     FAILED = "failed"
     #: A successful answer: the outage, if any, is over.
@@ -99,6 +104,11 @@ class State:
         return self.link is Link.REFUSED or self.link is Link.LOCAL
 
     @property
+    def gone(self) -> bool:
+        """The run was deleted on the server: nothing goes anywhere any more."""
+        return self.link is Link.GONE
+
+    @property
     def final_sent(self) -> bool:
         return self.link is Link.FINISHED
 
@@ -133,6 +143,9 @@ def transition(
     if signal is Signal.REFUSED:
         refusable = state.link is Link.NEW or state.link is Link.CREATED
         return replace(state, link=Link.REFUSED) if refusable else state
+    if signal is Signal.DELETED:
+        deletable = state.link is Link.NEW or state.link is Link.CREATED
+        return replace(state, link=Link.GONE, retry_at=0.0) if deletable else state
     if signal is Signal.LOST:
         if state.link is not Link.CREATED:
             return replace(state, retry_at=retry_at)
