@@ -177,13 +177,15 @@ class AppServer:
             self._clients.append(client)
         return client
 
-    def make_token(self, project: str, admin_token: str) -> dict[str, Any]:
-        """A new token of ``project`` (``POST /projects/{project}/tokens`` as the admin): the
-        answer, with its ``token`` and ``id``."""
+    def make_token(
+        self, project: str, admin_token: str, scopes: tuple[str, ...] = ("read", "write")
+    ) -> dict[str, Any]:
+        """A new token of ``project`` with ``scopes`` (``POST /projects/{project}/tokens`` as
+        the admin): the answer, with its ``token`` and ``id``."""
         with self.client() as http:
             made = http.post(
                 f"{protocol.API_PREFIX}/projects/{project}/tokens",
-                json={"name": "ci"},
+                json={"name": "ci", "scopes": list(scopes)},
                 headers={"Authorization": f"Bearer {admin_token}"},
             )
         assert made.status_code == 201, made.text

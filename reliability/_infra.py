@@ -257,8 +257,8 @@ def spooled_seqs(spool_dir: Path, run_id: str) -> set[int]:
     return seqs
 
 
-def create_token(database_url: str, project: str) -> str:
-    """``noisescope token create --project P``: the secret printed once."""
+def create_token(database_url: str, project: str, scope: str | None = None) -> str:
+    """``noisescope token create --project P [--scope S]``: the secret printed once."""
     out = subprocess.run(
         [
             sys.executable,
@@ -270,6 +270,7 @@ def create_token(database_url: str, project: str) -> str:
             "create",
             "--project",
             project,
+            *(["--scope", scope] if scope else []),
         ],
         capture_output=True,
         text=True,

@@ -95,6 +95,18 @@ class AnswerError(ApiError):
     a broken one."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """What an ``Api``'s token may do on its server (``GET /auth/whoami``): ``scopes`` among
+    ``read``, ``write`` and ``manage`` (rename, tag, archive, restore, delete); without a
+    token, what the server's ``auth`` mode leaves open to anyone."""
+
+    auth: str
+    scopes: list[str]
+    project: str | None = None
+    token_name: str | None = None
+
+
 class Api:
     """Read access to one noisescope server.
 
@@ -259,6 +271,11 @@ class Api:
         return result
 
     # -- run admin: archive, restore, delete, rename, tags -----------------------------------
+    def access(self) -> Access:
+        """What this client's token may do: run admin needs the ``manage`` scope."""
+        result: Access = self._get(Access, "/auth/whoami")
+        return result
+
     def archive_run(self, run_id: str) -> None:
         """Archive a run: it leaves lists, sweeps and comparisons, keeps its data and still
         takes its job's samples; ``restore_run`` brings it back."""
@@ -270,7 +287,8 @@ class Api:
 
     def delete_run(self, run_id: str) -> None:
         """Delete a run for good: its samples, events and the run itself (no undo; archive
-        to remove it restorably). Needs a token that may write to the run's project."""
+        to remove it restorably); its id stays deleted (writes to it answer 410). Needs a token
+        of the run's project with the ``manage`` scope, as renaming, tagging and archiving do."""
         self._write("DELETE", f"/runs/{_seg(run_id)}")
 
     def rename_run(self, run_id: str, name: str) -> None:

@@ -97,6 +97,13 @@ def api(src: Source) -> Api:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
+def can_manage(src: Source) -> bool:
+    """Whether the dashboard's token may rename, tag, archive and delete runs (the ``manage``
+    scope; docs/deployment.md gives the dashboard a read token)."""
+    return "manage" in api(src).access().scopes
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
 def projects(src: Source) -> list[str]:
     return api(src).projects()
 

@@ -32,7 +32,7 @@ from noisescope_server import __version__, db, logs
 from noisescope_server.api import branching, health, ingest, query, recommend, runs, tokens
 from noisescope_server.api._body import format_validation_error
 from noisescope_server.api.run_ids import RunIdGuard
-from noisescope_server.errors import BadInput, Conflict, Forbidden, NotFound
+from noisescope_server.errors import BadInput, Conflict, Forbidden, Gone, NotFound
 from noisescope_server.settings import Settings
 
 __all__ = ["app_from_env", "create_app"]
@@ -191,6 +191,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(NotFound)
     async def _not_found(_r: Request, exc: NotFound) -> JSONResponse:
         return _detail(404, str(exc))
+
+    @app.exception_handler(Gone)
+    async def _deleted(_r: Request, exc: Gone) -> JSONResponse:
+        return _detail(410, str(exc))
 
     @app.exception_handler(Forbidden)
     async def _forbidden(_r: Request, exc: Forbidden) -> JSONResponse:

@@ -28,6 +28,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
+    "DatabaseNewer",
     "current_revision",
     "head_revision",
     "make_engine",
@@ -160,6 +161,32 @@ def head_revision() -> str:
     return head
 
 
+def known_revisions() -> set[str]:
+    """Every revision this noisescope's migrations know."""
+    from alembic.script import ScriptDirectory
+
+    return {r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+
+
+class DatabaseNewer(RuntimeError):
+    """The database is at a revision this noisescope does not know: a newer noisescope
+    migrated it. Nothing is changed; the message names both revisions and the remedy."""
+
+    def __init__(self, current: str, head: str) -> None:
+        self.current, self.head = current, head
+        super().__init__(
+            f"the database is at revision {current}, newer than this noisescope (whose newest "
+            f"revision is {head}): it was migrated by a newer noisescope; upgrade noisescope "
+            "to that version (pip install -U noisescope-server) or use another database "
+            "(--database-url); the database was left unchanged"
+        )
+
+
+def newer_than_code(current: str | None) -> bool:
+    """Whether ``current`` (a database's revision) is one this noisescope does not know."""
+    return current is not None and current not in known_revisions()
+
+
 def current_revision(engine: Engine) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
@@ -207,12 +234,17 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
     """Apply migrations up to ``revision`` under a cross-process lock.
 
     Returns (revision before, revision after). Safe to call from every worker at start-up:
-    the first one migrates, the others find the database already at head.
+    the first one migrates, the others find the database already at head. A database at a
+    revision these migrations do not know (a newer noisescope's) raises ``DatabaseNewer``
+    before anything is written.
     """
     from alembic import command
 
     with _migration_connection(engine) as conn:
         before = _current(conn)
+        if newer_than_code(before):
+            assert before is not None
+            raise DatabaseNewer(before, head_revision())
         if before != revision or revision == "head":
             with conn.begin():
                 command.upgrade(_alembic_config(conn), revision)

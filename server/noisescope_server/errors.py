@@ -5,7 +5,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-__all__ = ["BadInput", "Conflict", "Forbidden", "NotFound", "value_errors_as_bad_input"]
+__all__ = [
+    "BadInput",
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "NotFound",
+    "value_errors_as_bad_input",
+]
 
 
 class BadInput(ValueError):
@@ -28,6 +35,10 @@ class NotFound(LookupError):
 
 class Forbidden(PermissionError):
     """The token may not touch this project. Maps to 403."""
+
+
+class Gone(LookupError):
+    """A write to a run that was deleted (the server remembers its id). Maps to 410."""
 
 
 class Conflict(ValueError):

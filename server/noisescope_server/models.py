@@ -92,6 +92,21 @@ class Run(Base):
     #: When the run was archived (null: not archived): reads leave it out unless asked, and
     #: restoring it clears this; its rows stay, and a live job still writes to it.
     archived_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: The fields a person changed on the server (PATCH ``name``/``tags``; null: none): a job's
+    #: later or replayed PUT keeps them (the change made on the server wins).
+    edited: Mapped[list[str] | None] = mapped_column(JSON)
+
+
+class DeletedRun(Base):
+    """A run id that was deleted (DELETE /runs/{id}): writes to it answer 410 Gone, so a job
+    that is still running, or a spool synced later, cannot bring the run back partial. A PUT
+    with ``?reuse_deleted=true`` (the ``manage`` scope) forgets the row and reuses the id."""
+
+    __tablename__ = "deleted_run"
+
+    uid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("project.id", ondelete="CASCADE"))
+    deleted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 #: A sample's stored columns after ``run_id``, in table order: the wire columns plus the
@@ -183,6 +198,9 @@ class Token(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: What the token may do, space-separated in ``SCOPES`` order: ``read``, ``write`` (ingest
+    #: into the project's runs), ``manage`` (rename, tag, archive, restore, delete).
+    scopes: Mapped[str] = mapped_column(String(64), server_default="read write")
 
 
 # --- the models against the field table (``protocol.SAMPLE_FIELDS``), at import ------------------

@@ -12,11 +12,11 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
 
-from harness import columns
-from noisescope_server import crud, db
+from noisescope_server import db
 from noisescope_server.models import Base
+from tests.support.old_rows import dump, populate
 
-TABLES = {"project", "task", "run", "sample", "sample_block", "event", "token"}
+TABLES = {"project", "task", "run", "sample", "sample_block", "event", "token", "deleted_run"}
 
 
 def _tables(engine: Engine) -> set[str]:
@@ -63,19 +63,18 @@ def test_single_head_and_every_step_reversible(db_url: str) -> None:
 
 
 def _populate(engine: Engine) -> dict[str, int]:
-    crud.upsert_run(engine, "keep-me", crud.RunIn(project="p", task="t", batch_size=32))
-    crud.ingest_samples(engine, "keep-me", crud.validate_samples({"columns": columns(300)}))
-    crud.ingest_events(engine, "keep-me", [crud.EventIn(step=1, kind="mark", seq=0)])
-    crud.create_token(engine, "p", "ci")
-    with engine.connect() as conn:
-        return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in TABLES}
+    """Rows in every table of the database's revision (written through the tables as that
+    revision has them: ``crud`` follows the newest schema), counted per table of ``TABLES``."""
+    counts = populate(engine)
+    return {t: counts.get(t, 0) for t in TABLES}
 
 
 def test_rows_survive_upgrading_from_every_previous_revision(db_url: str) -> None:
-    """Populate at each earlier revision that has the tables, upgrade to head, count rows.
+    """Populate at each earlier revision, upgrade to head, count rows: the tables a revision
+    had keep every row (a table added later starts empty).
 
-    With a single revision so far this checks that re-running the upgrade on a populated head
-    keeps every row; each new migration extends it automatically.
+    At head this checks that re-running the upgrade on a populated head keeps every row; each
+    new migration extends it automatically.
     """
     script = ScriptDirectory.from_config(db._alembic_config())
     revisions = [r.revision for r in reversed(list(script.walk_revisions()))]
@@ -84,7 +83,7 @@ def test_rows_survive_upgrading_from_every_previous_revision(db_url: str) -> Non
         db.downgrade(engine, "base") if db.current_revision(engine) else None
         db.upgrade(engine, rev)
         counts = _populate(engine)
-        assert all(counts[t] > 0 for t in TABLES)
+        assert all(counts[t] > 0 for t in TABLES - {"deleted_run"})
         db.upgrade(engine)
         with engine.connect() as conn:
             after = {
@@ -126,9 +125,34 @@ def test_runs_stored_before_archiving_read_as_not_archived(db_url: str) -> None:
 
     engine = db.make_engine(db_url)
     db.upgrade(engine, "0003")
-    crud.upsert_run(engine, "old-run", crud.RunIn(project="p", task="t"))
+    populate(engine)
     db.upgrade(engine)
     (run,) = queries.list_runs(engine, current=False)
-    assert (run.uid, run.archived_at) == ("old-run", None)
+    assert (run.uid, run.archived_at) == ("keep-me", None)
     assert queries.list_runs(engine, archived="only") == []
+    engine.dispose()
+
+
+def test_upgrading_a_populated_0004_database_keeps_every_row_and_scopes_its_tokens(
+    db_url: str,
+) -> None:
+    """0005 adds token scopes, remembered deleted runs and ``run.edited``: every row stored at
+    0004 reads the same after it (the new columns aside), every existing token holds ``read
+    write`` (a job and a dashboard keep working; deleting needs a new ``manage`` token), no
+    run reads as edited and no id as deleted."""
+    engine = db.make_engine(db_url)
+    db.upgrade(engine, "0004")
+    populate(engine)
+    before = dump(engine)
+    db.upgrade(engine, "0005")
+    after = dump(engine)
+    assert after["deleted_run"] == []
+    assert [t["scopes"] for t in after["token"]] == ["read write"]
+    assert [r["edited"] for r in after["run"]] == [None]
+    for table, rows in before.items():
+        new_columns = {"scopes", "edited"}
+        kept = [{k: v for k, v in r.items() if k not in new_columns} for r in after[table]]
+        assert kept == rows, table
+    db.downgrade(engine, "0004")  # and back: the rows of 0004 as they were
+    assert dump(engine) == before
     engine.dispose()

@@ -186,7 +186,8 @@ def write_server(backend_url: str) -> Iterator[AppServer]:
 
 def test_only_a_token_of_the_runs_project_changes_it(write_server: AppServer) -> None:
     suffix = uuid.uuid4().hex[:6]
-    mine, other = (write_server.make_token(f"{p}-{suffix}", ADMIN)["token"] for p in "ab")
+    every = ("read", "write", "manage")  # changing a run needs manage (test_scopes.py)
+    mine, other = (write_server.make_token(f"{p}-{suffix}", ADMIN, every)["token"] for p in "ab")
     with write_server.client(token=mine) as client:
         uid = _make_run(client, f"a-{suffix}", n=10)
     own, foreign, anonymous = write_server.api(mine), write_server.api(other), write_server.api()

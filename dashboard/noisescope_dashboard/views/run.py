@@ -11,7 +11,8 @@ window is the only thing the smoothing control changes. State lives in the query
 "Manage this run" renames and re-tags the run, archives or restores it and deletes it (behind a
 confirmation), through ``noisescope.Api`` with the dashboard's token: the same requests as the
 CLI's ``noisescope runs``; a server with auth on answers them only for a token of the run's
-project.
+project with the ``manage`` scope. With a token that cannot manage (docs/deployment.md gives
+the dashboard a read token) the fold says what it needs instead of offering the changes.
 """
 
 from __future__ import annotations
@@ -458,10 +459,23 @@ def _change(src: _data.Source, call: Callable[[Api], None], said: str, *, gone: 
     st.rerun()
 
 
+#: The Manage fold with a token that lacks the ``manage`` scope: what it needs, and how.
+_CANNOT_MANAGE = (
+    "This dashboard's token can read runs but not change them: renaming, tagging, archiving, "
+    "restoring and deleting need a token with the `manage` scope. Whoever runs the server "
+    "makes one with `noisescope token create --project {project} --scope read,manage`; start "
+    "the dashboard with it (`NOISESCOPE_TOKEN`), or use `noisescope runs` with it. A "
+    "dashboard open to everyone should keep a read token."
+)
+
+
 def _manage(src: _data.Source, run: RunSummary) -> None:
     """Rename, re-tag, archive or restore, and delete the run (behind a confirmation)."""
     uid = run.uid
     with st.expander("Manage this run: name, tags, archive, delete"):
+        if not _data.can_manage(src):
+            st.info(_CANNOT_MANAGE.format(project=md(run.project)))
+            return
         with st.form(f"edit_{uid}"):
             name = st.text_input(
                 "Name", value=run.name, max_chars=protocol.MAX_NAME_LENGTH, key=f"name_{uid}"

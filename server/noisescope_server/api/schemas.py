@@ -7,7 +7,7 @@ Samples are deliberately NOT modelled per sample: the columnar body is validated
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, cast, get_args
 
 from pydantic import (
     AfterValidator,
@@ -24,6 +24,7 @@ from pydantic import (
 from noisescope import protocol
 from noisescope_server.crud import FUTURE_TOLERANCE
 from noisescope_server.jsonclip import encode
+from noisescope_server.tokens import DEFAULT_SCOPES
 from noisescope_server.utc import in_utc_range
 from noisescope_server.validate import branch_plan_problem
 
@@ -195,8 +196,16 @@ class IngestResult(BaseModel):
     inserted: int
 
 
+Scope = Literal["read", "write", "manage"]
+
+
 class TokenCreate(_Strict):
     name: Annotated[str, StringConstraints(max_length=protocol.MAX_NAME_LENGTH), NoNul] = ""
+    scopes: Annotated[list[Scope], Field(min_length=1, max_length=3)] = Field(
+        default_factory=lambda: [cast(Scope, s) for s in DEFAULT_SCOPES],
+        description="read; write (ingest into the project's runs); manage (rename, tag, "
+        "archive, restore, delete). Default: read and write",
+    )
 
 
 def _column(items: dict[str, Any], description: str) -> dict[str, Any]:

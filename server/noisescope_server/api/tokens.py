@@ -17,7 +17,7 @@ from noisescope_server import crud
 from noisescope_server.api._body import openapi_body, parse_model, read_body
 from noisescope_server.api.deps import AdminDep, EngineDep, SettingsDep, TokenDep
 from noisescope_server.api.schemas import TokenCreate
-from noisescope_server.tokens import TokenRow, list_tokens
+from noisescope_server.tokens import SCOPES, TokenRow, list_tokens, parse_scopes
 
 router = APIRouter(tags=["tokens"])
 
@@ -26,12 +26,16 @@ class WhoAmI(BaseModel):
     project: str | None
     token_name: str | None
     auth: str
+    #: What the caller may do: the token's scopes; with no token, what the server's auth mode
+    #: leaves open to anyone (``off``: everything, ``write``: read, ``all``: nothing).
+    scopes: list[str]
 
 
 class TokenCreated(BaseModel):
     id: int
     project: str
     name: str
+    scopes: list[str]
     token: str
 
 
@@ -39,8 +43,13 @@ class TokenOut(BaseModel):
     id: int
     project: str
     name: str
+    scopes: list[str]
     created_at: datetime
     revoked_at: datetime | None
+
+
+#: What a caller without a token may do in each auth mode.
+_OPEN_SCOPES = {"off": list(SCOPES), "write": ["read"], "all": []}
 
 
 @router.get("/auth/whoami", response_model=WhoAmI, summary="Which project the token grants")
@@ -49,6 +58,9 @@ def whoami(token: TokenDep, settings: SettingsDep) -> WhoAmI:
         project=None if token is None else token.project,
         token_name=None if token is None else token.name,
         auth=settings.auth,
+        scopes=_OPEN_SCOPES[settings.auth]
+        if token is None
+        else [s for s in SCOPES if s in token.scopes],
     )
 
 
@@ -64,9 +76,14 @@ async def create_token(
 ) -> TokenCreated:
     raw = await read_body(request, 64 * 1024)
     body = parse_model(TokenCreate, raw) if raw else TokenCreate()
-    created = await run_in_threadpool(crud.create_token, engine, project, body.name)
+    scopes = parse_scopes(body.scopes)
+    created = await run_in_threadpool(crud.create_token, engine, project, body.name, scopes)
     return TokenCreated(
-        id=created.id, project=created.project, name=created.name, token=created.secret
+        id=created.id,
+        project=created.project,
+        name=created.name,
+        scopes=list(created.scopes),
+        token=created.secret,
     )
 
 
@@ -79,7 +96,12 @@ def get_tokens(project: str, engine: EngineDep, _admin: AdminDep) -> list[TokenO
 
 def _out(t: TokenRow) -> TokenOut:
     return TokenOut(
-        id=t.id, project=t.project, name=t.name, created_at=t.created_at, revoked_at=t.revoked_at
+        id=t.id,
+        project=t.project,
+        name=t.name,
+        scopes=[s for s in SCOPES if s in t.scopes],
+        created_at=t.created_at,
+        revoked_at=t.revoked_at,
     )
 
 

@@ -6,18 +6,18 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from noisescope_server.cli._database import describe_url, open_database, settings_from
+from noisescope_server.cli._database import describe_url, migrate, open_database, settings_from
+from noisescope_server.tokens import DEFAULT_SCOPES, SCOPES
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from noisescope_server import db
 
     settings = settings_from(args)
     engine = open_database(settings)
-    before, after = db.upgrade(engine)
+    before, after = migrate(engine, settings, "noisescope db upgrade")
     engine.dispose()
     print(f"{describe_url(settings.database_url)}: {before or 'empty'} -> {after}")
     return 0
@@ -30,25 +30,41 @@ def cmd_db_current(args: argparse.Namespace) -> int:
     current = db.current_revision(engine)
     engine.dispose()
     head = db.head_revision()
-    state = "up to date" if current == head else "needs `noisescope db upgrade`"
+    if current == head:
+        state = "up to date"
+    elif db.newer_than_code(current):
+        state = (
+            "newer than this noisescope: upgrade noisescope (pip install -U noisescope-server) "
+            "to the version that migrated it; do not run `noisescope db upgrade` with this one"
+        )
+    else:
+        state = "needs `noisescope db upgrade`"
     print(f"current: {current or 'empty'}  head: {head}  ({state})")
     return 0
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    from noisescope_server import db
-
-    engine = open_database(settings_from(args))
-    db.upgrade(engine)
+    settings = settings_from(args)
+    engine = open_database(settings)
+    migrate(engine, settings, f"noisescope token {args.token_command}")
     return engine
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
     from noisescope_server import crud
+    from noisescope_server.tokens import parse_scopes
 
+    try:
+        scopes = parse_scopes(args.scope or list(DEFAULT_SCOPES))
+    except ValueError as exc:
+        print(f"noisescope token create: --scope: {exc}", file=sys.stderr)
+        return 2
     engine = _engine(args)
-    created = crud.create_token(engine, args.project, args.name)
-    print(f"token {created.id} ({created.name}) for project {created.project!r}:")
+    created = crud.create_token(engine, args.project, args.name, scopes)
+    print(
+        f"token {created.id} ({created.name}) for project {created.project!r}, "
+        f"scopes: {', '.join(created.scopes)}:"
+    )
     print(created.secret)
     print("Store it now: it is shown only once (the server keeps only its sha256).")
     return 0
@@ -59,10 +75,12 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 
     engine = _engine(args)
     rows = list_tokens(engine, args.project)
-    print(f"{'id':>5}  {'project':<20} {'name':<24} {'created':<20} status")
+    print(f"{'id':>5}  {'project':<20} {'name':<24} {'scopes':<18} {'created':<20} status")
     for t in rows:
         status = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
-        print(f"{t.id:>5}  {t.project:<20} {t.name:<24} {t.created_at:%Y-%m-%d %H:%M:%S}  {status}")
+        scopes = ",".join(s for s in SCOPES if s in t.scopes)
+        created = f"{t.created_at:%Y-%m-%d %H:%M:%S}"
+        print(f"{t.id:>5}  {t.project:<20} {t.name:<24} {scopes:<18} {created}  {status}")
     return 0
 
 

@@ -59,6 +59,31 @@ def open_database(settings: Settings) -> Engine:
     return engine
 
 
+def migrate(engine: Engine, settings: Settings, command: str) -> tuple[str | None, str | None]:
+    """``db.upgrade``, or, for a database a newer noisescope migrated, one line naming both
+    revisions and the remedy, and status 2 (the database untouched)."""
+    from noisescope_server import db
+
+    try:
+        before, after = db.upgrade(engine)
+    except db.DatabaseNewer as exc:
+        engine.dispose()
+        print(f"{command}: {describe_url(settings.database_url)}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if before is not None and before < SCOPES_REVISION <= (after or ""):
+        print(f"{command}: {SCOPES_NOTE}", flush=True)
+    return before, after
+
+
+#: The revision that gave tokens scopes, and what a command that applies it says.
+SCOPES_REVISION = "0005"
+SCOPES_NOTE = (
+    "tokens now have scopes: every existing token got read and write (what a job and a "
+    "dashboard need); renaming, tagging, archiving, restoring and deleting runs need a token "
+    "with the manage scope: `noisescope token create --project NAME --scope manage`"
+)
+
+
 def _connect_args(url: str) -> dict[str, Any]:
     """A bounded first connect on PostgreSQL: libpq's default waits for the OS (minutes)."""
     from sqlalchemy.engine import make_url

@@ -104,6 +104,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     create.add_argument("--project", required=True)
     create.add_argument("--name", default="")
+    create.add_argument(
+        "--scope",
+        action="append",
+        metavar="SCOPE",
+        help="what the token may do, repeatable or comma-separated: read; write (ingest into "
+        "the project's runs); manage (rename, tag, archive, restore, delete runs). Default: "
+        "read,write (a training job). The dashboard needs only read",
+    )
     lst = _command(toksub, "list", cmd_token_list, "list tokens (never their secrets)")
     lst.add_argument("--project")
     rev = _command(toksub, "revoke", cmd_token_revoke, "revoke a token at once")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from noisescope.cli import DEFAULT_URL, check_url
 from noisescope.protocol import redact_text, redact_url
-from noisescope_server.cli._database import describe_url, open_database, settings_from
+from noisescope_server.cli._database import describe_url, migrate, open_database, settings_from
 from noisescope_server.cli._serve import port_problem, url_host
 
 
@@ -164,7 +164,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         args, auth="off", dashboard_url=None if args.no_dashboard else dash_url
     )
     engine = open_database(settings)
-    before, after = db.upgrade(engine)
+    before, after = migrate(engine, settings, "noisescope up")
     engine.dispose()
     path = db.sqlite_path(settings.database_url)
     print(f"noisescope up: database {path if path else describe_url(settings.database_url)}")

@@ -9,7 +9,7 @@ import socket
 import sys
 
 from noisescope.cli import DEFAULT_PORT
-from noisescope_server.cli._database import describe_url, open_database, settings_from
+from noisescope_server.cli._database import describe_url, migrate, open_database, settings_from
 from noisescope_server.settings import Settings
 
 
@@ -61,14 +61,12 @@ def serve(
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from noisescope_server import db
-
     problem = port_problem(host, port, "server", "--port")
     if problem is not None:
         print(f"noisescope server: {problem}", file=sys.stderr)
         raise SystemExit(2)
     engine = open_database(settings)
-    before, after = db.upgrade(engine)
+    before, after = migrate(engine, settings, "noisescope server")
     engine.dispose()
     print(
         f"noisescope: database {describe_url(settings.database_url)} at revision {after}"

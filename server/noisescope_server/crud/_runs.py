@@ -9,6 +9,12 @@ from typing import Any
 from sqlalchemy import Connection, Engine, delete, func, select, update
 
 from noisescope import protocol
+from noisescope_server.crud._deleted import (
+    deleted_at,
+    forget_deleted,
+    refuse_if_deleted,
+    remember_deleted,
+)
 from noisescope_server.crud._sql import LOCK_RUN, TOUCH_RUN, insert_ignore
 from noisescope_server.db import write_transaction
 from noisescope_server.errors import BadInput, Conflict, Forbidden, NotFound
@@ -103,9 +109,11 @@ def lock_run(conn: Connection, run_uid: str) -> RunRef | None:
 
 
 def require_run(conn: Connection, run_uid: str, project_scope: int | None) -> RunRef:
-    """``lock_run``, or NotFound (unknown run) / Forbidden (run outside ``project_scope``)."""
+    """``lock_run``, or Gone (a deleted run) / NotFound (unknown run) / Forbidden (run
+    outside ``project_scope``)."""
     run = lock_run(conn, check_run_uid(run_uid))
     if run is None:
+        refuse_if_deleted(conn, run_uid)
         path = protocol.runs_path(run_uid)
         raise NotFound(f"run {run_uid!r} does not exist: create it first with PUT {path}")
     if project_scope is not None and run.project_id != project_scope:
@@ -147,12 +155,19 @@ def _check_parent(conn: Connection, run_uid: str, parent_uid: str, project_id: i
 
 
 def upsert_run(
-    engine: Engine, run_uid: str, run: RunIn, *, project_scope: int | None = None
+    engine: Engine,
+    run_uid: str,
+    run: RunIn,
+    *,
+    project_scope: int | None = None,
+    reuse_deleted: bool = False,
 ) -> tuple[RunRef, bool]:
     """Create or update a run by its client-generated uid; returns (run, created).
 
     Idempotent: a retried PUT updates the same row. A run never moves to another project.
-    ``started_at`` keeps its first value (a resumed client may re-send a later one).
+    ``started_at`` keeps its first value (a resumed client may re-send a later one), and a
+    name or tags set on the server (PATCH) stay (``keep_edited``). A deleted run's id is Gone
+    unless ``reuse_deleted``, which creates the run afresh under it.
     """
     check_run_uid(run_uid)
     if run.parent_uid is not None and check_run_uid(run.parent_uid) == run_uid:
@@ -163,6 +178,8 @@ def upsert_run(
             raise Forbidden(f"this token does not grant access to project {run.project!r}")
         task_id = get_or_create_task(conn, project_id, run.task)
         existing = lock_run(conn, run_uid)
+        if existing is None and not (reuse_deleted and forget_deleted(conn, run_uid)):
+            refuse_if_deleted(conn, run_uid)
         if run.parent_uid is not None:
             _check_parent(conn, run_uid, run.parent_uid, project_id)
         values: dict[str, Any] = {
@@ -191,8 +208,31 @@ def upsert_run(
             return (replace(ref, notes=(note,)) if note and created else ref), created
         if existing.project_id != project_id:
             raise Conflict(_TAKEN.format(run_uid=run_uid))
+        notes = keep_edited(conn, existing.id, values)
         conn.execute(update(Run).where(Run.id == existing.id).values(**values))
-        return existing, False
+        return replace(existing, notes=notes), False
+
+
+#: The run fields a person may change on the server (PATCH) that a PUT also carries.
+EDITABLE = ("name", "tags")
+
+
+def keep_edited(conn: Connection, run_id: int, values: dict[str, Any]) -> tuple[str, ...]:
+    """Drop from a PUT's ``values`` the fields changed on the server (``Run.edited``): the
+    change made by hand wins over a job's (re-)sent or replayed run body. A note for each
+    kept field that the PUT would have changed, for the answer's ``warnings``."""
+    row = conn.execute(select(Run.name, Run.tags, Run.edited).where(Run.id == run_id)).one()
+    stored = {"name": row.name, "tags": row.tags}
+    notes = []
+    for field_name in row.edited or ():
+        sent = values.pop(field_name, None)
+        if field_name in stored and sent != stored[field_name]:
+            notes.append(
+                f"{field_name} kept as {stored[field_name]!r}, set on the server (PATCH); "
+                f"this PUT's {sent!r} was not applied (a change made on the server wins over "
+                "a job's run body; PATCH the run to change it again)"
+            )
+    return tuple(notes)
 
 
 def patch_run(
@@ -224,6 +264,8 @@ def patch_run(
             values["name"] = name
         if tags is not None:
             values["tags"] = list(tags)
+        if name is not None or tags is not None:
+            values["edited"] = _edited(conn, run.id, name=name, tags=tags)
         if archived is not None:
             # archived_at keeps its first time: COALESCE in SQL, so a second archive is no change
             values["archived_at"] = func.coalesce(Run.archived_at, now) if archived else None
@@ -241,17 +283,33 @@ def patch_run(
         return replace(run, notes=(note,)) if note else run
 
 
+def _edited(conn: Connection, run_id: int, **changed: object) -> list[str]:
+    """``Run.edited`` after a PATCH that sets the fields of ``changed`` not None."""
+    before = conn.execute(select(Run.edited).where(Run.id == run_id)).scalar() or []
+    now = {name for name, value in changed.items() if value is not None}
+    return [name for name in EDITABLE if name in now or name in before]
+
+
 def delete_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunRef:
     """Delete a run for good: its samples, sample blocks, events and its row, in one
     transaction, and nothing else (its project, task and any branch runs stay; a branch run
     whose parent is gone reads as a run with an unknown parent, as before its parent came).
 
     The rows are deleted explicitly, not left to ``ON DELETE CASCADE``: SQLite enforces foreign
-    keys only with ``PRAGMA foreign_keys``, which a database opened elsewhere may lack."""
+    keys only with ``PRAGMA foreign_keys``, which a database opened elsewhere may lack.
+
+    The id is remembered (``_deleted``): later writes to it answer 410 Gone."""
     with write_transaction(engine) as conn:
         if lock_run(conn, check_run_uid(run_uid)) is None:  # require_run's says "create it"
+            when = deleted_at(conn, run_uid)
+            if when is not None:
+                raise NotFound(
+                    f"run {run_uid!r} does not exist: it was deleted at "
+                    f"{when.isoformat(timespec='seconds')}"
+                )
             raise NotFound(f"run {run_uid!r} does not exist (deleted already, or a typo?)")
         run = require_run(conn, run_uid, project_scope)
+        remember_deleted(conn, run.uid, run.project_id, utcnow())
         conn.execute(delete(Sample).where(Sample.run_id == run.id))
         conn.execute(delete(SampleBlock).where(SampleBlock.run_id == run.id))
         conn.execute(delete(Event).where(Event.run_id == run.id))

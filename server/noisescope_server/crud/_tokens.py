@@ -11,6 +11,7 @@ from sqlalchemy import Engine, insert, select, update
 from noisescope_server.crud._runs import get_or_create_project
 from noisescope_server.db import write_transaction
 from noisescope_server.models import Project, Token
+from noisescope_server.tokens import DEFAULT_SCOPES, scopes_text
 from noisescope_server.utc import utcnow
 
 TOKEN_PREFIX = "nsk_"
@@ -26,12 +27,16 @@ class TokenCreated:
     id: int
     project: str
     name: str
+    scopes: tuple[str, ...]
     #: The secret: shown once, never stored.
     secret: str
 
 
-def create_token(engine: Engine, project: str, name: str = "") -> TokenCreated:
-    """Create an API token for ``project`` (created if missing); the secret is returned once."""
+def create_token(
+    engine: Engine, project: str, name: str = "", scopes: tuple[str, ...] = DEFAULT_SCOPES
+) -> TokenCreated:
+    """Create an API token for ``project`` (created if missing) with ``scopes`` (checked by
+    ``tokens.parse_scopes``); the secret is returned once."""
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with write_transaction(engine) as conn:
         project_id = get_or_create_project(conn, project)
@@ -42,10 +47,11 @@ def create_token(engine: Engine, project: str, name: str = "") -> TokenCreated:
                 name=name or f"token-{secrets.token_hex(3)}",
                 token_hash=hash_token(secret),
                 created_at=utcnow(),
+                scopes=scopes_text(scopes),
             )
             .returning(Token.id, Token.name)
         ).one()
-    return TokenCreated(int(token_id[0]), project, str(token_id[1]), secret)
+    return TokenCreated(int(token_id[0]), project, str(token_id[1]), tuple(scopes), secret)
 
 
 def revoke_token(engine: Engine, token_id: int, *, project: str | None = None) -> bool:

@@ -1,0 +1,83 @@
+"""A database migrated by a newer noisescope (issue 55 item 4), on SQLite and PostgreSQL:
+``server``, ``up`` and ``db upgrade`` end with one line that names both revisions and the
+remedy, status 2, no traceback, and leave the database as it was (the SQLite file's bytes,
+PostgreSQL's rows); ``db current`` says the database is newer than this noisescope."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from harness import free_port
+from noisescope_server import db
+from tests.support.old_rows import dump, populate
+
+#: A revision no noisescope of this version knows: what a newer one would have written.
+FUTURE = "0999"
+
+
+def _state(url: str) -> object:
+    """What must not change: the SQLite file's bytes, or every row (Alembic's too)."""
+    path = db.sqlite_path(url)
+    if path is not None:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    engine = sa.create_engine(url)
+    try:
+        return dump(engine, None) | dump(engine, ["alembic_version"])
+    finally:
+        engine.dispose()
+
+
+def _future_database(url: str) -> None:
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    populate(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = :v"), {"v": FUTURE})
+    engine.dispose()
+
+
+def _cli(argv: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NOISESCOPE_HOME": str(home)}
+    env.pop("NOISESCOPE_DATABASE_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "noisescope.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_a_newer_database_is_refused_in_one_line_and_left_unchanged(
+    db_url: str, tmp_path: Path
+) -> None:
+    _future_database(db_url)
+    before = _state(db_url)
+    head = db.head_revision()
+    commands = {
+        "noisescope server": ["server", "--port", str(free_port())],
+        "noisescope up": ["up", "--no-dashboard", "--port", str(free_port())],
+        "noisescope db upgrade": ["db", "upgrade"],
+        "noisescope token list": ["token", "list"],
+    }
+    for name, argv in commands.items():
+        out = _cli([*argv, "--database-url", db_url], tmp_path)
+        assert out.returncode == 2, (name, out)
+        assert "Traceback" not in out.stderr, out.stderr
+        (line,) = out.stderr.strip().splitlines()
+        assert line.startswith(f"{name}: "), line
+        assert f"at revision {FUTURE}, newer than this noisescope" in line
+        assert f"newest revision is {head}" in line and "pip install -U noisescope-server" in line
+        assert _state(db_url) == before, name
+    current = _cli(["db", "current", "--database-url", db_url], tmp_path)
+    assert current.returncode == 0, current
+    assert f"current: {FUTURE}  head: {head}" in current.stdout
+    assert "newer than this noisescope" in current.stdout
+    assert "needs `noisescope db upgrade`" not in current.stdout
+    assert _state(db_url) == before
