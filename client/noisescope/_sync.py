@@ -103,6 +103,8 @@ class SyncResult:
     elsewhere: dict[str, str] = field(default_factory=dict)
     #: What each delivered run's delivery did (``left()``: what it left behind, ``notes()``).
     delivered: dict[str, Delivered] = field(default_factory=dict)
+    #: Runs deleted on the server (410): what their spools held, not sent and removed.
+    deleted: dict[str, str] = field(default_factory=dict)
 
     @property
     def left(self) -> dict[str, list[str]]:
@@ -113,7 +115,7 @@ class SyncResult:
     def complete(self) -> bool:
         """Whether everything this sync found is on the server (runs in use by a live process
         aside: they are their live run's to deliver)."""
-        return not self.failed and not self.left
+        return not self.failed and not self.left and not self.deleted
 
 
 def _sender(transport: Transport, compress: bool) -> Callable[[str, str, dict[str, Any]], Response]:
@@ -128,6 +130,10 @@ class Refused(RuntimeError):
     """The server's answer to a request of the sync was not a success."""
 
 
+class Deleted(Refused):
+    """The run was deleted on the server (410): it takes nothing more of it."""
+
+
 class NotNoisescope(Refused):
     """An answer no noisescope server gives (``_retry.not_noisescope``): the wrong URL."""
 
@@ -138,6 +144,8 @@ def _check(response: Response, what: str) -> None:
     if not_noisescope(response):
         page = " and a web page" if is_html(response) else ""
         raise NotNoisescope(f"{what}: HTTP {response.status}{page}")
+    if classify(response) == "gone":
+        raise Deleted(response.detail())
     raise Refused(f"{what}: HTTP {response.status}: {response.detail()}")
 
 
@@ -298,12 +306,27 @@ def deliver_orphans(
                 "noisescope: spooled run %s delivered: %d samples stored", folder, done.stored
             )
             said += [f"spooled run {folder}: {sentence}" for sentence in done.left()]
+        except Deleted as exc:
+            said.append(f"spooled run {folder}: {_drop_deleted(orphan, exc)}")
         except Exception as exc:  # one run's trouble never stops this run or its delivery
             said.append(f"could not deliver spooled run {folder}: {exc}")
             return "; ".join(said)
         finally:
             orphan.release()
     return "; ".join(said) or None
+
+
+def _drop_deleted(spool: RunSpool, exc: Deleted) -> str:
+    """A spooled run deleted on the server: its segments deleted, its folder removed (the
+    server takes none of it, and a sync that kept it would try again forever); what it
+    held, in a sentence."""
+    samples, events = spool.drop_segments()
+    spool.remove_if_empty()
+    what = held(samples, 0, events)
+    return (
+        f"the run was deleted on the server ({exc}); {what} in its spool were not sent and "
+        f"are removed with its spool folder {spool.dir}"
+    )
 
 
 def _listed(root: Path, run_ids: list[str] | None) -> list[tuple[str, bool]]:
@@ -405,6 +428,8 @@ def _sync_one(
         result.synced.append(run_id)
         result.delivered[run_id] = done
         spool.remove_if_empty(done.foreign)
+    except Deleted as exc:
+        result.deleted[run_id] = _drop_deleted(spool, exc)
     except NotNoisescope as exc:
         result.failed[run_id] = (
             f"{target} is not a noisescope server ({exc}); {server_hint(target)} (--url)"
@@ -499,7 +524,10 @@ def report(result: SyncResult, root: Path) -> int:
         print(f"skipped {run_id}: {why}")
     for run_id, why in result.failed.items():
         print(f"failed {run_id}: {why}", file=sys.stderr)
+    for run_id, why in result.deleted.items():
+        print(f"deleted {run_id}: {why}", file=sys.stderr)
     total = len(result.synced) + len(result.skipped) + len(result.failed) + len(result.elsewhere)
+    total += len(result.deleted)
     if total == 0:
         print(f"nothing to sync under {root}")
     already = result.sent - result.samples
@@ -534,6 +562,8 @@ def _left_behind(result: SyncResult) -> str:
             f"{plural(len(files), 'file')} that {'is' if one else 'are'} not the spool's "
             f"{'holds' if one else 'hold'} {plural(samples, 'sample')} not sent, named above"
         )
+    if result.deleted:
+        parts.append(f"{plural(len(result.deleted), 'run')} deleted on the server, named above")
     if result.failed:
         runs = plural(len(result.failed), "run")
         they = "it stays" if len(result.failed) == 1 else "they stay"

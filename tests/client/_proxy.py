@@ -7,6 +7,9 @@ Each request first consumes one scripted fault, if any:
 - ``"lost"``: forward (the server commits!), then drop the connection without an answer,
   the case that makes a client resend data the server already has;
 - ``"reset"``: drop the connection without forwarding.
+
+``answer`` (optional) sees every request that no scripted fault took: (method, path, body) to
+(status, JSON body, seconds to hold it) answered without the server, or None to forward.
 """
 
 from __future__ import annotations
@@ -17,20 +20,30 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 Fault = int | str
+#: (method, path, body) -> (status, JSON body, seconds held before answering), or None: forward.
+Answer = Callable[[str, str, bytes], tuple[int, bytes, float] | None]
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, retry_after: float = 0.2, slow_seconds: float = 1.0):
+    def __init__(
+        self,
+        upstream: str,
+        retry_after: float = 0.2,
+        slow_seconds: float = 1.0,
+        answer: Answer | None = None,
+    ):
         parts = urlsplit(upstream)
         self.upstream_host = parts.hostname or "127.0.0.1"
         self.upstream_port = parts.port or 80
         self.retry_after = retry_after
         self.slow_seconds = slow_seconds
         self.faults: deque[Fault] = deque()
+        self.answer = answer
         self.lock = threading.Lock()
         self.counts: dict[str, int] = {}
         proxy = self
@@ -50,6 +63,18 @@ class FaultProxy:
                     proxy.counts[key] = proxy.counts.get(key, 0) + 1
                 if fault == "reset":
                     self._drop()
+                    return
+                scripted = None
+                if fault is None and proxy.answer is not None:
+                    scripted = proxy.answer(self.command, self.path, body)
+                if scripted is not None:
+                    status, payload, hold = scripted
+                    time.sleep(hold)
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
                     return
                 if isinstance(fault, int):
                     payload = b'{"detail": "injected fault"}'
