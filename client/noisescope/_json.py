@@ -27,6 +27,11 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
+def jsonable(value: Any) -> Any:
+    """A JSON-safe copy of user config (unknown objects become their ``str``)."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def loads(data: bytes) -> Any:
     """Parse JSON (ValueError if it is not)."""
     if orjson is not None:

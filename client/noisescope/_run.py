@@ -9,7 +9,6 @@ client must never take a training job down.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -22,7 +21,7 @@ from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
 
-from noisescope import _process, _wire
+from noisescope import _json, _process, _wire
 from noisescope._config import Settings, resolve, server_url_for
 from noisescope._delivery import Sender
 from noisescope._records import (
@@ -35,6 +34,7 @@ from noisescope._records import (
     OPEN_LR,
 )
 from noisescope._redact import redact_url
+from noisescope._resume import Resume, resume_mode
 from noisescope._spool import RunSpool
 from noisescope._status import Status, dropped_account
 from noisescope._transport import HTTPTransport, Transport
@@ -49,11 +49,6 @@ def _now_iso() -> str:
 
 def _keep_nothing(records: Iterable[list[Any]]) -> None:
     """Where a Run that sends nothing (disabled, a forked child) commits its records."""
-
-
-def _jsonable(value: Any) -> Any:
-    """A JSON-safe copy of user config (unknown objects become their ``str``)."""
-    return json.loads(json.dumps(value, default=str))
 
 
 class Run:
@@ -74,6 +69,7 @@ class Run:
         transport: Transport | None,
         parent_run_id: str | None = None,
         branch_step: int | None = None,
+        resume: bool | str = False,
     ) -> None:
         problem = _wire.units_problem(units)
         if problem is not None:
@@ -98,7 +94,7 @@ class Run:
         self.project = project
         self.task = task
         self.name = name or f"run-{self.id[:8]}"
-        self.config = _jsonable(config or {})
+        self.config = _json.jsonable(config or {})
         self.tags = [str(t) for t in (tags or [])]
         problem = _wire.run_fields_problem(
             project=project, task=task, name=self.name, config=self.config, tags=self.tags
@@ -130,6 +126,11 @@ class Run:
 
         self._spool: RunSpool | None = None
         self._sender: Sender | None = None
+        #: A resumed session (``init(resume=...)``): its numbering and repeated steps.
+        self._resume_mode = resume_mode(resume)
+        if self._resume_mode is not None and run_id is None:
+            raise ValueError("resume needs the run's id: init(run_id=..., resume=True)")
+        self._resume: Resume | None = None
         #: The status ``finish()`` records, and whether a signal cut that finish short.
         self._final_status = "finished"
         self._cut_short = False
@@ -167,6 +168,10 @@ class Run:
             transport = HTTPTransport(settings.url, settings.token, settings.request_timeout)
         if settings.mode == "offline":
             transport = None
+        if self._resume_mode is not None:
+            where = redact_url(settings.url)
+            self._resume = Resume.read(self.id, self._resume_mode, transport, self._spool, where)
+            self._event_seq = self._resume.first_index
         self._sender = Sender(
             settings,
             self.id,
@@ -175,6 +180,7 @@ class Run:
             self._spool,
             self._commit_open,
             on_page=self._found_page,
+            first_index=0 if self._resume is None else self._resume.first_index,
         )
         self._commit_records = self._sender.outbox.commit
         if self._spool is not None:
@@ -203,6 +209,8 @@ class Run:
         if not self.active:
             return
         try:
+            if self._resume is not None and self._resume.repeats(step):
+                return
             with self._lock:
                 if step != self._step:
                     self._advance(step)
@@ -284,6 +292,8 @@ class Run:
         if not self.active or self._sender is None:
             return
         try:
+            if self._resume is not None and self._resume.repeats_event(int(step)):
+                return
             with self._lock:
                 seq = self._event_seq
                 self._event_seq += 1
@@ -463,6 +473,9 @@ class Run:
         )
         if gone:
             line += ". The server deleted the run: nothing of it is kept for sync"
+        repeated = self._resume.sentence() if self._resume is not None else None
+        if repeated is not None:
+            line += f". {repeated}"
         unsaved = self._spool.meta_problem if self._spool is not None else None
         if needs_sync and unsaved is not None:
             where = "Nothing of it is in the spool: its run.json could not be written"
@@ -540,6 +553,7 @@ def init(
     transport: Transport | None = None,
     parent_run_id: str | None = None,
     branch_step: int | None = None,
+    resume: bool | str = False,
     **settings: Any,
 ) -> Run:
     """Start a run; explicit arguments override ``NOISESCOPE_URL/TOKEN/MODE/DIR`` and friends.
@@ -551,7 +565,8 @@ def init(
     ``dashboard_url`` (``NOISESCOPE_DASHBOARD_URL``) is the dashboard's base URL: the run's link
     is printed at once; without it the link comes from the server, if it knows its dashboard.
     ``parent_run_id`` and ``branch_step`` make this run a branch of another one, started from
-    that run's state at that step (``noisescope.branch`` sets them).
+    that run's state at that step (``noisescope.branch`` sets them). ``resume`` (True,
+    "allow" or "must", with ``run_id``) continues that run (docs/client.md, "Resuming a run").
     """
     resolved = resolve(
         url=url,
@@ -579,4 +594,5 @@ def init(
         transport=transport,
         parent_run_id=parent_run_id,
         branch_step=branch_step,
+        resume=resume,
     )

@@ -328,6 +328,22 @@ class RunSpool(SpoolFolder):
                 samples += batch_size(record)
             self.pending_samples -= samples - acked
 
+    def last_step(self) -> int | None:
+        """The last step of the samples in the segments (an earlier session's, for a resumed
+        run), or None."""
+        last: int | None = None
+        for path in self._segment_paths():
+            with contextlib.suppress(OSError):
+                for record in decode_records(path.read_bytes()):
+                    columns = record.get("columns")
+                    steps = columns.get("step") if isinstance(columns, dict) else None
+                    if not isinstance(steps, list):
+                        continue
+                    for step in steps:
+                        if type(step) is int and (last is None or step > last):
+                            last = step
+        return last
+
     def drop_segments(self) -> tuple[int, int]:
         """Delete every segment, sent or not (the run was deleted on the server, which takes
         nothing more of it): the (samples, events) they held that it had not taken."""

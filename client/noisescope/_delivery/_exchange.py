@@ -67,6 +67,7 @@ class Exchange:
         commit_open: Callable[[], None] | None = None,
         *,
         on_page: Callable[[Any], None] | None = None,
+        first_index: int = 0,
     ) -> None:
         self.settings = settings
         self.run_id = run_id
@@ -82,7 +83,9 @@ class Exchange:
         self.backoff = Backoff(settings.backoff_base, settings.backoff_max)
         self._wake = threading.Event()
         #: The one owner of what is committed and not yet acknowledged.
-        self.outbox = Outbox(settings, spool, self.series_prefix, self._error, self._wake.set)
+        self.outbox = Outbox(
+            settings, spool, self.series_prefix, self._error, self._wake.set, first_index
+        )
         #: What the thread does next depends on this only; changed by ``_on`` alone.
         self.state: State = initial(has_server=transport is not None)
         self._state_lock = threading.Lock()

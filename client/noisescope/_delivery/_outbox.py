@@ -74,6 +74,7 @@ class Outbox:
         series_prefix: str,
         report: Report,
         wake: Callable[[], None] = lambda: None,
+        first_index: int = 0,
     ) -> None:
         self.settings = settings
         self.spool = spool
@@ -91,9 +92,10 @@ class Outbox:
         #: held batches' (one attribute for the training thread to read).
         self._room = self._memory_max
         self.lock = threading.Lock()
-        # seq = local index · stride + offset: unique across ranks when all ranks send.
+        # seq = local index · stride + offset: unique across ranks when all ranks send; the
+        # index begins at first_index (a resumed session's, ``_resume``), else at 0.
         self._seq_stride = settings.world_size if settings.all_ranks else 1
-        self._seq = settings.rank if settings.all_ranks else 0
+        self._seq = first_index * self._seq_stride + (settings.rank if settings.all_ranks else 0)
         #: The batch in the request being sent, and whether the guard already spooled a copy.
         self.inflight: Batch | None = None
         self.inflight_spooled = False

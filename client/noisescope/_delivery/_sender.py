@@ -56,8 +56,18 @@ class Sender(Exchange):
         commit_open: Callable[[], None] | None = None,
         *,
         on_page: Callable[[Any], None] | None = None,
+        first_index: int = 0,
     ) -> None:
-        super().__init__(settings, run_id, run_body, transport, spool, commit_open, on_page=on_page)
+        super().__init__(
+            settings,
+            run_id,
+            run_body,
+            transport,
+            spool,
+            commit_open,
+            on_page=on_page,
+            first_index=first_index,
+        )
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._guard: Guard | None = None
