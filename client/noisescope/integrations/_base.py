@@ -75,11 +75,23 @@ class _TrackingCallback:
         self._every: Every | None = None
         self._branching = False  # inside a branch sweep: the hooks leave it alone
         self._probe_args: dict[str, Any] = {}
+        #: The run of the checkpoint the trainer resumes from (saved with it), if it does.
+        self._resume_id: str | None = None
 
     @property
     def branch_sweeps(self) -> list[branch.BranchSweep]:
         """Every branch point's ``noisescope.branch.BranchSweep`` (``branch=``), in order."""
         return self._sweeps
+
+    def _saved_run(self) -> dict[str, str]:
+        """What a checkpoint keeps of the run, for a trainer that resumes from it."""
+        return {"run_id": self.run.id} if self.run is not None else {}
+
+    def _resume_from(self, saved: Mapping[str, Any] | None) -> None:
+        """A checkpoint's ``_saved_run``: the next run this callback starts continues it."""
+        run_id = saved.get("run_id") if isinstance(saved, Mapping) else None
+        if isinstance(run_id, str) and _wire.run_id_problem(run_id) is None:
+            self._resume_id = run_id
 
     def _begin_training(self) -> None:
         """A new ``fit()``/``train()``: measure again, in a new run if ours has finished."""
@@ -90,7 +102,13 @@ class _TrackingCallback:
 
     def _init_run(self, **defaults: Any) -> Run:
         """``noisescope.init`` with what the framework knows, overridden by the user's own."""
-        kwargs: dict[str, Any] = {"tags": self.tags, **defaults, **self.init_kwargs}
+        kwargs: dict[str, Any] = {"tags": self.tags, **defaults}
+        if self._resume_id is not None and "run_id" not in self.init_kwargs:
+            # the trainer resumed from a checkpoint of this run: continue it (docs/client.md,
+            # "Resuming a run"); a run_id of the user's own decides instead
+            kwargs |= {"run_id": self._resume_id, "resume": True}
+        self._resume_id = None  # a later fit without a checkpoint starts a new run
+        kwargs.update(self.init_kwargs)
         if self.project is not None:
             kwargs["project"] = self.project
         if "config" in defaults and "config" not in self.init_kwargs:

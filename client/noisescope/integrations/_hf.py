@@ -33,6 +33,8 @@ mean loss by the number of micro-batches ("mean/k").
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import warnings
 from collections.abc import Mapping
@@ -52,6 +54,9 @@ from noisescope.torch._wrappers import detect
 from ._base import _TrackingCallback
 from ._branching import ModuleBranches, loss_output, unsupported
 from ._options import BranchOptions
+
+#: The file in a Trainer checkpoint that names the run it belongs to (``on_save``).
+RUN_FILE = "noisescope_run.json"
 
 __all__ = ["HuggingFaceCallback"]
 
@@ -242,6 +247,26 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
             units=self._branch_units,
         )
 
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Keep the run in the checkpoint just saved (``RUN_FILE``): a Trainer that resumes
+        from it (``resume_from_checkpoint``) continues the run."""
+        saved = self._saved_run()
+        folder = os.path.join(args.output_dir or ".", f"checkpoint-{state.global_step}")
+        if saved and state.is_world_process_zero and os.path.isdir(folder):
+            with contextlib.suppress(OSError), open(os.path.join(folder, RUN_FILE), "w") as f:
+                json.dump(saved, f)
+
+    def _checkpoint_run(self, args: TrainingArguments, state: TrainerState) -> None:
+        """Training that begins past step 0 resumed from the checkpoint of that step: the run
+        ``on_save`` kept there, if any, is the one to continue."""
+        if state.global_step <= 0:
+            return
+        folder = os.path.join(args.output_dir or ".", f"checkpoint-{state.global_step}")
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(folder, RUN_FILE)) as f:
+            self._resume_from(json.load(f))
+
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
@@ -423,6 +448,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         self._remove_finders()  # only needed until the first forward
         run = self.run
         if run is None:
+            self._checkpoint_run(args, state)
             run = self._init_run(**self._run_defaults(args, module, units, labels))
         wrapper = self._compiled if self._compiled is not None else self._ddp
         # one backward per step on one process: per-example norms ("auto"), else micro-batches

@@ -128,6 +128,15 @@ class LightningCallback(_TrackingCallback, pl.Callback):
 
     # --- Lightning hooks ---------------------------------------------------------------------
 
+    def state_dict(self) -> dict[str, Any]:
+        """Kept in the checkpoint: the run, which ``fit(ckpt_path=...)`` continues."""
+        return self._saved_run()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``fit(ckpt_path=...)``: the run this callback starts continues the checkpoint's
+        (``noisescope.init(run_id=..., resume=True)``)."""
+        self._resume_from(state_dict)
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if isinstance(trainer.strategy, DeepSpeedStrategy):
             raise _deepspeed.in_callback("Lightning")
