@@ -16,7 +16,9 @@ first access (``import harness`` imports neither the server, nor torch, nor hypo
   :data:`QUIET_LIGHTNING`: framework settings that print and save nothing.
 
 Its modules hold the rest: ``broken_http`` and ``loopback`` (a server that answers what a test
-scripts), ``small_disk`` (a full disk under the spool), ``spool_layout`` (hostile run ids),
+scripts), ``hung`` (a server that never answers), ``fault_proxy`` (a proxy in front of the real
+server that injects faults or scripted answers), ``small_disk`` (a full disk under the spool),
+``spool_layout`` (hostile run ids),
 ``synthetic_sweep`` (sweeps whose critical batch is known), ``write_then_read`` (hypothesis
 stories through every write route, then every read), ``http_clients`` (the httpx client types),
 ``dashboard_runs``, ``dashboard_stack`` and ``model_sizes`` (the dashboard's synthetic

@@ -1,6 +1,6 @@
 """A TCP server on a free loopback port that hands each connection to ``serve`` in a thread of
 its own: the base of the test servers that misbehave on purpose (``broken_http.BrokenServer``,
-``tests/client/_hung.HungServer``)."""
+``hung.HungServer``)."""
 
 from __future__ import annotations
 

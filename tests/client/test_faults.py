@@ -23,9 +23,9 @@ import pytest
 
 import noisescope
 from harness import ServerProcess, free_port
+from harness.fault_proxy import FaultProxy
 from noisescope import HTTPTransport, Request, Response
 from noisescope.cli import main as cli_main
-from tests.client._proxy import FaultProxy
 from tests.support.database import query
 from tests.support.waiting import wait_for
 

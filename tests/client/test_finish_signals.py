@@ -19,25 +19,12 @@ import pytest
 
 import noisescope
 from harness import ServerProcess
-from tests.client._hung import HungServer
+from harness.hung import HungServer
 
 pytestmark = pytest.mark.slow
 
 LOGGED = 3200
-JOB = f"""
-import sys, time
-import noisescope
-url, root = sys.argv[1:3]
-run = noisescope.init(
-    url=url, dir=root, batch_interval=0.5, request_timeout=120.0, flush_timeout=60.0,
-    resume_orphans=False, quiet=False,
-)
-for step in range({LOGGED}):
-    run.log_sample(step, 8.0, 64.0, 2.0, 1.0)
-print(run.id, flush=True)
-run.finish()
-print("finish returned", flush=True)
-"""
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +39,18 @@ def test_an_ending_during_finish_leaves_the_rest_in_the_spool_and_says_so(
 ) -> None:
     with HungServer() as hung:
         proc = subprocess.Popen(
-            [sys.executable, "-c", JOB, hung.url, str(tmp_path)],
+            [
+                sys.executable,
+                "-m",
+                "reliability._round4_job",
+                "finishing",
+                hung.url,
+                str(tmp_path),
+                "",
+                "0",
+                str(LOGGED),
+            ],
+            cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

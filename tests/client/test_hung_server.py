@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import noisescope
+from harness.hung import HungServer
 from noisescope._spool import RunSpool
 from noisescope.testing import MemoryTransport as FakeServer
-from tests.client._hung import HungServer
 from tests.support.waiting import wait_for
 
 BATCH_INTERVAL = 0.5

@@ -6,8 +6,6 @@ request holding the first batch's samples (after holding the first one past the 
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,38 +14,9 @@ import pytest
 
 import noisescope
 from harness import ServerProcess
-from tests.client._proxy import FaultProxy
+from harness.fault_proxy import FaultProxy, RefuseFirstBatch
 
 pytestmark = pytest.mark.slow
-
-#: The first request is held this long: many batch intervals, so the guard copies it to the
-#: spool and spills the batches behind it (which the replay merges with the copy).
-HOLD_S = 1.5
-
-
-class RefuseFirstBatch:
-    """Proxy rule, once ``armed``: the samples of the first samples request are refused (422,
-    no ``rows``) wherever they are sent again; the first answer is held ``HOLD_S``."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.poisoned: set[int] = set()
-        self.refusals = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, method: str, path: str, body: bytes) -> tuple[int, bytes, float] | None:
-        if not self.armed or method != "POST" or not path.endswith("/samples"):
-            return None
-        seqs = set(json.loads(body)["columns"]["seq"])
-        with self._lock:
-            hold = 0.0
-            if not self.poisoned:
-                self.poisoned |= seqs
-                hold = HOLD_S
-            elif not self.poisoned & seqs:
-                return None
-            self.refusals += 1
-        return 422, b'{"detail": "refused by the test proxy"}', hold
 
 
 @pytest.fixture(scope="module")

@@ -22,24 +22,7 @@ from harness import ServerProcess
 
 pytestmark = pytest.mark.slow
 
-JOB = """
-import sys, time
-import noisescope
-url, root, run_id, first, last, resume, kill = sys.argv[1:8]
-run = noisescope.init(
-    url=url, dir=root, run_id=run_id, resume=resume == "1", batch_interval=0.05,
-    resume_orphans=False,
-)
-for step in range(int(first), int(last)):
-    run.log_sample(step, 8.0, 64.0, 2.0, 1.0, loss=1.0 / (step + 1))
-    if step % 100 == 0:
-        run.log(step, eval_loss=1.0 / (step + 1))
-if kill == "1":
-    run.flush(timeout=30)
-    print("flushed", flush=True)
-    time.sleep(600)  # killed here, as a preempted job is
-run.finish()
-"""
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -48,9 +31,10 @@ def server(db_url: str) -> Iterator[ServerProcess]:
         yield proc
 
 
-def _job(server: ServerProcess, root: Path, *args: str) -> subprocess.Popen[str]:
+def _job(server: ServerProcess, root: Path, case: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", JOB, server.url, str(root), *args],
+        [sys.executable, "-m", "reliability._round4_job", case, server.url, str(root), *args],
+        cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -62,13 +46,14 @@ def test_a_job_restarted_from_its_checkpoint_continues_its_run(
     server: ServerProcess, tmp_path: Path
 ) -> None:
     run_id = "resumed-job"
-    first = _job(server, tmp_path, run_id, "0", "1000", "0", "1")
-    assert first.stdout is not None and first.stdout.readline().strip() == "flushed"
+    first = _job(server, tmp_path, "killed", run_id, "0", "1000")
+    assert first.stdout is not None and first.stdout.readline().strip() == run_id
+    assert first.stdout.readline().strip() == "flushed"
     first.send_signal(signal.SIGKILL)
     first.wait(30)
     assert server.api().run(run_id).last_step == 999  # step 999 was open: flush committed it
 
-    second = _job(server, tmp_path, run_id, "900", "1500", "1", "0")
+    second = _job(server, tmp_path, "resumed", run_id, "900", "1500")
     _, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
     summary = server.api().run(run_id)
