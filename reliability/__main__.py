@@ -727,6 +727,19 @@ def reads_section() -> tuple[bool, str]:
     )
 
 
+def round4_section() -> tuple[bool, str]:
+    """Issue 55, the client's part (reliability._round4)."""
+    from reliability._round4 import client_cases, describe
+
+    wd = Workdir.make("round4")
+    try:
+        with database("sqlite", wd.path) as url, Server(url) as srv:
+            rows = client_cases(srv, wd.path)
+    finally:
+        wd.close()
+    return all(r.held for r in rows), describe() + "\n\n" + _table([r.cells() for r in rows])
+
+
 def _present(module: str) -> bool:
     """Whether an optional section's module is there (being written by someone else); if not,
     its section is left out, and said."""
@@ -743,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         default="load,paced,faults,client,bad,stored,edges,disconnects,properties,auth,outage,"
-        "browser,readclient,disk,round3",
+        "browser,readclient,disk,round3,round4",
         help="comma-separated sections to run (%(default)s); 'bad' is the hostile corpus, raw "
         "sockets, rows stored around the API and crashed runs; 'client' the client's faults "
         "(hostile run ids, a hung server and a killed client, a burst); 'stored' random "
@@ -751,7 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
         "parameter; 'disconnects' broken and vanishing bodies with auth on; 'readclient' "
         "noisescope.Api against a broken server; 'outage' stops a private PostgreSQL cluster "
         "under load; 'disk' the client's spool on a full disk; 'round3' nothing lost without a "
-        "count (issue 46), a damaged spool, names, secrets and clocks",
+        "count (issue 46), a damaged spool, names, secrets and clocks; 'round4' deleted runs, "
+        "endings during finish(), refusals and resumed runs (issue 55, the client)",
     )
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")
@@ -812,6 +826,8 @@ def main(argv: list[str] | None = None) -> int:
         todo.append(("A damaged spool, sqlite", spool_damage_section))
     if round3 and _present("reliability._round3_reads"):
         todo.append(("Names, secrets and clocks, sqlite", reads_section))
+    if "round4" in only and "sqlite" in backends and _present("reliability._round4"):
+        todo.append(("Deleted runs, endings in finish, refusals, resumes, sqlite", round4_section))
     try:
         with Progress(len(todo), "[reliability]") as progress:
             for title, step in todo:
