@@ -1,7 +1,8 @@
 """A run deleted on the server stays deleted (issue 55 item 2, the client's part): the job's
 client stops sending for it, says so once, counts what it did not deliver as dropped with the
 reason; ``noisescope sync`` of its spool likewise, and removes that spool instead of trying it
-again forever. Against real server processes, on SQLite and PostgreSQL."""
+again forever, as does a later run that finds it orphaned. Against real server processes, on
+SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 
 import noisescope
 from harness import ServerProcess
-from noisescope import NotFoundError
+from noisescope import NotFoundError, Request, Response, TransportError
 from noisescope._sync import report
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -86,3 +88,41 @@ def test_sync_of_a_deleted_run_says_so_once_and_removes_its_spool(
         server.api().run(first.id)
     again = noisescope.sync(tmp_path, url=server.url)  # nothing left to try again
     assert (again.deleted, again.failed, again.synced) == ({}, {}, [])
+
+
+class _Down:
+    """A transport to a server that is down: every request fails without an answer."""
+
+    def handle_request(self, request: Request) -> Response:
+        raise TransportError("connection refused (the test's server is down)")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_later_run_removes_an_orphaned_spool_of_a_deleted_run_and_says_so(
+    server: ServerProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="noisescope")
+    created = noisescope.init(url=server.url, dir=tmp_path / "elsewhere", quiet=True)
+    created.finish(timeout=30)
+    # a job of that run during an outage: its samples wait in the spool (an online run's,
+    # to this URL, which the next run here delivers)
+    job = noisescope.init(
+        url=server.url, run_id=created.id, dir=tmp_path, transport=_Down(), flush_timeout=0.2,
+        quiet=True,
+    )  # fmt: skip
+    _log(job, range(200))
+    assert job.finish().spooled == 200
+    server.api().delete_run(created.id)
+
+    later = noisescope.init(url=server.url, dir=tmp_path, batch_interval=0.05, quiet=True)
+    _log(later, range(10))
+    assert later.flush(timeout=30)
+    assert wait_for(lambda: not (tmp_path / created.id).exists())  # delivered, or let go
+    status = later.finish(timeout=30)
+    assert (status.sent, status.dropped) == (10, 0), status
+    with pytest.raises(NotFoundError):
+        server.api().run(created.id)  # not created again by the orphan's delivery
+    said = [r.getMessage() for r in caplog.records if created.id in r.getMessage()]
+    assert any("the run was deleted on the server" in m and "200 samples" in m for m in said)
