@@ -14,8 +14,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from harness import free_port
+from harness.old_rows import dump, populate
 from noisescope_server import db
-from tests.support.old_rows import dump, populate
 
 #: A revision no noisescope of this version knows: what a newer one would have written.
 FUTURE = "0999"

@@ -17,11 +17,11 @@ import httpx
 import pytest
 
 from harness import ServerProcess, columns, run_body
+from harness.old_rows import OLD_SECRET, dump, populate
 from noisescope import protocol
 from noisescope_server import db
 from reliability._infra import create_token
 from tests.conftest import BACKENDS, fresh_database
-from tests.support.old_rows import OLD_SECRET, dump, populate
 
 API = protocol.API_PREFIX
 PROJECT = "scoped"
