@@ -306,11 +306,11 @@ def newer_database(backend: str, workdir: Path) -> list[Row]:
                 and "Traceback" not in out.stderr
                 and unchanged
             )
+            line = said[0].replace(url, "URL")[:160] if said else "(nothing)"
             rows.append(Row(4, f"`noisescope {name}` on a revision-{FUTURE} database",
                             "—", None, None, None, f"exit {out.returncode}", held,
                             f"{len(said)} line(s); database unchanged: "
-                            f"{'yes' if unchanged else 'NO'}; said: "
-                            f"{said[0].replace(url, 'URL')[:160] if said else '(nothing)'}"))  # fmt: skip
+                            f"{'yes' if unchanged else 'NO'}; said: {line}"))  # fmt: skip
     return rows
 
 
