@@ -79,6 +79,8 @@ def test_a_read_token_reads_and_changes_nothing(
         _refused(http.delete(f"{API}/runs/{uid}"), "manage")
         who = http.get(f"{API}/auth/whoami").json()
     assert who["scopes"] == ["read"]
+    access = locked.api(tokens["read"]).access()  # noisescope.Api's view of it
+    assert (access.scopes, access.project, access.auth) == (["read"], PROJECT, "all")
     with locked.client(tokens["default"]) as http:  # nothing changed
         run = http.get(f"{API}/runs/{uid}").json()
     assert (run["name"], run["tags"], run["n_samples"], run["status"]) == ("r", [], 20, "running")
