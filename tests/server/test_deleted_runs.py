@@ -85,6 +85,10 @@ def test_reusing_a_deleted_id_is_explicit_and_needs_manage(
         assert admin.delete(f"{API}/runs/{uid}").status_code == 204
         refused = job.put(reuse, json=run_body(PROJECT))
         assert refused.status_code == 403 and "'manage' scope" in refused.json()["detail"]
+        # a manager of another project cannot take the id over
+        other = create_token(served.database_url, "other-project", "read,write,manage")
+        with served.client(other) as stranger:
+            _gone(stranger.put(reuse, json=run_body("other-project")), uid)
         made = admin.put(reuse, json=run_body(PROJECT, name="second"))
         assert made.status_code == 201, made.text
         # a fresh run: the job's writes go in again, none of the first life's samples are back
