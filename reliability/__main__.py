@@ -707,6 +707,14 @@ def spool_damage_section() -> tuple[bool, str]:
     )
 
 
+def round4_server_section(backend: str) -> tuple[bool, str]:
+    """Issue 55, the server's items 1 to 4 (reliability._round4_server)."""
+    from reliability._round4_server import round4_server, section_body
+
+    ok, rows = round4_server(backend)
+    return ok, section_body(backend, rows, _table([r.cells() for r in rows]))
+
+
 def reads_section() -> tuple[bool, str]:
     """Issue 46, items 9 to 11 on the read side (reliability._round3_reads)."""
     from reliability._round3_reads import run_round3_reads
@@ -756,7 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         default="load,paced,faults,client,bad,stored,edges,disconnects,properties,auth,outage,"
-        "browser,readclient,disk,round3,round4",
+        "browser,readclient,disk,round3,round4server,round4",
         help="comma-separated sections to run (%(default)s); 'bad' is the hostile corpus, raw "
         "sockets, rows stored around the API and crashed runs; 'client' the client's faults "
         "(hostile run ids, a hung server and a killed client, a burst); 'stored' random "
@@ -764,8 +772,10 @@ def build_parser() -> argparse.ArgumentParser:
         "parameter; 'disconnects' broken and vanishing bodies with auth on; 'readclient' "
         "noisescope.Api against a broken server; 'outage' stops a private PostgreSQL cluster "
         "under load; 'disk' the client's spool on a full disk; 'round3' nothing lost without a "
-        "count (issue 46), a damaged spool, names, secrets and clocks; 'round4' deleted runs, "
-        "endings during finish(), refusals and resumed runs (issue 55, the client)",
+        "count (issue 46), a damaged spool, names, secrets and clocks; 'round4server' token "
+        "scopes, deleted runs, changes made on the server and a database newer than the code "
+        "(issue 55, the server's items); 'round4' deleted runs, endings during finish(), "
+        "refusals and resumed runs (issue 55, the client)",
     )
     parser.add_argument("--runs", type=int, help="load: simulated runs")
     parser.add_argument("--samples", type=int, help="load: samples per run")
@@ -809,7 +819,9 @@ def main(argv: list[str] | None = None) -> int:
             ("disconnects", "Disconnects with auth on", partial(disconnects_section, backend)),
             ("auth", "Isolation and auth", partial(auth_section, backend)),
             ("round3", "Nothing lost without a count", partial(round3_section, backend, sizes)),
-        ]
+            ("round4server", "Scopes, deleted runs, server-side changes, a newer database",
+             partial(round4_server_section, backend)),
+        ]  # fmt: skip
         if backend == "postgresql":
             steps.append(("outage", "PostgreSQL outages", outage_section))
         todo += [(f"{title}, {backend}", step) for key, title, step in steps if key in only]

@@ -92,6 +92,15 @@ TESTED_BY: dict[tuple[str, str], list[str]] = {
     ("docs/adaptive_batch.md", "GET /api/v1/runs/{run_id}/recommendation?candidates=128"): [
         "tests/test_doc_blocks.py::test_the_recommendation_request_is_answered",
     ],
+    ("docs/api.md", "lacks the 'manage' scope"): [
+        "tests/server/test_scopes.py::test_the_403_in_the_docs_is_the_servers",
+    ],
+    ("docs/api.md", "reuse_deleted=true with a token"): [
+        "tests/server/test_deleted_runs.py::test_the_410_in_the_docs_is_the_servers",
+    ],
+    ("docs/deployment.md", "newer than this noisescope"): [
+        "tests/server/test_newer_database.py::test_the_line_in_the_docs_is_the_commands",
+    ],
     ("docs/api.md", 'api = noisescope.Api("http://127.0.0.1:8765")'): [
         "tests/test_docs.py::test_the_api_example_runs_and_says_only_what_is_true",
         "tests/test_docs.py::test_the_readme_steps_then_the_api_example_run_in_order",

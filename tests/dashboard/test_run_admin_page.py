@@ -54,3 +54,29 @@ def test_archive_restore_rename_tags_and_delete(make_app: MakeApp, server: str, 
         api.run(uid)
     assert f"Deleted run {uid}" in plain(at.success[0].value)
     assert at.query_params.get("run") != [uid]  # the page moved on to another run
+
+
+def test_with_a_read_token_the_fold_says_what_it_needs(make_app: MakeApp, auth_server: str) -> None:
+    """docs/deployment.md gives the dashboard a read token: its Manage fold then offers no
+    change and says which token it needs; with ``manage`` the changes are there."""
+    from .conftest import ADMIN
+
+    def token(scopes: list[str]) -> str:
+        answer = httpx.post(
+            f"{auth_server}/api/v1/projects/vision/tokens",
+            json={"name": "dashboard-fold", "scopes": scopes},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        )
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["token"])
+
+    read, manage = token(["read"]), token(["read", "manage"])
+    uid = Api(auth_server, token=read).runs()[0].uid
+    at = make_app(auth_server, "run", token=read, run=uid)
+    said = plain(texts(at))
+    assert "need a token with the `manage` scope" in said.replace("\\", "")
+    assert "noisescope token create --project vision --scope read,manage" in said
+    assert f"delete_{uid}" not in [b.key for b in at.button]
+    at = make_app(auth_server, "run", token=manage, run=uid)
+    assert f"delete_{uid}" in [b.key for b in at.button]
+    assert "need a token with the" not in plain(texts(at))

@@ -85,6 +85,10 @@ def test_reusing_a_deleted_id_is_explicit_and_needs_manage(
         assert admin.delete(f"{API}/runs/{uid}").status_code == 204
         refused = job.put(reuse, json=run_body(PROJECT))
         assert refused.status_code == 403 and "'manage' scope" in refused.json()["detail"]
+        # a manager of another project cannot take the id over
+        other = create_token(served.database_url, "other-project", "read,write,manage")
+        with served.client(other) as stranger:
+            _gone(stranger.put(reuse, json=run_body("other-project")), uid)
         made = admin.put(reuse, json=run_body(PROJECT, name="second"))
         assert made.status_code == 201, made.text
         # a fresh run: the job's writes go in again, none of the first life's samples are back
@@ -169,3 +173,25 @@ def test_a_put_without_a_patch_still_sets_name_and_tags(
         assert again.json()["warnings"] == []
         run = job.get(f"{API}/runs/{uid}").json()
     assert (run["name"], run["tags"]) == ("b", ["t"])
+
+
+def test_the_410_in_the_docs_is_the_servers(
+    served: ServerProcess, job_token: str, admin_token: str
+) -> None:
+    """docs/api.md's 410 example is what a server answers, but for the run id and the time."""
+    import json
+    import re
+    from pathlib import Path
+
+    uid = uuid.uuid4().hex
+    with served.client(job_token) as job, served.client(admin_token) as admin:
+        assert job.put(f"{API}/runs/{uid}", json=run_body(PROJECT)).status_code == 201
+        assert admin.delete(f"{API}/runs/{uid}").status_code == 204
+        answer = job.post(f"{API}/runs/{uid}/heartbeat")
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", text, flags=re.S)
+    (block,) = [b for b in blocks if "reuse_deleted=true with a token" in b]
+    documented = json.loads(block)["detail"]
+    when = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
+    said = when.sub("T", answer.json()["detail"]).replace(uid, "c0ffee...")
+    assert answer.status_code == 410 and said == when.sub("T", documented)

@@ -12,9 +12,9 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
 
+from harness.old_rows import dump, populate
 from noisescope_server import db
 from noisescope_server.models import Base
-from tests.support.old_rows import dump, populate
 
 TABLES = {"project", "task", "run", "sample", "sample_block", "event", "token", "deleted_run"}
 

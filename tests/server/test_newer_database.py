@@ -14,8 +14,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from harness import free_port
+from harness.old_rows import dump, populate
 from noisescope_server import db
-from tests.support.old_rows import dump, populate
 
 #: A revision no noisescope of this version knows: what a newer one would have written.
 FUTURE = "0999"
@@ -81,3 +81,25 @@ def test_a_newer_database_is_refused_in_one_line_and_left_unchanged(
     assert "newer than this noisescope" in current.stdout
     assert "needs `noisescope db upgrade`" not in current.stdout
     assert _state(db_url) == before
+
+
+def test_the_line_in_the_docs_is_the_commands(tmp_path: Path) -> None:
+    """docs/deployment.md's example line is what ``noisescope server`` prints, but for the
+    database's URL and the revision numbers."""
+    import re
+
+    url = f"sqlite:///{tmp_path / 'noisescope.db'}"
+    _future_database(url)
+    out = _cli(["server", "--port", str(free_port()), "--database-url", url], tmp_path)
+    docs = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
+    (documented,) = [
+        line.strip()
+        for line in docs.read_text().splitlines()
+        if line.strip().startswith("noisescope server: sqlite:")
+    ]
+
+    def general(line: str) -> str:
+        line = re.sub(r"sqlite:///\S+?: ", "URL: ", line)
+        return re.sub(r"revision \d{4}", "revision N", line)
+
+    assert out.returncode == 2 and general(out.stderr.strip()) == general(documented)

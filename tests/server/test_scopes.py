@@ -17,11 +17,11 @@ import httpx
 import pytest
 
 from harness import ServerProcess, columns, run_body
+from harness.old_rows import OLD_SECRET, dump, populate
 from noisescope import protocol
 from noisescope_server import db
 from reliability._infra import create_token
 from tests.conftest import BACKENDS, fresh_database
-from tests.support.old_rows import OLD_SECRET, dump, populate
 
 API = protocol.API_PREFIX
 PROJECT = "scoped"
@@ -79,6 +79,8 @@ def test_a_read_token_reads_and_changes_nothing(
         _refused(http.delete(f"{API}/runs/{uid}"), "manage")
         who = http.get(f"{API}/auth/whoami").json()
     assert who["scopes"] == ["read"]
+    access = locked.api(tokens["read"]).access()  # noisescope.Api's view of it
+    assert (access.scopes, access.project, access.auth) == (["read"], PROJECT, "all")
     with locked.client(tokens["default"]) as http:  # nothing changed
         run = http.get(f"{API}/runs/{uid}").json()
     assert (run["name"], run["tags"], run["n_samples"], run["status"]) == ("r", [], 20, "running")
@@ -171,3 +173,28 @@ def test_tokens_stored_before_scopes_keep_reading_and_ingesting(
         engine.dispose()
     for table, rows in before.items():
         assert [r for r in kept[table] if r["run_id"] == old_run["id"]] == rows, table
+
+
+def _doc_json(page: str, marker: str) -> dict[str, str]:
+    """The JSON block of ``docs/<page>`` that contains ``marker``."""
+    import json
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / page).read_text()
+    blocks = re.findall(r"```json\n(.*?)```", text, flags=re.S)
+    (block,) = [b for b in blocks if marker in b]
+    parsed: dict[str, str] = json.loads(block)
+    return parsed
+
+
+def test_the_403_in_the_docs_is_the_servers(locked: ServerProcess) -> None:
+    """docs/api.md's 403 example is what a server answers, word for word."""
+    url = locked.database_url
+    made = _cli("token", "--database-url", url, "create", "--project", "vision", "--name", "ci")
+    secret = made.stdout.splitlines()[1]
+    with locked.client(secret) as http:
+        uid = uuid.uuid4().hex
+        assert http.put(f"{API}/runs/{uid}", json=run_body("vision")).status_code == 201
+        answer = http.patch(f"{API}/runs/{uid}", json={"name": "x"})
+    assert answer.status_code == 403
+    assert answer.json() == _doc_json("api.md", "lacks the 'manage' scope")

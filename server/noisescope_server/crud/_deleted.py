@@ -50,7 +50,8 @@ def refuse_if_deleted(conn: Connection, run_uid: str) -> None:
         raise gone(run_uid, when)
 
 
-def forget_deleted(conn: Connection, run_uid: str) -> bool:
-    """Reuse ``run_uid``: forget that it was deleted; whether it had been."""
-    stmt = delete(DeletedRun).where(DeletedRun.uid == run_uid)
+def forget_deleted(conn: Connection, run_uid: str, project_id: int) -> bool:
+    """Reuse ``run_uid`` in its own project: forget that it was deleted there; whether it
+    had been (an id deleted in another project stays refused)."""
+    stmt = delete(DeletedRun).where(DeletedRun.uid == run_uid, DeletedRun.project_id == project_id)
     return bool(conn.execute(stmt, execution_options={"preserve_rowcount": True}).rowcount)

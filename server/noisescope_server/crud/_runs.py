@@ -178,7 +178,7 @@ def upsert_run(
             raise Forbidden(f"this token does not grant access to project {run.project!r}")
         task_id = get_or_create_task(conn, project_id, run.task)
         existing = lock_run(conn, run_uid)
-        if existing is None and not (reuse_deleted and forget_deleted(conn, run_uid)):
+        if existing is None and not (reuse_deleted and forget_deleted(conn, run_uid, project_id)):
             refuse_if_deleted(conn, run_uid)
         if run.parent_uid is not None:
             _check_parent(conn, run_uid, run.parent_uid, project_id)
