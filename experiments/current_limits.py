@@ -1,0 +1,254 @@
+"""What a trend over the run could add to "B_simple now" (issue 58), measured on the exact-truth
+study's traces (``experiments.current_truth``).
+
+A trend model of |G|² and tr(Σ) along the run can do no better than knowing their exact shapes
+and estimating only their scale. With the shapes known, the window's ratio of sums Σ𝒮 / Σ|𝒢|²
+converts to the value now by a known factor, K = exact B_simple now / exact B_simple over the
+window (both ratios of exact means), so the best estimate of B_simple now from a window is K
+times the window's ratio, with K times the window's interval: a perfect trend model's interval
+is the flat window's, rescaled. Whether it could state a number within ``CURRENT_MAX_FACTOR``
+is then whether the flat window's interval is that narrow, whatever the trend. This measures,
+per run, the most that any trend over the trailing ``fraction`` of a run could give.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from noisescope.estimators import (
+    CURRENT_MAX_FACTOR,
+    CURRENT_MIN_SAMPLES,
+    Interval,
+    NoiseSamples,
+    interval_from_blocks,
+    reblock,
+    student_t_quantile,
+)
+
+__all__ = [
+    "LIMIT_FRACTIONS",
+    "MODEL_FRACTIONS",
+    "ModelAnswer",
+    "TrendLimit",
+    "exact_ratio",
+    "line_model",
+    "power_model",
+    "trend_limits",
+    "trend_models",
+]
+
+#: The trailing shares of a run a trend could be fitted over: the current rule's longest
+#: window (half the run) and the whole run.
+LIMIT_FRACTIONS = (0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class TrendLimit:
+    """The best "B_simple now" a trend over a run's trailing ``fraction`` could give (90%)."""
+
+    fraction: float
+    samples: int
+    #: K times the window's interval (None: the window's |𝒢|² is not significantly positive)
+    interval: Interval | None
+
+    @property
+    def states_number(self) -> bool:
+        """Whether the interval lies within ``CURRENT_MAX_FACTOR`` of its value (the rule's
+        test for stating a number rather than a bound)."""
+        iv = self.interval
+        factor = CURRENT_MAX_FACTOR
+        return iv is not None and iv.lo * factor >= iv.value >= iv.hi / factor
+
+
+def exact_ratio(
+    truth: Sequence[tuple[float, float, float]], first: float, last: float
+) -> float | None:
+    """Exact B_simple over steps ``first``..``last``: mean tr(Σ) / mean |G|² of the exact
+    points there (what a window's ratio of sums estimates); None without a point."""
+    points = [p for p in truth if first <= p[0] <= last]
+    g = sum(p[1] for p in points)
+    return sum(p[2] for p in points) / g if points and g > 0 else None
+
+
+def trend_limits(
+    samples: Sequence[tuple[float, float, float]],
+    truth: Sequence[tuple[float, float, float]],
+    now: float,
+    fractions: Sequence[float] = LIMIT_FRACTIONS,
+) -> list[TrendLimit]:
+    """``TrendLimit`` of a run's (step, |𝒢|², 𝒮) samples for each trailing fraction, against the
+    exact B_simple ``now`` (the study's: over the last 10% of steps)."""
+    held = NoiseSamples()
+    for step, g_sq, trace_sigma in samples:
+        held.add(step, g_sq, trace_sigma)
+    out = []
+    for fraction in fractions:
+        k = min(len(held), max(CURRENT_MIN_SAMPLES, math.ceil(fraction * len(held))))
+        window = held.trailing(k)
+        # the window's first and last steps, from the samples it holds (the last k)
+        first, last = samples[-k][0], samples[-1][0]
+        exact_window = exact_ratio(truth, first, last)
+        b_iv = interval_from_blocks(*window).b_simple
+        interval = None
+        # below the rule's fewest samples nothing is stated, trend or not
+        if b_iv is not None and exact_window and len(held) >= CURRENT_MIN_SAMPLES:
+            factor = now / exact_window
+            interval = Interval(b_iv.value * factor, b_iv.lo * factor, b_iv.hi * factor)
+        out.append(TrendLimit(fraction, k, interval))
+    return out
+
+
+# --- trend models tried (issue 58) ---------------------------------------------------------
+#
+# Two models of the trend, each read at the run's last sample, with the rule's 90% interval
+# test (a number when the interval lies within ``CURRENT_MAX_FACTOR`` of it):
+#
+# - ``line``: B_simple a straight line in the sample index over the trailing half,
+#   Σ_k w_k (𝒮_k − (b0 + b1 u_k) |𝒢|²_k) = 0 for w = 1, u (u = 0 at the last sample; a ratio of
+#   sums when b1 = 0), so b0 = Σ c_k 𝒮_k / Σ c_k |𝒢|²_k with c_k = Σ u²|𝒢|² − u_k Σ u|𝒢|²;
+#   a Student-t interval from the fit's own error (its sandwich variance over the blocks).
+# - ``power``: |G|² a power of tr(Σ) over the trailing 80%, E|𝒢|²_k = n_k c (𝒮̄_k / 𝒮_now)^a
+#   (tr(Σ) is well measured and falls with the loss; the exponent from the estimating
+#   equations Σ_k (|𝒢|²_k − n_k c x_k^a) (1, log x_k) = 0), tr(Σ) now over the last eighth of the
+#   blocks;
+#   a Student-t interval on log B_simple from the block jackknife.
+
+#: The trailing share of a run each trend model is fitted over.
+MODEL_FRACTIONS = {"line": 0.5, "power": 0.8}
+#: Blocks a model's window is cut into (the jackknife's): the interval's count.
+MODEL_BLOCKS = 30
+
+Blocks = tuple[list[float], list[float], list[float]]
+
+
+def _centres(block_n: Sequence[float], n_total: float) -> list[float]:
+    """Each block's middle sample, as a share of the run before its last sample (<= 0)."""
+    out, start = [], n_total - sum(block_n)
+    for n in block_n:
+        out.append((start + n / 2.0 - n_total) / n_total)
+        start += n
+    return out
+
+
+def line_model(blocks: Blocks, n_total: float, level: float = 0.9) -> Interval | None:
+    """B_simple at the last sample under the line model, with the fit's own error: the
+    sandwich variance of b0 from the blocks' residuals 𝒮_k − (b0 + b1 u_k) |𝒢|²_k, whose
+    influence on b0 is c_k / Σ c|𝒢|², and a Student-t interval on m - 2 degrees of freedom.
+    None where the fit has no positive denominator, or its interval reaches 0."""
+    _, g, s = blocks
+    m = len(g)
+    if m < 4:
+        return None
+    u = _centres(blocks[0], n_total)
+    a = sum(gk * uk * uk for gk, uk in zip(g, u, strict=True))
+    b = sum(gk * uk for gk, uk in zip(g, u, strict=True))
+    c = [a - uk * b for uk in u]
+    den = sum(ck * gk for ck, gk in zip(c, g, strict=True))
+    if den <= 0:
+        return None
+    b0 = sum(ck * sk for ck, sk in zip(c, s, strict=True)) / den
+    b1 = (sum(s) - b0 * sum(g)) / b if b else 0.0
+    influence = [
+        ck * (sk - (b0 + b1 * uk) * gk) / den for ck, sk, gk, uk in zip(c, s, g, u, strict=True)
+    ]
+    se = math.sqrt(sum(x * x for x in influence) * m / (m - 2))
+    t = student_t_quantile(0.5 + level / 2.0, m - 2)
+    if b0 - t * se <= 0:
+        return None
+    return Interval(b0, b0 - t * se, b0 + t * se)
+
+
+def _tilt(block_n: Sequence[float], x: Sequence[float], target: float) -> float | None:
+    """The exponent a with Σ n_k x_k e^{a x_k} / Σ n_k e^{a x_k} = target (it increases with
+    a), or None when target is outside the x_k."""
+    if not min(x) < target < max(x):
+        return None
+
+    def mean(a: float) -> float:
+        top = max(a * xk for xk in x)
+        w = [n * math.exp(a * xk - top) for n, xk in zip(block_n, x, strict=True)]
+        return sum(wk * xk for wk, xk in zip(w, x, strict=True)) / sum(w)
+
+    lo, hi = -1.0, 1.0
+    while mean(lo) > target:
+        lo *= 2.0
+    while mean(hi) < target:
+        hi *= 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if mean(mid) < target else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def _power_log_b(blocks: Blocks) -> float | None:
+    """log B_simple now under the power model, or None where it has no fit."""
+    n, g, s = blocks
+    recent = max(1, len(n) // 8)
+    s_now = sum(s[-recent:]) / sum(n[-recent:])
+    g_total = sum(g)
+    if s_now <= 0 or g_total <= 0 or min(s) <= 0:
+        return None
+    x = [math.log(sk / nk / s_now) for nk, sk in zip(n, s, strict=True)]
+    a = _tilt(n, x, sum(gk * xk for gk, xk in zip(g, x, strict=True)) / g_total)
+    if a is None:
+        return None
+    log_g_now = math.log(g_total) - math.log(
+        sum(nk * math.exp(a * xk) for nk, xk in zip(n, x, strict=True))
+    )
+    return math.log(s_now) - log_g_now
+
+
+def power_model(blocks: Blocks, level: float = 0.9) -> Interval | None:
+    """B_simple now under the power model, with the jackknife's t interval on its log."""
+    m = len(blocks[0])
+    point = _power_log_b(blocks) if m >= 3 else None
+    if point is None:
+        return None
+    leave = []
+    for k in range(m):
+        part = _power_log_b(
+            (
+                blocks[0][:k] + blocks[0][k + 1 :],
+                blocks[1][:k] + blocks[1][k + 1 :],
+                blocks[2][:k] + blocks[2][k + 1 :],
+            )
+        )
+        if part is None:
+            return None
+        leave.append(part)
+    mean = sum(leave) / m
+    se = math.sqrt((m - 1) / m * sum((x - mean) ** 2 for x in leave))
+    t = student_t_quantile(0.5 + level / 2.0, m - 1)
+    return Interval(math.exp(point), math.exp(point - t * se), math.exp(point + t * se))
+
+
+@dataclass(frozen=True)
+class ModelAnswer:
+    """What a trend model says of B_simple now: its interval, and whether it is a number."""
+
+    model: str
+    interval: Interval | None
+
+    @property
+    def states_number(self) -> bool:
+        iv, factor = self.interval, CURRENT_MAX_FACTOR
+        return iv is not None and iv.lo * factor >= iv.value >= iv.hi / factor
+
+
+def trend_models(samples: Sequence[tuple[float, float, float]]) -> list[ModelAnswer]:
+    """Each trend model's answer on a run's (step, |𝒢|², 𝒮) samples."""
+    held = NoiseSamples()
+    for step, g_sq, trace_sigma in samples:
+        held.add(step, g_sq, trace_sigma)
+    n = len(held)
+    out = []
+    for model, fraction in MODEL_FRACTIONS.items():
+        k = min(n, max(CURRENT_MIN_SAMPLES, math.ceil(fraction * n)))
+        blocks = reblock(*held.trailing(k), MODEL_BLOCKS)
+        answer = None
+        if n >= CURRENT_MIN_SAMPLES:
+            answer = line_model(blocks, n) if model == "line" else power_model(blocks)
+        out.append(ModelAnswer(model, answer))
+    return out
