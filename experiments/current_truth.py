@@ -511,7 +511,8 @@ def render(outcomes: Sequence[RunOutcome], command: str) -> str:
         f"{s['numbers'] + s['bounds']}",
         f"- the previous rule (grown to the whole run): {s['previous_within_2x']} of "
         f"{s['previous_numbers']} numbers within 2×",
-        f"- held out (seed {HELD_OUT_SEED}, kept out of choosing the rule): {s['held_out']} runs, "
+        f"- held out (seed {HELD_OUT_SEED}, not used in choosing the trend models below): "
+        f"{s['held_out']} runs, "
         f"{s['held_out_numbers']} with a number, {s['held_out_within_2x']} of them within 2×",
         *_misses(outcomes),
         *(

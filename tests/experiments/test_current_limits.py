@@ -88,7 +88,9 @@ def test_the_line_model_reads_a_straight_trend_at_the_last_sample_at_its_stated_
     assert sum(ss) / sum(gs) == pytest.approx(75.0, rel=0.1)
 
 
-def power_blocks(seed: int, m: int = 30, n: float = 30.0) -> tuple[list[float], ...]:
+def power_blocks(
+    seed: int, m: int = 30, n: float = 30.0
+) -> tuple[list[float], list[float], list[float]]:
     """Blocks along which tr(Sigma) falls 10x and |G|^2 = 0.01 tr(Sigma)^1.5: B_simple now is
     100 tr(Sigma)_now^-0.5 = 100 at tr(Sigma)_now = 1."""
     rng = random.Random(seed)
