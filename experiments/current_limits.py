@@ -40,8 +40,8 @@ __all__ = [
 ]
 
 #: The trailing shares of a run a trend could be fitted over: the current rule's longest
-#: window (half the run) and the whole run.
-LIMIT_FRACTIONS = (0.5, 1.0)
+#: window (half the run), three quarters of it, and the whole run.
+LIMIT_FRACTIONS = (0.5, 0.75, 1.0)
 
 
 @dataclass(frozen=True)

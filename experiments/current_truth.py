@@ -530,11 +530,12 @@ def render(outcomes: Sequence[RunOutcome], command: str) -> str:
         "only their scale would turn the window's ratio of sums into the value now by a known "
         "factor, and its interval likewise, so it states a number within "
         f"{CURRENT_MAX_FACTOR:g}× exactly where the window's own interval is that narrow. "
-        f"Over the run's last 50% that is {s['trend_0.5']} of {s['runs']} runs (the rule above: "
-        f"{s['numbers']}); over the whole run, from its first step, {s['trend_1']} of "
-        f"{s['runs']}. A trend over the run can add numbers only by following |G|² back into "
-        "early training, where it is 10-10,000× larger; column *trend limit* gives each "
-        "interval's widest side relative to its value (last 50% / whole run)",
+        "Over the run's last "
+        + ", ".join(f"{fraction:.0%}: {s[f'trend_{fraction:g}']}" for fraction in LIMIT_FRACTIONS)
+        + f" of {s['runs']} runs (the rule above: {s['numbers']}). The trend models above "
+        "would have to follow |G|² and tr(Σ) over such a span without bias to come near; "
+        "column *trend limit* gives each such interval's widest side relative to its value "
+        "(" + " / ".join(f"last {fraction:.0%}" for fraction in LIMIT_FRACTIONS) + ")",
         "",
         "| task | optimizer | batch | lr | steps | reported (90%) | window steps "
         "| exact (last 10%) | exact (window) | in interval | previous rule | trend limit "
