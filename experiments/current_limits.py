@@ -1,28 +1,29 @@
 """What a trend over the run could add to "B_simple now" (issue 58), measured on the exact-truth
 study's traces (``experiments.current_truth``).
 
-A trend model of |G|² and tr(Σ) along the run can do no better than knowing their exact shapes
-and estimating only their scale. With the shapes known, the window's ratio of sums Σ𝒮 / Σ|𝒢|²
-converts to the value now by a known factor, K = exact B_simple now / exact B_simple over the
-window (both ratios of exact means), so the best estimate of B_simple now from a window is K
-times the window's ratio, with K times the window's interval: a perfect trend model's interval
-is the flat window's, rescaled. Whether it could state a number within ``CURRENT_MAX_FACTOR``
-is then whether the flat window's interval is that narrow, whatever the trend. This measures,
-per run, the most that any trend over the trailing ``fraction`` of a run could give.
+A trend model of |G|² and tr(Σ) along the run can at best know their smooth shapes and measure
+only their scale. Taking the exact values (the study has them at every step or every few),
+averaged over ``SHAPE_SMOOTHING`` of the run about each step, as the shapes: |G|² now is
+Σ|𝒢|² / Σ(|G|²_i / |G|²_now) over a trailing window, tr(Σ) now likewise, and B_simple now their
+ratio, with Fieller's interval from the blocks' residuals about the shapes. That is the most a
+model of the trend over the same window could state (short of weighing the samples
+otherwise); ``line_model`` and ``power_model`` are two real ones, measured beside it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from noisescope.estimators import (
     CURRENT_MAX_FACTOR,
+    CURRENT_MIN_BLOCK,
     CURRENT_MIN_SAMPLES,
     Interval,
     NoiseSamples,
-    interval_from_blocks,
+    fieller,
     reblock,
     student_t_quantile,
 )
@@ -30,8 +31,10 @@ from noisescope.estimators import (
 __all__ = [
     "LIMIT_FRACTIONS",
     "MODEL_FRACTIONS",
+    "SHAPE_SMOOTHING",
     "ModelAnswer",
     "TrendLimit",
+    "exact_at",
     "exact_ratio",
     "line_model",
     "power_model",
@@ -42,15 +45,22 @@ __all__ = [
 #: The trailing shares of a run a trend could be fitted over: the current rule's longest
 #: window (half the run), three quarters of it, and the whole run.
 LIMIT_FRACTIONS = (0.5, 0.75, 1.0)
+#: The exact values are smoothed over this share of the run on each side of a step: the trend
+#: is what a model can know, not each step's own value (it jitters by 2-10x from step to step
+#: under SGD with momentum at a high rate).
+SHAPE_SMOOTHING = 0.05
+#: Blocks a window is cut into for an interval (at least ``CURRENT_MIN_BLOCK`` samples each).
+MODEL_BLOCKS = 30
 
 
 @dataclass(frozen=True)
 class TrendLimit:
-    """The best "B_simple now" a trend over a run's trailing ``fraction`` could give (90%)."""
+    """What "B_simple now" a trend over a run's trailing ``fraction`` gives with the exact
+    trend known (90%)."""
 
     fraction: float
     samples: int
-    #: K times the window's interval (None: the window's |𝒢|² is not significantly positive)
+    #: None: the scale of |G|² is not significantly positive
     interval: Interval | None
 
     @property
@@ -72,30 +82,90 @@ def exact_ratio(
     return sum(p[2] for p in points) / g if points and g > 0 else None
 
 
+def exact_at(
+    truth: Sequence[tuple[float, float, float]], steps: Sequence[float]
+) -> list[tuple[float, float]]:
+    """Exact |G|² and tr(Σ) at each step (ascending), linear between the exact points."""
+    out, i = [], 0
+    for step in steps:
+        while i + 1 < len(truth) and truth[i + 1][0] <= step:
+            i += 1
+        a = truth[i]
+        b = truth[min(i + 1, len(truth) - 1)]
+        f = (step - a[0]) / (b[0] - a[0]) if b[0] > a[0] and step > a[0] else 0.0
+        out.append((a[1] + f * (b[1] - a[1]), a[2] + f * (b[2] - a[2])))
+    return out
+
+
+def _smoothed(values: Sequence[tuple[float, float]], width: int) -> list[tuple[float, float]]:
+    """Each value's centred running mean over ``width`` samples each side (fewer at the
+    ends): the smooth trend a model could follow, without each step's own jitter."""
+    cum_g, cum_s = [0.0], [0.0]
+    for g, s in values:
+        cum_g.append(cum_g[-1] + g)
+        cum_s.append(cum_s[-1] + s)
+    out = []
+    for i in range(len(values)):
+        a, b = max(0, i - width), min(len(values), i + width + 1)
+        out.append(((cum_g[b] - cum_g[a]) / (b - a), (cum_s[b] - cum_s[a]) / (b - a)))
+    return out
+
+
+def _scale_moments(sums: Sequence[float], shapes: Sequence[float]) -> tuple[float, float] | None:
+    """The scale Σ sums / Σ shapes and its variance from the blocks' residuals about it."""
+    total = sum(shapes)
+    if total <= 0:
+        return None
+    scale = sum(sums) / total
+    m = len(sums)
+    residual = sum((x - scale * w) ** 2 for x, w in zip(sums, shapes, strict=True))
+    return scale, residual * m / (m - 1) / total**2
+
+
 def trend_limits(
     samples: Sequence[tuple[float, float, float]],
     truth: Sequence[tuple[float, float, float]],
-    now: float,
+    now_from: float,
     fractions: Sequence[float] = LIMIT_FRACTIONS,
+    level: float = 0.9,
 ) -> list[TrendLimit]:
-    """``TrendLimit`` of a run's (step, |𝒢|², 𝒮) samples for each trailing fraction, against the
-    exact B_simple ``now`` (the study's: over the last 10% of steps)."""
-    held = NoiseSamples()
-    for step, g_sq, trace_sigma in samples:
-        held.add(step, g_sq, trace_sigma)
+    """``TrendLimit`` of a run's (step, |𝒢|², 𝒮) samples for each trailing fraction; "now" is
+    the exact points from step ``now_from`` on (the study's: its last 10% of steps)."""
+    recent = [p for p in truth if p[0] >= now_from] or list(truth[-1:])
+    g_now = sum(p[1] for p in recent) / len(recent)
+    s_now = sum(p[2] for p in recent) / len(recent)
+    n = len(samples)
     out = []
     for fraction in fractions:
-        k = min(len(held), max(CURRENT_MIN_SAMPLES, math.ceil(fraction * len(held))))
-        window = held.trailing(k)
-        # the window's first and last steps, from the samples it holds (the last k)
-        first, last = samples[-k][0], samples[-1][0]
-        exact_window = exact_ratio(truth, first, last)
-        b_iv = interval_from_blocks(*window).b_simple
+        k = min(n, max(CURRENT_MIN_SAMPLES, math.ceil(fraction * n)))
+        window = samples[n - k :]
+        exact = _smoothed(exact_at(truth, [p[0] for p in window]), round(SHAPE_SMOOTHING * n))
+        m = max(2, min(MODEL_BLOCKS, k // CURRENT_MIN_BLOCK))
+        edges = [k * j // m for j in range(m + 1)]
+        parts = list(itertools.pairwise(edges))
+        g_sums = [sum(p[1] for p in window[a:b]) for a, b in parts]
+        s_sums = [sum(p[2] for p in window[a:b]) for a, b in parts]
+        g_shapes = [sum(e[0] for e in exact[a:b]) / g_now for a, b in parts]
+        s_shapes = [sum(e[1] for e in exact[a:b]) / s_now for a, b in parts]
+        g = _scale_moments(g_sums, g_shapes)
+        s = _scale_moments(s_sums, s_shapes)
         interval = None
         # below the rule's fewest samples nothing is stated, trend or not
-        if b_iv is not None and exact_window and len(held) >= CURRENT_MIN_SAMPLES:
-            factor = now / exact_window
-            interval = Interval(b_iv.value * factor, b_iv.lo * factor, b_iv.hi * factor)
+        if g is not None and s is not None and n >= CURRENT_MIN_SAMPLES and g[0] > 0:
+            # the two scales' residuals, block by block, for their covariance
+            g_scale, s_scale = g[0], s[0]
+            cov = (
+                sum(
+                    (gx - g_scale * gw) * (sx - s_scale * sw)
+                    for gx, gw, sx, sw in zip(g_sums, g_shapes, s_sums, s_shapes, strict=True)
+                )
+                * m
+                / (m - 1)
+                / (sum(g_shapes) * sum(s_shapes))
+            )
+            lo, hi = fieller(s_scale, g_scale, s[1], g[1], cov, level, m - 1)
+            if lo is not None and hi is not None:
+                interval = Interval(s_scale / g_scale, lo, hi)
         out.append(TrendLimit(fraction, k, interval))
     return out
 
@@ -117,8 +187,6 @@ def trend_limits(
 
 #: The trailing share of a run each trend model is fitted over.
 MODEL_FRACTIONS = {"line": 0.5, "power": 0.8}
-#: Blocks a model's window is cut into (the jackknife's): the interval's count.
-MODEL_BLOCKS = 30
 
 Blocks = tuple[list[float], list[float], list[float]]
 
