@@ -31,6 +31,7 @@ from noisescope.estimators import (
 __all__ = [
     "LIMIT_FRACTIONS",
     "MODEL_FRACTIONS",
+    "MODEL_WINDOWS",
     "SHAPE_SMOOTHING",
     "ModelAnswer",
     "TrendLimit",
@@ -38,6 +39,7 @@ __all__ = [
     "exact_ratio",
     "line_model",
     "power_model",
+    "step_model",
     "trend_limits",
     "trend_models",
 ]
@@ -184,9 +186,18 @@ def trend_limits(
 #   equations Σ_k (|𝒢|²_k − n_k c x_k^a) (1, log x_k) = 0), tr(Σ) now over the last eighth of the
 #   blocks;
 #   a Student-t interval on log B_simple from the block jackknife.
+# - ``step``: |G|² and tr(Σ) each a power of the step (``step_model``), over a trailing window
+#   chosen by evidence.
 
-#: The trailing share of a run each trend model is fitted over.
-MODEL_FRACTIONS = {"line": 0.5, "power": 0.8}
+#: The trailing share of a run each trend model is fitted over (``step``: at most; its window
+#: is chosen by evidence, ``STEP_FRACTIONS``).
+MODEL_FRACTIONS = {"line": 0.5, "power": 0.8, "step": 1.0}
+#: Each trend model's window, in words (the study's table).
+MODEL_WINDOWS = {
+    "line": "the last 50%",
+    "power": "the last 80%",
+    "step": "the last 25%, 50%, 75% or all of the run, as the evidence allows",
+}
 
 Blocks = tuple[list[float], list[float], list[float]]
 
@@ -317,6 +328,113 @@ def trend_models(samples: Sequence[tuple[float, float, float]]) -> list[ModelAns
         blocks = reblock(*held.trailing(k), MODEL_BLOCKS)
         answer = None
         if n >= CURRENT_MIN_SAMPLES:
-            answer = line_model(blocks, n) if model == "line" else power_model(blocks)
+            if model == "line":
+                answer = line_model(blocks, n)
+            elif model == "power":
+                answer = power_model(blocks)
+            else:
+                answer = step_model(samples)
         out.append(ModelAnswer(model, answer))
     return out
+
+
+# --- |G|² and tr(Σ) each a power of the step -------------------------------------------------
+#
+# E|𝒢|²_k = |G|²_now (t_k / t_now)^a and E𝒮_k = tr(Σ)_now (t_k / t_now)^b (t = step + 1), each
+# fitted on block sums by the estimating equations Σ_j (Y_j − n_j c x_j^a)(1, log x_j) = 0
+# (``_tilt``; no logs of samples, which can be negative), read at the last step. The window
+# starts at the trailing quarter of the run's ``STEP_BLOCKS`` blocks and grows to a half, three
+# quarters, all of it while its 90% interval is wider than ``CURRENT_MAX_FACTOR`` from end to
+# end, and only while the wider window's B_simple now agrees with the narrower one's (the
+# jackknife of their difference over the wider window's blocks, ``STEP_AGREE_LEVEL``): older
+# steps that pull the answer away show that the power law does not reach back that far.
+# The interval: Student t on log B_simple now from the block jackknife.
+
+#: Blocks the whole run is cut into (at least ``CURRENT_MIN_BLOCK`` samples each).
+STEP_BLOCKS = 40
+#: The trailing shares of the run the step model's window may take, in the order it grows.
+STEP_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+#: Confidence at which a wider window's answer differs from the narrower one's (it stops).
+STEP_AGREE_LEVEL = 0.9
+
+#: Blocks of the step model: (samples, log(t / t_now) at the block's mean step, Σ|𝒢|², Σ𝒮).
+StepBlock = tuple[float, float, float, float]
+
+
+def _step_blocks(samples: Sequence[tuple[float, float, float]]) -> list[StepBlock]:
+    n = len(samples)
+    m = max(1, min(STEP_BLOCKS, n // CURRENT_MIN_BLOCK))
+    t_now = samples[-1][0] + 1.0
+    out = []
+    for a, b in itertools.pairwise([n * j // m for j in range(m + 1)]):
+        part = samples[a:b]
+        t = sum(p[0] + 1.0 for p in part) / len(part)
+        out.append((float(len(part)), math.log(t / t_now), sum(p[1] for p in part),
+                    sum(p[2] for p in part)))  # fmt: skip
+    return out
+
+
+def _power_now(n: Sequence[float], x: Sequence[float], y: Sequence[float]) -> float | None:
+    """The level at x = 0 of a power law fitted to block sums y (None: no fit)."""
+    total = sum(y)
+    if total <= 0:
+        return None
+    a = _tilt(n, x, sum(yk * xk for yk, xk in zip(y, x, strict=True)) / total)
+    if a is None:
+        return None
+    return total / sum(nk * math.exp(a * xk) for nk, xk in zip(n, x, strict=True))
+
+
+def _step_log_b(blocks: Sequence[StepBlock]) -> float | None:
+    n, x, g, s = ([b[i] for b in blocks] for i in range(4))
+    g_now, s_now = _power_now(n, x, g), _power_now(n, x, s)
+    if g_now is None or s_now is None or g_now <= 0 or s_now <= 0:
+        return None
+    return math.log(s_now / g_now)
+
+
+def _step_jackknife(blocks: Sequence[StepBlock]) -> tuple[float, list[float]] | None:
+    """log B_simple now over these blocks, and with each block left out (None: no fit)."""
+    point = _step_log_b(blocks)
+    leave = [_step_log_b([*blocks[:k], *blocks[k + 1 :]]) for k in range(len(blocks))]
+    if point is None or any(v is None for v in leave):
+        return None
+    return point, [v for v in leave if v is not None]
+
+
+def _jackknife_se(values: Sequence[float]) -> float:
+    m = len(values)
+    mean = sum(values) / m
+    return math.sqrt((m - 1) / m * sum((v - mean) ** 2 for v in values))
+
+
+def step_model(
+    samples: Sequence[tuple[float, float, float]], level: float = 0.9
+) -> Interval | None:
+    """B_simple at a run's last step under the step model, over the window evidence allows;
+    None where even the trailing quarter has no fit."""
+    blocks = _step_blocks(samples)
+    best: tuple[float, list[float]] | None = None
+    for fraction in STEP_FRACTIONS:
+        window = blocks[-max(4, round(fraction * len(blocks))) :]
+        fit = _step_jackknife(window) if len(window) >= 4 else None
+        if fit is None:
+            break
+        if best is not None:
+            # a left-out block older than the narrower window leaves its answer as it is
+            extra = len(window) - len(best[1])
+            diff = [
+                v - (best[0] if k < extra else best[1][k - extra]) for k, v in enumerate(fit[1])
+            ]
+            t = student_t_quantile(0.5 + STEP_AGREE_LEVEL / 2.0, len(window) - 1)
+            if abs(fit[0] - best[0]) > t * _jackknife_se(diff):
+                break
+        best = fit
+        t = student_t_quantile(0.5 + level / 2.0, len(window) - 1)
+        if math.exp(2.0 * t * _jackknife_se(fit[1])) <= CURRENT_MAX_FACTOR:
+            break
+    if best is None:
+        return None
+    point, leave = best
+    half = student_t_quantile(0.5 + level / 2.0, len(leave) - 1) * _jackknife_se(leave)
+    return Interval(math.exp(point), math.exp(point - half), math.exp(point + half))

@@ -29,6 +29,7 @@ from experiments import sections
 from experiments.current_limits import (
     LIMIT_FRACTIONS,
     MODEL_FRACTIONS,
+    MODEL_WINDOWS,
     SHAPE_SMOOTHING,
     ModelAnswer,
     TrendLimit,
@@ -113,8 +114,7 @@ class RunOutcome:
     exact_window: float | None
     #: What the rule before this one said: the window grown to the whole run if need be.
     previous: float | None
-    #: The most a trend over the run's last 50% and over all of it could say
-    #: (``experiments.current_limits``), judged against ``exact_last``.
+    #: The most a trend over the run could say (``current_limits``), against ``exact_last``.
     limits: tuple[TrendLimit, ...] = ()
     #: What each trend model tried for issue 58 says of B_simple now (``current_limits``).
     models: tuple[ModelAnswer, ...] = ()
@@ -148,8 +148,7 @@ class RunOutcome:
 
 
 def _ratio_of_means(points: Sequence[tuple[float, float, float]]) -> float | None:
-    """Exact B_simple over some steps: mean tr(Σ) / mean |G|² (what a window's ratio of sums
-    estimates)."""
+    """Exact B_simple over some steps: mean tr(Σ) / mean |G|² (a window's ratio of sums)."""
     if not points:
         return None
     g = sum(p[1] for p in points) / len(points)
@@ -454,12 +453,8 @@ def _model_figures(outcomes: Sequence[RunOutcome]) -> dict[str, float]:
 
 def _models(answers: Sequence[ModelAnswer]) -> str:
     """Each trend model's number, else a dash (its interval too wide or none)."""
-    return (
-        " / ".join(
-            count(a.interval.value) if a.states_number and a.interval else "—" for a in answers
-        )
-        or "—"
-    )
+    numbers = [count(a.interval.value) if a.states_number and a.interval else "—" for a in answers]
+    return " / ".join(numbers) or "—"
 
 
 def _limit(limits: Sequence[TrendLimit]) -> str:
@@ -527,14 +522,14 @@ def render(outcomes: Sequence[RunOutcome], command: str) -> str:
         f"{s['held_out_numbers']} with a number, {s['held_out_within_2x']} of them within 2×",
         *_misses(outcomes),
         *(
-            f"- trend model *{model}* (over the last {fraction:.0%}; "
+            f"- trend model *{model}* (over {window}; "
             "`experiments/current_limits.py`): a number on "
             f"{s[f'{model}_numbers']} of {s['runs']} runs, {s[f'{model}_within_2x']} of them "
             f"within 2× of the exact value over the last 10%, {s[f'{model}_covered']} of their "
             "intervals covering it; on the held-out runs "
             f"{s[f'held_out_{model}_numbers']} numbers, {s[f'held_out_{model}_within_2x']} "
             f"within 2×, {s[f'held_out_{model}_covered']} covering"
-            for model, fraction in MODEL_FRACTIONS.items()
+            for model, window in MODEL_WINDOWS.items()
         ),
         "- with the exact trend known (issue 58; `experiments/current_limits.py`): a model "
         "that knew the smooth trend of |G|² and tr(Σ) along the run exactly (the exact values, "
@@ -555,7 +550,7 @@ def render(outcomes: Sequence[RunOutcome], command: str) -> str:
         "",
         "| task | optimizer | batch | lr | steps | reported (90%) | window steps "
         "| exact (last 10%) | exact (window) | in interval | previous rule | trend limit "
-        "| line / power |",
+        "| line / power / step |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:

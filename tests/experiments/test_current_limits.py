@@ -9,7 +9,13 @@ import random
 
 import pytest
 
-from experiments.current_limits import exact_ratio, line_model, power_model, trend_limits
+from experiments.current_limits import (
+    exact_ratio,
+    line_model,
+    power_model,
+    step_model,
+    trend_limits,
+)
 from noisescope.estimators import NoiseSamples, interval_from_blocks
 
 Points = list[tuple[float, float, float]]
@@ -124,3 +130,50 @@ def test_the_power_model_follows_the_gradient_down_with_tr_sigma() -> None:
     # model's B_simple now is that mean's, near 100 * 1.15^-0.5
     mean = sum(values) / len(values)
     assert 85.0 <= mean <= 105.0, mean
+
+
+def step_run(seed: int, n: int = 800, noise: float = 0.3) -> Points:
+    """Samples of a run along which |G|^2 = 0.1 (t/n)^-1 and tr(Sigma) = 2 (t/n)^-0.3 (t = step
+    + 1), with noise of 3x |G|^2 now on each |G|^2 sample (some are negative): B_simple at the
+    last step is 20, the run's ratio of sums far below."""
+    rng = random.Random(seed)
+    out = []
+    for step in range(n):
+        x = (step + 1) / n
+        g_sq, trace_sigma = 0.1 * x**-1.0, 2.0 * x**-0.3
+        out.append(
+            (float(step), g_sq + rng.gauss(0.0, noise), trace_sigma * (1 + rng.gauss(0.0, 0.2)))
+        )
+    return out
+
+
+def test_the_step_model_reads_a_power_law_at_the_last_step() -> None:
+    hits = numbers = 0
+    values = []
+    for seed in range(200):
+        iv = step_model(step_run(seed))
+        assert iv is not None
+        values.append(iv.value)
+        numbers += iv.lo * 1.9 >= iv.value >= iv.hi / 1.9
+        hits += iv.lo <= 20.0 <= iv.hi
+    assert numbers >= 180
+    # measured 162 of 200: the block jackknife of a nonlinear fit, over a window chosen by the
+    # data, covers a little below its nominal 90% even where the model holds
+    assert 0.75 <= hits / 200 <= 0.95, hits
+    assert 17.0 <= sorted(values)[100] <= 23.0
+    # the whole run's ratio of sums is the trend's past, not its end
+    whole = step_run(0)
+    assert sum(p[2] for p in whole) / sum(p[1] for p in whole) < 0.5 * 20.0
+
+
+def test_a_change_no_power_law_follows_gives_no_number() -> None:
+    """|G|^2 falls 100x at three quarters of the run (tr(Sigma) flat), and the last quarter is
+    too noisy to pin it alone: the older steps disagree, so no number is stated."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        samples = [
+            (float(t), (10.0 if t < 600 else 0.1) + rng.gauss(0.0, 1.0), 2.0 + rng.gauss(0.0, 0.4))
+            for t in range(800)
+        ]
+        iv = step_model(samples)
+        assert iv is None or not iv.lo * 1.9 >= iv.value >= iv.hi / 1.9, (seed, iv)
