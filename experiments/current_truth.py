@@ -23,17 +23,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch import nn
-from torch.func import functional_call, grad, vmap
-from torch.nn import functional as F
 
 from experiments import sections
-from experiments.tasks import TinyGPT, stdlib_text
+from experiments.current_limits import (
+    LIMIT_FRACTIONS,
+    MODEL_FRACTIONS,
+    MODEL_WINDOWS,
+    SHAPE_SMOOTHING,
+    ModelAnswer,
+    TrendLimit,
+    trend_limits,
+    trend_models,
+)
+from experiments.current_tasks import (
+    TASKS,
+    TRUTH_EVERY,
+    TRUTH_EVERY_RECENT,
+    TRUTH_RECENT,
+    Task,
+    make_optimizer,
+)
 from noisescope._format import count
 from noisescope.estimators import (
     CURRENT_FRACTION,
+    CURRENT_MAX_FACTOR,
     CurrentNoiseScale,
     NoiseSamples,
     interval_from_blocks,
@@ -45,6 +59,7 @@ __all__ = [
     "StudyRun",
     "Trace",
     "evaluate",
+    "held_out_runs",
     "main",
     "run_study",
     "study_runs",
@@ -57,14 +72,6 @@ MICRO = 2
 #: A run whose loss leaves this multiple of its starting loss (or turns non-finite) diverged
 #: and stops there; its last 10% is then the steps before the blow-up.
 DIVERGED_FACTOR = 3.0
-#: Steps between exact evaluations (per-example gradients over the whole training set) over
-#: a run's first ``1 - TRUTH_RECENT`` of its planned steps, and over the rest, where every
-#: window the rule can name lies (it reaches back at most half the run): a window of 64 steps
-#: then holds 16 exact points, so "the exact value over the window" is itself exact enough to
-#: judge a 90% interval by.
-TRUTH_EVERY = 10
-TRUTH_EVERY_RECENT = 4
-TRUTH_RECENT = 0.6
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,10 @@ class RunOutcome:
     exact_window: float | None
     #: What the rule before this one said: the window grown to the whole run if need be.
     previous: float | None
+    #: The most a trend over the run could say (``current_limits``), against ``exact_last``.
+    limits: tuple[TrendLimit, ...] = ()
+    #: What each trend model tried for issue 58 says of B_simple now (``current_limits``).
+    models: tuple[ModelAnswer, ...] = ()
 
     @property
     def number(self) -> float | None:
@@ -133,150 +144,11 @@ class RunOutcome:
         return bound <= self.exact_window
 
 
-# --- the tasks: a finite training set, a model, the per-example loss ------------------------
-
-
-class _Task:
-    """A finite training set (``n`` examples) and a model with a per-example loss."""
-
-    model: nn.Module
-    n: int
-    #: Steps between exact evaluations, before and over the last ``TRUTH_RECENT`` of a run.
-    truth_every = TRUTH_EVERY
-    truth_every_recent = TRUTH_EVERY_RECENT
-
-    def __init__(self, seed: int) -> None:
-        raise NotImplementedError
-
-    def loss(self, idx: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    x: torch.Tensor
-    y: torch.Tensor
-
-    def example_loss(
-        self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
-    ) -> torch.Tensor:  # one example, for vmap
-        raise NotImplementedError
-
-    def full_loss(self) -> float:
-        with torch.no_grad():
-            return float(self.loss(torch.arange(self.n)))
-
-    def truth(self) -> tuple[float, float]:
-        """Exact |G|² and tr(Σ) at the current parameters over the whole training set."""
-        params = {k: v.detach() for k, v in self.model.named_parameters()}
-        per_example = vmap(grad(self.example_loss), in_dims=(None, 0, 0))
-        sum_g = None
-        sum_sq = 0.0
-        for lo in range(0, self.n, 512):
-            grads = per_example(params, self.x[lo : lo + 512], self.y[lo : lo + 512])
-            flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads.values()], dim=1)
-            sum_sq += float(flat.double().pow(2).sum())
-            part = flat.double().sum(0)
-            sum_g = part if sum_g is None else sum_g + part
-        assert sum_g is not None
-        g_mean = sum_g / self.n
-        g_sq = float(g_mean.pow(2).sum())
-        return g_sq, sum_sq / self.n - g_sq
-
-
-class _Digits(_Task):
-    """64-32-10 tanh MLP on the 1,437 training images of scikit-learn's bundled digits."""
-
-    def __init__(self, seed: int) -> None:
-        from sklearn.datasets import load_digits
-
-        data = load_digits()
-        order = np.random.default_rng(0).permutation(len(data.target))
-        idx = order[: int(0.8 * len(order))]
-        self.x = torch.tensor(data.data[idx] / 16.0, dtype=torch.float32)
-        self.y = torch.tensor(data.target[idx], dtype=torch.long)
-        self.n = len(self.y)
-        torch.manual_seed(seed)
-        self.model = nn.Sequential(nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 10))
-
-    def loss(self, idx: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.model(self.x[idx]), self.y[idx])
-
-    #: The closed form below is ~10x faster than ``torch.func``: every step gets its truth.
-    truth_every = truth_every_recent = 1
-
-    def truth(self) -> tuple[float, float]:
-        """Exact |G|² and tr(Σ) from the per-example gradients in closed form (float64): for
-        z = W2·tanh(W1·x + b1) + b2 and cross-entropy, example i's gradient is δ2 = softmax(z) −
-        onehot(y) for b2 and δ2·hᵀ for W2, δ1 = (W2ᵀδ2) ⊙ (1 − h²) for b1 and δ1·xᵀ for W1, so
-        |g_i|² = |δ2|²(|h|² + 1) + |δ1|²(|x|² + 1)."""
-        first, _, second = self.model.children()
-        assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
-        with torch.no_grad():
-            x = self.x.double()
-            w1, b1 = first.weight.double(), first.bias.double()
-            w2, b2 = second.weight.double(), second.bias.double()
-            h = torch.tanh(x @ w1.T + b1)
-            delta2 = torch.softmax(h @ w2.T + b2, dim=1)
-            delta2[torch.arange(self.n), self.y] -= 1.0
-            delta1 = (delta2 @ w2) * (1.0 - h * h)
-            sq = delta2.pow(2).sum(1) * (h.pow(2).sum(1) + 1.0) + delta1.pow(2).sum(1) * (
-                x.pow(2).sum(1) + 1.0
-            )
-            n = float(self.n)
-            g_sq = float(
-                (delta2.T @ h / n).pow(2).sum()
-                + (delta2.mean(0)).pow(2).sum()
-                + (delta1.T @ x / n).pow(2).sum()
-                + (delta1.mean(0)).pow(2).sum()
-            )
-            return g_sq, float(sq.mean()) - g_sq
-
-    def example_loss(
-        self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
-    ) -> torch.Tensor:
-        return F.cross_entropy(functional_call(self.model, params, (x[None],)), y[None])
-
-
-class _ByteLM(_Task):
-    """A 1-layer byte-level transformer on 256 fixed 32-byte windows of the stdlib's source."""
-
-    CONTEXT = 32
-
-    def __init__(self, seed: int) -> None:
-        train, _ = stdlib_text()
-        data = torch.tensor(list(train), dtype=torch.long)
-        starts = torch.linspace(0, len(data) - self.CONTEXT - 2, 256).long()
-        offsets = torch.arange(self.CONTEXT)
-        self.x = data[starts[:, None] + offsets]
-        self.y = data[starts[:, None] + offsets + 1]
-        self.n = len(self.x)
-        torch.manual_seed(seed)
-        self.model = TinyGPT(self.CONTEXT, d=32, heads=2, layers=1)
-
-    def loss(self, idx: torch.Tensor) -> torch.Tensor:
-        logits = self.model(self.x[idx])
-        return F.cross_entropy(logits.reshape(-1, 256), self.y[idx].reshape(-1))
-
-    def example_loss(
-        self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
-    ) -> torch.Tensor:
-        logits = functional_call(self.model, params, (x[None],))
-        return F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1))
-
-
-_TASKS: dict[str, type[_Task]] = {"digits": _Digits, "bytelm": _ByteLM}
-
-
-def _optimizer(name: str, params: Sequence[torch.Tensor], lr: float) -> torch.optim.Optimizer:
-    if name == "sgdm":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    return torch.optim.Adam(params, lr=lr)
-
-
 # --- one run -------------------------------------------------------------------------------
 
 
 def _ratio_of_means(points: Sequence[tuple[float, float, float]]) -> float | None:
-    """Exact B_simple over some steps: mean tr(Σ) / mean |G|² (what a window's ratio of sums
-    estimates)."""
+    """Exact B_simple over some steps: mean tr(Σ) / mean |G|² (a window's ratio of sums)."""
     if not points:
         return None
     g = sum(p[1] for p in points) / len(points)
@@ -297,7 +169,7 @@ def _previous_rule(samples: NoiseSamples) -> float | None:
         target *= 2
 
 
-def _truth_due(task: _Task, step: int, planned: int) -> bool:
+def _truth_due(task: Task, step: int, planned: int) -> bool:
     recent = step >= (1.0 - TRUTH_RECENT) * planned
     return step % (task.truth_every_recent if recent else task.truth_every) == 0
 
@@ -307,9 +179,9 @@ def train(run: StudyRun) -> Trace:
     ``_truth_due`` names."""
     seed = run.seed
     torch.manual_seed(seed)
-    task = _TASKS[run.task](seed)
+    task = TASKS[run.task](seed)
     params = list(task.model.parameters())
-    opt = _optimizer(run.optimizer, params, run.lr)
+    opt = make_optimizer(run.optimizer, params, run.lr)
     gen = torch.Generator().manual_seed(seed + 1)
     samples: list[tuple[float, float, float]] = []
     truth: list[tuple[float, float, float]] = []
@@ -370,6 +242,8 @@ def evaluate(trace: Trace) -> RunOutcome:
         exact_last=exact_last,
         exact_window=_ratio_of_means(in_window),
         previous=_previous_rule(samples),
+        limits=tuple(trend_limits(trace.samples, truth, (1.0 - CURRENT_FRACTION) * steps_run)),
+        models=tuple(trend_models(trace.samples)),
     )
 
 
@@ -401,9 +275,29 @@ def study_runs(quick: bool, seeds: Sequence[int] = (0,)) -> list[StudyRun]:
     return runs
 
 
+#: Runs kept out of choosing how "B_simple now" reads a run (issue 58: the trend candidates
+#: were tried on seed 0's runs only): another seed, each optimizer's and task's middle rate,
+#: batch sizes over 16x.
+_HELD_OUT: tuple[tuple[str, str, float, tuple[int, ...]], ...] = (
+    ("digits", "sgdm", 0.3, (16, 64, 256)),
+    ("digits", "adam", 0.01, (16, 64, 256)),
+    ("bytelm", "adam", 4e-3, (4, 16, 64)),
+)
+HELD_OUT_SEED = 1
+
+
+def held_out_runs() -> list[StudyRun]:
+    """The held-out runs (``_HELD_OUT``), at the study's full length."""
+    return [
+        StudyRun(task, opt, b, lr, 1000 if task == "digits" else 400, HELD_OUT_SEED)
+        for task, opt, lr, sizes in _HELD_OUT
+        for b in sizes
+    ]
+
+
 def _trace_path(cache: Path, run: StudyRun) -> Path:
     """A trace's file, named by its run and what else it depends on (a change trains again)."""
-    task = _TASKS[run.task]
+    task = TASKS[run.task]
     measured = (
         f"micro{MICRO}-div{DIVERGED_FACTOR:g}-truth{task.truth_every}.{task.truth_every_recent}"
         f".{TRUTH_RECENT:g}"
@@ -510,7 +404,68 @@ def summary(outcomes: Sequence[RunOutcome]) -> dict[str, float]:
         "holds": sum(bool(o.covered) for o in numbers) + sum(bool(o.bound_holds) for o in bounds),
         "previous_numbers": len(prev),
         "previous_within_2x": sum(0.5 <= (o.previous or 0) / o.exact_last <= 2.0 for o in prev),
+        **_limit_figures(outcomes),
+        **_model_figures(outcomes),
+        "held_out": sum(o.run.seed == HELD_OUT_SEED for o in outcomes),
+        "held_out_numbers": sum(o.run.seed == HELD_OUT_SEED for o in numbers),
+        "held_out_within_2x": sum(
+            o.run.seed == HELD_OUT_SEED and bool(o.within_2x) for o in numbers
+        ),
     }
+
+
+def _limit_figures(outcomes: Sequence[RunOutcome]) -> dict[str, float]:
+    """Per trailing fraction: runs where the exact trend states a number, and those whose
+    interval covers the exact value over the last 10%."""
+    out: dict[str, float] = {}
+    for fraction in LIMIT_FRACTIONS:
+        stated = [
+            (o.exact_last, t.interval)
+            for o in outcomes
+            for t in o.limits
+            if t.fraction == fraction and t.states_number and t.interval is not None
+        ]
+        out[f"trend_{fraction:g}"] = len(stated)
+        out[f"trend_{fraction:g}_covered"] = sum(iv.lo <= x <= iv.hi for x, iv in stated)
+    return out
+
+
+def _model_figures(outcomes: Sequence[RunOutcome]) -> dict[str, float]:
+    """Per trend model: runs with a number, those within 2× of the exact value over the last
+    10%, the intervals covering it; the same over the held-out runs."""
+    out: dict[str, float] = {}
+    for model in MODEL_FRACTIONS:
+        for group, runs in (
+            ("", outcomes),
+            ("held_out_", [o for o in outcomes if o.run.seed == HELD_OUT_SEED]),
+        ):
+            stated = [
+                (o.exact_last, a.interval)
+                for o in runs
+                for a in o.models
+                if a.model == model and a.states_number and a.interval is not None
+            ]
+            out[f"{group}{model}_numbers"] = len(stated)
+            out[f"{group}{model}_within_2x"] = sum(0.5 <= iv.value / x <= 2.0 for x, iv in stated)
+            out[f"{group}{model}_covered"] = sum(iv.lo <= x <= iv.hi for x, iv in stated)
+    return out
+
+
+def _models(answers: Sequence[ModelAnswer]) -> str:
+    """Each trend model's number, else a dash (its interval too wide or none)."""
+    numbers = [count(a.interval.value) if a.states_number and a.interval else "—" for a in answers]
+    return " / ".join(numbers) or "—"
+
+
+def _limit(limits: Sequence[TrendLimit]) -> str:
+    """A run's trend limits, as the widest side of each interval relative to its value
+    (x1.9 or less: a number; ∞: no interval)."""
+    out = []
+    for t in limits:
+        iv = t.interval
+        factor = math.inf if iv is None or iv.lo <= 0 else max(iv.value / iv.lo, iv.hi / iv.value)
+        out.append("∞" if math.isinf(factor) else f"×{factor:.2g}")
+    return " / ".join(out) or "—"
 
 
 def _misses(outcomes: Sequence[RunOutcome]) -> list[str]:
@@ -562,11 +517,41 @@ def render(outcomes: Sequence[RunOutcome], command: str) -> str:
         f"{s['numbers'] + s['bounds']}",
         f"- the previous rule (grown to the whole run): {s['previous_within_2x']} of "
         f"{s['previous_numbers']} numbers within 2×",
+        f"- held out (seed {HELD_OUT_SEED}, not used in choosing the trend models below): "
+        f"{s['held_out']} runs, "
+        f"{s['held_out_numbers']} with a number, {s['held_out_within_2x']} of them within 2×",
         *_misses(outcomes),
+        *(
+            f"- trend model *{model}* (over {window}; "
+            "`experiments/current_limits.py`): a number on "
+            f"{s[f'{model}_numbers']} of {s['runs']} runs, {s[f'{model}_within_2x']} of them "
+            f"within 2× of the exact value over the last 10%, {s[f'{model}_covered']} of their "
+            "intervals covering it; on the held-out runs "
+            f"{s[f'held_out_{model}_numbers']} numbers, {s[f'held_out_{model}_within_2x']} "
+            f"within 2×, {s[f'held_out_{model}_covered']} covering"
+            for model, window in MODEL_WINDOWS.items()
+        ),
+        "- with the exact trend known (issue 58; `experiments/current_limits.py`): a model "
+        "that knew the smooth trend of |G|² and tr(Σ) along the run exactly (the exact values, "
+        f"averaged over ±{SHAPE_SMOOTHING:.0%} of the run about each step) and measured only "
+        "their scale over a trailing window, with Fieller's "
+        "interval from the blocks' residuals about the shapes, states a number within "
+        f"{CURRENT_MAX_FACTOR:g}× on "
+        + ", ".join(
+            f"{s[f'trend_{fraction:g}']} (last {fraction:.0%}; "
+            f"{s[f'trend_{fraction:g}_covered']} covering the exact value over the last 10%)"
+            for fraction in LIMIT_FRACTIONS
+        )
+        + f" of {s['runs']} runs (the rule above: {s['numbers']}): the bound a real trend "
+        "model can approach only by following the run as closely. Column *trend limit* gives "
+        "each such interval's widest side relative to its value ("
+        + " / ".join(f"last {fraction:.0%}" for fraction in LIMIT_FRACTIONS)
+        + ")",
         "",
         "| task | optimizer | batch | lr | steps | reported (90%) | window steps "
-        "| exact (last 10%) | exact (window) | in interval | previous rule |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| exact (last 10%) | exact (window) | in interval | previous rule | trend limit "
+        "| line / power / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         r = o.run
@@ -575,11 +560,13 @@ def render(outcomes: Sequence[RunOutcome], command: str) -> str:
         covered = {True: "yes", False: "no", None: "—"}[
             o.covered if o.number is not None else o.bound_holds
         ]
+        task = r.task + (f" (seed {r.seed})" if r.seed else "")
         lines.append(
-            f"| {r.task} | {r.optimizer} | {r.batch_size} | {r.lr:g} | {steps} | {_reported(o)} "
+            f"| {task} | {r.optimizer} | {r.batch_size} | {r.lr:g} | {steps} | {_reported(o)} "
             f"| {window} | {count(o.exact_last)} | "
             f"{count(o.exact_window) if o.exact_window is not None else '—'} | {covered} | "
-            f"{count(o.previous) if o.previous is not None else '—'} |"
+            f"{count(o.previous) if o.previous is not None else '—'} | {_limit(o.limits)} "
+            f"| {_models(o.models)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -597,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     command = "python -m experiments.current_truth" + (" --quick" if args.quick else "")
     outcomes = run_study(
-        study_runs(args.quick),
+        study_runs(args.quick) + ([] if args.quick else held_out_runs()),
         cache=args.cache,
         progress=lambda t: print(t, file=sys.stderr),
     )

@@ -477,6 +477,7 @@ ESTIMATOR_PARTS = {
     "b_simple_and_reason",
     "b_simple_interval",
     "block_moments",
+    "fieller",
     "interval_from_blocks",
     "reblock",
     "smooth_training_loss",

@@ -90,6 +90,7 @@ from ._stats import (
     check_level,
     check_non_negative,
     check_positive,
+    fieller,
     student_t_quantile,
     weighted_line_fit,
 )
@@ -151,6 +152,7 @@ __all__ = [
     "doubling_speedup",
     "epsilon_problem",
     "examples_ratio",
+    "fieller",
     "fit_critical_batch",
     "goodput",
     "goodput_optimal_batch",
