@@ -116,7 +116,7 @@ def test_the_sweep_cli_declares_the_targets_it_analyses_at() -> None:
     from experiments.tasks import TASKS
 
     for spec in TASKS.values():
-        configs = [logged_config(spec, {"lr": lr}) for lr in (0.1, 0.2)]
+        configs = [logged_config(spec, {"lr": lr}, Path("runs")) for lr in (0.1, 0.2)]
         assert sweep.declared_targets(configs) == sorted(spec.loss_targets, reverse=True)
 
 
@@ -134,14 +134,19 @@ def declared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_the_pages_read_a_sweep_at_its_declared_targets(
-    make_app: MakeApp, declared_server: str
+    make_app: MakeApp, declared_server: str, api: Api
 ) -> None:
     """The CLI's targets and numbers: the page's default targets are the declared ones, and
     its B_crit are the analysis at them (the CLI's, ``tests/experiments/test_quick_e2e``)."""
-    with Api(declared_server) as api:
-        at_declared = api.critical_batch("vision", "digits", targets=DECLARED)
-        server_defaults = api.critical_batch("vision", "digits")
-    assert [t.target for t in server_defaults.targets] != DECLARED  # so the test can tell
+    undeclared = api.critical_batch("vision", "digits")  # the same runs, naming no targets
+    assert [t.target for t in undeclared.targets] != DECLARED  # so the test can tell
+    with Api(declared_server) as declared_api:
+        at_declared = declared_api.critical_batch("vision", "digits", targets=DECLARED)
+        server_defaults = declared_api.critical_batch("vision", "digits")
+    # issue 56 item 2: the API's defaults are the declared targets too (one rule everywhere)
+    assert server_defaults.default_targets
+    assert [t.target for t in server_defaults.targets] == DECLARED
+    assert [t.b_crit for t in server_defaults.targets] == [t.b_crit for t in at_declared.targets]
     at = make_app(declared_server, "critical_batch", task="vision/digits")
     assert at.text_input(key="_qp_targets").value == "1, 0.8"
     table = at.dataframe[0].value
