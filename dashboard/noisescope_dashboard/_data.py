@@ -21,7 +21,6 @@ from noisescope import (
     Api,
     EventRow,
     ParallelismPlan,
-    RecommendationResult,
     RunBranches,
     RunSeries,
     RunSummary,
@@ -47,7 +46,6 @@ __all__ = [
     "events",
     "parallelism",
     "projects",
-    "recommendation",
     "run",
     "run_list",
     "runs",
@@ -161,11 +159,6 @@ def event_counts(src: Source, run_id: str) -> dict[str, int]:
 def samples_csv(src: Source, run_id: str) -> str:
     """Every raw sample of a run as CSV, fetched only when the download is clicked."""
     return api(src).samples_csv(run_id)
-
-
-@st.cache_data(ttl=TTL_S, show_spinner=False)
-def recommendation(src: Source, run_id: str) -> RecommendationResult:
-    return api(src).recommendation(run_id)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
