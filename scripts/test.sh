@@ -41,17 +41,19 @@ python -m pip install -q --upgrade pip
 python -m pip install -q --no-compile torch==2.13.0 -e ./client -e '.[dev]'
 unset PYTHONDONTWRITEBYTECODE
 
-# Every process the suite starts carries this mark in its environment; on exit (an interrupt
+# Every process the suite starts carries this mark in its environment (not a NOISESCOPE_ name:
+# tests hand their subprocesses an environment without those); on exit (an interrupt
 # included) the ones still alive are stopped by id: servers and dashboards start in sessions of
 # their own, which a Ctrl-C to the suite does not reach.
-export NOISESCOPE_TEST_SESSION="$$-$(date +%s%N)"
+export TEST_SH_SESSION="$$-$(date +%s%N)"
 stop_children() {
-    local pid
+    local pid mark="TEST_SH_SESSION=$TEST_SH_SESSION"
     for environ in /proc/[0-9]*/environ; do
         pid="${environ#/proc/}"
         pid="${pid%/environ}"
         [ "$pid" = "$$" ] && continue
-        if tr '\0' '\n' <"$environ" 2>/dev/null | grep -qx "NOISESCOPE_TEST_SESSION=$NOISESCOPE_TEST_SESSION"; then
+        # (a process that ended meanwhile, or another user's, cannot be read: not ours)
+        if { tr '\0' '\n' <"$environ"; } 2>/dev/null | grep -qx "$mark"; then
             kill -KILL "$pid" 2>/dev/null || true
         fi
     done

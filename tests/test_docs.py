@@ -51,7 +51,19 @@ def test_readme_examples_exist() -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [[], ["up"], ["server"], ["dashboard"], ["db"], ["token"], ["sync"]], ids=str
+    "args",
+    [
+        [],
+        ["up"],
+        ["server"],
+        ["dashboard"],
+        ["db"],
+        ["token"],
+        ["sync"],
+        ["runs"],
+        ["runs", "list"],
+    ],  # noqa: E501
+    ids=str,
 )
 def test_cli_help(args: list[str]) -> None:
     out = subprocess.run(

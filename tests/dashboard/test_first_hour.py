@@ -32,3 +32,12 @@ def test_the_run_page_verdict_comes_from_the_read_its_headline_shows(
     verdict = plain(at.info[0].value)
     assert verdict == recommend(run, run.batch_in_use, units=run.units).verdict
     assert f"~{_text.ratio(run.batch_to_b_simple)} B_simple" in verdict
+
+
+# --- item 5: the ids the pages show are taken everywhere --------------------------------------
+
+
+def test_the_run_page_opens_on_a_unique_start_of_an_id(make_app: MakeApp, server: str) -> None:
+    at = make_app(server, "run", run=DIGITS64[:10])  # "digits00" starts several
+    assert not at.error
+    assert f"run id {DIGITS64}" in plain(at.caption[0].value)

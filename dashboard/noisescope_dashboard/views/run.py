@@ -70,6 +70,10 @@ def _pick_run(src: _data.Source) -> RunSummary:
     wanted = st.query_params.get("run")
     chosen: RunSummary | None = None
     if wanted:
+        # a unique start of an id names the run, as in the CLI (the 8 characters pages show)
+        found = protocol.run_ids_matching(wanted, [r.uid for r in _data.run_list(src)])
+        if len(found) == 1 and found[0] != wanted:
+            wanted = st.query_params["run"] = found[0]  # the full id, in the URL too
         try:
             chosen = _data.run(src, wanted)
         except NotFoundError:
