@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> None:
             )
             result = branch.run(plan, trainer, f"{args.store}/step{step}", log=log)
             if probe is not None and parent is not None:
-                measured, probe = probe.step_count, GradientNoiseProbe(
-                    trainer.model, parent, source="per_example"
+                measured, probe = (
+                    probe.step_count,
+                    GradientNoiseProbe(trainer.model, parent, source="per_example"),
                 )
                 probe.step_count = measured
             local = result.local

@@ -62,7 +62,7 @@ def test_readme_examples_exist() -> None:
         ["sync"],
         ["runs"],
         ["runs", "list"],
-    ],  # noqa: E501
+    ],
     ids=str,
 )
 def test_cli_help(args: list[str]) -> None:
