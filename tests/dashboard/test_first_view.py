@@ -194,8 +194,11 @@ def test_warnings_read_as_words() -> None:
 
 
 def test_runs_table_keeps_the_reason_in_view_and_a_bound_its_interval(api: Api) -> None:
-    first = list(_ui.RUN_COLUMNS)[:8]
-    assert "why" in first and first.index("why") == first.index("interval") + 1
+    # issue 56 item 7 (changed from issue 47's reason right after the interval): the answer's
+    # columns first, then the reason, whole
+    order = list(_ui.RUN_COLUMNS)
+    answer = ["b_simple", "interval", "batch", "ratio", "loss", "step", "tags"]
+    assert order[order.index("b_simple") : order.index("why")] == answer
     run = api.run(SHORT)
     bound: RunSummary = dataclasses.replace(
         run, b_simple=None, b_simple_lower=44.7, b_simple_lo=44.7, b_simple_hi=167.0
