@@ -3,14 +3,18 @@ A live Run page reads its run once per render, so its headline and verdict agree
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
 import pytest
 
-from harness.dashboard_runs import DIGITS64
+from harness import ServerProcess
+from harness.dashboard_runs import DIGITS64, SHORT, default_runs, insert_runs
 from noisescope import Api
 from noisescope.recommend import recommend
 from noisescope_dashboard import _text
 
-from ._app import plain
+from ._app import charts, plain, texts
 from .conftest import MakeApp
 
 # --- item 4: one read per render ------------------------------------------------------------
@@ -41,3 +45,46 @@ def test_the_run_page_opens_on_a_unique_start_of_an_id(make_app: MakeApp, server
     at = make_app(server, "run", run=DIGITS64[:10])  # "digits00" starts several
     assert not at.error
     assert f"run id {DIGITS64}" in plain(at.caption[0].value)
+
+
+# --- item 8: Compare tasks charts what was measured, and its summary whole -------------------
+
+
+@pytest.fixture(scope="module")
+def lonely_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The synthetic runs, the 40-sample run (no current B_simple) in a task of its own."""
+    runs = default_runs()
+    for r in runs:
+        if r.uid == SHORT:
+            r.task = "short-only"
+    url = f"sqlite:///{tmp_path_factory.mktemp('dash_lonely') / 'noisescope.db'}"
+    insert_runs(url, runs)
+    with ServerProcess(url) as proc:
+        yield proc.url
+
+
+def test_compare_tasks_draws_no_curve_for_a_task_without_a_measured_run(
+    make_app: MakeApp, lonely_server: str
+) -> None:
+    with Api(lonely_server) as api:
+        unmeasured = [t for t in api.tasks() if t.n_measured == 0 and t.n_samples > 0]
+    assert [t.task for t in unmeasured] == ["short-only"]  # so the test can tell
+    keys = [_text.task_key(t.project, t.task) for t in unmeasured] + ["vision/digits"]
+    at = make_app(lonely_server, "compare_tasks", tasks=keys)
+    titles = list(charts(at))
+    assert "B_simple against loss: vision/digits" in titles
+    for t in unmeasured:
+        key = _text.task_key(t.project, t.task)
+        assert f"B_simple against loss: {key}" not in titles
+        assert f"{key} (0 of {t.n_runs} runs measured)" in plain(texts(at))
+
+
+def test_compare_tasks_summary_shows_every_batch_size(make_app: MakeApp, server: str) -> None:
+    """The batch sizes column is as wide as its longest list ("…, 128" hid the 256)."""
+    from noisescope_dashboard._ui import text_px
+
+    at = make_app(server, "compare_tasks")
+    summary = at.dataframe[-1]
+    config = json.loads(summary.proto.columns)["batch sizes"]
+    longest = max(summary.value["batch sizes"], key=len)
+    assert config["width"] >= text_px(longest)

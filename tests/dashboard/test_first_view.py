@@ -217,7 +217,11 @@ def test_compare_tasks_draws_a_median_and_band_per_batch_size(
     specs = charts(at)
     versus = specs["B_simple against B_crit across tasks in examples"]
     assert versus["width"] == "container"
-    band = specs["B_simple against loss: vision/digits"]
+    # issue 56 item 8: the medians alone by default (six bands overlapped into one smear); the
+    # bands on request
+    assert _marks(specs["B_simple against loss: vision/digits"]) == ["line"]
+    at.checkbox(key="bands").check().run()
+    band = charts(at)["B_simple against loss: vision/digits"]
     assert _marks(band) == ["area", "line"]
     area, median = spec_layers(band)
     assert (
