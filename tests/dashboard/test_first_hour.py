@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness import ServerProcess
-from harness.dashboard_runs import DIGITS64, SHORT, default_runs, insert_runs
+from harness.dashboard_runs import DIGITS64, LM, SHORT, default_runs, insert_runs
 from noisescope import Api
 from noisescope.recommend import recommend
 from noisescope_dashboard import _text
@@ -88,3 +88,16 @@ def test_compare_tasks_summary_shows_every_batch_size(make_app: MakeApp, server:
     config = json.loads(summary.proto.columns)["batch sizes"]
     longest = max(summary.value["batch sizes"], key=len)
     assert config["width"] >= text_px(longest)
+
+
+# --- item 9: Compare runs opens on one task's runs -------------------------------------------
+
+
+def test_compare_runs_opens_on_runs_of_one_task(make_app: MakeApp, server: str, api: Api) -> None:
+    tasks = {r.uid: (r.project, r.task) for r in api.runs(current=False)}
+    at = make_app(server, "compare_runs")
+    chosen = at.multiselect(key="_qp_runs").value
+    assert len(chosen) >= 2 and len({tasks[u] for u in chosen}) == 1
+    assert not any("whose losses are not on one scale" in c.value for c in at.caption)
+    mixed = make_app(server, "compare_runs", runs=[DIGITS64, LM])  # asked for: said
+    assert any("belong to 2 tasks" in c.value for c in mixed.caption)
