@@ -101,3 +101,34 @@ def test_compare_runs_opens_on_runs_of_one_task(make_app: MakeApp, server: str, 
     assert not any("whose losses are not on one scale" in c.value for c in at.caption)
     mixed = make_app(server, "compare_runs", runs=[DIGITS64, LM])  # asked for: said
     assert any("belong to 2 tasks" in c.value for c in mixed.caption)
+
+
+# --- item 10: What-if says why it opens where it does, and one reading of compute -----------
+
+
+def test_what_if_says_which_lower_targets_it_passed_over_and_why() -> None:
+    from noisescope_dashboard._frames import Estimate, default_reason, default_source
+
+    def fit(b_crit: float, warned: bool) -> Estimate:
+        return Estimate("", b_crit, 100.0, "", warnings=("grid edge",) if warned else ())
+
+    options = {"bcrit:1": fit(8, False), "bcrit:0.3": fit(15, False), "bcrit:0.15": fit(26.8, True)}
+    chosen = default_source(options)
+    assert chosen == "bcrit:0.3"
+    said = default_reason(options, chosen)
+    assert said is not None and said.startswith("Opened at loss 0.3: the lowest loss target")
+    assert "at loss 0.15 B_crit is 26.8, with warnings" in said
+    options["bcrit:0.15"] = fit(26.8, False)
+    assert default_reason(options, str(default_source(options))) is None  # nothing passed over
+
+
+def test_what_if_reads_compute_beyond_the_minimum_as_a_share_of_what_is_spent(
+    make_app: MakeApp, server: str
+) -> None:
+    at = make_app(server, "what_if")
+    table = at.dataframe[0].value
+    assert "extra compute" not in table.columns
+    for ratio, beyond in zip(table["E / E_min"], table["compute beyond E_min"], strict=True):
+        e_ratio = float(ratio.rstrip("×"))  # two digits: 1.1× stands for 1.05 to 1.15
+        share = float(beyond.removesuffix("% of it")) / 100
+        assert abs(share - (1 - 1 / e_ratio)) < 0.05, (ratio, beyond)  # 1.5× is 33% of it
