@@ -132,3 +132,35 @@ def test_what_if_reads_compute_beyond_the_minimum_as_a_share_of_what_is_spent(
         e_ratio = float(ratio.rstrip("×"))  # two digits: 1.1× stands for 1.05 to 1.15
         share = float(beyond.removesuffix("% of it")) / 100
         assert abs(share - (1 - 1 / e_ratio)) < 0.05, (ratio, beyond)  # 1.5× is 33% of it
+
+
+# --- item 11: a diverged run's page leads with the divergence; few points are not splines ----
+
+
+def test_a_diverged_runs_page_headlines_the_divergence(make_app: MakeApp) -> None:
+    import dataclasses
+    import uuid
+
+    import httpx
+
+    from harness.synthetic_sweep import make_sweep, post
+    from tests.server.test_diverged import _BlowUp
+
+    (run,) = make_sweep(200.0, (64,), lrs=((0.3, 1.0),))
+    blown = _BlowUp(**dataclasses.asdict(dataclasses.replace(run, uid=uuid.uuid4().hex)))
+    with ServerProcess() as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        post(client, [blown], project="diverging", task="t")
+        with Api(server.url) as api:
+            summary = api.run(blown.uid)
+        assert summary.diverged and summary.diverged_reason
+        at = make_app(server.url, "run", run=blown.uid)
+    loss = next(m for m in at.metric if m.label == "Loss")
+    assert loss.value == "diverged"
+    assert _text.sentence(summary.diverged_reason) in plain(texts(at))
+
+
+def test_a_curve_of_few_points_is_drawn_straight_with_its_points() -> None:
+    from noisescope_dashboard._charts._axes import SMOOTH_FROM, line_mark
+
+    assert line_mark(8) == {"interpolate": "linear", "point": True}
+    assert line_mark(SMOOTH_FROM, strokeWidth=2) == {"interpolate": "monotone", "strokeWidth": 2}

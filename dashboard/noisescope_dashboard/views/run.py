@@ -137,7 +137,14 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
         _text.ratio(run.batch_to_b_simple) if measured else "—",
         help="Below 1: a bigger batch would cut steps; above 1: a smaller one would save compute",
     )
-    m4.metric("Loss", _text.loss(run.last_loss), help="The latest training loss")
+    if run.diverged:  # the API's judgement first: the latest loss alone reads as a fine one
+        m4.metric("Loss", "diverged", help=_text.sentence(run.diverged_reason or "diverged"))
+        m4.caption(
+            md(_text.sentence(run.diverged_reason or "its loss diverged"))
+            + f" Latest training loss {_text.loss(run.last_loss)}."
+        )
+    else:
+        m4.metric("Loss", _text.loss(run.last_loss), help="The latest training loss")
     if run.last_eval_loss is not None:
         m4.caption(f"Latest evaluation loss {_text.loss(run.last_eval_loss)}")
     if not (measured or bounded):
