@@ -1,12 +1,17 @@
 """Measure the local critical batch size of a digits MLP by branching (docs/branching.md).
 
     python examples/branching.py                       # ~1 minute on one CPU core
-    python examples/branching.py --url http://127.0.0.1:8000   # and log every branch run
+    python examples/branching.py --url http://127.0.0.1:8765   # and log the runs there
 
 The parent run trains at batch 16 with SGD; at each ``--branch-at`` step, ``noisescope.branch``
 trains short continuations at 16, 32, ..., 256 on the same 2,048 examples (lr scaled linearly),
 3 seeds each, and reports the largest batch whose loss stays within ε = 1% of batch 16's.
 The parent run then goes on from exactly where it was.
+
+With ``--url`` the parent is a run of its own (project ``examples``, task
+``digits-branching``), its noise scale measured by a ``GradientNoiseProbe`` (detached while
+the branches train: they are no samples of the parent), and every branch is a run linked to it,
+so the parent's Run page draws the local critical batch at each branch step beside its B_simple.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn import functional as F
 
+import noisescope
 from noisescope import branch
+from noisescope.torch import GradientNoiseProbe
 
 
 class DigitsTrainer:
@@ -35,11 +42,15 @@ class DigitsTrainer:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
         self.gen = torch.Generator().manual_seed(seed)
 
-    def step(self, idx: torch.Tensor, lr: float) -> None:
+    def step(self, idx: torch.Tensor, lr: float, probe: GradientNoiseProbe | None = None) -> None:
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.opt.zero_grad()
-        F.cross_entropy(self.model(self.x[idx]), self.y[idx]).backward()
+        loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
+        loss.backward()
+        if probe is not None:  # the parent's steps are measured, the branches' are not
+            probe.micro_step(batch_size=len(idx))
+            probe.step(loss=loss.item(), lr=lr)
         self.opt.step()
 
     # --- noisescope.branch.Branchable
@@ -76,9 +87,25 @@ def main(argv: list[str] | None = None) -> None:
 
     trainer = DigitsTrainer()
     batch, lr = 16, 0.1
-    log = branch.LogTo("examples", "digits-branching", args.url) if args.url else None
+    parent = probe = log = None
+    if args.url:
+        parent = noisescope.init(
+            args.url,
+            project="examples",
+            task="digits-branching",
+            name=f"parent b={batch}",
+            batch_size=batch,
+            config={"lr": lr, "optimizer": "SGD"},
+        )
+        probe = GradientNoiseProbe(trainer.model, parent, source="per_example")
+        # one line for the parent (its link, above); none per branch run
+        log = branch.LogTo(
+            "examples", "digits-branching", args.url, name="branch", init_kwargs={"quiet": True}
+        )
     for step in range(args.steps + 1):
         if step in branch_at:
+            if probe is not None:
+                probe.remove()  # the branches' backward passes are no samples of the parent
             plan = branch.plan(
                 step=step,
                 batch_size=batch,
@@ -88,8 +115,15 @@ def main(argv: list[str] | None = None) -> None:
                 lr_rule="linear",
                 seeds=args.seeds,
                 epsilon=0.01,
+                parent_run_id=None if parent is None else parent.id,
             )
             result = branch.run(plan, trainer, f"{args.store}/step{step}", log=log)
+            if probe is not None and parent is not None:
+                measured, probe = (
+                    probe.step_count,
+                    GradientNoiseProbe(trainer.model, parent, source="per_example"),
+                )
+                probe.step_count = measured
             local = result.local
             assert local is not None
             if local.b_crit is None:
@@ -103,8 +137,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"({trained} branches trained, {result.reused} reused)"
             )
         if step < args.steps:
-            trainer.step(torch.randint(0, len(trainer.y), (batch,), generator=trainer.gen), lr)
-    print(f"parent finished at step {args.steps}, loss {trainer.evaluate():.3f}")
+            idx = torch.randint(0, len(trainer.y), (batch,), generator=trainer.gen)
+            trainer.step(idx, lr, probe)
+    final = trainer.evaluate()
+    if parent is not None:
+        parent.log(step=args.steps, eval_loss=final)
+        parent.finish()
+    print(f"parent finished at step {args.steps}, loss {final:.3f}")
 
 
 if __name__ == "__main__":

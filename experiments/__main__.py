@@ -68,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     from experiments import analysis, figures, report
     from experiments.runner import (
         OFFLINE,
-        PROJECT,
         Progress,
         archive_stale,
         ensure_logged,
@@ -118,20 +117,30 @@ def main(argv: list[str] | None = None) -> int:
                 resent = ensure_logged(records, spec, url, out, progress)
                 stale = archive_stale(records, spec, noisescope.Api(url), out)
                 progress.line(
-                    f"{name}: all {len(records)} runs are on the server"
+                    f"{name}: all {len(records)} runs are on the server, project "
+                    f"{spec.project}"
                     + (f" ({resent} re-sent from the run cache)" if resent else "")
                     + (
-                        f"; archived {plural(stale, 'run')} of an earlier version of the "
-                        "task there (not in the run cache)"
-                        if stale
+                        f"; archived {plural(stale.archived, 'run')} this run cache logged "
+                        "for an earlier version of the task (noisescope runs restore ID brings "
+                        "one back)"
+                        if stale.archived
                         else ""
                     )
                 )
+                if stale.foreign:
+                    progress.line(
+                        f"{name}: {plural(stale.foreign, 'other run')} of {spec.project}/"
+                        f"{name} on the server, not logged from this run cache, left as they "
+                        "are: the server's critical batch size reads them too (noisescope runs "
+                        f"list --project {spec.project} --task {name}; noisescope runs archive "
+                        "ID takes one out)"
+                    )
                 resent_total[name] = resent
-                archived_total[name] = stale
+                archived_total[name] = stale.archived
             runs = analysis.to_sweep_runs(records)
             crit = analysis.analyse(
-                runs, spec.loss_targets, project=PROJECT, task=name, units=spec.units
+                runs, spec.loss_targets, project=spec.project, task=name, units=spec.units
             )
             lowest = crit.targets[-1] if crit.targets else None
             best_ids = {p.run_uids[0] for p in lowest.points} if lowest else set()

@@ -397,7 +397,8 @@ def render(
         "",
         f"    {command}",
         "",
-        "Smaller runs of the same code: `--quick` (tiny sweeps: seconds to minutes per task), "
+        "Smaller runs of the same code: `--quick` (tiny sweeps: seconds to minutes per task, "
+        "logged to a project of their own, `noisescope-reproduction-quick`), "
         "`--tasks digits` (some tasks), `--url URL` (log to a running server, such as the "
         "README's `noisescope up`, instead of starting one). A run of fewer than every task, or "
         "`--quick`, writes its report to `<out>/report` (`experiments/runs/full/report/`, or "

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from experiments.analysis import run_name, to_sweep_runs
-from experiments.tasks import TaskSpec, make_trainer
+from experiments.tasks import PROJECT, TaskSpec, make_trainer
 from noisescope import _progress
 from noisescope.sweep import (
     B_SIMPLE_WINDOW,
@@ -49,10 +49,12 @@ if TYPE_CHECKING:
     from noisescope import Api
 
 __all__ = [
+    "CACHE_CONFIG_KEY",
     "OFFLINE",
     "PROJECT",
     "Progress",
     "RunRecord",
+    "Stale",
     "archive_stale",
     "ensure_logged",
     "load_runs",
@@ -66,7 +68,6 @@ DIVERGE_FACTOR = 3.0
 WINDOW = B_SIMPLE_WINDOW
 #: Budget for a batch size B, from the previously swept larger batch B' (see run_sweep).
 CAP_FACTOR = 3.0
-PROJECT = "noisescope-reproduction"
 #: Pass as ``url`` to log through the client in offline mode (spooled; ``noisescope sync``).
 OFFLINE = "offline"
 
@@ -108,7 +109,7 @@ class _Logger:
 
     @classmethod
     def open(
-        cls, url: str | None, spool: Path, spec: TaskSpec, name: str, config: dict[str, Any]
+        cls, url: str | None, out: Path, spec: TaskSpec, name: str, config: dict[str, Any]
     ) -> _Logger:
         if url is None:
             return cls(None)
@@ -118,13 +119,13 @@ class _Logger:
         run = noisescope.init(
             url=None if offline else url,
             mode="offline" if offline else "online",
-            project=PROJECT,
+            project=spec.project,
             task=spec.name,
             name=name,
-            config=logged_config(spec, config),
+            config=logged_config(spec, config, out),
             batch_size=config["batch_size_units"],
             units=spec.units,
-            dir=str(spool),
+            dir=str(out / "spool"),
             quiet=True,
         )
         return cls(run)
@@ -154,12 +155,21 @@ class _Logger:
         return {"sent": result.sent, "spooled": result.spooled, "dropped": result.dropped}
 
 
-def logged_config(spec: TaskSpec, config: dict[str, Any]) -> dict[str, Any]:
+def logged_config(spec: TaskSpec, config: dict[str, Any], out: Path) -> dict[str, Any]:
     """A run's config as logged to the server: with the task's loss targets under
     ``sweep.TARGETS_CONFIG_KEY``, the targets this study analyses the sweep at, so the
-    dashboard's Critical batch size page defaults to the same ones
-    (``sweep.declared_targets``) and shows the numbers printed here."""
-    return {**config, TARGETS_CONFIG_KEY: list(spec.loss_targets)}
+    dashboard's pages and ``Api.critical_batch`` default to the same ones
+    (``sweep.declared_targets``) and show the numbers printed here; and with the run cache
+    that wrote it under ``CACHE_CONFIG_KEY``, the runs ``archive_stale`` may archive."""
+    return {**config, TARGETS_CONFIG_KEY: list(spec.loss_targets), CACHE_CONFIG_KEY: _cache(out)}
+
+
+#: The run-config key naming the run cache (``--out``) a run was logged from.
+CACHE_CONFIG_KEY = "experiments_run_cache"
+
+
+def _cache(out: Path) -> str:
+    return str(out.resolve())
 
 
 def task_dir(out: Path, spec: TaskSpec) -> Path:
@@ -211,7 +221,7 @@ def train_one(
         "init_seed": INIT_SEED + seed,
         "sampler_seed": sampler_seed,
     }
-    logger = _Logger.open(url, out / "spool", spec, run_name(batch_size, lr, seed), config)
+    logger = _Logger.open(url, out, spec, run_name(batch_size, lr, seed), config)
     first = trainer.eval_loss()
     logger.eval(0, first, 0.0)
     evals: dict[str, list[float]] = {"step": [0.0], "loss": [first]}
@@ -305,10 +315,10 @@ def ensure_logged(
 
         run = noisescope.init(
             url=url,
-            project=PROJECT,
+            project=spec.project,
             task=spec.name,
             name=name,
-            config=logged_config(spec, record["config"]),
+            config=logged_config(spec, record["config"], out),
             batch_size=record["batch_size_units"],
             units=spec.units,
             run_id=run_id,
@@ -345,18 +355,35 @@ def _run_id(record: RunRecord, spec: TaskSpec, out: Path) -> str:
     return logged or uuid.uuid5(uuid.NAMESPACE_URL, f"{out}/{spec.name}/{name}").hex
 
 
-def archive_stale(records: list[RunRecord], spec: TaskSpec, api: Api, out: Path) -> int:
-    """Archive the server's runs of this task that the run cache does not hold: runs of an
-    earlier version of the task (its trainer or settings changed, so its cache folder did),
-    which would otherwise enter the server's critical batch beside this sweep's. Archived, not
-    deleted (``noisescope runs restore`` brings one back). Returns how many."""
+def archive_stale(records: list[RunRecord], spec: TaskSpec, api: Api, out: Path) -> Stale:
+    """Archive the server's runs of this task that this run cache wrote (``CACHE_CONFIG_KEY``)
+    but no longer holds: runs of an earlier version of the task (its trainer or settings
+    changed, so its cache folder did), which would otherwise enter the server's critical batch
+    beside this sweep's. Archived, not deleted (``noisescope runs restore`` brings one back).
+    The task's other runs (logged by hand, by another checkout, or before runs named their
+    cache) are never archived: ``Stale.foreign`` counts them for a line that says so."""
     kept = {_run_id(r, spec, out) for r in records}
-    stale = [
-        r.uid for r in api.runs(project=PROJECT, task=spec.name, current=False) if r.uid not in kept
-    ]
+    mine = _cache(out)
+    stale: list[str] = []
+    foreign = 0
+    for r in api.runs(project=spec.project, task=spec.name, current=False):
+        if r.uid in kept or r.parent_uid is not None:
+            continue
+        if r.config.get(CACHE_CONFIG_KEY) == mine:
+            stale.append(r.uid)
+        else:
+            foreign += 1
     for run_id in stale:
         api.archive_run(run_id)
-    return len(stale)
+    return Stale(len(stale), foreign)
+
+
+@dataclass(frozen=True)
+class Stale:
+    """What ``archive_stale`` did: runs archived, and the task's runs it left alone."""
+
+    archived: int
+    foreign: int
 
 
 def _save(path: Path, record: RunRecord) -> None:

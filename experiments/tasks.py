@@ -48,6 +48,11 @@ class Trainer(Protocol):
         ...
 
 
+#: The server project of ``python -m experiments``'s runs (``--quick``: with ``QUICK_SUFFIX``).
+PROJECT = "noisescope-reproduction"
+QUICK_SUFFIX = "-quick"
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """A task's sweep: batch sizes (in examples/sequences), lr grid, loss targets, budgets.
@@ -74,6 +79,9 @@ class TaskSpec:
     #: What one example is, on the page ("episodes" for CartPole); the server's ``units``
     #: stay "examples".
     shown_units: str = ""
+    #: The server project the sweep's runs are logged to; ``--quick`` logs to a project of its
+    #: own (``QUICK_SUFFIX``), so a tiny sweep never mixes with (or archives) the full one's.
+    project: str = PROJECT
 
     @property
     def unit_label(self) -> str:
@@ -84,7 +92,8 @@ class TaskSpec:
             return self
         from dataclasses import replace
 
-        return replace(self, quick={}, **{"seeds": 1, **self.quick})  # type: ignore[arg-type]
+        overrides = {"seeds": 1, "project": self.project + QUICK_SUFFIX, **self.quick}
+        return replace(self, quick={}, **overrides)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,13 +23,17 @@ if ! command -v chromium >/dev/null 2>&1; then
     fi
 fi
 
-if [ ! -x .venv/bin/python ]; then
-    say "creating .venv"
-    python3 -m venv .venv
+# The suite's own environment (NOISESCOPE_TEST_VENV, default .venv-test), never the README's
+# .venv: reinstalling the package there (editable) moves the files a running `noisescope up`
+# serves from, and every dashboard page then fails on a missing app.py.
+venv="${NOISESCOPE_TEST_VENV:-.venv-test}"
+if [ ! -x "$venv/bin/python" ]; then
+    say "creating $venv"
+    python3 -m venv "$venv"
 fi
-# shellcheck disable=SC1091
-. .venv/bin/activate
-say "installing noisescope (client + server + dev tools, CPU torch 2.13.0)"
+# shellcheck disable=SC1090,SC1091
+. "$venv/bin/activate"
+say "installing noisescope into $venv (client + server + dev tools, CPU torch 2.13.0)"
 python -m pip install -q --upgrade pip
 # --no-compile: byte-compiling every installed file (torch's and transformers' thousands) took
 # a minute; the suite imports a fraction of them, compiled once on first import instead, so the
@@ -37,13 +41,32 @@ python -m pip install -q --upgrade pip
 python -m pip install -q --no-compile torch==2.13.0 -e ./client -e '.[dev]'
 unset PYTHONDONTWRITEBYTECODE
 
+# Every process the suite starts carries this mark in its environment (not a NOISESCOPE_ name:
+# tests hand their subprocesses an environment without those); on exit (an interrupt
+# included) the ones still alive are stopped by id: servers and dashboards start in sessions of
+# their own, which a Ctrl-C to the suite does not reach.
+export TEST_SH_SESSION="$$-$(date +%s%N)"
+stop_children() {
+    local pid mark="TEST_SH_SESSION=$TEST_SH_SESSION"
+    for environ in /proc/[0-9]*/environ; do
+        pid="${environ#/proc/}"
+        pid="${pid%/environ}"
+        [ "$pid" = "$$" ] && continue
+        # (a process that ended meanwhile, or another user's, cannot be read: not ours)
+        if { tr '\0' '\n' <"$environ"; } 2>/dev/null | grep -qx "$mark"; then
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    done
+}
+
 say "ruff"
 ruff check .
 ruff format --check .
 # mypy runs beside pytest: the test workers leave about a third of the CPU idle (waiting on
 # servers, subprocesses and the browser), which hides most of mypy's minute.
 mypy_log="$(mktemp)"
-trap 'rm -f "$mypy_log"' EXIT
+trap 'stop_children; rm -f "$mypy_log"' EXIT
+trap 'exit 130' INT TERM
 mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 say "pytest (mypy --strict runs beside it)"

@@ -68,10 +68,14 @@ def doc_blocks() -> list[Block]:
 
 #: (page, a line that only that block of the page has) -> the tests that run or check it.
 TESTED_BY: dict[tuple[str, str], list[str]] = {
-    ("README.md", "scripts/test.sh"): [
-        # `pip install ./client .` builds these distributions; CI runs scripts/test.sh itself
+    ("README.md", "pip install ./client . && noisescope up"): [
+        # `pip install ./client .` builds these distributions
         "tests/test_packaging.py::test_wheel_ships_every_module",
         "tests/e2e/test_up.py::test_up_runs_server_and_dashboard_and_stops_both",
+        "tests/test_docs.py::test_readme_starts_with_the_two_commands",
+    ],
+    ("README.md", "scripts/test.sh"): [
+        # CI runs scripts/test.sh itself
         "tests/test_docs.py::test_readme_starts_with_the_two_commands",
         "tests/test_docs.py::test_ci_runs_exactly_the_readme_test_command",
     ],

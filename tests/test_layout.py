@@ -288,6 +288,8 @@ CLIENT_ALLOWED = {
         "noisescope.estimators",
         "noisescope.sweep",
         "noisescope.forecast",
+        # the Run page's verdict on the run it read (issue 56 item 4: one read per render)
+        "noisescope.recommend",
     },
 }
 CLIENT_MODULES = {_module_name("noisescope", p) for p in PACKAGES["noisescope"].rglob("*.py")}

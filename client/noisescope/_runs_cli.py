@@ -1,22 +1,31 @@
-"""``noisescope runs archive|restore|delete|rename|tag``: change stored runs from a shell.
+"""``noisescope runs list|archive|restore|delete|rename|tag``: find and change stored runs
+from a shell.
 
-Each subcommand is one ``noisescope.Api`` call per run id, so the CLI, a notebook and the
-dashboard change runs through the same requests. ``delete`` is for good: it asks on a terminal
-unless ``--yes``, and refuses without ``--yes`` when nobody can answer (stdin not a terminal),
-so a script never deletes by accident; ``archive`` is the restorable way to remove a run.
-Exit codes: 0 when every run was changed, 1 when one was not (each failure said on stderr),
-2 for bad arguments or a refused deletion.
+``list`` prints runs with their full ids (``--json`` for scripts). Each other subcommand is one
+``noisescope.Api`` call per run, so the CLI, a notebook and the dashboard change runs through
+the same requests; a run is named by its id or by a unique start of it (the 8 characters the
+pages and the client's lines show: ``protocol.run_ids_matching``). ``delete`` is for good: it
+asks on a terminal unless ``--yes``, and refuses without ``--yes`` when nobody can answer (stdin
+not a terminal), so a script never deletes by accident; ``archive`` is the restorable way to
+remove a run. Exit codes: 0 when every run was changed (or listed), 1 when one was not (each
+failure said on stderr: an id that names no run, or several), 2 for bad arguments or a refused
+deletion.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from noisescope._api import Api, ApiError
 from noisescope._config import url_argument
+from noisescope._results import RunSummary
+from noisescope._wire import run_ids_matching
 
 __all__ = ["make_api", "register"]
 
@@ -29,21 +38,23 @@ def make_api(url: str | None, token: str | None) -> Api:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "runs",
-        help="archive, restore, delete, rename or re-tag runs",
+        help="list, archive, restore, delete, rename or re-tag runs",
         description=(
-            "Change stored runs. Archive is the restorable way to remove a run from lists, "
+            "List and change stored runs, each named by its id or a unique start of it (as "
+            "the pages show it). Archive is the restorable way to remove a run from lists, "
             "sweeps and comparisons; delete removes its samples and events for good."
         ),
     )
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     sub.required = True
 
-    def action(name: str, help_text: str, *, many: bool = True) -> argparse.ArgumentParser:
+    def action(name: str, help_text: str, *, many: bool | None = True) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+        said = "the run's id, or a unique start of it (e.g. the 8 characters a page shows)"
         if many:
-            p.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="the run's id")
-        else:
-            p.add_argument("run_id", metavar="RUN_ID", help="the run's id")
+            p.add_argument("run_ids", nargs="+", metavar="RUN_ID", help=said)
+        elif many is not None:
+            p.add_argument("run_id", metavar="RUN_ID", help=said)
         p.add_argument(
             "--url", type=url_argument, default=None, help="server URL (default: NOISESCOPE_URL)"
         )
@@ -54,6 +65,20 @@ def register(subparsers: Any) -> None:
         )
         return p
 
+    listing = action("list", "list runs, newest first, with their full ids", many=None)
+    listing.add_argument("--project", default=None, help="only this project's runs")
+    listing.add_argument("--task", default=None, help="only this task's runs")
+    listing.add_argument("--tag", default=None, help="only runs with this tag")
+    listing.add_argument("--status", default=None, help="only runs with this status")
+    listing.add_argument("--search", default=None, help="only runs whose name holds this")
+    listing.add_argument(
+        "--archived",
+        choices=("exclude", "include", "only"),
+        default="exclude",
+        help="archived runs: left out (default), listed too, or only they",
+    )
+    listing.add_argument("--limit", type=int, default=10_000, help="at most this many runs")
+    listing.add_argument("--json", action="store_true", help="one JSON list of the runs")
     action("archive", "archive runs: gone from lists, sweeps and comparisons; restorable")
     action("restore", "bring archived runs back")
     delete = action("delete", "delete runs with their samples and events, for good")
@@ -80,12 +105,80 @@ def _main(args: argparse.Namespace) -> int:
         print(f"{command}: {exc}", file=sys.stderr)
         return 2
     with api:
-        if args.action == "delete" and not args.yes and not _confirmed(api, args.run_ids):
+        if args.action == "list":
+            return _list(command, api, args)
+        given = args.run_ids if hasattr(args, "run_ids") else [args.run_id]
+        try:
+            known = [r.uid for r in api.runs(current=False, archived="include")]
+        except ApiError as exc:
+            print(f"{command}: {exc}", file=sys.stderr)
+            return 1
+        run_ids = [r for r in (_resolve(command, g, known, api.url) for g in given) if r]
+        failed = len(given) - len(run_ids)
+        if args.action == "delete" and run_ids and not args.yes and not _confirmed(api, run_ids):
             return 2
-        return _each(command, api, args)
+        return 1 if _each(command, api, args, run_ids) or failed else 0
 
 
-def _each(command: str, api: Api, args: argparse.Namespace) -> int:
+def _resolve(command: str, given: str, known: list[str], url: str) -> str | None:
+    """The full id ``given`` names among the server's runs; None (said on stderr) when it
+    names none or several."""
+    found = run_ids_matching(given, known)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        why = f"no run on {url} has this id or an id starting with it"
+    else:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        why = f"{len(found)} runs' ids start with it ({shown}): give more of the id"
+    print(f"{command} {given}: {why} (noisescope runs list shows the ids)", file=sys.stderr)
+    return None
+
+
+def _list(command: str, api: Api, args: argparse.Namespace) -> int:
+    """The runs asked for, one line each (full id first), or ``--json``."""
+    if args.limit < 1:
+        print(f"{command}: --limit must be at least 1, got {args.limit}", file=sys.stderr)
+        return 2
+    try:
+        runs = api.runs(
+            project=args.project,
+            task=args.task,
+            tag=args.tag,
+            status=args.status,
+            search=args.search,
+            limit=args.limit,
+            current=False,
+            archived=args.archived,
+        )
+    except ApiError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([_as_json(r) for r in runs], indent=1))
+        return 0
+    if not runs:
+        print(f"{command}: no runs match", file=sys.stderr)
+        return 0
+    rows = [("ID", "PROJECT/TASK", "NAME", "STATUS", "SAMPLES", "STARTED (UTC)")]
+    for r in runs:
+        started = f"{r.started_at:%Y-%m-%d %H:%M}" if r.started_at else "-"
+        status = r.status + (" (archived)" if r.archived_at is not None else "")
+        rows.append((r.uid, f"{r.project}/{r.task}", r.name, status, f"{r.n_samples:,}", started))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    return 0
+
+
+def _as_json(run: RunSummary) -> dict[str, Any]:
+    return {
+        k: v.isoformat() if isinstance(v, datetime) else v
+        for k, v in dataclasses.asdict(run).items()
+    }
+
+
+def _each(command: str, api: Api, args: argparse.Namespace, run_ids: list[str]) -> int:
     """Apply the action to each run id; 1 when any failed (each failure said on stderr)."""
 
     def rename(run_id: str) -> None:
@@ -108,7 +201,6 @@ def _each(command: str, api: Api, args: argparse.Namespace) -> int:
         done = f"tagged {', '.join(args.tags)}" if args.tags else "tags cleared"
     else:
         done = f"{args.action}d"  # archived, restored, deleted
-    run_ids = args.run_ids if hasattr(args, "run_ids") else [args.run_id]
     failed = 0
     for run_id in run_ids:
         try:

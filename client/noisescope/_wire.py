@@ -291,6 +291,16 @@ def units_problem(units: object) -> str | None:
     return f"units must be {' or '.join(repr(u) for u in UNITS)}, got {units!r}"
 
 
+def run_ids_matching(given: str, run_ids: Iterable[str]) -> list[str]:
+    """The run ids ``given`` names among ``run_ids``: itself when it is one, else each id it
+    begins (a prefix, as the pages and the client's lines show an id: its first 8
+    characters). One answer is the run; none or several, no run (the CLI says which)."""
+    ids = list(run_ids)
+    if given in ids:
+        return [given]
+    return [r for r in ids if given and r.startswith(given)]
+
+
 def run_id_problem(run_id: object) -> str | None:
     """Why ``run_id`` is not a valid run id, or None when it is (client and server both ask)."""
     if isinstance(run_id, str) and _RUN_ID_RE.fullmatch(run_id):

@@ -135,6 +135,8 @@ def bands_section(src: _data.Source, runs: Sequence[RunSummary], *, key: str) ->
         log_y = _state.checkbox("log B_simple", key="logy", value=True)
         log_loss = _state.checkbox("log loss", key="logloss")
         each = _state.checkbox("each run too", key="each")
+        # off by default: a sweep's bands (one per batch size) overlap into one smear
+        ranges = _state.checkbox("lowest–highest band", key="bands")
     kept = {r.uid: r for r in runs if not r.diverged}
     diverged = sorted(r.name for r in runs if r.diverged)
     series = _data.compare(src, tuple(kept), float(fraction))
@@ -145,10 +147,9 @@ def bands_section(src: _data.Source, runs: Sequence[RunSummary], *, key: str) ->
         return bands
     group_title = "batch size" if by == "batch" else "learning rate"
     caption = (
-        f"Per {group_title}, the median B_simple of its runs (line) and the range from the "
-        "lowest to the highest of them (band), over bins of the loss; smoothed over the "
-        f'window above. Tick "each run too" to draw every run as a thin line. '
-        "Click a legend entry to highlight it."
+        f"Per {group_title}, the median B_simple of its runs over bins of the loss, smoothed "
+        'over the window above. Tick "lowest–highest band" to shade the range of its runs, '
+        '"each run too" to draw every run as a thin line. Click a legend entry to highlight it.'
     )
     if diverged:
         caption += " Left out, their loss diverged: " + _text.md(", ".join(diverged)) + "."
@@ -173,6 +174,7 @@ def bands_section(src: _data.Source, runs: Sequence[RunSummary], *, key: str) ->
                 title=f"B_simple against loss: {task}",
                 log_y=log_y,
                 y_title=f"B_simple ({word})",
+                ranges=ranges,
             ),
             part,
             name=f"{key}_b_simple_vs_loss_{i + 1}",

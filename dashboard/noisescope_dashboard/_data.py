@@ -22,7 +22,6 @@ from noisescope import (
     ApiError,
     EventRow,
     ParallelismPlan,
-    RecommendationResult,
     RunBranches,
     RunSeries,
     RunSummary,
@@ -48,7 +47,6 @@ __all__ = [
     "events",
     "parallelism",
     "projects",
-    "recommendation",
     "run",
     "run_list",
     "runs",
@@ -173,11 +171,6 @@ def event_counts(src: Source, run_id: str) -> dict[str, int]:
 def samples_csv(src: Source, run_id: str) -> str:
     """Every raw sample of a run as CSV, fetched only when the download is clicked."""
     return api(src).samples_csv(run_id)
-
-
-@st.cache_data(ttl=TTL_S, show_spinner=False)
-def recommendation(src: Source, run_id: str) -> RecommendationResult:
-    return api(src).recommendation(run_id)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

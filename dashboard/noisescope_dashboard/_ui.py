@@ -194,27 +194,28 @@ def described(helps: Mapping[str, str]) -> dict[str, Any]:
 #: the raw numbers sorted on).
 RUN_COLUMNS = {
     "name": st.column_config.TextColumn("Run", width=200),
-    "project": st.column_config.TextColumn("Project", width="small"),
     "task": st.column_config.TextColumn("Task", width="small"),
-    "status": st.column_config.TextColumn("Status", width="medium"),
+    "status": st.column_config.TextColumn("Status", width="small"),
     "b_simple": st.column_config.TextColumn("B_simple now", help=_text.CURRENT_RULE, width=100),
     "interval": st.column_config.TextColumn("90% interval", width=120),
-    # beside the number: a run without one says why in view, at 1400 px too (issue 47); the
-    # columns after it are reached by scrolling the table sideways
-    "why": st.column_config.TextColumn("No B_simple because", help="Why the run has no B_simple"),
+    # the answer first: at 1400 px the batch, its ratio (what "Sort by" may sort on), loss,
+    # step and tags are in view before the long reason sentences (issue 56); a run without a
+    # number has an empty ratio, and its reason comes next, whole
     "batch": st.column_config.TextColumn(
         "Batch in use",
         help="The latest batch-size change, else the batch at init",
         width=95,
     ),
-    "units": st.column_config.TextColumn("Units", width="small"),
     "ratio": st.column_config.TextColumn(
         "B / B_simple", help="Below 1: a bigger batch would cut steps", width=95
     ),
     "loss": st.column_config.TextColumn("Loss", help="The latest training loss", width="small"),
     "step": st.column_config.TextColumn("Step", help="The latest step", width="small"),
-    "started_at": st.column_config.DatetimeColumn("Started", format="YYYY-MM-DD HH:mm", width=130),
     "tags": st.column_config.TextColumn("Tags", width="small"),
+    "why": st.column_config.TextColumn("No B_simple because", help="Why the run has no B_simple"),
+    "project": st.column_config.TextColumn("Project", width="small"),
+    "units": st.column_config.TextColumn("Units", width="small"),
+    "started_at": st.column_config.DatetimeColumn("Started", format="YYYY-MM-DD HH:mm", width=130),
 }
 #: Its columns of names and sentences, shown as wide as their longest text (``fit_columns``).
 RUN_FIT = ("name", "project", "task", "status", "tags", "why")

@@ -16,7 +16,9 @@ contributes:
   run has at least two);
 - its noise samples, as exact bucket sums along steps;
 - whether it diverged: ``noisescope.sweep`` judges that on the same curve and leaves such runs
-  out (``include_diverged`` keeps them).
+  out (``include_diverged`` keeps them);
+- the default loss targets: those the runs declare in their config
+  (``sweep.declared_targets``), else ``sweep.default_targets``.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ def critical_batch(
     candidates, excluded = _candidates(read, units)
     source, notes = _loss_source(read, candidates, loss)
     sweep_runs = _sweep_runs(read, candidates, source, excluded)  # adds to ``excluded``
+    # none asked for: the targets the runs declare (``python -m experiments`` writes them), the
+    # one rule of default targets the dashboard and the experiment's output follow too
+    declared = sweep.declared_targets(r.config for r in runs if isinstance(r.config, dict))
     return sweep.analyse(
         sweep_runs,
         targets,
@@ -115,6 +120,7 @@ def critical_batch(
         warnings=notes,
         level=LEVEL,
         keep_diverged=include_diverged,
+        declared=declared,
     )
 
 

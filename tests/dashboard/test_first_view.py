@@ -116,7 +116,7 @@ def test_the_sweep_cli_declares_the_targets_it_analyses_at() -> None:
     from experiments.tasks import TASKS
 
     for spec in TASKS.values():
-        configs = [logged_config(spec, {"lr": lr}) for lr in (0.1, 0.2)]
+        configs = [logged_config(spec, {"lr": lr}, Path("runs")) for lr in (0.1, 0.2)]
         assert sweep.declared_targets(configs) == sorted(spec.loss_targets, reverse=True)
 
 
@@ -134,14 +134,19 @@ def declared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_the_pages_read_a_sweep_at_its_declared_targets(
-    make_app: MakeApp, declared_server: str
+    make_app: MakeApp, declared_server: str, api: Api
 ) -> None:
     """The CLI's targets and numbers: the page's default targets are the declared ones, and
     its B_crit are the analysis at them (the CLI's, ``tests/experiments/test_quick_e2e``)."""
-    with Api(declared_server) as api:
-        at_declared = api.critical_batch("vision", "digits", targets=DECLARED)
-        server_defaults = api.critical_batch("vision", "digits")
-    assert [t.target for t in server_defaults.targets] != DECLARED  # so the test can tell
+    undeclared = api.critical_batch("vision", "digits")  # the same runs, naming no targets
+    assert [t.target for t in undeclared.targets] != DECLARED  # so the test can tell
+    with Api(declared_server) as declared_api:
+        at_declared = declared_api.critical_batch("vision", "digits", targets=DECLARED)
+        server_defaults = declared_api.critical_batch("vision", "digits")
+    # issue 56 item 2: the API's defaults are the declared targets too (one rule everywhere)
+    assert server_defaults.default_targets
+    assert [t.target for t in server_defaults.targets] == DECLARED
+    assert [t.b_crit for t in server_defaults.targets] == [t.b_crit for t in at_declared.targets]
     at = make_app(declared_server, "critical_batch", task="vision/digits")
     assert at.text_input(key="_qp_targets").value == "1, 0.8"
     table = at.dataframe[0].value
@@ -189,8 +194,11 @@ def test_warnings_read_as_words() -> None:
 
 
 def test_runs_table_keeps_the_reason_in_view_and_a_bound_its_interval(api: Api) -> None:
-    first = list(_ui.RUN_COLUMNS)[:8]
-    assert "why" in first and first.index("why") == first.index("interval") + 1
+    # issue 56 item 7 (changed from issue 47's reason right after the interval): the answer's
+    # columns first, then the reason, whole
+    order = list(_ui.RUN_COLUMNS)
+    answer = ["b_simple", "interval", "batch", "ratio", "loss", "step", "tags"]
+    assert order[order.index("b_simple") : order.index("why")] == answer
     run = api.run(SHORT)
     bound: RunSummary = dataclasses.replace(
         run, b_simple=None, b_simple_lower=44.7, b_simple_lo=44.7, b_simple_hi=167.0
@@ -209,7 +217,11 @@ def test_compare_tasks_draws_a_median_and_band_per_batch_size(
     specs = charts(at)
     versus = specs["B_simple against B_crit across tasks in examples"]
     assert versus["width"] == "container"
-    band = specs["B_simple against loss: vision/digits"]
+    # issue 56 item 8: the medians alone by default (six bands overlapped into one smear); the
+    # bands on request
+    assert _marks(specs["B_simple against loss: vision/digits"]) == ["line"]
+    at.checkbox(key="bands").check().run()
+    band = charts(at)["B_simple against loss: vision/digits"]
     assert _marks(band) == ["area", "line"]
     area, median = spec_layers(band)
     assert (

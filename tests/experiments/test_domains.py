@@ -13,7 +13,7 @@ import torch
 from experiments import analysis
 from experiments.__main__ import TASK_NAMES
 from experiments.domains import CARTPOLE_MAX_RETURN, CartPoleReinforce, DigitsCNN, DigitsVAE
-from experiments.runner import Progress, run_sweep
+from experiments.runner import Progress, Stale, run_sweep
 from experiments.tasks import TASKS
 
 
@@ -79,29 +79,49 @@ def test_cartpole_counts_episodes_and_its_loss_is_the_return_short_of_500() -> N
 
 
 def test_runs_of_an_earlier_version_of_a_task_are_archived_on_the_server() -> None:
-    """The server's sweep of a task is the run cache's: a run the cache does not hold (its
-    task's trainer changed since) is archived, restorably; the cached ones stay."""
-    from experiments.runner import PROJECT, archive_stale
+    """The server's sweep of a task is the run cache's: a run this cache logged that it no
+    longer holds (its task's trainer changed since) is archived, restorably; the cached ones
+    stay, and so do the task's runs this cache did not log (issue 56 item 1: a run logged by
+    hand, or from another run cache, is never archived)."""
+    from experiments.runner import CACHE_CONFIG_KEY, archive_stale
     from harness import AppServer, columns, run_body
     from noisescope import protocol
 
     spec = TASKS["cartpole"]
-    kept, stale = "a" * 32, "b" * 32
+    out = Path("unused")
+    kept, stale, by_hand, elsewhere = "a" * 32, "b" * 32, "c" * 32, "d" * 32
+    configs = {
+        kept: {CACHE_CONFIG_KEY: str(out.resolve())},
+        stale: {CACHE_CONFIG_KEY: str(out.resolve())},
+        by_hand: {"lr": 0.1},
+        elsewhere: {CACHE_CONFIG_KEY: "/some/other/checkout/experiments/runs/full"},
+    }
     with AppServer() as server:
         with server.client() as http:
-            for uid in (kept, stale):
-                put = http.put(
-                    f"{protocol.API_PREFIX}/runs/{uid}", json=run_body(PROJECT, spec.name)
-                )
+            for uid, config in configs.items():
+                body = run_body(spec.project, spec.name, config=config)
+                put = http.put(f"{protocol.API_PREFIX}/runs/{uid}", json=body)
                 assert put.status_code == 201
                 body = {"columns": columns(10)}
                 assert http.post(f"{protocol.API_PREFIX}/runs/{uid}/samples", json=body).is_success
         api = server.api()
         record = {"run_id": kept, "batch_size": 4, "lr": 0.04, "seed": 0}
-        assert archive_stale([record], spec, api, Path("unused")) == 1
-        assert [r.uid for r in api.runs(project=PROJECT, task=spec.name)] == [kept]
+        assert archive_stale([record], spec, api, out) == Stale(archived=1, foreign=2)
+        left = {r.uid for r in api.runs(project=spec.project, task=spec.name)}
+        assert left == {kept, by_hand, elsewhere}
         assert api.run(stale).archived_at is not None
-        assert archive_stale([record], spec, api, Path("unused")) == 0  # nothing more to do
+        assert archive_stale([record], spec, api, out) == Stale(0, 2)  # nothing more to do
+
+
+def test_a_quick_sweep_logs_to_a_project_of_its_own() -> None:
+    """``--quick`` never shares a project with the full sweep (whose runs it would otherwise
+    enter or archive, issue 56 item 1)."""
+    from experiments.runner import PROJECT
+
+    for spec in TASKS.values():
+        assert spec.project == PROJECT
+        assert spec.sized(True).project == PROJECT + "-quick"
+        assert spec.sized(False).project == PROJECT
 
 
 def test_each_frontier_point_is_placed_among_the_rates_tried_at_its_batch_size() -> None:

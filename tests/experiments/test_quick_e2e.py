@@ -13,7 +13,7 @@ import pytest
 import noisescope
 from experiments import analysis
 from experiments.__main__ import main
-from experiments.runner import PROJECT
+from experiments.runner import CACHE_CONFIG_KEY, PROJECT
 from experiments.tasks import TASKS
 from harness import ServerProcess
 from noisescope_server.sweeps import MAX_POINTS_PER_RUN
@@ -29,7 +29,7 @@ def _assert_server_agrees(database: Path, records: list[dict[str, Any]]) -> None
     with ServerProcess(database_url=f"sqlite:///{database}") as server:
         api = noisescope.Api(server.url)
         try:
-            served = api.critical_batch(PROJECT, "lsq", targets=spec.loss_targets)
+            served = api.critical_batch(spec.project, "lsq", targets=spec.loss_targets)
         finally:
             api.close()
     assert served.loss_source == "eval"
@@ -76,6 +76,12 @@ def test_quick_sweep_logs_every_run_to_the_server_and_resumes(
         f"B{r['batch_size']}-lr{r['lr']:.6g}-s0" for r in records
     )
     assert {status for _, status in runs} == {"finished"}
+    database = f"sqlite:///{out / 'quick' / 'noisescope.db'}"
+    with ServerProcess(database_url=database) as server, noisescope.Api(server.url) as api:
+        # a project of its own (never the full sweep's), each run naming its run cache
+        assert api.projects() == [PROJECT + "-quick"]
+        caches = {r.config[CACHE_CONFIG_KEY] for r in api.runs(current=False)}
+        assert caches == {str((out / "quick").resolve())}
     assert n_samples == sum(r["steps"] for r in records)
 
     report = (docs / "reproduction.md").read_text()

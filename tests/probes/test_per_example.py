@@ -400,3 +400,18 @@ def test_a_gradient_that_bypasses_the_broadcast_is_never_logged(escape_at: int) 
         assert any("other than through a broadcast" in str(w.message) for w in caught)
     else:
         assert steps == [0, 1, 2, 3] and probe.skipped_steps == 2 and probe.error is None
+
+
+def test_auto_under_accumulation_announces_one_source(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 56 item 12: a loop with several backwards per step was told "source='per_example'"
+    at its first step and "source='micro'" at its second; it is told the one it measures with."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    probe = GradientNoiseProbe(model, ListSink())
+    for _ in range(3):
+        for _ in range(2):
+            (model(torch.randn(6, 4)).square().mean() / 2).backward()
+            probe.micro_step(batch_size=6)
+        probe.step()
+        model.zero_grad(set_to_none=True)
+    said = [line for line in capsys.readouterr().err.splitlines() if "measuring with" in line]
+    assert len(said) == 1 and "source='micro'" in said[0], said

@@ -427,9 +427,11 @@ def test_a_bad_database_url_is_one_line_and_status_2(
     command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "file").write_text("")
+    # a free port, not the default: the suite runs beside a `noisescope up` (issue 56 item 3)
+    port = ["--port", str(free_port())] if command == ["server"] else []
     for kind, url in _bad_urls(tmp_path).items():
         with pytest.raises(SystemExit) as exited:
-            main([*command, "--database-url", url])
+            main([*command, "--database-url", url, *port])
         assert exited.value.code == 2, kind
         captured = capsys.readouterr()
         lines = captured.err.splitlines()
@@ -482,7 +484,13 @@ def test_a_bad_database_url_exits_2_without_a_traceback(command: list[str], tmp_
     url = f"postgresql+psycopg://ns:s3cret-pw@127.0.0.1:{free_port()}/x"
     for argv in (
         [*command, "--database-url", url, "--port", str(free_port())],
-        [*command, "--database-url", "sqlite:////nonexistent-dir-ns/x.db"],
+        [
+            *command,
+            "--database-url",
+            "sqlite:////nonexistent-dir-ns/x.db",
+            "--port",
+            str(free_port()),
+        ],
     ):
         out = _refused(argv, env)
         assert "cannot open database" in out.stderr

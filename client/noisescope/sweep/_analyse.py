@@ -259,8 +259,10 @@ def analyse(
     warnings: Sequence[str] = (),
     level: float = 0.9,
     keep_diverged: bool = False,
+    declared: Sequence[float] = (),
 ) -> CriticalBatchReport:
-    """The critical batch size per loss target (``default_targets`` when none are given).
+    """The critical batch size per loss target. When none are given: ``declared`` (the
+    targets the sweep's runs name, ``declared_targets``), else ``default_targets``.
 
     Runs whose loss diverged (``divergence``) are left out of the frontier and of the default
     targets, listed under ``excluded`` with the loss they rose to, unless ``keep_diverged``: a
@@ -289,7 +291,7 @@ def analyse(
                 f"{len(blown)} of {len(grid)} runs diverged (loss far above its minimum, or not "
                 f"finite) and are left out of the frontier and the default targets: {names}"
             )
-    chosen = [float(t) for t in targets] if targets else []
+    chosen = [float(t) for t in (targets or declared)]
     if not chosen:
         chosen, target_notes = default_targets(runs, loss_source)
         notes += target_notes

@@ -529,7 +529,10 @@ class GradientNoiseProbe:
         logged = None
         try:
             if armed and self.error is None and not dropped:
-                self._announce(step)
+                if not (self._auto and self.source == "per_example" and len(micros) > 1):
+                    # (a first step of several backwards switches "auto" to micro-batches
+                    # below, which the next step announces: one line, not two)
+                    self._announce(step)
                 if not micros:
                     raise RuntimeError(
                         "probe.step() saw no backward: call probe.micro_step(batch_size=...) "

@@ -111,6 +111,19 @@ def y_encoding(
     return alt.Y(f"{field}:Q", title=title, scale=s, axis=a)
 
 
+#: Fewer points than this are drawn as straight segments with each point marked: a smooth
+#: curve through a handful of points shows a shape nobody measured (issue 56).
+SMOOTH_FROM = 30
+
+
+def line_mark(n_points: int, **kwargs: Any) -> dict[str, Any]:
+    """``mark_line`` arguments for a curve of ``n_points``: smooth (monotone) when there are
+    ``SMOOTH_FROM`` or more, else straight between marked points."""
+    if n_points >= SMOOTH_FROM:
+        return {"interpolate": "monotone", **kwargs}
+    return {"interpolate": "linear", "point": True, **kwargs}
+
+
 def drawable(frame: pd.DataFrame, columns: Sequence[str], log: bool) -> pd.DataFrame:
     """Rows a log axis can draw: every one of ``columns`` present and, on a log axis, > 0."""
     out = frame.dropna(subset=list(columns))

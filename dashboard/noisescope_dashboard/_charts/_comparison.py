@@ -83,18 +83,19 @@ def band_chart(
     title: str,
     log_y: bool = True,
     y_title: str = "B_simple (batch size)",
+    ranges: bool = True,
 ) -> alt.LayerChart:
     """B_simple against loss per group of runs (a batch size or a learning rate): the median
-    line over its runs and a band from their lowest to their highest value (``bands``, from
-    ``_frames.band_points``), one colour per group in its order; with ``runs`` (compare
-    points with a ``group`` column) each run as a thin line of its group's colour too.
-    Clicking a legend entry highlights that group."""
+    line over its runs and, with ``ranges``, a band from their lowest to their highest value
+    (``bands``, from ``_frames.band_points``), one colour per group in its order; with
+    ``runs`` (compare points with a ``group`` column) each run as a thin line of its group's
+    colour too. Clicking a legend entry highlights that group."""
     data = drawable(bands, [x.field, "b_simple", "lo", "hi"], log_y)
     if x.log:
         data = data[data[x.field] > 0]
     order = list(dict.fromkeys(data.sort_values("order")["group"]))
     pick = alt.selection_point(fields=["group"], bind="legend", name="group_pick")
-    shown = values_in(data, "b_simple", "lo", "hi")
+    shown = values_in(data, "b_simple", "lo", "hi") if ranges else values_in(data, "b_simple")
     drawn_runs = None
     if runs is not None and not runs.empty:
         drawn_runs = drawable(runs, [x.field, "b_simple"], log_y)
@@ -112,16 +113,18 @@ def band_chart(
         legend=wide_legend(),
     )
     base = alt.Chart(data)
-    layers: list[Any] = [
-        base.mark_area(opacity=0.18, interpolate="monotone").encode(
-            x=x_enc,
-            y=alt.Y("lo:Q", scale=y_scale, axis=y_axis, title=y_title),
-            y2="hi:Q",
-            color=color,
-            detail="group:N",
-            opacity=alt.when(pick).then(alt.value(0.22)).otherwise(alt.value(0.03)),
-        ),
-    ]
+    layers: list[Any] = []
+    if ranges:
+        layers.append(
+            base.mark_area(opacity=0.18, interpolate="monotone").encode(
+                x=x_enc,
+                y=alt.Y("lo:Q", scale=y_scale, axis=y_axis, title=y_title),
+                y2="hi:Q",
+                color=color,
+                detail="group:N",
+                opacity=alt.when(pick).then(alt.value(0.22)).otherwise(alt.value(0.03)),
+            )
+        )
     if drawn_runs is not None:
         layers.append(
             alt.Chart(drawn_runs)

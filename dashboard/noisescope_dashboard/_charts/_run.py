@@ -18,6 +18,7 @@ from noisescope_dashboard._charts._axes import (
     drawable,
     finish,
     layered,
+    line_mark,
     values_in,
     wide_legend,
     y_encoding,
@@ -134,7 +135,7 @@ def b_simple_chart(
     layers: list[Any] = [
         _band(band.assign(what="90% interval"), x_enc, color, opacity=0.45),
         alt.Chart(line.assign(what="B_simple"))
-        .mark_line(interpolate="monotone", strokeWidth=2)
+        .mark_line(**line_mark(len(line), strokeWidth=2))
         .encode(
             x=x_enc,
             y=y_enc,
@@ -180,7 +181,7 @@ def metric_chart(
     x_enc = x.encoding(x_values)
     y_enc = y_encoding(y, y_title, y_values, log=log_y)
     tip_x = x.tooltip()
-    line = alt.Chart(data).mark_line(interpolate="monotone")
+    line = alt.Chart(data).mark_line(**line_mark(len(data)))
     layers: list[Any] = []
     if has_evals and points is not None:
         names = ["training loss", "evaluation loss"]
@@ -227,7 +228,7 @@ def layers_chart(
     layers = [
         _band(band, x_enc, color, opacity=0.15),
         alt.Chart(line)
-        .mark_line(interpolate="monotone")
+        .mark_line(**line_mark(int(line.groupby("layer").size().min()) if len(line) else 0))
         .encode(
             x=x_enc,
             y=y_enc,

@@ -44,14 +44,20 @@ from noisescope_dashboard._frames._runs import (
     task_table,
 )
 from noisescope_dashboard._frames._what_if import (
+    BEYOND,
     NEEDS_S_MIN,
     NEEDS_STEP_TIME,
+    Estimate,
+    beyond_minimum,
+    default_reason,
+    default_source,
     parallelism_rows,
     parallelism_table,
 )
 
 __all__ = [
     "BAND_BINS",
+    "BEYOND",
     "B_CRIT",
     "B_SIMPLE_AT_LOSS",
     "MAX_EVALS",
@@ -59,9 +65,13 @@ __all__ = [
     "NEEDS_STEP_TIME",
     "NEEDS_S_MIN",
     "NOT_MARKS",
+    "Estimate",
     "band_points",
     "bcrit_vs_loss",
+    "beyond_minimum",
     "compare_points",
+    "default_reason",
+    "default_source",
     "eval_points",
     "event_marks",
     "frontier_table",

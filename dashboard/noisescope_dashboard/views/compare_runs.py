@@ -23,6 +23,20 @@ DEFAULT_RUNS = 5
 COLUMNS = ("name", "task", "batch", "units", "b_simple", "interval", "ratio", "why")
 
 
+def default_runs(offered: list[RunSummary]) -> list[str]:
+    """The runs compared when the URL names none (``offered``: newest first): the newest
+    ``DEFAULT_RUNS`` of one task, the newest task with two runs or more to compare (else the
+    newest run's). Never several tasks: their losses are not on one scale, and one loss axis
+    for them squashes all but the largest to an edge."""
+    by_task: dict[tuple[str, str], list[str]] = {}
+    for r in offered:
+        by_task.setdefault((r.project, r.task), []).append(r.uid)
+    chosen = next((uids for uids in by_task.values() if len(uids) > 1), None)
+    if chosen is None:
+        chosen = next(iter(by_task.values()), [])
+    return chosen[:DEFAULT_RUNS]
+
+
 def _sizes_section(src: _data.Source, chosen: list[RunSummary]) -> None:
     """The chosen runs by model size (docs/dashboard.md): shown when a run names its size in
     its config or has branch runs."""
@@ -92,7 +106,7 @@ def main(src: _data.Source) -> None:
         "Runs",
         list(labels),
         key="runs",
-        default=[r.uid for r in offered if r.uid not in hidden][:DEFAULT_RUNS],
+        default=default_runs([r for r in offered if r.uid not in hidden]),
         format_func=lambda u: labels.get(u, u),
     )
     if hidden and not show_all:
@@ -117,6 +131,12 @@ def main(src: _data.Source) -> None:
         st.stop()
     color = _state.radio("Colour by", {"run_name": "run", "task": "task"}, key="color")
     chosen = [r for r in runs if r.uid in set(chosen_uids)]
+    tasks = sorted({_text.task_key(r.project, r.task) for r in chosen})
+    if len(tasks) > 1:
+        st.caption(
+            f"These runs belong to {len(tasks)} tasks ({_text.md(', '.join(tasks))}), whose "
+            "losses are not on one scale: against loss, compare the runs of one task."
+        )
     compare_section(src, chosen, color=color, key="runs")
     _sizes_section(src, chosen)
     st.subheader("These runs now", anchor=False)

@@ -18,6 +18,7 @@ from noisescope import TaskSummary
 from noisescope.sweep import MIN_BATCH_SIZES, CriticalBatchReport
 from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._compare import bands_section
+from noisescope_dashboard._text import md
 
 VERSUS = "B_simple against B_crit across tasks"
 CAPTION = (
@@ -88,13 +89,27 @@ def main(src: _data.Source) -> None:
     # one colour per task in every chart of the page, whichever tasks each chart draws
     colours = _charts.palette_colours(chosen_keys)
     _versus_b_crit(src, chosen, colours)
-    wanted = {(t.project, t.task) for t in chosen}
+    # a task none of whose runs has a current B_simple gets no curve: its per-bucket values
+    # are not measurements (the summary below says "0 of N measured")
+    wanted = {(t.project, t.task) for t in chosen if t.n_measured > 0}
     runs = [r for r in _data.run_list(src) if (r.project, r.task) in wanted]
     bands_section(src, runs, key="tasks")
+    unmeasured = [t for t in chosen if t.n_measured == 0]
+    if unmeasured:
+        st.caption(
+            "Not drawn, no run of theirs has a current B_simple: "
+            + "; ".join(
+                md(f"{_text.task_key(t.project, t.task)} (0 of {t.n_runs} runs measured)")
+                for t in unmeasured
+            )
+            + "."
+        )
     st.subheader("Summary per task", anchor=False)
     summary = _frames.task_table(chosen)
     _ui.table(
         summary,
+        # names and the batch sizes whole ("4, 8, …, 256" was cut at its last size)
+        fit=["project", "task", "batch sizes"],
         column_config={
             "runs": st.column_config.TextColumn("runs", width="small"),
             "running": st.column_config.TextColumn("running", width="small"),

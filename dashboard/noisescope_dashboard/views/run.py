@@ -5,8 +5,10 @@ branch runs (``noisescope.branch``), B_simple beside the branch-measured local c
 sizes and the sweep's B_crit at the same loss (``GET /runs/{id}/branches`` and the forecast).
 
 The headline is ``GET /runs/{id}`` (the same value as the Runs table and the API); the verdict
-is ``GET /runs/{id}/recommendation``; the curves are ``GET /runs/{id}/series``, whose trailing
-window is the only thing the smoothing control changes. State lives in the query string.
+is ``noisescope.recommend.recommend`` on that same answer (what the server's
+``GET /runs/{id}/recommendation`` computes), so one read of a live run gives both and they
+cannot disagree; the curves are ``GET /runs/{id}/series``, whose trailing window is the only
+thing the smoothing control changes. State lives in the query string.
 
 "Manage this run" renames and re-tags the run, archives or restores it and deletes it (behind a
 confirmation), through ``noisescope.Api`` with the dashboard's token: the same requests as the
@@ -32,6 +34,7 @@ from noisescope import (
     SeriesInfo,
     protocol,
 )
+from noisescope.recommend import recommend
 from noisescope_dashboard import _branches, _charts, _data, _frames, _state, _text, _ui
 from noisescope_dashboard._text import md
 
@@ -68,6 +71,10 @@ def _pick_run(src: _data.Source) -> RunSummary:
     wanted = st.query_params.get("run")
     chosen: RunSummary | None = None
     if wanted:
+        # a unique start of an id names the run, as in the CLI (the 8 characters pages show)
+        found = protocol.run_ids_matching(wanted, [r.uid for r in _data.run_list(src)])
+        if len(found) == 1 and found[0] != wanted:
+            wanted = st.query_params["run"] = found[0]  # the full id, in the URL too
         try:
             chosen = _data.run(src, wanted)
         except NotFoundError:
@@ -131,7 +138,14 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
         _text.ratio(run.batch_to_b_simple) if measured else "—",
         help="Below 1: a bigger batch would cut steps; above 1: a smaller one would save compute",
     )
-    m4.metric("Loss", _text.loss(run.last_loss), help="The latest training loss")
+    if run.diverged:  # the API's judgement first: the latest loss alone reads as a fine one
+        m4.metric("Loss", "diverged", help=_text.sentence(run.diverged_reason or "diverged"))
+        m4.caption(
+            md(_text.sentence(run.diverged_reason or "its loss diverged"))
+            + f" Latest training loss {_text.loss(run.last_loss)}."
+        )
+    else:
+        m4.metric("Loss", _text.loss(run.last_loss), help="The latest training loss")
     if run.last_eval_loss is not None:
         m4.caption(f"Latest evaluation loss {_text.loss(run.last_eval_loss)}")
     if not (measured or bounded):
@@ -140,14 +154,15 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
             + md(_text.sentence(_text.no_b_simple_because(run)))
         )
         return
-    try:
-        rec = _data.recommendation(src, run.uid)
-    except ApiError as exc:
-        if exc.status != 422:
-            raise
-        st.caption(f"No verdict: {md(exc.detail)}")
+    if run.batch_in_use is None:
+        st.caption(
+            "No verdict: this run has no batch size on record (pass batch_size= to "
+            "noisescope.init, or log a batch_size event)"
+        )
         return
-    (st.info if measured else st.warning)(md(rec.recommendation.verdict))
+    # the verdict from the same read as the numbers above (a live run's next read differs)
+    rec = recommend(run, run.batch_in_use, units=run.units)
+    (st.info if measured else st.warning)(md(rec.verdict))
 
 
 def _no_samples(run: RunSummary) -> None:

@@ -8,7 +8,6 @@ time/compute trade-off and the speed-up against devices.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
@@ -17,21 +16,8 @@ from noisescope import TaskSummary
 from noisescope.estimators import MIN_SPEEDUP
 from noisescope.sweep import MIN_BATCH_SIZES, TargetResult
 from noisescope_dashboard import _charts, _data, _frames, _state, _text, _ui
+from noisescope_dashboard._frames import Estimate, default_reason, default_source
 from noisescope_dashboard._text import md
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Where the critical batch size comes from, in words, its value (and S_min), and which
-    quantity it is (``recommend.REFERENCES``), for the API's sentences."""
-
-    label: str
-    b_crit: float
-    s_min: float | None
-    explain: str
-    reference: str = "B_crit"
-    #: What the sweep says this number should be read with (a determined target's warnings).
-    warnings: tuple[str, ...] = ()
 
 
 def sweep_targets(src: _data.Source, task: TaskSummary) -> list[TargetResult]:
@@ -84,16 +70,6 @@ def sources(task: TaskSummary, targets: list[TargetResult]) -> dict[str, Estimat
     return out
 
 
-def default_source(options: dict[str, Estimate]) -> str | None:
-    """The source the page opens on: the sweep fit at the lowest loss target that carries no
-    warning, else at any target, else the first option (None: no option)."""
-    fits = [k for k in options if k.startswith("bcrit:")]  # in the sweep's order, lowest last
-    clean = [k for k in fits if not options[k].warnings]
-    if clean or fits:
-        return (clean or fits)[-1]
-    return next(iter(options), None)
-
-
 def task_order(tasks: list[TaskSummary]) -> list[TaskSummary]:
     """Tasks with a batch-size sweep first (the page opens on the first), most batch sizes
     first, then by name."""
@@ -131,6 +107,9 @@ def main(src: _data.Source) -> None:
     )
     source = options[str(chosen)]
     st.caption(md(source.explain))
+    why = default_reason(options, str(chosen)) if chosen == default_source(options) else None
+    if why:
+        st.caption(md(why))
     if source.warnings:
         st.warning(
             "The sweep says to read this B_crit with care: " + md(" · ".join(source.warnings))
@@ -194,7 +173,12 @@ def main(src: _data.Source) -> None:
         f"{_text.count(plan.device_limit)} devices)",
     )
     m2.metric("Batch there", f"{_text.count(last.batch_size if last else None)} {word}")
-    m3.metric("Extra compute there", _text.percent(last.waste if last else None))
+    m3.metric(
+        "Compute beyond E_min there",
+        _frames.beyond_minimum(last.waste if last else None),
+        help="Of the compute spent there, the share beyond the minimum: 1 − E_min/E "
+        "(E/E_min 1.5× spends a third of its compute beyond the minimum)",
+    )
     if source.s_min is None:  # said here, above the columns it empties, and in their cells
         st.caption(
             "Steps and time stay empty: they need S_min, which only a sweep fit gives (pick a "
@@ -211,7 +195,8 @@ def main(src: _data.Source) -> None:
                 "E / E_min": f"{word.capitalize()} relative to the fewest possible",
                 "speed-up": "Over one device",
                 "this doubling": "Speed-up from the previous row's device count",
-                "extra compute": "Share of the compute beyond the minimum, 1 − E_min/E",
+                _frames.BEYOND: "Of the compute spent, the share beyond the minimum: "
+                "1 − E_min/E (E/E_min 1.5× is 33% of it)",
                 "doubling": f"Whether the doubling to this row sped training up by at least "
                 f"{plan.min_speedup:g}× (grey on the charts when not)",
             }
