@@ -18,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     UniqueConstraint,
@@ -153,6 +154,24 @@ class SampleBlock(Base):
     time_min: Mapped[float | None] = mapped_column(Double)
     time_max: Mapped[float | None] = mapped_column(Double)
     b_big_max: Mapped[float] = mapped_column(Double)
+
+
+class SampleChunk(Base):
+    """Up to ``chunks.CHUNK_ROWS`` consecutive samples of one (run, series), compressed
+    (``noisescope_server.chunks``): a finished run's samples after compaction
+    (``crud.compact_run``). A sample is either a ``sample`` row or in one chunk, never both;
+    ``sample_block`` keeps its sums either way. Readers merge rows and chunks by seq
+    (``queries._samples``, the one read seam)."""
+
+    __tablename__ = "sample_chunk"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    series: Mapped[str] = mapped_column(String(200), primary_key=True)
+    seq_first: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    seq_last: Mapped[int] = mapped_column(BigInteger)
+    n: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Event(Base):

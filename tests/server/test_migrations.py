@@ -16,7 +16,9 @@ from harness import columns
 from noisescope_server import crud, db
 from noisescope_server.models import Base
 
-TABLES = {"project", "task", "run", "sample", "sample_block", "event", "token"}
+TABLES = {"project", "task", "run", "sample", "sample_block", "sample_chunk", "event", "token"}
+#: The tables ``_populate`` fills (a run is compacted into ``sample_chunk`` only when asked).
+FILLED = TABLES - {"sample_chunk"}
 
 
 def _tables(engine: Engine) -> set[str]:
@@ -68,7 +70,7 @@ def _populate(engine: Engine) -> dict[str, int]:
     crud.ingest_events(engine, "keep-me", [crud.EventIn(step=1, kind="mark", seq=0)])
     crud.create_token(engine, "p", "ci")
     with engine.connect() as conn:
-        return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in TABLES}
+        return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in FILLED}
 
 
 def test_rows_survive_upgrading_from_every_previous_revision(db_url: str) -> None:
@@ -84,11 +86,11 @@ def test_rows_survive_upgrading_from_every_previous_revision(db_url: str) -> Non
         db.downgrade(engine, "base") if db.current_revision(engine) else None
         db.upgrade(engine, rev)
         counts = _populate(engine)
-        assert all(counts[t] > 0 for t in TABLES)
+        assert all(counts[t] > 0 for t in FILLED)
         db.upgrade(engine)
         with engine.connect() as conn:
             after = {
-                t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in TABLES
+                t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in FILLED
             }
         assert after == counts
         engine.dispose()

@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Engine
 
 from noisescope import protocol
 from noisescope_server.crud import _sql
+from noisescope_server.crud._compact import reopen_chunks
 from noisescope_server.crud._runs import require_run
 from noisescope_server.db import write_transaction
 from noisescope_server.models import BLOCK_SIZE, SAMPLE_COLUMNS
@@ -33,6 +34,8 @@ def ingest_samples(
         conn.execute(_sql.TOUCH_RUN, {"run_id": run.id, "now": utcnow()})
         if batch.n == 0:
             return 0
+        # a late sample of a compacted run: the chunks around it become rows again first
+        reopen_chunks(conn, run.id, batch.columns["seq"])
         inserted = insert_samples(conn, run.id, batch)
         if inserted:
             deltas = block_deltas(batch) if inserted == batch.n else None

@@ -71,6 +71,16 @@ def _lock_run_stmt(dialect_name: str) -> Executable:
 
 
 LOCK_RUN = {d: _lock_run_stmt(d) for d in DIALECTS}
+
+
+def _lock_run_for_compaction(dialect_name: str) -> Executable:
+    """A run by id; on PostgreSQL ``FOR UPDATE``, which waits for the ingests holding ``FOR
+    KEY SHARE`` (``LOCK_RUN``) and holds new ones off while a chunk is written."""
+    stmt = select(Run.id).where(Run.id == bindparam("run_id"))
+    return stmt.with_for_update() if dialect_name == "postgresql" else stmt
+
+
+LOCK_RUN_FOR_COMPACTION = {d: _lock_run_for_compaction(d) for d in DIALECTS}
 TOUCH_RUN = update(Run).where(Run.id == bindparam("run_id")).values(last_seen_at=bindparam("now"))
 
 

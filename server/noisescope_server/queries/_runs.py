@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, case, func, or_, select
+from sqlalchemy import Connection, Engine, case, func, or_, select
 
 from noisescope import protocol, sweep
 from noisescope.estimators import training_loss_curve
 from noisescope.protocol import RunSummary
 from noisescope_server.jsonclip import clip_json
-from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
+from noisescope_server.models import Event, Project, Run, SampleBlock, Task
 from noisescope_server.queries._common import (
     LEVEL,
     MIN_EVALS,
@@ -27,6 +27,7 @@ from noisescope_server.queries._common import (
     scoped_run,
 )
 from noisescope_server.queries._current import no_current, read_current
+from noisescope_server.queries._samples import last_rows
 from noisescope_server.utc import as_utc
 
 #: ``b_simple_reason`` of runs listed with ``current=False``.
@@ -151,13 +152,10 @@ def _positive(value: Any) -> float | None:
     return number if number is not None and number > 0 else None
 
 
-#: The loss of a run's newest sample that has one, built once (read for every listed run).
-_LAST_LOSS = (
-    select(Sample.loss)
-    .where(Sample.run_id == bindparam("run_id"), Sample.loss.is_not(None))
-    .order_by(Sample.seq.desc())
-    .limit(1)
-)
+def _last_loss(conn: Connection, run_id: int) -> float | None:
+    """The loss of a run's newest sample that has one."""
+    found = last_rows(conn, run_id, ("loss",), 1, not_null="loss")
+    return float(found[0][0]) if found else None
 
 
 def _no_whole_model(uid: str, layers: tuple[int, int] | None) -> str:
@@ -180,7 +178,7 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     run_id = int(row.id)
     n_samples = facts.n_samples.get(run_id, 0)
     last = facts.last.get(run_id)
-    last_loss = conn.execute(_LAST_LOSS, {"run_id": run_id}).scalar()
+    last_loss = _last_loss(conn, run_id)
     evaluation = facts.events.get((run_id, protocol.EVAL_EVENT_KIND))
     change = facts.events.get((run_id, protocol.BATCH_SIZE_EVENT_KIND))
     notice = facts.events.get((run_id, protocol.NOTICE_EVENT_KIND))

@@ -1,0 +1,150 @@
+"""Compaction: a finished (or long quiet) run's ``sample`` rows into compressed column chunks
+(``sample_chunk``, encoded by ``noisescope_server.chunks``), and back for a late sample.
+
+Each step is one transaction that inserts one chunk and deletes exactly the rows it holds, so a
+sample is always either a row or in one chunk, never both and never neither: a process killed
+in the middle of a compaction leaves a partly compacted run that reads the same, and the next
+compaction carries on. ``sample_block`` keeps its sums throughout (they are sums of the same
+samples), so series of long runs read as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, exists, func, insert, or_, select
+
+from noisescope_server.chunks import (
+    CHUNK_COLUMNS,
+    CHUNK_ROWS,
+    decode_chunk,
+    encode_chunk,
+    estimate_columns,
+)
+from noisescope_server.crud._sql import LOCK_RUN_FOR_COMPACTION, dialect_insert
+from noisescope_server.db import write_transaction
+from noisescope_server.models import BLOCK_SIZE, Run, Sample, SampleBlock, SampleChunk
+from noisescope_server.utc import utcnow
+
+#: Seconds a running run must be silent (no write, no heartbeat) before it is compacted as
+#: if finished; later samples still land (``reopen_chunks``).
+QUIET_AFTER = 6 * 3600.0
+
+_ROW_COLUMNS = ("seq", *(c for c in CHUNK_COLUMNS if c != "seq"))
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """What one ``compact_run`` did: samples moved into chunks, chunks written."""
+
+    samples: int
+    chunks: int
+
+
+def compact_run(engine: Engine, run_id: int, *, chunk_rows: int = CHUNK_ROWS) -> Compacted:
+    """Move every ``sample`` row of a run into chunks of at most ``chunk_rows`` samples per
+    series, one chunk per transaction (see the module's docstring)."""
+    with engine.connect() as conn:
+        names = [
+            str(s)
+            for (s,) in conn.execute(
+                select(SampleBlock.series).where(SampleBlock.run_id == run_id).distinct()
+            )
+        ]
+    samples = chunks = 0
+    for series in names:
+        while True:
+            moved = _compact_step(engine, run_id, series, chunk_rows)
+            if moved == 0:
+                break
+            samples += moved
+            chunks += 1
+    return Compacted(samples, chunks)
+
+
+def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> int:
+    """One chunk: the first ``chunk_rows`` rows of (run, series) in, the same rows out."""
+    with write_transaction(engine) as conn:
+        lock = LOCK_RUN_FOR_COMPACTION[conn.dialect.name]
+        if conn.execute(lock, {"run_id": run_id}).first() is None:
+            return 0  # deleted meanwhile
+        rows = conn.execute(
+            select(*(getattr(Sample, c) for c in _ROW_COLUMNS))
+            .where(Sample.run_id == run_id, Sample.series == series)
+            .order_by(Sample.seq)
+            .limit(chunk_rows)
+        ).all()
+        if not rows:
+            return 0
+        columns = {name: [r[i] for r in rows] for i, name in enumerate(_ROW_COLUMNS)}
+        first, last = int(rows[0][0]), int(rows[-1][0])
+        conn.execute(
+            dialect_insert(conn.dialect.name)(SampleChunk).values(
+                run_id=run_id,
+                series=series,
+                seq_first=first,
+                seq_last=last,
+                n=len(rows),
+                data=encode_chunk(columns),
+            )
+        )
+        conn.execute(
+            delete(Sample).where(
+                Sample.run_id == run_id,
+                Sample.series == series,
+                Sample.seq >= first,
+                Sample.seq <= last,
+            )
+        )
+        return len(rows)
+
+
+def reopen_chunks(conn: Connection, run_id: int, seqs: list[int]) -> int:
+    """Turn back into rows every chunk of the run that overlaps the blocks these seqs fall in
+    (in the caller's ingest transaction), so that insert-or-ignore and the block refresh see
+    those samples as rows; returns the samples reopened. A run without chunks costs one
+    indexed lookup."""
+    lo = min(seqs) // BLOCK_SIZE * BLOCK_SIZE
+    hi = (max(seqs) // BLOCK_SIZE + 1) * BLOCK_SIZE
+    found = conn.execute(
+        select(SampleChunk.series, SampleChunk.seq_first, SampleChunk.data).where(
+            SampleChunk.run_id == run_id,
+            SampleChunk.seq_first < hi,
+            SampleChunk.seq_last >= lo,
+        )
+    ).all()
+    if not found:
+        return 0
+    reopened = 0
+    for series, seq_first, data in found:
+        cols: dict[str, Any] = decode_chunk(bytes(data))
+        cols["g_sq_est"], cols["trace_sigma_est"] = estimate_columns(cols)
+        n = len(cols["seq"])
+        cols["run_id"], cols["series"] = [run_id] * n, [series] * n
+        rows = [dict(zip(cols, values, strict=True)) for values in zip(*cols.values(), strict=True)]
+        conn.execute(
+            delete(SampleChunk).where(
+                SampleChunk.run_id == run_id,
+                SampleChunk.series == series,
+                SampleChunk.seq_first == seq_first,
+            )
+        )
+        conn.execute(insert(Sample), rows)
+        reopened += len(rows)
+    return reopened
+
+
+def runs_to_compact(engine: Engine, *, quiet_after: float = QUIET_AFTER) -> list[int]:
+    """Runs with sample rows that are finished (any status but running) or have been silent
+    for ``quiet_after`` seconds: what the server's compactor and ``noisescope db compact``
+    compact."""
+    cutoff = utcnow() - timedelta(seconds=quiet_after)
+    seen = func.coalesce(Run.last_seen_at, Run.started_at)
+    has_rows = exists().where(Sample.run_id == Run.id)
+    stmt = (
+        select(Run.id).where(or_(Run.status != "running", seen < cutoff), has_rows).order_by(Run.id)
+    )
+    with engine.connect() as conn:
+        return [int(r) for (r,) in conn.execute(stmt)]
