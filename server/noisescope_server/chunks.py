@@ -45,7 +45,10 @@ _DELTAS, _VALUES, _FLOATS, _FLOATS_MASKED, _ALL_NULL = range(5)
 
 
 def encode_chunk(columns: dict[str, list[Any]]) -> bytes:
-    """One chunk's blob from its columns (each a list of the chunk's ``n`` values, seq order)."""
+    """One chunk's blob from its columns (each a list of the chunk's ``n`` values, seq order).
+
+    Each column's section is named, so a chunk written before a sample field was added reads
+    that field as null (as a migration adding a nullable column leaves old rows)."""
     n = len(columns["seq"])
     parts = [struct.pack("<BI", VERSION, n)]
     for name in CHUNK_COLUMNS:
@@ -53,6 +56,8 @@ def encode_chunk(columns: dict[str, list[Any]]) -> bytes:
         if len(values) != n:
             raise ValueError(f"column {name!r} has {len(values)} values, seq has {n}")
         kind, body = _encode_ints(values) if name in INT_COLUMNS else _encode_floats(values)
+        label = name.encode()
+        parts.append(struct.pack("<B", len(label)) + label)
         parts.append(_HEAD.pack(kind, len(body)))
         parts.append(body)
     return zlib.compress(b"".join(parts), 6)
@@ -66,7 +71,10 @@ def decode_chunk(blob: bytes) -> dict[str, list[Any]]:
         raise ValueError(f"sample chunk format {version} is not {VERSION}: upgrade the server")
     at = struct.calcsize("<BI")
     out: dict[str, list[Any]] = {}
-    for name in CHUNK_COLUMNS:
+    while at < len(raw):
+        size = raw[at]
+        name = raw[at + 1 : at + 1 + size].decode()
+        at += 1 + size
         kind, size = _HEAD.unpack_from(raw, at)
         at += _HEAD.size
         body = raw[at : at + size]
@@ -75,7 +83,7 @@ def decode_chunk(blob: bytes) -> dict[str, list[Any]]:
             out[name] = _decode_ints(kind, body)
         else:
             out[name] = _decode_floats(kind, body, n)
-    return out
+    return {name: out.get(name) or [None] * n for name in CHUNK_COLUMNS}
 
 
 def estimate_columns(columns: dict[str, list[Any]]) -> tuple[list[float], list[float]]:

@@ -176,11 +176,12 @@ def test_runs_to_compact_are_finished_or_quiet(engine: Engine) -> None:
         crud.ingest_samples(engine, uid, crud.validate_samples({"columns": columns(10)}))
     crud.patch_run(engine, "done", status="finished")
     crud.patch_run(engine, "empty", status="finished")
-    assert crud.runs_to_compact(engine) == [_run_id(engine, "done")]
-    quiet = crud.runs_to_compact(engine, quiet_after=-1.0)  # every run counts as quiet
+    assert crud.runs_to_compact(engine) == []  # just finished: its last flush may follow
+    assert crud.runs_to_compact(engine, finished_after=0.0) == [_run_id(engine, "done")]
+    quiet = crud.runs_to_compact(engine, quiet_after=0.0)  # every run counts as quiet
     assert quiet == [_run_id(engine, "live"), _run_id(engine, "done")]
     crud.compact_run(engine, _run_id(engine, "done"))
-    assert crud.runs_to_compact(engine) == []
+    assert crud.runs_to_compact(engine, finished_after=0.0) == []
 
 
 def test_deleting_a_compacted_run_deletes_its_chunks(engine: Engine) -> None:

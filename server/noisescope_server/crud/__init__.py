@@ -16,7 +16,6 @@ input); failures raise the errors of ``noisescope_server.errors``.
 from __future__ import annotations
 
 from noisescope_server.crud._compact import (
-    QUIET_AFTER,
     Compacted,
     compact_run,
     runs_to_compact,
@@ -38,7 +37,6 @@ from noisescope_server.validate import SampleBatch, check_run_uid, validate_samp
 
 __all__ = [
     "FUTURE_TOLERANCE",
-    "QUIET_AFTER",
     "Compacted",
     "EventIn",
     "RunIn",

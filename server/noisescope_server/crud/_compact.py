@@ -10,11 +10,12 @@ samples), so series of long runs read as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, exists, func, insert, or_, select
+from sqlalchemy import Connection, Engine, and_, delete, exists, func, insert, or_, select
 
 from noisescope_server.chunks import (
     CHUNK_COLUMNS,
@@ -26,11 +27,8 @@ from noisescope_server.chunks import (
 from noisescope_server.crud._sql import LOCK_RUN_FOR_COMPACTION, dialect_insert
 from noisescope_server.db import write_transaction
 from noisescope_server.models import BLOCK_SIZE, Run, Sample, SampleBlock, SampleChunk
+from noisescope_server.settings import COMPACT_FINISHED_AFTER, COMPACT_QUIET_AFTER
 from noisescope_server.utc import utcnow
-
-#: Seconds a running run must be silent (no write, no heartbeat) before it is compacted as
-#: if finished; later samples still land (``reopen_chunks``).
-QUIET_AFTER = 6 * 3600.0
 
 _ROW_COLUMNS = ("seq", *(c for c in CHUNK_COLUMNS if c != "seq"))
 
@@ -43,9 +41,16 @@ class Compacted:
     chunks: int
 
 
-def compact_run(engine: Engine, run_id: int, *, chunk_rows: int = CHUNK_ROWS) -> Compacted:
+def compact_run(
+    engine: Engine,
+    run_id: int,
+    *,
+    chunk_rows: int = CHUNK_ROWS,
+    stop: Callable[[], bool] | None = None,
+) -> Compacted:
     """Move every ``sample`` row of a run into chunks of at most ``chunk_rows`` samples per
-    series, one chunk per transaction (see the module's docstring)."""
+    series, one chunk per transaction (see the module's docstring); ``stop()`` true ends it
+    between two chunks (the rest stays rows until the next compaction)."""
     with engine.connect() as conn:
         names = [
             str(s)
@@ -55,7 +60,7 @@ def compact_run(engine: Engine, run_id: int, *, chunk_rows: int = CHUNK_ROWS) ->
         ]
     samples = chunks = 0
     for series in names:
-        while True:
+        while stop is None or not stop():
             moved = _compact_step(engine, run_id, series, chunk_rows)
             if moved == 0:
                 break
@@ -136,15 +141,20 @@ def reopen_chunks(conn: Connection, run_id: int, seqs: list[int]) -> int:
     return reopened
 
 
-def runs_to_compact(engine: Engine, *, quiet_after: float = QUIET_AFTER) -> list[int]:
-    """Runs with sample rows that are finished (any status but running) or have been silent
-    for ``quiet_after`` seconds: what the server's compactor and ``noisescope db compact``
-    compact."""
-    cutoff = utcnow() - timedelta(seconds=quiet_after)
+def runs_to_compact(
+    engine: Engine,
+    *,
+    finished_after: float = COMPACT_FINISHED_AFTER,
+    quiet_after: float = COMPACT_QUIET_AFTER,
+) -> list[int]:
+    """Runs with sample rows that are finished (any stored status but running) and silent for
+    ``finished_after`` seconds, or silent for ``quiet_after`` seconds whatever their status:
+    what the server's compactor and ``noisescope db compact`` compact."""
+    now = utcnow()
     seen = func.coalesce(Run.last_seen_at, Run.started_at)
+    finished = and_(Run.status != "running", seen < now - timedelta(seconds=finished_after))
+    quiet = seen < now - timedelta(seconds=quiet_after)
     has_rows = exists().where(Sample.run_id == Run.id)
-    stmt = (
-        select(Run.id).where(or_(Run.status != "running", seen < cutoff), has_rows).order_by(Run.id)
-    )
+    stmt = select(Run.id).where(or_(finished, quiet), has_rows).order_by(Run.id)
     with engine.connect() as conn:
         return [int(r) for (r,) in conn.execute(stmt)]
