@@ -1,4 +1,5 @@
-"""Compacted runs: ``sample_chunk``, a finished run's samples as compressed column chunks.
+"""Compacted runs: ``sample_chunk``, a finished run's samples as compressed column chunks,
+and ``run_digest``, what a run list computes per compacted run, stored once.
 
 A chunk is up to 4096 consecutive samples of one (run, series) in one blob
 (``noisescope_server.chunks``); compaction (``crud.compact_run``) moves a run's ``sample`` rows
@@ -38,6 +39,18 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("run_id", "series", "seq_first", name=op.f("pk_sample_chunk")),
         sqlite_with_rowid=False,
     )
+    op.create_table(
+        "run_digest",
+        sa.Column("run_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("n_samples", sa.BigInteger(), nullable=False),
+        sa.Column("n_all", sa.BigInteger(), nullable=False),
+        sa.Column("current", sa.Text(), nullable=False),
+        sa.Column("last_loss", sa.Double(), nullable=True),
+        sa.ForeignKeyConstraint(
+            ["run_id"], ["run.id"], name=op.f("fk_run_digest_run_id_run"), ondelete="CASCADE"
+        ),
+        sa.PrimaryKeyConstraint("run_id", name=op.f("pk_run_digest")),
+    )
 
 
 def downgrade() -> None:
@@ -66,4 +79,5 @@ def downgrade() -> None:
                          "trace_sigma_est": trace_sigma})  # fmt: skip
         if rows:
             conn.execute(sample.insert(), rows)
+    op.drop_table("run_digest")
     op.drop_table("sample_chunk")

@@ -21,6 +21,7 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -172,6 +173,23 @@ class SampleChunk(Base):
     seq_last: Mapped[int] = mapped_column(BigInteger)
     n: Mapped[int] = mapped_column(BigInteger)
     data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class RunDigest(Base):
+    """What a run list computes per run from its samples (the current B_simple window and the
+    last loss), stored when the run is compacted (``crud.compact_run``), so that lists of
+    thousands of finished runs read one row per run instead of each run's samples. Valid only
+    while the run still has ``n_samples`` whole-model samples and ``n_all`` in all (samples
+    are never removed, so more of either means a later sample came): readers check both."""
+
+    __tablename__ = "run_digest"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    n_samples: Mapped[int] = mapped_column(BigInteger)
+    n_all: Mapped[int] = mapped_column(BigInteger)
+    #: ``queries.CurrentFields`` as JSON text (Python's ``json``: infinities survive).
+    current: Mapped[str] = mapped_column(Text)
+    last_loss: Mapped[float | None] = mapped_column(Double)
 
 
 class Event(Base):

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, func, select
 from harness.payloads import columns
 from noisescope_server import crud, db, queries
 from noisescope_server.chunks import decode_chunk, encode_chunk
-from noisescope_server.models import Sample, SampleBlock, SampleChunk
+from noisescope_server.models import RunDigest, Sample, SampleBlock, SampleChunk
 from noisescope_server.queries._branches import _examples_at
 
 
@@ -137,6 +137,8 @@ def test_late_samples_of_a_compacted_run_are_stored_once(engine: Engine) -> None
     assert new == 900 - len(first["seq"])
     again = crud.ingest_samples(engine, late, crud.validate_samples({"columns": full}))
     assert again == 0
+    # the digest stored at the first compaction is stale now: not read
+    assert _reads_of_one(engine, late) == _reads_of_one(engine, reference)
     crud.compact_run(engine, _run_id(engine, late), chunk_rows=100)
     assert _count(engine, Sample) == 900
     ref, got = _reads_of_one(engine, reference), _reads_of_one(engine, late)
@@ -188,8 +190,10 @@ def test_deleting_a_compacted_run_deletes_its_chunks(engine: Engine) -> None:
     _fill(engine, "gone", n=100)
     crud.compact_run(engine, _run_id(engine, "gone"))
     assert _count(engine, SampleChunk) > 0
+    assert _count(engine, RunDigest) == 1
     crud.delete_run(engine, "gone")
     assert _count(engine, SampleChunk) == 0
+    assert _count(engine, RunDigest) == 0
 
 
 @pytest.mark.parametrize("seed", range(5))

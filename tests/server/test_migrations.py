@@ -13,12 +13,16 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
 
 from harness import columns
-from noisescope_server import crud, db
+from noisescope_server import crud, db, queries
+from noisescope_server.crud import _runs, _samples
 from noisescope_server.models import Base
 
-TABLES = {"project", "task", "run", "sample", "sample_block", "sample_chunk", "event", "token"}
-#: The tables ``_populate`` fills (a run is compacted into ``sample_chunk`` only when asked).
-FILLED = TABLES - {"sample_chunk"}
+TABLES = {
+    "project", "task", "run", "sample", "sample_block", "sample_chunk", "run_digest", "event",
+    "token",
+}  # fmt: skip
+#: The tables ``_populate`` fills (a run is compacted, filling the others, only when asked).
+FILLED = TABLES - {"sample_chunk", "run_digest"}
 
 
 def _tables(engine: Engine) -> set[str]:
@@ -64,9 +68,21 @@ def test_single_head_and_every_step_reversible(db_url: str) -> None:
     engine.dispose()
 
 
+def _ingest(engine: Engine, uid: str, batch: crud.SampleBatch) -> None:
+    """``crud.ingest_samples``, or, below revision 0006 (no ``sample_chunk`` for ingest to look
+    for chunks to reopen in), its rows and blocks written as that revision's ingest wrote them."""
+    if "sample_chunk" in _tables(engine):
+        crud.ingest_samples(engine, uid, batch)
+        return
+    with db.write_transaction(engine) as conn:
+        run_id = _runs.require_run(conn, uid, None).id
+        _samples.insert_samples(conn, run_id, batch)
+        _samples.refresh_blocks(conn, run_id, batch.columns["seq"])
+
+
 def _populate(engine: Engine) -> dict[str, int]:
     crud.upsert_run(engine, "keep-me", crud.RunIn(project="p", task="t", batch_size=32))
-    crud.ingest_samples(engine, "keep-me", crud.validate_samples({"columns": columns(300)}))
+    _ingest(engine, "keep-me", crud.validate_samples({"columns": columns(300)}))
     crud.ingest_events(engine, "keep-me", [crud.EventIn(step=1, kind="mark", seq=0)])
     crud.create_token(engine, "p", "ci")
     with engine.connect() as conn:
@@ -134,3 +150,40 @@ def test_runs_stored_before_archiving_read_as_not_archived(db_url: str) -> None:
     assert (run.uid, run.archived_at) == ("old-run", None)
     assert queries.list_runs(engine, archived="only") == []
     engine.dispose()
+
+
+def test_a_run_stored_at_0004_compacts_to_the_same_csv(db_url: str) -> None:
+    """Rows written before chunks existed: upgraded, compacted and read back, every sample is
+    the same, the CSV byte for byte."""
+    engine = db.make_engine(db_url)
+    db.upgrade(engine, "0004")
+    crud.upsert_run(engine, "old", crud.RunIn(project="p", task="t", batch_size=32))
+    for k, name in enumerate(("", "layer.transformer.h.3.mlp.c_fc.weight")):
+        cols = columns(500, seed=k, series=name)
+        cols["seq"] = [2 * s + k for s in cols["seq"]]
+        cols["loss"] = [None if i % 3 == 0 else v for i, v in enumerate(cols["loss"])]
+        _ingest(engine, "old", crud.validate_samples({"columns": cols}))
+    before_0006 = _csv_of_rows(engine)  # as the code of 0004 writes it, from the rows
+    db.upgrade(engine)
+    assert "".join(queries.raw_samples_csv(engine, "old")) == before_0006
+    with engine.connect() as conn:
+        run_id = conn.execute(text("SELECT id FROM run WHERE uid = 'old'")).scalar_one()
+    assert crud.compact_run(engine, run_id).samples == 1000
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM sample")).scalar_one() == 0
+    assert "".join(queries.raw_samples_csv(engine, "old")) == before_0006
+    db.downgrade(engine, "0004")  # back to rows, with the estimates as ingest stored them
+    assert _csv_of_rows(engine) == before_0006
+    engine.dispose()
+
+
+def _csv_of_rows(engine: Engine) -> str:
+    """The CSV export of the one run's ``sample`` rows, read as revision 0004's code read them
+    (a select in seq order, the export's own row format)."""
+    from noisescope_server.queries._raw import CSV_COLUMNS, _csv_row
+
+    with engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT {', '.join(CSV_COLUMNS)} FROM sample ORDER BY seq"))
+        lines = [",".join(CSV_COLUMNS)]
+        lines += [",".join(str(v) for v in _csv_row(tuple(r))) for r in rows]
+    return "\n".join(lines) + "\n"

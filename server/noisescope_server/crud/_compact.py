@@ -26,7 +26,14 @@ from noisescope_server.chunks import (
 )
 from noisescope_server.crud._sql import LOCK_RUN_FOR_COMPACTION, dialect_insert
 from noisescope_server.db import write_transaction
-from noisescope_server.models import BLOCK_SIZE, Run, Sample, SampleBlock, SampleChunk
+from noisescope_server.models import (
+    BLOCK_SIZE,
+    Run,
+    RunDigest,
+    Sample,
+    SampleBlock,
+    SampleChunk,
+)
 from noisescope_server.settings import COMPACT_FINISHED_AFTER, COMPACT_QUIET_AFTER
 from noisescope_server.utc import utcnow
 
@@ -66,7 +73,28 @@ def compact_run(
                 break
             samples += moved
             chunks += 1
+    if names and (stop is None or not stop()):
+        store_digest(engine, run_id)
     return Compacted(samples, chunks)
+
+
+def store_digest(engine: Engine, run_id: int) -> None:
+    """Store what a run list computes for the run (``models.RunDigest``), read now."""
+    from noisescope_server import queries  # the read side; it never imports crud
+
+    with engine.connect() as conn:
+        n_samples, n_all, current, last_loss = queries.run_digest(conn, run_id)
+    with write_transaction(engine) as conn:
+        conn.execute(delete(RunDigest).where(RunDigest.run_id == run_id))
+        conn.execute(
+            insert(RunDigest).values(
+                run_id=run_id,
+                n_samples=n_samples,
+                n_all=n_all,
+                current=current,
+                last_loss=last_loss,
+            )
+        )
 
 
 def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> int:

@@ -16,6 +16,7 @@ from noisescope_server.models import (
     Event,
     Project,
     Run,
+    RunDigest,
     Sample,
     SampleBlock,
     SampleChunk,
@@ -263,6 +264,7 @@ def delete_run(engine: Engine, run_uid: str, *, project_scope: int | None = None
         conn.execute(delete(Sample).where(Sample.run_id == run.id))
         conn.execute(delete(SampleBlock).where(SampleBlock.run_id == run.id))
         conn.execute(delete(SampleChunk).where(SampleChunk.run_id == run.id))
+        conn.execute(delete(RunDigest).where(RunDigest.run_id == run.id))
         conn.execute(delete(Event).where(Event.run_id == run.id))
         conn.execute(delete(Run).where(Run.id == run.id))
         return run

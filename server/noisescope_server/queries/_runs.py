@@ -3,6 +3,7 @@ current B_simple beside them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,7 +15,7 @@ from noisescope import protocol, sweep
 from noisescope.estimators import training_loss_curve
 from noisescope.protocol import RunSummary
 from noisescope_server.jsonclip import clip_json
-from noisescope_server.models import Event, Project, Run, SampleBlock, Task
+from noisescope_server.models import Event, Project, Run, RunDigest, SampleBlock, Task
 from noisescope_server.queries._common import (
     LEVEL,
     MIN_EVALS,
@@ -48,6 +49,9 @@ class _RunFacts:
     diverged: dict[int, str]
     #: Runs with no whole-model sample but per-layer ones: their series and samples.
     layers_only: dict[int, tuple[int, int]]
+    #: Samples in all series, and the stored digests of compacted runs (``RunDigest``).
+    n_all: dict[int, int]
+    digests: dict[int, tuple[int, int, str, float | None]]
 
 
 def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
@@ -57,6 +61,8 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
     layers_only: dict[int, tuple[int, int]] = {}
     last: dict[int, tuple[int, float | None]] = {}
     events: dict[tuple[int, str], dict[str, Any]] = {}
+    n_all: dict[int, int] = {}
+    digests: dict[int, tuple[int, int, str, float | None]] = {}
     kinds = [protocol.EVAL_EVENT_KIND, protocol.BATCH_SIZE_EVENT_KIND, protocol.NOTICE_EVENT_KIND]
     for lo in range(0, len(run_ids), _ID_CHUNK):
         ids = list(run_ids[lo : lo + _ID_CHUNK])
@@ -76,10 +82,23 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
                 layers_only[int(run_id)] = (int(k), int(n or 0))
         # steps and examples only grow with seq: the largest over all series is the last
         ends = select(
-            SampleBlock.run_id, func.max(SampleBlock.step_max), func.max(SampleBlock.examples_max)
+            SampleBlock.run_id,
+            func.max(SampleBlock.step_max),
+            func.max(SampleBlock.examples_max),
+            func.sum(SampleBlock.n),
         ).where(SampleBlock.run_id.in_(ids))
-        for run_id, step, examples in fetch_tuples(conn, ends.group_by(SampleBlock.run_id)):
+        for run_id, step, examples, n in fetch_tuples(conn, ends.group_by(SampleBlock.run_id)):
             last[int(run_id)] = (int(step), None if examples is None else float(examples))
+            n_all[int(run_id)] = int(n or 0)
+        stored = select(
+            RunDigest.run_id,
+            RunDigest.n_samples,
+            RunDigest.n_all,
+            RunDigest.current,
+            RunDigest.last_loss,
+        ).where(RunDigest.run_id.in_(ids))
+        for run_id, n, n_any, fields, loss in fetch_tuples(conn, stored):
+            digests[int(run_id)] = (int(n), int(n_any), str(fields), loss)
         rank = (
             func.row_number()
             .over(
@@ -97,7 +116,8 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
         for run_id, kind, payload in conn.execute(latest):
             if isinstance(payload, dict):
                 events[(int(run_id), str(kind))] = dict(payload)
-    return _RunFacts(n_samples, last, events, _diverged(conn, run_ids), layers_only)
+    diverged = _diverged(conn, run_ids)
+    return _RunFacts(n_samples, last, events, diverged, layers_only, n_all, digests)
 
 
 def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
@@ -152,6 +172,15 @@ def _positive(value: Any) -> float | None:
     return number if number is not None and number > 0 else None
 
 
+def run_digest(conn: Connection, run_id: int) -> tuple[int, int, str, float | None]:
+    """What ``RunDigest`` stores for a run, read now: its whole-model and total sample counts,
+    its current window (``read_current``) as JSON text, and its last loss."""
+    facts = _run_facts(conn, [run_id])
+    n_samples = facts.n_samples.get(run_id, 0)
+    fields = read_current(conn, run_id, n_samples)
+    return n_samples, facts.n_all.get(run_id, 0), json.dumps(fields), _last_loss(conn, run_id)
+
+
 def _last_loss(conn: Connection, run_id: int) -> float | None:
     """The loss of a run's newest sample that has one."""
     found = last_rows(conn, run_id, ("loss",), 1, not_null="loss")
@@ -178,7 +207,10 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     run_id = int(row.id)
     n_samples = facts.n_samples.get(run_id, 0)
     last = facts.last.get(run_id)
-    last_loss = _last_loss(conn, run_id)
+    digest = facts.digests.get(run_id)
+    if digest is not None and digest[:2] != (n_samples, facts.n_all.get(run_id, 0)):
+        digest = None  # a sample came after it was stored
+    last_loss = digest[3] if digest is not None else _last_loss(conn, run_id)
     evaluation = facts.events.get((run_id, protocol.EVAL_EVENT_KIND))
     change = facts.events.get((run_id, protocol.BATCH_SIZE_EVENT_KIND))
     notice = facts.events.get((run_id, protocol.NOTICE_EVENT_KIND))
@@ -186,7 +218,12 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     source = "event" if in_use is not None else None
     if in_use is None and _positive(row.batch_size) is not None:
         in_use, source = float(row.batch_size), "run"
-    now = read_current(conn, run_id, n_samples) if current else no_current(NOT_COMPUTED)
+    if not current:
+        now = no_current(NOT_COMPUTED)
+    elif digest is not None:
+        now = json.loads(digest[2])
+    else:
+        now = read_current(conn, run_id, n_samples)
     if n_samples == 0 and current:
         reason = _no_whole_model(str(row.uid), facts.layers_only.get(run_id))
         if notice and isinstance(notice.get("message"), str):

@@ -14,10 +14,11 @@ between the two statements (moving rows into chunks) is then neither lost nor do
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, bindparam, select
 
 from noisescope_server.chunks import decode_chunk, estimate_columns
 from noisescope_server.models import Sample, SampleChunk
@@ -48,34 +49,21 @@ def sample_rows(
 ) -> list[tuple[Any, ...]]:
     """A run's samples with seq in ``[seq_lo, seq_hi)`` (of ``series`` only, unless None) as
     tuples of ``columns``, in seq order; with ``limit``, the first ``limit`` of them."""
-    where = _where(Sample, run_id, series)
-    if seq_lo is not None:
-        where.append(Sample.seq >= seq_lo)
-    if seq_hi is not None:
-        where.append(Sample.seq < seq_hi)
-    stmt = select(Sample.seq, *(getattr(Sample, c) for c in columns)).where(*where)
-    stmt = stmt.order_by(Sample.seq)
-    if limit is not None:
-        stmt = stmt.limit(limit)
-    rows = fetch_tuples(conn, stmt)
-    chunk_where = _where(SampleChunk, run_id, series)
-    if seq_lo is not None:
-        chunk_where.append(SampleChunk.seq_last >= seq_lo)
-    if seq_hi is not None:
-        chunk_where.append(SampleChunk.seq_first < seq_hi)
-    index = select(SampleChunk.series, SampleChunk.seq_first).where(*chunk_where)
-    chunks = fetch_tuples(conn, index.order_by(SampleChunk.seq_first))
+    lo = _LOWEST if seq_lo is None else seq_lo
+    hi = _HIGHEST if seq_hi is None else seq_hi - 1  # inclusive from here on
+    params = {"run_id": run_id, "series": series, "lo": lo, "hi": hi}
+    rows_stmt, index_stmt = _range_statements(tuple(columns), series is not None)
+    rows = fetch_tuples(conn, rows_stmt, {**params, "limit": _HIGHEST if limit is None else limit})
+    chunks = fetch_tuples(conn, index_stmt, params)
     if not chunks:
         return [row[1:] for row in rows]
-    lo = -(2**63) if seq_lo is None else seq_lo
-    hi = 2**63 if seq_hi is None else seq_hi
     found: list[tuple[Any, ...]] = []
     for name, seq_first in chunks:
         # with a limit, stop once ``limit`` samples come before anything this chunk holds
         if limit is not None and _nth_seq(rows, found, limit) < seq_first:
             break
         data = _chunk_data(conn, run_id, name, seq_first)
-        found += [r for r in _chunk_rows(name, data, columns) if lo <= r[0] < hi]
+        found += [r for r in _chunk_rows(name, data, columns) if lo <= r[0] <= hi]
     merged = _merge(rows, found)
     return merged if limit is None else merged[:limit]
 
@@ -89,11 +77,7 @@ def _nth_seq(rows: list[Any], found: list[Any], n: int) -> float:
 def _chunk_data(conn: Connection, run_id: int, series: str, seq_first: int) -> bytes | None:
     """One chunk's blob; None when a late sample reopened it since the index was read."""
     data = conn.execute(
-        select(SampleChunk.data).where(
-            SampleChunk.run_id == run_id,
-            SampleChunk.series == series,
-            SampleChunk.seq_first == seq_first,
-        )
+        _CHUNK_DATA, {"run_id": run_id, "series": series, "seq_first": seq_first}
     ).scalar()
     return None if data is None else bytes(data)
 
@@ -109,17 +93,10 @@ def last_rows(
 ) -> list[tuple[Any, ...]]:
     """A run's last ``count`` samples (of ``series`` only, unless None; with a value in
     ``not_null``, if named) as tuples of ``columns``, oldest first."""
-    where = _where(Sample, run_id, series)
-    if not_null is not None:
-        where.append(getattr(Sample, not_null).is_not(None))
-    stmt = select(Sample.seq, *(getattr(Sample, c) for c in columns)).where(*where)
-    rows = fetch_tuples(conn, stmt.order_by(Sample.seq.desc()).limit(count))
-    index = (
-        select(SampleChunk.series, SampleChunk.seq_first, SampleChunk.seq_last)
-        .where(*_where(SampleChunk, run_id, series))
-        .order_by(SampleChunk.seq_last.desc())
-    )
-    chunks = fetch_tuples(conn, index)
+    rows_stmt, index_stmt = _last_statements(tuple(columns), series is not None, not_null)
+    params = {"run_id": run_id, "series": series}
+    rows = fetch_tuples(conn, rows_stmt, {**params, "count": count})
+    chunks = fetch_tuples(conn, index_stmt, params)
     if not chunks:
         rows.reverse()
         return [row[1:] for row in rows]
@@ -136,11 +113,70 @@ def last_rows(
     return merged[-count:] if count > 0 else []
 
 
-def _where(table: Any, run_id: int, series: str | None) -> list[Any]:
-    where = [table.run_id == run_id]
-    if series is not None:
-        where.append(table.series == series)
+# Statements built once per shape, with bound parameters: a run list reads every run's last
+# samples, and building a statement costs more than running it.
+_LOWEST, _HIGHEST = -(2**63), 2**63 - 1
+
+
+def _where(table: Any, with_series: bool) -> list[Any]:
+    where = [table.run_id == bindparam("run_id")]
+    if with_series:
+        where.append(table.series == bindparam("series"))
     return where
+
+
+@functools.lru_cache(maxsize=64)
+def _range_statements(columns: tuple[str, ...], with_series: bool) -> tuple[Any, Any]:
+    """The rows of a seq range ``[lo, hi]`` (``sample_rows``), and the chunks overlapping it."""
+    rows = (
+        select(Sample.seq, *(getattr(Sample, c) for c in columns))
+        .where(
+            *_where(Sample, with_series),
+            Sample.seq >= bindparam("lo"),
+            Sample.seq <= bindparam("hi"),
+        )
+        .order_by(Sample.seq)
+        .limit(bindparam("limit"))
+    )
+    index = (
+        select(SampleChunk.series, SampleChunk.seq_first)
+        .where(
+            *_where(SampleChunk, with_series),
+            SampleChunk.seq_last >= bindparam("lo"),
+            SampleChunk.seq_first <= bindparam("hi"),
+        )
+        .order_by(SampleChunk.seq_first)
+    )
+    return rows, index
+
+
+@functools.lru_cache(maxsize=64)
+def _last_statements(
+    columns: tuple[str, ...], with_series: bool, not_null: str | None
+) -> tuple[Any, Any]:
+    """The last rows (``last_rows``), and the chunks newest first."""
+    where = _where(Sample, with_series)
+    if not_null is not None:
+        where.append(getattr(Sample, not_null).is_not(None))
+    rows = (
+        select(Sample.seq, *(getattr(Sample, c) for c in columns))
+        .where(*where)
+        .order_by(Sample.seq.desc())
+        .limit(bindparam("count"))
+    )
+    index = (
+        select(SampleChunk.series, SampleChunk.seq_first, SampleChunk.seq_last)
+        .where(*_where(SampleChunk, with_series))
+        .order_by(SampleChunk.seq_last.desc())
+    )
+    return rows, index
+
+
+_CHUNK_DATA = select(SampleChunk.data).where(
+    SampleChunk.run_id == bindparam("run_id"),
+    SampleChunk.series == bindparam("series"),
+    SampleChunk.seq_first == bindparam("seq_first"),
+)
 
 
 def _chunk_rows(series: str, data: bytes | None, columns: Sequence[str]) -> list[tuple[Any, ...]]:
