@@ -66,6 +66,7 @@ def _reads(engine: Engine, uid: str) -> dict[str, Any]:
     out["buckets"] = queries.bucket_sums(
         engine, [uid], series=["", "layer.h.0.mlp.c_fc.weight"], max_points=37
     )
+    out["tasks"] = queries.task_summaries(engine)
     summary = queries.get_run(engine, uid)
     out["summary"] = {k: v for k, v in vars(summary).items() if k != "status"}
     with engine.connect() as conn:

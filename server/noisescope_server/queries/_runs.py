@@ -172,6 +172,40 @@ def _positive(value: Any) -> float | None:
     return number if number is not None and number > 0 else None
 
 
+def current_b_simple(conn: Connection, run_ids: Sequence[int]) -> dict[int, tuple[int, Any]]:
+    """Each run's whole-model sample count and current B_simple (None: not measurable), as
+    the run list has them, with no more than the counts and digests read for all runs at
+    once: the windows of runs without a valid digest (live ones) are read one by one."""
+    out: dict[int, tuple[int, Any]] = {}
+    for lo in range(0, len(run_ids), _ID_CHUNK):
+        ids = list(run_ids[lo : lo + _ID_CHUNK])
+        counts = (
+            select(
+                SampleBlock.run_id,
+                func.sum(case((SampleBlock.series == "", SampleBlock.n), else_=0)),
+                func.sum(SampleBlock.n),
+            )
+            .where(SampleBlock.run_id.in_(ids))
+            .group_by(SampleBlock.run_id)
+        )
+        found = {int(r): (int(n or 0), int(a or 0)) for r, n, a in fetch_tuples(conn, counts)}
+        stored = select(RunDigest.run_id, RunDigest.n_samples, RunDigest.n_all, RunDigest.current)
+        digests = {
+            int(r): ((int(n), int(a)), str(fields))
+            for r, n, a, fields in fetch_tuples(conn, stored.where(RunDigest.run_id.in_(ids)))
+        }
+        for run_id in ids:
+            n, n_all = found.get(run_id, (0, 0))
+            digest = digests.get(run_id)
+            if n == 0:
+                out[run_id] = (0, None)
+            elif digest is not None and digest[0] == (n, n_all):
+                out[run_id] = (n, json.loads(digest[1])["b_simple"])
+            else:
+                out[run_id] = (n, read_current(conn, run_id, n)["b_simple"])
+    return out
+
+
 def run_digest(conn: Connection, run_id: int) -> tuple[int, int, str, float | None]:
     """What ``RunDigest`` stores for a run, read now: its whole-model and total sample counts,
     its current window (``read_current``) as JSON text, and its last loss."""
