@@ -15,7 +15,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, exists, func, insert, or_, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+)
 
 from noisescope_server.chunks import (
     CHUNK_COLUMNS,
@@ -134,6 +145,14 @@ def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> 
         return len(rows)
 
 
+#: The chunks of a run overlapping seqs [lo, hi), built once (it runs on every ingest).
+_OVERLAPPING = select(SampleChunk.series, SampleChunk.seq_first, SampleChunk.data).where(
+    SampleChunk.run_id == bindparam("run_id"),
+    SampleChunk.seq_first < bindparam("hi"),
+    SampleChunk.seq_last >= bindparam("lo"),
+)
+
+
 def reopen_chunks(conn: Connection, run_id: int, seqs: list[int]) -> int:
     """Turn back into rows every chunk of the run that overlaps the blocks these seqs fall in
     (in the caller's ingest transaction), so that insert-or-ignore and the block refresh see
@@ -141,13 +160,7 @@ def reopen_chunks(conn: Connection, run_id: int, seqs: list[int]) -> int:
     indexed lookup."""
     lo = min(seqs) // BLOCK_SIZE * BLOCK_SIZE
     hi = (max(seqs) // BLOCK_SIZE + 1) * BLOCK_SIZE
-    found = conn.execute(
-        select(SampleChunk.series, SampleChunk.seq_first, SampleChunk.data).where(
-            SampleChunk.run_id == run_id,
-            SampleChunk.seq_first < hi,
-            SampleChunk.seq_last >= lo,
-        )
-    ).all()
+    found = conn.execute(_OVERLAPPING, {"run_id": run_id, "lo": lo, "hi": hi}).all()
     if not found:
         return 0
     reopened = 0
