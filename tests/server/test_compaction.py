@@ -75,6 +75,31 @@ def _reads(engine: Engine, uid: str) -> dict[str, Any]:
     return out
 
 
+def _block_totals(engine: Engine, uid: str) -> list[Any]:
+    """Per series: samples, the sums and the step range over all its blocks."""
+    b = SampleBlock
+    with engine.connect() as conn:
+        return [
+            tuple(row)
+            for row in conn.execute(
+                select(
+                    b.series,
+                    func.sum(b.n),
+                    func.sum(b.sum_g_sq),
+                    func.sum(b.sum_trace_sigma),
+                    func.sum(b.n_loss),
+                    func.sum(b.sum_loss),
+                    func.min(b.step_min),
+                    func.max(b.step_max),
+                    func.max(b.examples_max),
+                )
+                .where(b.run_id == _run_id(engine, uid))
+                .group_by(b.series)
+                .order_by(b.series)
+            )
+        ]
+
+
 def _count(engine: Engine, table: Any) -> int:
     with engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
@@ -104,6 +129,8 @@ def _flat(value: Any) -> list[Any]:
 def test_a_compacted_run_reads_the_same(engine: Engine) -> None:
     _fill(engine, "r1")
     before = _reads(engine, "r1")
+    totals = _block_totals(engine, "r1")
+    blocks_before = _count(engine, SampleBlock)
     assert before["series_step_"].source == "samples"
     assert before["blocks"].source == "blocks"
     run_id = _run_id(engine, "r1")
@@ -113,49 +140,61 @@ def test_a_compacted_run_reads_the_same(engine: Engine) -> None:
     assert _count(engine, Sample) == 0
     assert _count(engine, SampleChunk) == done.chunks
     _same(before, _reads(engine, "r1"))
+    assert _flat(_block_totals(engine, "r1")) == pytest.approx(_flat(totals), rel=1e-12)
+    # the layers' seq blocks held about 21 samples each; now 64 at a time (up to a chunk's end)
+    assert _count(engine, SampleBlock) < blocks_before * 0.6
     assert crud.compact_run(engine, run_id).samples == 0  # nothing left to move
 
 
 def test_late_samples_of_a_compacted_run_are_stored_once(engine: Engine) -> None:
     """A resend of what the chunks hold changes nothing; samples inside the compacted range and
     after it are stored once; the run reads as one that never was compacted."""
-    full = columns(900, seed=3)
+    whole, layer = columns(900, seed=3), columns(900, seed=4, series="layer.0")
+    full = {k: [x for pair in zip(whole[k], layer[k], strict=True) for x in pair] for k in whole}
+    full["seq"] = list(range(1800))  # the layer's sample after each whole-model one
     reference, late = "reference", "late"
     for uid in (reference, late):
         crud.upsert_run(engine, uid, crud.RunIn(project="p", task="t", batch_size=32))
     crud.ingest_samples(engine, reference, crud.validate_samples({"columns": full}))
 
     def part(keep: Any) -> dict[str, Any]:
-        idx = [i for i in range(900) if keep(i)]
+        idx = [i for i in range(1800) if keep(i // 2)]
         return {k: [v[i] for i in idx] for k, v in full.items()}
 
     first = part(lambda i: i < 600 and i % 7 != 0)  # holes inside the compacted range
     crud.ingest_samples(engine, late, crud.validate_samples({"columns": first}))
     crud.compact_run(engine, _run_id(engine, late), chunk_rows=100)
-    assert _count(engine, Sample) == 900  # the reference run's rows only
+    assert _count(engine, Sample) == 1800  # the reference run's rows only
     # the whole run again: only the holes and the tail are new
     new = crud.ingest_samples(engine, late, crud.validate_samples({"columns": full}))
-    assert new == 900 - len(first["seq"])
+    assert new == 1800 - len(first["seq"])
     again = crud.ingest_samples(engine, late, crud.validate_samples({"columns": full}))
     assert again == 0
     # the digest stored at the first compaction is stale now: not read
     assert _reads_of_one(engine, late) == _reads_of_one(engine, reference)
+    assert _flat(_block_totals(engine, late)) == pytest.approx(
+        _flat(_block_totals(engine, reference)), rel=1e-12
+    )
     crud.compact_run(engine, _run_id(engine, late), chunk_rows=100)
-    assert _count(engine, Sample) == 900
+    assert _count(engine, Sample) == 1800
     ref, got = _reads_of_one(engine, reference), _reads_of_one(engine, late)
     assert got == ref
+    assert _flat(_block_totals(engine, late)) == pytest.approx(
+        _flat(_block_totals(engine, reference)), rel=1e-12
+    )
     with engine.connect() as conn:
         blocks = {
             uid: [
                 tuple(row)
                 for row in conn.execute(
                     select(*[c for c in SampleBlock.__table__.columns if c.name != "run_id"])
-                    .where(SampleBlock.run_id == _run_id(engine, uid))
-                    .order_by(SampleBlock.series, SampleBlock.block)
+                    .where(SampleBlock.run_id == _run_id(engine, uid), SampleBlock.series == "")
+                    .order_by(SampleBlock.block)
                 )
             ]
             for uid in (reference, late)
         }
+    # the whole-model series' seq blocks are the same (a layer's are summed differently)
     assert _flat(blocks[late]) == pytest.approx(_flat(blocks[reference]), rel=1e-12)
 
 

@@ -4,12 +4,19 @@
 Each step is one transaction that inserts one chunk and deletes exactly the rows it holds, so a
 sample is always either a row or in one chunk, never both and never neither: a process killed
 in the middle of a compaction leaves a partly compacted run that reads the same, and the next
-compaction carries on. ``sample_block`` keeps its sums throughout (they are sums of the same
-samples), so series of long runs read as before.
+compaction carries on.
+
+``sample_block`` keeps exact sums throughout. The whole-model series keeps its blocks as they
+are (64 consecutive seqs: the current window reads them newest first). A per-layer series'
+blocks are sparse (a seq block of a run logging 48 layers holds about one sample of each), so
+its compacted samples are summed instead in blocks of 64 consecutive samples of the series,
+keyed ``-(first seq) - 1`` (negative: never a seq block's key); its seq blocks then sum only
+the samples that are rows. Reopening a chunk reverses that.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +35,7 @@ from sqlalchemy import (
     select,
 )
 
+from noisescope import protocol
 from noisescope_server.chunks import (
     CHUNK_COLUMNS,
     CHUNK_ROWS,
@@ -35,7 +43,11 @@ from noisescope_server.chunks import (
     encode_chunk,
     estimate_columns,
 )
-from noisescope_server.crud._sql import LOCK_RUN_FOR_COMPACTION, dialect_insert
+from noisescope_server.crud._sql import (
+    BLOCK_UPSERT_SERIES,
+    LOCK_RUN_FOR_COMPACTION,
+    dialect_insert,
+)
 from noisescope_server.db import write_transaction
 from noisescope_server.models import (
     BLOCK_SIZE,
@@ -114,14 +126,27 @@ def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> 
         lock = LOCK_RUN_FOR_COMPACTION[conn.dialect.name]
         if conn.execute(lock, {"run_id": run_id}).first() is None:
             return 0  # deleted meanwhile
+        where = [Sample.run_id == run_id, Sample.series == series]
+        start = conn.execute(select(func.min(Sample.seq)).where(*where)).scalar()
+        if start is None:
+            return 0
+        # a chunk never spans another chunk of its series (one left after a late sample
+        # reopened an earlier one): chunks of a series hold disjoint seq ranges
+        bound = conn.execute(
+            select(func.min(SampleChunk.seq_first)).where(
+                SampleChunk.run_id == run_id,
+                SampleChunk.series == series,
+                SampleChunk.seq_first > start,
+            )
+        ).scalar()
+        if bound is not None:
+            where.append(Sample.seq < bound)
         rows = conn.execute(
             select(*(getattr(Sample, c) for c in _ROW_COLUMNS))
-            .where(Sample.run_id == run_id, Sample.series == series)
+            .where(*where)
             .order_by(Sample.seq)
             .limit(chunk_rows)
         ).all()
-        if not rows:
-            return 0
         columns = {name: [r[i] for r in rows] for i, name in enumerate(_ROW_COLUMNS)}
         first, last = int(rows[0][0]), int(rows[-1][0])
         conn.execute(
@@ -142,7 +167,58 @@ def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> 
                 Sample.seq <= last,
             )
         )
+        if series != "":
+            from noisescope_server.crud._samples import add_block_deltas  # it imports this
+
+            _refresh_series_blocks(conn, run_id, series, first, last)
+            add_block_deltas(conn, run_id, _sample_blocks(series, columns))
         return len(rows)
+
+
+def _refresh_series_blocks(
+    conn: Connection, run_id: int, series: str, first: int, last: int
+) -> None:
+    """A per-layer series' seq blocks over seqs [first, last] again from its rows alone."""
+    lo, hi = first // BLOCK_SIZE, last // BLOCK_SIZE
+    conn.execute(
+        delete(SampleBlock).where(
+            SampleBlock.run_id == run_id,
+            SampleBlock.series == series,
+            SampleBlock.block >= lo,
+            SampleBlock.block <= hi,
+        )
+    )
+    conn.execute(
+        BLOCK_UPSERT_SERIES[conn.dialect.name],
+        {
+            "run_id": run_id,
+            "series": series,
+            "seq_lo": lo * BLOCK_SIZE,
+            "seq_hi": (hi + 1) * BLOCK_SIZE,
+        },
+    )
+
+
+def _sample_blocks(series: str, columns: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
+    """A chunk's samples summed 64 at a time (``_sql.BLOCK_COLUMNS`` rows, keyed
+    ``-(first seq) - 1``): each column its aggregate of the field table."""
+    cols = dict(columns)
+    cols["g_sq_est"], cols["trace_sigma_est"] = estimate_columns(cols)
+    out: list[tuple[Any, ...]] = []
+    for i in range(0, len(cols["seq"]), BLOCK_SIZE):
+        values: list[Any] = []
+        for _, how, name in protocol.BLOCK_AGGREGATES:
+            present = [v for v in cols[name][i : i + BLOCK_SIZE] if v is not None]
+            if how == "count":
+                values.append(len(present))
+            elif not present:
+                values.append(None)
+            elif how == "sum":
+                values.append(math.fsum(present))
+            else:
+                values.append(min(present) if how == "min" else max(present))
+        out.append((series, -cols["seq"][i] - 1, *values))
+    return out
 
 
 #: The chunks of a run overlapping seqs [lo, hi), built once (it runs on every ingest).
@@ -178,6 +254,17 @@ def reopen_chunks(conn: Connection, run_id: int, seqs: list[int]) -> int:
             )
         )
         conn.execute(insert(Sample), rows)
+        if series != "":  # its samples are rows again: seq blocks sum them, not sample blocks
+            first, last = int(seq_first), max(cols["seq"])
+            conn.execute(
+                delete(SampleBlock).where(
+                    SampleBlock.run_id == run_id,
+                    SampleBlock.series == series,
+                    SampleBlock.block >= -last - 1,
+                    SampleBlock.block <= -first - 1,
+                )
+            )
+            _refresh_series_blocks(conn, run_id, series, first, last)
         reopened += len(rows)
     return reopened
 

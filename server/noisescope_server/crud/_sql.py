@@ -168,8 +168,9 @@ _AGGREGATE_SQL: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _block_upsert(dialect_name: str) -> Executable:
-    """Recompute the blocks of a seq range of one run from ``sample`` and upsert them."""
+def _block_upsert(dialect_name: str, one_series: bool = False) -> Executable:
+    """Recompute the blocks of a seq range of one run from ``sample`` and upsert them (of the
+    series ``:series`` only, with ``one_series``)."""
     s = Sample
     block = (s.seq // BLOCK_SIZE).label("block")
     aggregates = [
@@ -182,6 +183,7 @@ def _block_upsert(dialect_name: str) -> Executable:
             s.run_id == bindparam("run_id"),
             s.seq >= bindparam("seq_lo"),
             s.seq < bindparam("seq_hi"),
+            *([s.series == bindparam("series")] if one_series else []),
         )
         .group_by(s.run_id, s.series, block)
     )
@@ -194,6 +196,7 @@ def _block_upsert(dialect_name: str) -> Executable:
 
 
 BLOCK_UPSERT = {d: _block_upsert(d) for d in DIALECTS}
+BLOCK_UPSERT_SERIES = {d: _block_upsert(d, one_series=True) for d in DIALECTS}
 
 
 def _block_add_sql(dialect_name: str) -> str:

@@ -102,6 +102,7 @@ def _examples_at(conn: Any, run_id: int, step: int) -> float | None:
             SampleBlock.run_id == run_id,
             SampleBlock.step_min <= step,
             SampleBlock.step_max > step,
+            SampleBlock.block >= 0,  # seq blocks (a compacted layer's are keyed below 0)
         )
     ).one()
     inside = None
