@@ -16,10 +16,13 @@ Side by side, alternating rounds:
   batch) beside the same with that lookup taken out (today's path before compaction existed),
   into fresh runs of one database;
 * the series read at 1M samples (2,000 points, as the Run page asks): the run as rows, then
-  the same run compacted; and a 20,000-sample run, read sample by sample (decoded chunks).
+  the same run compacted; and a 20,000-sample run, read sample by sample (decoded chunks);
+* the task list (GET /tasks) at 3,000 runs x 200 samples in 120 tasks: this version beside
+  the list built from every run's summary (the code before, copied here), runs as rows and
+  compacted.
 
 Run: ``python -m benchmarks.storage [--quick]`` (quick: 20,000 samples per cell, 200,000 for
-the series read).
+the series read, 600 runs for the task list).
 """
 
 from __future__ import annotations
@@ -110,62 +113,108 @@ def bytes_cells(url: str, n: int, layers: list[str]) -> tuple[float, float]:
 
 
 def _median_time(call: Callable[[], Any], rounds: int) -> float:
+    """The median CPU seconds of this process per call: SQLite runs in it, so this is the
+    read's whole cost, which the other load on this shared machine does not blur."""
     times = []
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = time.process_time()
         call()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return statistics.median(times)
 
 
 def ingest_rates(url: str, n: int, rounds: int) -> tuple[float, float]:
-    """Samples/s through ``crud.ingest_samples``: as it is, and without the chunk lookup."""
+    """Samples per CPU second through ``crud.ingest_samples`` (SQLite: all in this process):
+    as it is, and without the chunk lookup."""
     engine = _engine(url)
     as_is: list[float] = []
     before: list[float] = []
     for r in range(rounds):
         for lookup in (True, False) if r % 2 == 0 else (False, True):
             uid = f"rate-{r}-{lookup}"
-            start = time.perf_counter()
+            start = time.process_time()
             if lookup:
                 _ingest(engine, uid, n, [])
             else:
                 with mock.patch.object(_samples, "reopen_chunks", return_value=0):
                     _ingest(engine, uid, n, [])
-            (as_is if lookup else before).append(n / (time.perf_counter() - start))
+            (as_is if lookup else before).append(n / (time.process_time() - start))
     engine.dispose()
     return statistics.median(as_is), statistics.median(before)
 
 
 def series_times(url: str, n: int, rounds: int) -> list[tuple[str, float, float]]:
-    """Seconds per series read (2,000 points), rows then compacted: a long run (blocks) and a
-    20,000-sample one (samples), and the CSV export of the short one."""
+    """Seconds per read, of a run as rows beside a copy of it compacted, alternating: the
+    series (2,000 points) of a long run (blocks) and of a 20,000-sample one (samples), and
+    the CSV export of the short one."""
     engine = _engine(url)
-    _ingest(engine, "long", n, [])
-    _ingest(engine, "short", 20_000, [])
+    for form in ("rows", "packed"):
+        _ingest(engine, f"long-{form}", n, [])
+        _ingest(engine, f"short-{form}", 20_000, [])
+    for uid in ("long-packed", "short-packed"):
+        crud.compact_run(engine, _run_id(engine, uid))
 
-    def reads() -> list[tuple[str, Callable[[], Any]]]:
+    def reads(form: str) -> list[Callable[[], Any]]:
         return [
-            (
-                f"series, {n:,}-sample run (blocks)",
-                lambda: queries.run_series(engine, "long", max_points=2000),
-            ),
-            (
-                "series, 20,000-sample run (samples)",
-                lambda: queries.run_series(engine, "short", max_points=2000),
-            ),
-            (
-                "CSV export, 20,000-sample run",
-                lambda: "".join(queries.raw_samples_csv(engine, "short")),
-            ),
+            lambda: queries.run_series(engine, f"long-{form}", max_points=2000),
+            lambda: queries.run_series(engine, f"short-{form}", max_points=2000),
+            lambda: "".join(queries.raw_samples_csv(engine, f"short-{form}")),
         ]
 
-    rows = [(name, _median_time(call, rounds)) for name, call in reads()]
-    for uid in ("long", "short"):
-        crud.compact_run(engine, _run_id(engine, uid))
-    packed = [_median_time(call, rounds) for _, call in reads()]
+    names = [
+        f"series, {n:,}-sample run (blocks)",
+        "series, 20,000-sample run (samples)",
+        "CSV export, 20,000-sample run",
+    ]
+    times: dict[str, list[list[float]]] = {"rows": [[], [], []], "packed": [[], [], []]}
+    for r in range(rounds):
+        for form in ("rows", "packed") if r % 2 == 0 else ("packed", "rows"):
+            for i, call in enumerate(reads(form)):
+                times[form][i].append(_median_time(call, 1))
     engine.dispose()
-    return [(name, t, p) for (name, t), p in zip(rows, packed, strict=True)]
+    return [
+        (name, statistics.median(times["rows"][i]), statistics.median(times["packed"][i]))
+        for i, name in enumerate(names)
+    ]
+
+
+def _tasks_from_run_list(engine: Engine) -> list[Any]:
+    """GET /tasks as it was built before (every run's whole summary from ``list_runs``, then
+    grouped): today's side of the task-list comparison, copied here."""
+    runs = queries.list_runs(engine, limit=1_000_000)
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for r in runs:
+        groups.setdefault((r.project, r.task), []).append(r)
+    out = []
+    for key, members in sorted(groups.items()):
+        b_values = [r.b_simple for r in members if r.b_simple is not None]
+        median = statistics.median(b_values) if b_values else None
+        out.append((key, len(members), sum(r.n_samples for r in members), median))
+    return out
+
+
+def task_list_times(url: str, n_runs: int, rounds: int) -> list[tuple[str, float, float]]:
+    """Seconds for the task list (``queries.task_summaries``, what GET /tasks answers) and
+    the run list's first 200 runs, beside the list built from every run's summary: the runs
+    as rows (finished, not compacted yet), then compacted."""
+    engine = _engine(url)
+    for i in range(n_runs):
+        uid = f"team-{i}"
+        crud.upsert_run(engine, uid, crud.RunIn(project="team", task=f"task{i % 120}"))
+        cols = make_columns(200, 0, seed=i)
+        crud.ingest_samples(engine, uid, crud.validate_samples({"columns": cols}))
+        crud.patch_run(engine, uid, status="finished")
+    reads: list[tuple[str, Callable[[], Any]]] = [
+        ("task list (this version)", lambda: queries.task_summaries(engine)),
+        ("task list from every run's summary (before)", lambda: _tasks_from_run_list(engine)),
+        ("run list, first 200", lambda: queries.list_runs(engine)),
+    ]
+    rows = [_median_time(call, rounds) for _, call in reads]
+    for run_id in crud.runs_to_compact(engine, finished_after=0.0):
+        crud.compact_run(engine, run_id)
+    packed = [_median_time(call, rounds) for _, call in reads]
+    engine.dispose()
+    return [(name, t, p) for (name, _), t, p in zip(reads, rows, packed, strict=True)]
 
 
 def run(quick: bool) -> str:
@@ -216,28 +265,44 @@ def run(quick: bool) -> str:
                 lines.append("| PostgreSQL | unreachable at 127.0.0.1:5432: skipped | | | |")
             as_is, before = ingest_rates(backends[0][1]("rates"), n, rounds)
             times = series_times(backends[0][1]("series"), n_series, rounds)
+            n_runs = 600 if quick else 3000
+            tasks = task_list_times(backends[0][1]("tasks"), n_runs, rounds)
         finally:
             for name in pg_names:
                 _drop_pg(name)
     lines += [
         "",
         f"Ingest (SQLite, {n:,} samples per round in batches of {BATCH:,}, {rounds} rounds "
-        "alternating, medians): `crud.ingest_samples` looks for chunks to reopen around each "
-        "batch (one indexed lookup; a live run has none), beside the same path without it.",
+        "alternating, medians of samples per CPU second of the process, which the other load "
+        "on this shared machine blurs less than wall time): `crud.ingest_samples` looks for "
+        "chunks to reopen around each batch (one indexed lookup; a live run has none), beside "
+        "the same path without it.",
         "",
-        "| ingest path | samples/s | ratio |",
+        "| ingest path | samples per CPU second | ratio |",
         "|---|---:|---:|",
         f"| with the chunk lookup (this version) | {as_is:,.0f} | {as_is / before:.2f} |",
         f"| without it (before compaction) | {before:,.0f} | 1.00 |",
         "",
-        f"Reads (SQLite, median of {rounds}, seconds): the same runs as rows, then compacted. "
-        "Long runs read the block sums either way; a short run compacted is decoded and "
-        "summed in Python.",
+        f"Reads (SQLite, median of {rounds} alternating rounds, CPU seconds): a run as rows beside "
+        "a copy of it compacted. Long runs read the block sums either way; a short run "
+        "compacted is decoded and summed in Python.",
         "",
         "| read | rows (s) | compacted (s) | compacted / rows |",
         "|---|---:|---:|---:|",
     ]
     lines += [f"| {name} | {t:.4f} | {p:.4f} | {p / t:.2f} |" for name, t, p in times]
+    lines += [
+        "",
+        f"The task list at team size (SQLite, {n_runs:,} finished runs x 200 samples in 120 "
+        f"tasks, median of {rounds}, CPU seconds; the issue's goal for GET /tasks: 250 ms): "
+        "`queries.task_summaries` reads the runs in one query and each compacted run's "
+        "current B_simple from its stored digest; a run not compacted yet (a live one) has "
+        "its window read as before.",
+        "",
+        "| read | runs as rows (s) | compacted (s) |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {name} | {t:.3f} | {p:.3f} |" for name, t, p in tasks]
     return "\n".join(lines) + "\n"
 
 

@@ -24,7 +24,7 @@ from noisescope_server.chunks import decode_chunk, estimate_columns
 from noisescope_server.models import Sample, SampleChunk
 from noisescope_server.queries._common import fetch_tuples
 
-#: The columns a reader may ask for: a sample's stored columns (``models.SAMPLE_COLUMNS``).
+#: The columns readers may ask for (``models.SAMPLE_COLUMNS``) that chunks do not store.
 DERIVED = ("g_sq_est", "trace_sigma_est")
 
 
