@@ -46,6 +46,7 @@ from noisescope_server.chunks import (
 from noisescope_server.crud._sql import (
     BLOCK_UPSERT_SERIES,
     LOCK_RUN_FOR_COMPACTION,
+    add_block_deltas,
     dialect_insert,
 )
 from noisescope_server.db import write_transaction
@@ -168,8 +169,6 @@ def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> 
             )
         )
         if series != "":
-            from noisescope_server.crud._samples import add_block_deltas  # it imports this
-
             _refresh_series_blocks(conn, run_id, series, first, last)
             add_block_deltas(conn, run_id, _sample_blocks(series, columns))
         return len(rows)

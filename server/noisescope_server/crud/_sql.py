@@ -240,3 +240,13 @@ def _block_add_sql(dialect_name: str) -> str:
 
 
 BLOCK_ADD = {d: _block_add_sql(d) for d in DIALECTS}
+
+
+def add_block_deltas(conn: Connection, run_id: int, deltas: list[tuple[Any, ...]]) -> None:
+    """Add per-block sums (``_samples.block_deltas``, a compacted layer's sample blocks) to the
+    stored blocks, creating missing ones."""
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.executemany(BLOCK_ADD[conn.dialect.name], [(run_id, *d) for d in deltas])
+    finally:
+        cursor.close()
