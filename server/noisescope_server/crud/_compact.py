@@ -108,17 +108,11 @@ def store_digest(engine: Engine, run_id: int) -> None:
 
     with engine.connect() as conn:
         n_samples, n_all, current, last_loss = queries.run_digest(conn, run_id)
+    values = {"n_samples": n_samples, "n_all": n_all, "current": current, "last_loss": last_loss}
     with write_transaction(engine) as conn:
-        conn.execute(delete(RunDigest).where(RunDigest.run_id == run_id))
-        conn.execute(
-            insert(RunDigest).values(
-                run_id=run_id,
-                n_samples=n_samples,
-                n_all=n_all,
-                current=current,
-                last_loss=last_loss,
-            )
-        )
+        stmt = dialect_insert(conn.dialect.name)(RunDigest).values(run_id=run_id, **values)
+        # two workers' compactors may store it at once: the later one wins, neither fails
+        conn.execute(stmt.on_conflict_do_update(index_elements=["run_id"], set_=values))
 
 
 def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> int:
