@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, update
 
 from harness.payloads import columns
 from noisescope_server import crud, db, queries
@@ -259,3 +259,16 @@ def test_the_chunk_encoding_is_lossless(seed: int) -> None:
     assert back == cols
     for name, values in cols.items():  # -0.0 == 0.0: compare the bits too
         assert [repr(v) for v in back[name]] == [repr(v) for v in values]
+
+
+def test_a_digest_of_other_fields_is_read_again(engine: Engine) -> None:
+    """A digest stored by a version whose current window had other fields is not used: the
+    window is read again (and one of this version's is used: its numbers come back)."""
+    _fill(engine, "old-digest", n=300)
+    truth = queries.get_run(engine, "old-digest")
+    crud.compact_run(engine, _run_id(engine, "old-digest"))
+    assert queries.get_run(engine, "old-digest") == truth
+    with engine.begin() as conn:
+        conn.execute(update(RunDigest).values(current='{"b_simple": 1.0}', last_loss=7.0))
+    assert queries.get_run(engine, "old-digest") == truth
+    assert [t.b_simple_median for t in queries.task_summaries(engine)] == [truth.b_simple]

@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, case, func, or_, select
 
@@ -27,7 +27,7 @@ from noisescope_server.queries._common import (
     run_status,
     scoped_run,
 )
-from noisescope_server.queries._current import no_current, read_current
+from noisescope_server.queries._current import CurrentFields, no_current, read_current
 from noisescope_server.queries._samples import last_rows
 from noisescope_server.utc import as_utc
 
@@ -199,11 +199,20 @@ def current_b_simple(conn: Connection, run_ids: Sequence[int]) -> dict[int, tupl
             digest = digests.get(run_id)
             if n == 0:
                 out[run_id] = (0, None)
-            elif digest is not None and digest[0] == (n, n_all):
-                out[run_id] = (n, json.loads(digest[1])["b_simple"])
-            else:
-                out[run_id] = (n, read_current(conn, run_id, n)["b_simple"])
+                continue
+            kept = _stored_current(digest[1]) if digest and digest[0] == (n, n_all) else None
+            now = kept if kept is not None else read_current(conn, run_id, n)
+            out[run_id] = (n, now["b_simple"])
     return out
+
+
+def _stored_current(text: str) -> CurrentFields | None:
+    """A digest's current window, or None where it was stored with other fields than
+    ``CurrentFields`` has now (by an older version): then the window is read again."""
+    fields = json.loads(text)
+    if not isinstance(fields, dict) or set(fields) != set(CurrentFields.__annotations__):
+        return None
+    return cast(CurrentFields, fields)
 
 
 def run_digest(conn: Connection, run_id: int) -> tuple[int, int, str, float | None]:
@@ -242,9 +251,10 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     n_samples = facts.n_samples.get(run_id, 0)
     last = facts.last.get(run_id)
     digest = facts.digests.get(run_id)
-    if digest is not None and digest[:2] != (n_samples, facts.n_all.get(run_id, 0)):
-        digest = None  # a sample came after it was stored
-    last_loss = digest[3] if digest is not None else _last_loss(conn, run_id)
+    stored = None
+    if digest is not None and digest[:2] == (n_samples, facts.n_all.get(run_id, 0)):
+        stored = _stored_current(digest[2])  # else a sample came after it was stored
+    last_loss = digest[3] if digest is not None and stored is not None else _last_loss(conn, run_id)
     evaluation = facts.events.get((run_id, protocol.EVAL_EVENT_KIND))
     change = facts.events.get((run_id, protocol.BATCH_SIZE_EVENT_KIND))
     notice = facts.events.get((run_id, protocol.NOTICE_EVENT_KIND))
@@ -254,8 +264,8 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         in_use, source = float(row.batch_size), "run"
     if not current:
         now = no_current(NOT_COMPUTED)
-    elif digest is not None:
-        now = json.loads(digest[2])
+    elif stored is not None:
+        now = stored
     else:
         now = read_current(conn, run_id, n_samples)
     if n_samples == 0 and current:
