@@ -55,7 +55,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     """Back to rows: every chunk's samples into ``sample`` (estimates recomputed as ingest
-    computes them), then the table goes."""
+    computes them) and a compacted layer's block sums back to blocks by seq, then the tables
+    go."""
     from noisescope.estimators import two_batch_estimates
     from noisescope_server.chunks import decode_chunk
 
@@ -79,5 +80,19 @@ def downgrade() -> None:
                          "trace_sigma_est": trace_sigma})  # fmt: skip
         if rows:
             conn.execute(sample.insert(), rows)
+    # a compacted layer's samples were summed in blocks keyed below 0: back to seq blocks
+    from noisescope_server.crud._sql import BLOCK_UPSERT_SERIES
+
+    layers = {(run_id, series) for run_id, series, _ in chunks if series != ""}
+    conn.execute(sa.text("DELETE FROM sample_block WHERE block < 0"))
+    for run_id, series in sorted(layers):
+        conn.execute(
+            sa.text("DELETE FROM sample_block WHERE run_id = :r AND series = :s"),
+            {"r": run_id, "s": series},
+        )
+        conn.execute(
+            BLOCK_UPSERT_SERIES[conn.dialect.name],
+            {"run_id": run_id, "series": series, "seq_lo": -(2**63), "seq_hi": 2**63 - 1},
+        )
     op.drop_table("run_digest")
     op.drop_table("sample_chunk")

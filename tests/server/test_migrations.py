@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -164,6 +165,7 @@ def test_a_run_stored_at_0004_compacts_to_the_same_csv(db_url: str) -> None:
         cols["loss"] = [None if i % 3 == 0 else v for i, v in enumerate(cols["loss"])]
         _ingest(engine, "old", crud.validate_samples({"columns": cols}))
     before_0006 = _csv_of_rows(engine)  # as the code of 0004 writes it, from the rows
+    blocks = _blocks(engine)
     db.upgrade(engine)
     assert "".join(queries.raw_samples_csv(engine, "old")) == before_0006
     with engine.connect() as conn:
@@ -174,7 +176,20 @@ def test_a_run_stored_at_0004_compacts_to_the_same_csv(db_url: str) -> None:
     assert "".join(queries.raw_samples_csv(engine, "old")) == before_0006
     db.downgrade(engine, "0004")  # back to rows, with the estimates as ingest stored them
     assert _csv_of_rows(engine) == before_0006
+    assert _blocks(engine) == pytest.approx(blocks, rel=1e-12, nan_ok=True)  # by seq again
     engine.dispose()
+
+
+def _blocks(engine: Engine) -> list[float]:
+    """Every ``sample_block`` value in key order, flat (the series as its index)."""
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT * FROM sample_block ORDER BY series, block")).all()
+    names = sorted({r.series for r in rows})
+    return [
+        names.index(v) if isinstance(v, str) else (float("nan") if v is None else float(v))
+        for r in rows
+        for v in r
+    ]
 
 
 def _csv_of_rows(engine: Engine) -> str:
