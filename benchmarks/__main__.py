@@ -28,6 +28,7 @@ MODULES = [
     ("probe_gpt", "Probes: per-example norms on a GPT (all parameters, norm layers)"),
     ("ingest", "Server: ingest throughput"),
     ("series", "Server: series query latency"),
+    ("storage", "Server: storage per sample, rows and compacted"),
     ("dashboard", "Dashboard: page render time"),
     ("integrations", "Integrations: callback overhead"),
 ]

@@ -43,23 +43,9 @@ def populate(engine: sa.Engine, project: str = "p") -> dict[str, int]:
     t = meta.tables
     now = datetime.now(UTC)
     with engine.begin() as conn:
-        pid = conn.execute(
-            t["project"].insert().values(name=project, created_at=now).returning(t["project"].c.id)
-        ).scalar_one()
-        tid = conn.execute(
-            t["task"].insert().values(project_id=pid, name="t").returning(t["task"].c.id)
-        ).scalar_one()
-        run = {
-            "uid": "keep-me",
-            "project_id": pid,
-            "task_id": tid,
-            "name": "kept",
-            "started_at": now,
-        }
-        run |= {"config": {"lr": 0.1}, "tags": ["a"], "status": "finished", "units": "examples"}
-        rid = conn.execute(
-            t["run"].insert().values(**run, batch_size=32.0).returning(t["run"].c.id)
-        ).scalar_one()
+        rid = _insert_run(conn, t, "keep-me", project, now)
+        pid = conn.execute(sa.select(t["run"].c.project_id).where(t["run"].c.id == rid))
+        pid = pid.scalar_one()
         for seq in range(3):
             conn.execute(
                 t["sample"].insert().values(_filler(t["sample"], seq, run_id=rid, seq=seq))
@@ -79,6 +65,34 @@ def populate(engine: sa.Engine, project: str = "p") -> dict[str, int]:
             for name in t
             if name != "alembic_version"
         }
+
+
+def _insert_run(
+    conn: sa.Connection, t: Any, uid: str, project: str, now: datetime, task: str = "t"
+) -> int:
+    """A finished run ``uid`` of a new project and task, as the tables have them; its id."""
+    pid = conn.execute(
+        t["project"].insert().values(name=project, created_at=now).returning(t["project"].c.id)
+    ).scalar_one()
+    tid = conn.execute(
+        t["task"].insert().values(project_id=pid, name=task).returning(t["task"].c.id)
+    ).scalar_one()
+    run = {"uid": uid, "project_id": pid, "task_id": tid, "name": "kept", "started_at": now}
+    run |= {"config": {"lr": 0.1}, "tags": ["a"], "status": "finished", "units": "examples"}
+    return int(
+        conn.execute(
+            t["run"].insert().values(**run, batch_size=32.0).returning(t["run"].c.id)
+        ).scalar_one()
+    )
+
+
+def old_run(engine: sa.Engine, uid: str, project: str = "p") -> int:
+    """A run ``uid`` (batch 32, project ``project``, task ``t``) written through the tables as
+    the database's revision has them; its id."""
+    meta = sa.MetaData()
+    meta.reflect(engine)
+    with engine.begin() as conn:
+        return _insert_run(conn, meta.tables, uid, project, datetime.now(UTC))
 
 
 def dump(engine: sa.Engine, tables: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:

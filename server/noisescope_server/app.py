@@ -32,6 +32,7 @@ from noisescope_server import __version__, db, logs
 from noisescope_server.api import branching, health, ingest, query, recommend, runs, tokens
 from noisescope_server.api._body import format_validation_error
 from noisescope_server.api.run_ids import RunIdGuard
+from noisescope_server.compactor import Compactor
 from noisescope_server.errors import BadInput, Conflict, Forbidden, Gone, NotFound
 from noisescope_server.settings import Settings
 
@@ -71,9 +72,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gc.collect()
         gc.freeze()
         gc.set_threshold(50_000, 20, 20)
+        compactor = None
+        if settings.compact_every > 0:
+            compactor = Compactor(
+                engine,
+                every=settings.compact_every,
+                finished_after=settings.compact_finished_after,
+                quiet_after=settings.compact_quiet_after,
+            )
+            compactor.start()
         try:
             yield
         finally:
+            if compactor is not None:
+                compactor.stop()
             engine.dispose()
 
     app = FastAPI(

@@ -18,8 +18,10 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -168,6 +170,41 @@ class SampleBlock(Base):
     time_min: Mapped[float | None] = mapped_column(Double)
     time_max: Mapped[float | None] = mapped_column(Double)
     b_big_max: Mapped[float] = mapped_column(Double)
+
+
+class SampleChunk(Base):
+    """Up to ``chunks.CHUNK_ROWS`` consecutive samples of one (run, series), compressed
+    (``noisescope_server.chunks``): a finished run's samples after compaction
+    (``crud.compact_run``). A sample is either a ``sample`` row or in one chunk, never both;
+    ``sample_block`` keeps its sums either way. Readers merge rows and chunks by seq
+    (``queries._samples``, the one read seam)."""
+
+    __tablename__ = "sample_chunk"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    series: Mapped[str] = mapped_column(String(200), primary_key=True)
+    seq_first: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    seq_last: Mapped[int] = mapped_column(BigInteger)
+    n: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class RunDigest(Base):
+    """What a run list computes per run from its samples (the current B_simple window and the
+    last loss), stored when the run is compacted (``crud.compact_run``), so that lists of
+    thousands of finished runs read one row per run instead of each run's samples. Valid only
+    while the run still has ``n_samples`` whole-model samples and ``n_all`` in all (samples
+    are never removed, so more of either means a later sample came): readers check both."""
+
+    __tablename__ = "run_digest"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    n_samples: Mapped[int] = mapped_column(BigInteger)
+    n_all: Mapped[int] = mapped_column(BigInteger)
+    #: ``queries.CurrentFields`` as JSON text (Python's ``json``: infinities survive).
+    current: Mapped[str] = mapped_column(Text)
+    last_loss: Mapped[float | None] = mapped_column(Double)
 
 
 class Event(Base):

@@ -68,6 +68,14 @@ def parse_auth(value: str) -> AuthMode:
     raise ValueError(f"NOISESCOPE_AUTH must be one of {', '.join(AUTH_MODES)}, got {value!r}")
 
 
+#: Seconds a finished (or failed) run must be silent before the server compacts it: the
+#: client's last flush and a ``noisescope sync`` of its spool usually land within this, as rows.
+COMPACT_FINISHED_AFTER = 600.0
+#: Seconds any run, running or not, must be silent before it is compacted (a job that died
+#: without finishing); later samples still land (``crud.reopen_chunks``).
+COMPACT_QUIET_AFTER = 6 * 3600.0
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the app factory needs; immutable so workers cannot drift apart."""
@@ -85,12 +93,22 @@ class Settings:
     crash_after: float = protocol.CRASH_AFTER
     #: The longest a request body may take to arrive (seconds).
     read_timeout: float = READ_TIMEOUT
+    #: Seconds between the compactor's rounds (docs/deployment.md, "Compaction"); 0: no
+    #: compactor (``noisescope db compact`` still compacts on demand).
+    compact_every: float = 60.0
+    #: Seconds a finished run, and any run, must be silent before it is compacted.
+    compact_finished_after: float = COMPACT_FINISHED_AFTER
+    compact_quiet_after: float = COMPACT_QUIET_AFTER
 
     def __post_init__(self) -> None:
         for name in ("crash_after", "read_timeout"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        for name in ("compact_every", "compact_finished_after", "compact_quiet_after"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, /, **overrides: object) -> Settings:
@@ -104,6 +122,13 @@ class Settings:
             dashboard_url=env.get("NOISESCOPE_DASHBOARD_URL") or None,
             crash_after=_seconds(env, "NOISESCOPE_CRASH_AFTER", protocol.CRASH_AFTER),
             read_timeout=_seconds(env, "NOISESCOPE_READ_TIMEOUT", READ_TIMEOUT),
+            compact_every=_seconds(env, "NOISESCOPE_COMPACT_EVERY", 60.0),
+            compact_finished_after=_seconds(
+                env, "NOISESCOPE_COMPACT_FINISHED_AFTER", COMPACT_FINISHED_AFTER
+            ),
+            compact_quiet_after=_seconds(
+                env, "NOISESCOPE_COMPACT_QUIET_AFTER", COMPACT_QUIET_AFTER
+            ),
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         return replace(settings, **given) if given else settings  # type: ignore[arg-type]
@@ -117,6 +142,9 @@ class Settings:
             "NOISESCOPE_MAX_SAMPLES": str(self.max_samples),
             "NOISESCOPE_CRASH_AFTER": repr(self.crash_after),
             "NOISESCOPE_READ_TIMEOUT": repr(self.read_timeout),
+            "NOISESCOPE_COMPACT_EVERY": repr(self.compact_every),
+            "NOISESCOPE_COMPACT_FINISHED_AFTER": repr(self.compact_finished_after),
+            "NOISESCOPE_COMPACT_QUIET_AFTER": repr(self.compact_quiet_after),
         }
         if self.admin_token:
             env["NOISESCOPE_ADMIN_TOKEN"] = self.admin_token

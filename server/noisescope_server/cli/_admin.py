@@ -43,10 +43,41 @@ def cmd_db_current(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine(args: argparse.Namespace) -> Engine:
+def cmd_db_compact(args: argparse.Namespace) -> int:
+    """Compact runs now: the named ones (``--run``), else every finished run and every run
+    silent for ``--quiet-after`` seconds."""
+    from sqlalchemy import select
+
+    from noisescope_server import crud
+    from noisescope_server.models import Run
+
+    engine = _engine(args, "noisescope db compact")
+    if args.run:
+        with engine.connect() as conn:
+            query = select(Run.uid, Run.id).where(Run.uid.in_(args.run))
+            found = {str(uid): int(run_id) for uid, run_id in conn.execute(query)}
+        missing = [uid for uid in args.run if uid not in found]
+        if missing:
+            print(f"no run {', '.join(map(repr, missing))} in this database", file=sys.stderr)
+            return 1
+        run_ids = [int(found[uid]) for uid in args.run]
+    else:
+        run_ids = crud.runs_to_compact(engine, finished_after=0.0, quiet_after=args.quiet_after)
+    samples = chunks = 0
+    for run_id in run_ids:
+        done = crud.compact_run(engine, run_id, chunk_rows=args.chunk_rows)
+        samples, chunks = samples + done.samples, chunks + done.chunks
+    engine.dispose()
+    print(f"compacted {len(run_ids)} run(s): {samples:,} samples into {chunks:,} chunks")
+    return 0
+
+
+def _engine(args: argparse.Namespace, command: str | None = None) -> Engine:
+    """The command's database, migrated; ``command`` names it in messages (default: the
+    ``token`` action)."""
     settings = settings_from(args)
     engine = open_database(settings)
-    migrate(engine, settings, f"noisescope token {args.token_command}")
+    migrate(engine, settings, command or f"noisescope token {args.token_command}")
     return engine
 
 

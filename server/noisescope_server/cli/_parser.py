@@ -12,7 +12,9 @@ from noisescope.cli import (
     SERVER_COMMANDS,
     url_argument,
 )
+from noisescope_server.chunks import CHUNK_ROWS
 from noisescope_server.cli._admin import (
+    cmd_db_compact,
     cmd_db_current,
     cmd_db_upgrade,
     cmd_token_create,
@@ -21,7 +23,7 @@ from noisescope_server.cli._admin import (
 )
 from noisescope_server.cli._processes import cmd_dashboard, cmd_up
 from noisescope_server.cli._serve import cmd_server
-from noisescope_server.settings import AUTH_MODES, parse_auth
+from noisescope_server.settings import AUTH_MODES, COMPACT_QUIET_AFTER, parse_auth
 
 #: uvicorn's log levels, most to least severe.
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -94,6 +96,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     dbsub.required = True
     _command(dbsub, "upgrade", cmd_db_upgrade, "apply migrations up to head")
     _command(dbsub, "current", cmd_db_current, "print the current and head revisions")
+    compact = _command(
+        dbsub,
+        "compact",
+        cmd_db_compact,
+        "move finished runs' samples into compressed chunks now (the server does it by itself)",
+    )
+    compact.add_argument(
+        "--run", action="append", metavar="RUN_ID", help="this run only, finished or not (repeat)"
+    )
+    compact.add_argument(
+        "--quiet-after",
+        type=float,
+        default=COMPACT_QUIET_AFTER,
+        metavar="SECONDS",
+        help="without --run: also runs silent this long, whatever their status (%(default).0f)",
+    )
+    compact.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=CHUNK_ROWS,
+        metavar="N",
+        help="samples per chunk at most (%(default)s)",
+    )
 
     tok = subparsers.add_parser("token", help=SERVER_COMMANDS["token"])
     tok.add_argument("--database-url", help="SQLAlchemy URL (default: $NOISESCOPE_DATABASE_URL)")

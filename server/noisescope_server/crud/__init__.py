@@ -7,6 +7,7 @@ input); failures raise the errors of ``noisescope_server.errors``.
 
 - ``_runs``: projects, tasks and runs, and the run-row lock every write takes;
 - ``_samples``: sample rows and their ``sample_block`` sums;
+- ``_compact``: a finished run's rows into compressed chunks, and back for a late sample;
 - ``_events``: run events;
 - ``_tokens``: API tokens;
 - ``_sql``: the dialect-specific statements, built once.
@@ -14,6 +15,11 @@ input); failures raise the errors of ``noisescope_server.errors``.
 
 from __future__ import annotations
 
+from noisescope_server.crud._compact import (
+    Compacted,
+    compact_run,
+    runs_to_compact,
+)
 from noisescope_server.crud._events import EventIn, ingest_events
 from noisescope_server.crud._runs import (
     FUTURE_TOLERANCE,
@@ -31,12 +37,14 @@ from noisescope_server.validate import SampleBatch, check_run_uid, validate_samp
 
 __all__ = [
     "FUTURE_TOLERANCE",
+    "Compacted",
     "EventIn",
     "RunIn",
     "RunRef",
     "SampleBatch",
     "TokenCreated",
     "check_run_uid",
+    "compact_run",
     "create_token",
     "delete_run",
     "hash_token",
@@ -45,6 +53,7 @@ __all__ = [
     "not_ahead",
     "patch_run",
     "revoke_token",
+    "runs_to_compact",
     "touch_run",
     "upsert_run",
     "validate_samples",

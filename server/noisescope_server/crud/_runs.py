@@ -18,7 +18,16 @@ from noisescope_server.crud._deleted import (
 from noisescope_server.crud._sql import LOCK_RUN, TOUCH_RUN, insert_ignore
 from noisescope_server.db import write_transaction
 from noisescope_server.errors import BadInput, Conflict, Forbidden, NotFound
-from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
+from noisescope_server.models import (
+    Event,
+    Project,
+    Run,
+    RunDigest,
+    Sample,
+    SampleBlock,
+    SampleChunk,
+    Task,
+)
 from noisescope_server.utc import as_utc, utcnow
 from noisescope_server.validate import check_run_uid
 
@@ -291,8 +300,8 @@ def _edited(conn: Connection, run_id: int, **changed: object) -> list[str]:
 
 
 def delete_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunRef:
-    """Delete a run for good: its samples, sample blocks, events and its row, in one
-    transaction, and nothing else (its project, task and any branch runs stay; a branch run
+    """Delete a run for good: its samples (rows and chunks), sample blocks, events and its row,
+    in one transaction, and nothing else (its project, task and any branch runs stay; a branch run
     whose parent is gone reads as a run with an unknown parent, as before its parent came).
 
     The rows are deleted explicitly, not left to ``ON DELETE CASCADE``: SQLite enforces foreign
@@ -312,6 +321,8 @@ def delete_run(engine: Engine, run_uid: str, *, project_scope: int | None = None
         remember_deleted(conn, run.uid, run.project_id, utcnow())
         conn.execute(delete(Sample).where(Sample.run_id == run.id))
         conn.execute(delete(SampleBlock).where(SampleBlock.run_id == run.id))
+        conn.execute(delete(SampleChunk).where(SampleChunk.run_id == run.id))
+        conn.execute(delete(RunDigest).where(RunDigest.run_id == run.id))
         conn.execute(delete(Event).where(Event.run_id == run.id))
         conn.execute(delete(Run).where(Run.id == run.id))
         return run

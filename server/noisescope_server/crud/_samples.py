@@ -16,6 +16,7 @@ from sqlalchemy import Connection, Engine
 
 from noisescope import protocol
 from noisescope_server.crud import _sql
+from noisescope_server.crud._compact import reopen_chunks
 from noisescope_server.crud._runs import require_run
 from noisescope_server.db import write_transaction
 from noisescope_server.models import BLOCK_SIZE, SAMPLE_COLUMNS
@@ -33,11 +34,13 @@ def ingest_samples(
         conn.execute(_sql.TOUCH_RUN, {"run_id": run.id, "now": utcnow()})
         if batch.n == 0:
             return 0
+        # a late sample of a compacted run: the chunks around it become rows again first
+        reopen_chunks(conn, run.id, batch.columns["seq"])
         inserted = insert_samples(conn, run.id, batch)
         if inserted:
             deltas = block_deltas(batch) if inserted == batch.n else None
             if deltas is not None:  # every row was new: add the batch's own sums
-                add_block_deltas(conn, run.id, deltas)
+                _sql.add_block_deltas(conn, run.id, deltas)
             else:  # some rows were already stored: recompute the touched blocks
                 refresh_blocks(conn, run.id, batch.columns["seq"])
         return inserted
@@ -212,12 +215,3 @@ def block_deltas(batch: SampleBatch) -> list[tuple[Any, ...]] | None:
         out.append((series[0], block, *[column(i, j) for column in columns]))
         i = j
     return out
-
-
-def add_block_deltas(conn: Connection, run_id: int, deltas: list[tuple[Any, ...]]) -> None:
-    """Add per-block sums (``block_deltas``) to the stored blocks, creating missing ones."""
-    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    try:
-        cursor.executemany(_sql.BLOCK_ADD[conn.dialect.name], [(run_id, *d) for d in deltas])
-    finally:
-        cursor.close()

@@ -71,6 +71,16 @@ def _lock_run_stmt(dialect_name: str) -> Executable:
 
 
 LOCK_RUN = {d: _lock_run_stmt(d) for d in DIALECTS}
+
+
+def _lock_run_for_compaction(dialect_name: str) -> Executable:
+    """A run by id; on PostgreSQL ``FOR UPDATE``, which waits for the ingests holding ``FOR
+    KEY SHARE`` (``LOCK_RUN``) and holds new ones off while a chunk is written."""
+    stmt = select(Run.id).where(Run.id == bindparam("run_id"))
+    return stmt.with_for_update() if dialect_name == "postgresql" else stmt
+
+
+LOCK_RUN_FOR_COMPACTION = {d: _lock_run_for_compaction(d) for d in DIALECTS}
 TOUCH_RUN = update(Run).where(Run.id == bindparam("run_id")).values(last_seen_at=bindparam("now"))
 
 
@@ -158,8 +168,9 @@ _AGGREGATE_SQL: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _block_upsert(dialect_name: str) -> Executable:
-    """Recompute the blocks of a seq range of one run from ``sample`` and upsert them."""
+def _block_upsert(dialect_name: str, one_series: bool = False) -> Executable:
+    """Recompute the blocks of a seq range of one run from ``sample`` and upsert them (of the
+    series ``:series`` only, with ``one_series``)."""
     s = Sample
     block = (s.seq // BLOCK_SIZE).label("block")
     aggregates = [
@@ -172,6 +183,7 @@ def _block_upsert(dialect_name: str) -> Executable:
             s.run_id == bindparam("run_id"),
             s.seq >= bindparam("seq_lo"),
             s.seq < bindparam("seq_hi"),
+            *([s.series == bindparam("series")] if one_series else []),
         )
         .group_by(s.run_id, s.series, block)
     )
@@ -184,6 +196,7 @@ def _block_upsert(dialect_name: str) -> Executable:
 
 
 BLOCK_UPSERT = {d: _block_upsert(d) for d in DIALECTS}
+BLOCK_UPSERT_SERIES = {d: _block_upsert(d, one_series=True) for d in DIALECTS}
 
 
 def _block_add_sql(dialect_name: str) -> str:
@@ -227,3 +240,13 @@ def _block_add_sql(dialect_name: str) -> str:
 
 
 BLOCK_ADD = {d: _block_add_sql(d) for d in DIALECTS}
+
+
+def add_block_deltas(conn: Connection, run_id: int, deltas: list[tuple[Any, ...]]) -> None:
+    """Add per-block sums (``_samples.block_deltas``, a compacted layer's sample blocks) to the
+    stored blocks, creating missing ones."""
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.executemany(BLOCK_ADD[conn.dialect.name], [(run_id, *d) for d in deltas])
+    finally:
+        cursor.close()

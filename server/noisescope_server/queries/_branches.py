@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from noisescope import protocol
-from noisescope_server.models import BLOCK_SIZE, Event, Run, Sample, SampleBlock
+from noisescope_server.models import BLOCK_SIZE, Event, Run, SampleBlock
 from noisescope_server.queries._common import archived_filter, finite_number, scoped_run
+from noisescope_server.queries._samples import sample_rows
 
 
 @dataclass(frozen=True)
@@ -101,17 +102,19 @@ def _examples_at(conn: Any, run_id: int, step: int) -> float | None:
             SampleBlock.run_id == run_id,
             SampleBlock.step_min <= step,
             SampleBlock.step_max > step,
+            SampleBlock.block >= 0,  # seq blocks (a compacted layer's are keyed below 0)
         )
     ).one()
     inside = None
     if edge[0] is not None:
-        inside = conn.execute(
-            select(func.max(Sample.examples)).where(
-                Sample.run_id == run_id,
-                Sample.seq >= int(edge[0]) * BLOCK_SIZE,
-                Sample.seq < (int(edge[1]) + 1) * BLOCK_SIZE,
-                Sample.step <= step,
-            )
-        ).scalar()
+        samples = sample_rows(
+            conn,
+            run_id,
+            ("step", "examples"),
+            seq_lo=int(edge[0]) * BLOCK_SIZE,
+            seq_hi=(int(edge[1]) + 1) * BLOCK_SIZE,
+        )
+        seen = [e for s, e in samples if s <= step and e is not None]
+        inside = max(seen, default=None)
     found = [finite_number(v) for v in (before, inside)]
     return max((v for v in found if v is not None), default=None)

@@ -25,6 +25,8 @@ from sqlalchemy import (
 from noisescope import protocol
 from noisescope_server.models import BLOCK_SIZE, Run, Sample, SampleBlock
 from noisescope_server.queries._common import archived_filter
+from noisescope_server.queries._decoded import bucket_rows
+from noisescope_server.queries._samples import compacted
 
 
 @dataclass(frozen=True)
@@ -125,14 +127,17 @@ def _reads_blocks(n_samples: int, min_blocks: float) -> bool:
 
 def _bucket_source(
     conn: Connection, run_ids: Sequence[int], series: Sequence[str], min_blocks: float
-) -> tuple[Any, list[int]]:
+) -> tuple[Any, list[int], list[int]]:
     """Sample rows for short runs and block rows for long ones (``_reads_blocks``), as one
-    subquery; and the runs read from their blocks."""
+    subquery; the runs read from their blocks; and the short runs whose samples are (partly)
+    compacted, which SQL cannot read (``_decoded.bucket_rows`` sums them)."""
     sizes = _sizes(conn, run_ids)
     small: list[int] = []
     big: list[int] = []
     for r in run_ids:
         (big if _reads_blocks(sizes.get(r, 0), min_blocks) else small).append(r)
+    packed = sorted(compacted(conn, small))
+    small = [r for r in small if r not in packed]
     parts: list[Any] = []
     if small:
         parts.append(_sample_rows().where(Sample.run_id.in_(small), Sample.series.in_(series)))
@@ -143,7 +148,7 @@ def _bucket_source(
     if not parts:
         parts.append(_sample_rows().where(false()))
     combined: Any = parts[0] if len(parts) == 1 else union_all(parts[0], parts[1])
-    return combined.subquery("rows"), big
+    return combined.subquery("rows"), big, packed
 
 
 def bucket_sums(
@@ -173,7 +178,7 @@ def bucket_sums(
         if project_scope is not None:
             known = known.where(Run.project_id == project_scope)
         uid_of = {int(i): str(uid) for i, uid in conn.execute(known)}
-        rows, read_from_blocks = _bucket_source(
+        rows, read_from_blocks, packed = _bucket_source(
             conn,
             list(uid_of),
             list(series),
@@ -222,8 +227,13 @@ def bucket_sums(
             .group_by(Run.uid, rows.c.series, bucket)
             .order_by(Run.uid, rows.c.series, bucket)
         )
+        found: list[Any] = list(conn.execute(q))
+        for run_id in packed:
+            found += bucket_rows(conn, run_id, uid_of[run_id], list(series), max_points)
+        if packed:
+            found.sort(key=lambda row: (str(row[0]), str(row[1]), int(row[2])))
         block_uids = {uid_of[i] for i in read_from_blocks}
-        return [_bucket_sums(row, block_uids) for row in conn.execute(q)]
+        return [_bucket_sums(row, block_uids) for row in found]
 
 
 def _opt(value: Any) -> float | None:

@@ -7,8 +7,9 @@ from typing import Any, TypedDict
 from sqlalchemy import Connection, bindparam, select
 
 from noisescope.estimators import CURRENT_RAW_LIMIT, current_noise_scale
-from noisescope_server.models import BLOCK_SIZE, Sample, SampleBlock
+from noisescope_server.models import BLOCK_SIZE, SampleBlock
 from noisescope_server.queries._common import LEVEL, fetch_tuples
+from noisescope_server.queries._samples import last_rows
 
 # The rule reads a window as raw samples up to CURRENT_RAW_LIMIT and as storage blocks beyond,
 # as ``estimators.NoiseSamples`` does in a training loop, so the same samples give the same
@@ -93,12 +94,6 @@ def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentFields
 
 # Built once with bound parameters: a run list reads every run's window, and building and
 # compiling the statement per run cost about a third of the reads' CPU (100 runs).
-_SAMPLES = (
-    select(Sample.g_sq_est, Sample.trace_sigma_est, Sample.step)
-    .where(Sample.run_id == bindparam("run_id"), Sample.series == "")
-    .order_by(Sample.seq.desc())
-    .limit(bindparam("count"))
-)
 _BLOCKS = (
     select(
         SampleBlock.n,
@@ -119,9 +114,7 @@ def _trailing_samples(conn: Connection, run_id: int, count: int) -> list[Any]:
 
     (Summing them into the interval's blocks in SQL, with a window function, measured slower
     on SQLite than reading the rows: a fetch of 1,000 rows is about a millisecond.)"""
-    rows = fetch_tuples(conn, _SAMPLES, {"run_id": run_id, "count": count})
-    rows.reverse()
-    return rows
+    return last_rows(conn, run_id, ("g_sq_est", "trace_sigma_est", "step"), count, series="")
 
 
 def _trailing_blocks(conn: Connection, run_id: int, target: int) -> list[Any]:

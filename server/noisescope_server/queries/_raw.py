@@ -12,8 +12,9 @@ from sqlalchemy import Engine, func, select
 
 from noisescope.protocol import EventRow
 from noisescope_server.jsonclip import clip_json
-from noisescope_server.models import SAMPLE_COLUMNS, Event, Sample
+from noisescope_server.models import SAMPLE_COLUMNS, Event
 from noisescope_server.queries._common import scoped_run
+from noisescope_server.queries._samples import sample_rows
 
 
 def run_events(
@@ -104,21 +105,19 @@ def _csv_chunks(engine: Engine, run_id: int, series: str | None, chunk_rows: int
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     yield buf.getvalue()
-    cols = [getattr(Sample, c) for c in CSV_COLUMNS]
-    after = -1
+    after = -(2**63)
     while True:
-        stmt = select(*cols).where(Sample.run_id == run_id, Sample.seq > after)
-        if series is not None:
-            stmt = stmt.where(Sample.series == series)
         with engine.connect() as conn:
-            rows = conn.execute(stmt.order_by(Sample.seq).limit(chunk_rows)).all()
+            rows = sample_rows(
+                conn, run_id, CSV_COLUMNS, series=series, seq_lo=after, limit=chunk_rows
+            )
         if not rows:
             return
         buf.seek(0)
         buf.truncate()
         writer.writerows(_csv_row(r) for r in rows)
         yield buf.getvalue()
-        after = int(rows[-1][0])
+        after = int(rows[-1][0]) + 1
 
 
 def _csv_row(row: Sequence[Any]) -> list[Any]:

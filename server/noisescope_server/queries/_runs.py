@@ -3,18 +3,19 @@ current B_simple beside them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, bindparam, case, func, or_, select
+from sqlalchemy import Connection, Engine, case, func, or_, select
 
 from noisescope import protocol, sweep
 from noisescope.estimators import training_loss_curve
 from noisescope.protocol import RunSummary
 from noisescope_server.jsonclip import clip_json
-from noisescope_server.models import Event, Project, Run, Sample, SampleBlock, Task
+from noisescope_server.models import Event, Project, Run, RunDigest, SampleBlock, Task
 from noisescope_server.queries._common import (
     LEVEL,
     MIN_EVALS,
@@ -26,7 +27,8 @@ from noisescope_server.queries._common import (
     run_status,
     scoped_run,
 )
-from noisescope_server.queries._current import no_current, read_current
+from noisescope_server.queries._current import CurrentFields, no_current, read_current
+from noisescope_server.queries._samples import last_rows
 from noisescope_server.utc import as_utc
 
 #: ``b_simple_reason`` of runs listed with ``current=False``.
@@ -47,6 +49,9 @@ class _RunFacts:
     diverged: dict[int, str]
     #: Runs with no whole-model sample but per-layer ones: their series and samples.
     layers_only: dict[int, tuple[int, int]]
+    #: Samples in all series, and the stored digests of compacted runs (``RunDigest``).
+    n_all: dict[int, int]
+    digests: dict[int, tuple[int, int, str, float | None]]
 
 
 def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
@@ -56,6 +61,8 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
     layers_only: dict[int, tuple[int, int]] = {}
     last: dict[int, tuple[int, float | None]] = {}
     events: dict[tuple[int, str], dict[str, Any]] = {}
+    n_all: dict[int, int] = {}
+    digests: dict[int, tuple[int, int, str, float | None]] = {}
     kinds = [protocol.EVAL_EVENT_KIND, protocol.BATCH_SIZE_EVENT_KIND, protocol.NOTICE_EVENT_KIND]
     for lo in range(0, len(run_ids), _ID_CHUNK):
         ids = list(run_ids[lo : lo + _ID_CHUNK])
@@ -75,10 +82,23 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
                 layers_only[int(run_id)] = (int(k), int(n or 0))
         # steps and examples only grow with seq: the largest over all series is the last
         ends = select(
-            SampleBlock.run_id, func.max(SampleBlock.step_max), func.max(SampleBlock.examples_max)
+            SampleBlock.run_id,
+            func.max(SampleBlock.step_max),
+            func.max(SampleBlock.examples_max),
+            func.sum(SampleBlock.n),
         ).where(SampleBlock.run_id.in_(ids))
-        for run_id, step, examples in fetch_tuples(conn, ends.group_by(SampleBlock.run_id)):
+        for run_id, step, examples, n in fetch_tuples(conn, ends.group_by(SampleBlock.run_id)):
             last[int(run_id)] = (int(step), None if examples is None else float(examples))
+            n_all[int(run_id)] = int(n or 0)
+        stored = select(
+            RunDigest.run_id,
+            RunDigest.n_samples,
+            RunDigest.n_all,
+            RunDigest.current,
+            RunDigest.last_loss,
+        ).where(RunDigest.run_id.in_(ids))
+        for run_id, n, n_any, fields, loss in fetch_tuples(conn, stored):
+            digests[int(run_id)] = (int(n), int(n_any), str(fields), loss)
         rank = (
             func.row_number()
             .over(
@@ -96,7 +116,8 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
         for run_id, kind, payload in conn.execute(latest):
             if isinstance(payload, dict):
                 events[(int(run_id), str(kind))] = dict(payload)
-    return _RunFacts(n_samples, last, events, _diverged(conn, run_ids), layers_only)
+    diverged = _diverged(conn, run_ids)
+    return _RunFacts(n_samples, last, events, diverged, layers_only, n_all, digests)
 
 
 def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
@@ -151,13 +172,62 @@ def _positive(value: Any) -> float | None:
     return number if number is not None and number > 0 else None
 
 
-#: The loss of a run's newest sample that has one, built once (read for every listed run).
-_LAST_LOSS = (
-    select(Sample.loss)
-    .where(Sample.run_id == bindparam("run_id"), Sample.loss.is_not(None))
-    .order_by(Sample.seq.desc())
-    .limit(1)
-)
+def current_b_simple(conn: Connection, run_ids: Sequence[int]) -> dict[int, tuple[int, Any]]:
+    """Each run's whole-model sample count and current B_simple (None: not measurable), as
+    the run list has them, with no more than the counts and digests read for all runs at
+    once: the windows of runs without a valid digest (live ones) are read one by one."""
+    out: dict[int, tuple[int, Any]] = {}
+    for lo in range(0, len(run_ids), _ID_CHUNK):
+        ids = list(run_ids[lo : lo + _ID_CHUNK])
+        counts = (
+            select(
+                SampleBlock.run_id,
+                func.sum(case((SampleBlock.series == "", SampleBlock.n), else_=0)),
+                func.sum(SampleBlock.n),
+            )
+            .where(SampleBlock.run_id.in_(ids))
+            .group_by(SampleBlock.run_id)
+        )
+        found = {int(r): (int(n or 0), int(a or 0)) for r, n, a in fetch_tuples(conn, counts)}
+        stored = select(RunDigest.run_id, RunDigest.n_samples, RunDigest.n_all, RunDigest.current)
+        digests = {
+            int(r): ((int(n), int(a)), str(fields))
+            for r, n, a, fields in fetch_tuples(conn, stored.where(RunDigest.run_id.in_(ids)))
+        }
+        for run_id in ids:
+            n, n_all = found.get(run_id, (0, 0))
+            digest = digests.get(run_id)
+            if n == 0:
+                out[run_id] = (0, None)
+                continue
+            kept = _stored_current(digest[1]) if digest and digest[0] == (n, n_all) else None
+            now = kept if kept is not None else read_current(conn, run_id, n)
+            out[run_id] = (n, now["b_simple"])
+    return out
+
+
+def _stored_current(text: str) -> CurrentFields | None:
+    """A digest's current window, or None where it was stored with other fields than
+    ``CurrentFields`` has now (by an older version): then the window is read again."""
+    fields = json.loads(text)
+    if not isinstance(fields, dict) or set(fields) != set(CurrentFields.__annotations__):
+        return None
+    return cast(CurrentFields, fields)
+
+
+def run_digest(conn: Connection, run_id: int) -> tuple[int, int, str, float | None]:
+    """What ``RunDigest`` stores for a run, read now: its whole-model and total sample counts,
+    its current window (``read_current``) as JSON text, and its last loss."""
+    facts = _run_facts(conn, [run_id])
+    n_samples = facts.n_samples.get(run_id, 0)
+    fields = read_current(conn, run_id, n_samples)
+    return n_samples, facts.n_all.get(run_id, 0), json.dumps(fields), _last_loss(conn, run_id)
+
+
+def _last_loss(conn: Connection, run_id: int) -> float | None:
+    """The loss of a run's newest sample that has one."""
+    found = last_rows(conn, run_id, ("loss",), 1, not_null="loss")
+    return float(found[0][0]) if found else None
 
 
 def _no_whole_model(uid: str, layers: tuple[int, int] | None) -> str:
@@ -180,7 +250,11 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     run_id = int(row.id)
     n_samples = facts.n_samples.get(run_id, 0)
     last = facts.last.get(run_id)
-    last_loss = conn.execute(_LAST_LOSS, {"run_id": run_id}).scalar()
+    digest = facts.digests.get(run_id)
+    stored = None
+    if digest is not None and digest[:2] == (n_samples, facts.n_all.get(run_id, 0)):
+        stored = _stored_current(digest[2])  # else a sample came after it was stored
+    last_loss = digest[3] if digest is not None and stored is not None else _last_loss(conn, run_id)
     evaluation = facts.events.get((run_id, protocol.EVAL_EVENT_KIND))
     change = facts.events.get((run_id, protocol.BATCH_SIZE_EVENT_KIND))
     notice = facts.events.get((run_id, protocol.NOTICE_EVENT_KIND))
@@ -188,7 +262,12 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     source = "event" if in_use is not None else None
     if in_use is None and _positive(row.batch_size) is not None:
         in_use, source = float(row.batch_size), "run"
-    now = read_current(conn, run_id, n_samples) if current else no_current(NOT_COMPUTED)
+    if not current:
+        now = no_current(NOT_COMPUTED)
+    elif stored is not None:
+        now = stored
+    else:
+        now = read_current(conn, run_id, n_samples)
     if n_samples == 0 and current:
         reason = _no_whole_model(str(row.uid), facts.layers_only.get(run_id))
         if notice and isinstance(notice.get("message"), str):

@@ -32,6 +32,8 @@ from noisescope.protocol import RunSeries, SeriesInfo, SeriesPoint
 from noisescope_server.errors import BadInput
 from noisescope_server.models import BLOCK_SIZE, Sample, SampleBlock
 from noisescope_server.queries._common import LEVEL, fetch_tuples, scoped_run
+from noisescope_server.queries._decoded import fine_columns
+from noisescope_server.queries._samples import compacted
 
 XAxis = Literal["step", "examples", "time"]
 X_AXES: tuple[XAxis, ...] = ("step", "examples", "time")
@@ -154,7 +156,12 @@ def run_series(
         # than the resolution gained (points then hold >= 64 samples each).
         use_blocks = n_samples >= BLOCK_SIZE * max_points // 2
         sub = bucket_blocks(n_samples, max_points) if intervals else 1
-        fine = _fine_columns(conn, run_id, series, x, max_points * sub, use_blocks, x_min, x_max)
+        if not use_blocks and compacted(conn, [run_id]):  # samples SQL cannot sum
+            fine = fine_columns(conn, run_id, series, x, max_points * sub, x_min, x_max)
+        else:
+            fine = _fine_columns(
+                conn, run_id, series, x, max_points * sub, use_blocks, x_min, x_max
+            )
     if window > 0:  # a window's interval comes from its buckets, not from theirs
         points = smooth_series(_merge_fine(fine, False, sub), window, intervals=intervals)
     else:

@@ -1,0 +1,204 @@
+"""THE read seam of a run's samples: its ``sample`` rows and its compacted chunks
+(``sample_chunk``, ``noisescope_server.chunks``) as one sequence in seq order.
+
+Every read of individual samples goes through here; the sums of ``sample_block`` are kept
+through compaction and read directly. A live run has no chunks, and its reads run the same
+single statement as before compaction existed; a compacted run's chunks are decoded here, and
+their per-sample estimates (``g_sq_est``, ``trace_sigma_est``, which chunks do not store) are
+derived with the same ``estimators`` expressions ingest stores for a row, so a sample reads the
+same whichever form it is in.
+
+Rows are read before chunks, and a seq met twice is read once: a compaction that commits
+between the two statements (moving rows into chunks) is then neither lost nor doubled.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, bindparam, select
+
+from noisescope_server.chunks import decode_chunk, estimate_columns
+from noisescope_server.models import Sample, SampleChunk
+from noisescope_server.queries._common import fetch_tuples
+
+#: The columns readers may ask for (``models.SAMPLE_COLUMNS``) that chunks do not store.
+DERIVED = ("g_sq_est", "trace_sigma_est")
+
+
+def compacted(conn: Connection, run_ids: Iterable[int]) -> set[int]:
+    """Which of these runs have samples in chunks (compacted runs)."""
+    ids = list(run_ids)
+    if not ids:
+        return set()
+    stmt = select(SampleChunk.run_id).where(SampleChunk.run_id.in_(ids)).distinct()
+    return {int(r) for (r,) in fetch_tuples(conn, stmt)}
+
+
+def sample_rows(
+    conn: Connection,
+    run_id: int,
+    columns: Sequence[str],
+    *,
+    series: str | None = None,
+    seq_lo: int | None = None,
+    seq_hi: int | None = None,
+    limit: int | None = None,
+) -> list[tuple[Any, ...]]:
+    """A run's samples with seq in ``[seq_lo, seq_hi)`` (of ``series`` only, unless None) as
+    tuples of ``columns``, in seq order; with ``limit``, the first ``limit`` of them."""
+    lo = _LOWEST if seq_lo is None else seq_lo
+    hi = _HIGHEST if seq_hi is None else seq_hi - 1  # inclusive from here on
+    params = {"run_id": run_id, "series": series, "lo": lo, "hi": hi}
+    rows_stmt, index_stmt = _range_statements(tuple(columns), series is not None)
+    rows = fetch_tuples(conn, rows_stmt, {**params, "limit": _HIGHEST if limit is None else limit})
+    chunks = fetch_tuples(conn, index_stmt, params)
+    if not chunks:
+        return [row[1:] for row in rows]
+    found: list[tuple[Any, ...]] = []
+    for name, seq_first in chunks:
+        # with a limit, stop once ``limit`` samples come before anything this chunk holds
+        if limit is not None and _nth_seq(rows, found, limit) < seq_first:
+            break
+        data = _chunk_data(conn, run_id, name, seq_first)
+        found += [r for r in _chunk_rows(name, data, columns) if lo <= r[0] <= hi]
+    merged = _merge(rows, found)
+    return merged if limit is None else merged[:limit]
+
+
+def _nth_seq(rows: list[Any], found: list[Any], n: int) -> float:
+    """The n-th smallest seq among rows and found samples (infinity when fewer)."""
+    seqs = sorted({r[0] for r in rows} | {r[0] for r in found})
+    return seqs[n - 1] if len(seqs) >= n else float("inf")
+
+
+def _chunk_data(conn: Connection, run_id: int, series: str, seq_first: int) -> bytes | None:
+    """One chunk's blob; None when a late sample reopened it since the index was read."""
+    data = conn.execute(
+        _CHUNK_DATA, {"run_id": run_id, "series": series, "seq_first": seq_first}
+    ).scalar()
+    return None if data is None else bytes(data)
+
+
+def last_rows(
+    conn: Connection,
+    run_id: int,
+    columns: Sequence[str],
+    count: int,
+    *,
+    series: str | None = None,
+    not_null: str | None = None,
+) -> list[tuple[Any, ...]]:
+    """A run's last ``count`` samples (of ``series`` only, unless None; with a value in
+    ``not_null``, if named) as tuples of ``columns``, oldest first."""
+    rows_stmt, index_stmt = _last_statements(tuple(columns), series is not None, not_null)
+    params = {"run_id": run_id, "series": series}
+    rows = fetch_tuples(conn, rows_stmt, {**params, "count": count})
+    chunks = fetch_tuples(conn, index_stmt, params)
+    if not chunks:
+        rows.reverse()
+        return [row[1:] for row in rows]
+    at = columns.index(not_null) + 1 if not_null is not None else None
+    found: list[tuple[Any, ...]] = []
+    for name, seq_first, seq_last in chunks:
+        # chunks of one series never overlap; of several they may: stop only once ``count``
+        # samples are newer than anything this chunk (and every later one) holds
+        if len(found) >= count and sorted(r[0] for r in found)[-count] > seq_last:
+            break
+        data = _chunk_data(conn, run_id, name, seq_first)
+        found += [r for r in _chunk_rows(name, data, columns) if at is None or r[at] is not None]
+    merged = _merge(rows, found)
+    return merged[-count:] if count > 0 else []
+
+
+# Statements built once per shape, with bound parameters: a run list reads every run's last
+# samples, and building a statement costs more than running it.
+_LOWEST, _HIGHEST = -(2**63), 2**63 - 1
+
+
+def _where(table: Any, with_series: bool) -> list[Any]:
+    where = [table.run_id == bindparam("run_id")]
+    if with_series:
+        where.append(table.series == bindparam("series"))
+    return where
+
+
+@functools.lru_cache(maxsize=64)
+def _range_statements(columns: tuple[str, ...], with_series: bool) -> tuple[Any, Any]:
+    """The rows of a seq range ``[lo, hi]`` (``sample_rows``), and the chunks overlapping it."""
+    rows = (
+        select(Sample.seq, *(getattr(Sample, c) for c in columns))
+        .where(
+            *_where(Sample, with_series),
+            Sample.seq >= bindparam("lo"),
+            Sample.seq <= bindparam("hi"),
+        )
+        .order_by(Sample.seq)
+        .limit(bindparam("limit"))
+    )
+    index = (
+        select(SampleChunk.series, SampleChunk.seq_first)
+        .where(
+            *_where(SampleChunk, with_series),
+            SampleChunk.seq_last >= bindparam("lo"),
+            SampleChunk.seq_first <= bindparam("hi"),
+        )
+        .order_by(SampleChunk.seq_first)
+    )
+    return rows, index
+
+
+@functools.lru_cache(maxsize=64)
+def _last_statements(
+    columns: tuple[str, ...], with_series: bool, not_null: str | None
+) -> tuple[Any, Any]:
+    """The last rows (``last_rows``), and the chunks newest first."""
+    where = _where(Sample, with_series)
+    if not_null is not None:
+        where.append(getattr(Sample, not_null).is_not(None))
+    rows = (
+        select(Sample.seq, *(getattr(Sample, c) for c in columns))
+        .where(*where)
+        .order_by(Sample.seq.desc())
+        .limit(bindparam("count"))
+    )
+    index = (
+        select(SampleChunk.series, SampleChunk.seq_first, SampleChunk.seq_last)
+        .where(*_where(SampleChunk, with_series))
+        .order_by(SampleChunk.seq_last.desc())
+    )
+    return rows, index
+
+
+_CHUNK_DATA = select(SampleChunk.data).where(
+    SampleChunk.run_id == bindparam("run_id"),
+    SampleChunk.series == bindparam("series"),
+    SampleChunk.seq_first == bindparam("seq_first"),
+)
+
+
+def _chunk_rows(series: str, data: bytes | None, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    """A chunk's samples as (seq, *columns) tuples, its estimates derived as ingest does."""
+    if data is None:
+        return []
+    cols: dict[str, Any] = decode_chunk(data)
+    n = len(cols["seq"])
+    if any(c in DERIVED for c in columns):
+        cols["g_sq_est"], cols["trace_sigma_est"] = estimate_columns(cols)
+    cols["series"] = [series] * n
+    return list(zip(cols["seq"], *(cols[c] for c in columns), strict=True))
+
+
+def _merge(rows: list[Any], decoded: list[Any]) -> list[tuple[Any, ...]]:
+    """Rows and decoded samples, both ``(seq, *columns)``, as ``columns`` in seq order, each
+    seq once."""
+    both = sorted([*rows, *decoded], key=lambda r: r[0])
+    out: list[tuple[Any, ...]] = []
+    last = None
+    for row in both:
+        if row[0] != last:
+            out.append(tuple(row[1:]))
+            last = row[0]
+    return out
