@@ -17,7 +17,6 @@ This module is the orchestration; the normalisation maths is in ``_normalise``, 
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -33,16 +32,12 @@ from . import _normalise, _rows, _torch_api
 from ._deepspeed import STEP_ORDER, EngineGrads
 from ._instrument import _identity as _not_instrumented
 from ._instrument import current as _instrumentation
+from ._layers import is_norm_layer
 from ._misuse import SINGLE_BATCH_SIZE, STALE_GRAPH, GradWatch, notice
 from ._normalise import MicroLoss
-from ._per_example import (
-    PerExampleMethod,
-    PerExampleNorms,
-    Unsupported,
-    is_norm_layer,
-    unsupported_reason,
-)
+from ._per_example import PerExampleMethod, PerExampleNorms, Unsupported
 from ._readout import N_COUNTS, N_FLAGS, Pending, Readout
+from ._source import SourceDecision
 from ._sums import Micro, ProbeSample, StepSums
 from ._wrappers import UnshardedHooks, detect, may_all_reduce
 
@@ -56,7 +51,7 @@ def _owns(module: nn.Module, param: nn.Parameter) -> bool:
     return any(p is param for p in module.parameters(recurse=False))
 
 
-class GradientNoiseProbe:
+class GradientNoiseProbe(SourceDecision):
     """Measures |G_small|^2 and |G_big|^2 each optimizer step and logs them to ``sink``.
 
     Usage (call ``step`` after the last backward, before unscaling, clipping and the
@@ -262,32 +257,6 @@ class GradientNoiseProbe:
 
     # --- set-up ---------------------------------------------------------------------------
 
-    def _auto_source(self, module: nn.Module) -> tuple[str, str]:
-        """The source "auto" starts with, and why."""
-        if self.world_size > 1:
-            return "micro", (
-                f"{self.world_size} ranks: each rank's micro-batch is a small batch, the "
-                "reduced gradient the big one, at no extra compute"
-            )
-        if reason := unsupported_reason(module):
-            return "micro", (
-                f"{reason}, so per-example norms cannot be used; micro-batches need at least "
-                "2 backward passes per step (gradient accumulation)"
-            )
-        return "per_example", (
-            "one process: per-example gradient norms give B_small = 1 from each backward "
-            "(switching to micro-batches if a step has several backwards)"
-        )
-
-    def _announce(self, step: int) -> None:
-        """Say once which source measures, and why: a line on stderr and the run's notice."""
-        if self._announced:
-            return
-        self._announced = True
-        line = f"measuring with source={self.source!r}: {self.source_reason}"
-        print(f"noisescope: {line}", file=sys.stderr, flush=True)
-        notice(self.sink, step, line)
-
     def _install(self) -> None:
         self.remove()
         self._detached = False
@@ -390,35 +359,6 @@ class GradientNoiseProbe:
                 f"an error ({self.error}); training went on without it. Check the probe's "
                 "arguments (source, micro_loss, layers) against the model, or report the error.",
             )
-
-    def _cannot_per_example(self, reason: str, retry: bool) -> None:
-        """This model's per-example norms cannot be computed exactly: never a wrong number.
-        ``retry``: the layer moved to torch.func, only this step is lost. Otherwise auto moves
-        to micro-batches (from the next step: this one is not logged); a forced per-example
-        source stops measuring, saying why."""
-        self._step_dropped = True
-        if retry:
-            self._warn_once(
-                self.step_count,
-                f"{reason}. This step is not logged; the layer's per-example gradients are "
-                "computed with torch.func from the next step (exact, costlier)",
-            )
-            return
-        if not self._auto:
-            self._fail(Unsupported(f"{reason}; use source='micro' with gradient accumulation"))
-            return
-        self._fallback = reason
-        self.source_reason = (
-            f"{reason}, so the probe measures with micro-batches instead: that needs at least "
-            "2 backward passes per step (gradient accumulation) or 2 ranks"
-        )
-        self._warn_once(self.step_count, self.source_reason)
-
-    def _warn_once(self, step: int, message: str) -> None:
-        if message not in self._warned:
-            self._warned.add(message)
-            warnings.warn(f"noisescope: {message}", stacklevel=4)
-            notice(self.sink, step, message)
 
     # --- the training-loop API ------------------------------------------------------------
 
@@ -526,6 +466,8 @@ class GradientNoiseProbe:
         step_items, self._step_items = self._step_items, 0.0
         self._n_micro = 0
         dropped, self._step_dropped = self._step_dropped, False
+        # auto decides before it logs: no row from a source it is leaving
+        dropped = dropped or self._leaves_per_example(len(micros))
         logged = None
         try:
             if armed and self.error is None and not dropped:
@@ -584,21 +526,6 @@ class GradientNoiseProbe:
             self._per_example.armed = self._armed
         elif self.source == "micro":
             self._rows.hook_next(self._armed)
-
-    def _maybe_switch(self, k: int) -> None:
-        """Auto source: several backwards per step means accumulation, where micro-batches are
-        free; and micro-batches are the fallback where per-example norms cannot be exact."""
-        if not (self._auto and self.source == "per_example"):
-            return
-        if k > 1 and self._fallback is None:
-            self.source_reason = (
-                f"{k} backward passes per step (gradient accumulation): each micro-batch is a "
-                "small batch, the accumulated gradient the big one, at no extra compute"
-            )
-            self._announced = False
-        if k > 1 or self._fallback is not None:
-            self.source = "micro"
-            self._install()
 
     # --- the step's sums --------------------------------------------------------------------
 
