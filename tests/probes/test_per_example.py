@@ -221,19 +221,19 @@ def test_rows_that_are_not_examples_are_reported_never_guessed() -> None:
     probe = GradientNoiseProbe(model, sink)
     assert probe.source == "per_example"
 
-    def step() -> None:
-        for _ in range(2):  # accumulation: the micro source measures
-            (model(torch.randn(6, 3, 4)).square().mean() / 2).backward()
+    def step(k: int) -> None:
+        for _ in range(k):  # k = 2, accumulation: the micro source measures
+            (model(torch.randn(6, 3, 4)).square().mean() / k).backward()
             probe.micro_step(batch_size=6)
         probe.step()
         model.zero_grad(set_to_none=True)
 
     with pytest.warns(UserWarning, match="cannot be computed exactly"):
-        step()
-    step()
+        step(1)  # one backward: per-example was the source, and it cannot be exact
+    step(2)
     assert probe.source == "micro" and probe.error is None
     assert "cannot be computed exactly" in probe.source_reason
-    assert [r["b_small"] for r in sink.series("")] == [6.0]  # the first step is not logged
+    assert [r["step"] for r in sink.series("")] == [1]  # the first step is not logged
 
 
 def test_forced_per_example_on_an_unsupported_layout_stops_with_the_reason() -> None:

@@ -27,6 +27,7 @@ class CaptureUses:
     _captures: list[Capture]
     _root_ids_ndim: int | None
     _batch_seen: int | None
+    _batch_hint: int | None
     max_examples: int | None
 
     @property
@@ -75,8 +76,17 @@ class CaptureUses:
                 return None  # gradient checkpointing recomputes a forward already counted
             self._recomputed.update(idx for _, idx in entry.params)
         first = first_tensor(args, kwargs)
-        batch = self._batch_size
         lead = int(out.shape[0]) if out.dim() else None
+        if entry.kind == "embedding_bag" and first is not None and first.dim() == 1 and lead:
+            # flat ids with offsets: one example per bag, the bags are the batch
+            self._batch_hint = lead
+            keep = self._keep(lead)
+            use = self._new_use(entry, {k: head(v, None, -1) for k, v in kwargs.items()})
+            use.args = tuple(head(a, None, -1) for a in args)
+            uses.append(use)
+            out.register_hook(self._wrap(lambda delta: self._backward(use, delta, keep), True))
+            return None
+        batch = self._batch_size
         batch_first = (
             first is not None
             and lead is not None
@@ -183,6 +193,7 @@ class CaptureUses:
         use = self._new_use(entry, {})
         use.batch_less = True
         self._uses.setdefault(id(entry), []).append(use)
+        self._recomputed.update(idx for _, idx in entry.params)  # its uses: the view's
         keep = self._keep(batch)
 
         def failed(why: str) -> None:

@@ -59,6 +59,11 @@ def supported_kind(module: nn.Module) -> str | None:
         if emb.max_norm is None and emb.scale_grad_by_freq is False:
             return "embedding"
         return None
+    if cls is nn.EmbeddingBag:
+        bag = module
+        assert isinstance(bag, nn.EmbeddingBag)
+        plain = bag.max_norm is None and not bag.scale_grad_by_freq
+        return "embedding_bag" if plain and bag.mode in ("sum", "mean") else None
     if cls is nn.LayerNorm:
         return "layernorm"
     if cls is nn.RMSNorm:
@@ -189,6 +194,53 @@ def _embedding(
     return {"weight": LowRank(b=ds, ids=ids)}
 
 
+def _embedding_bag(
+    entry: Entry, use: Use, args: tuple[Any, ...], delta: Tensor, _: Any
+) -> dict[str, Factor]:
+    """One example per bag: bag i's gradient has row v = the sum, over its ids equal to v, of
+    its output gradient times the id's weight (1, or 1 / the bag's size under "mean", times
+    ``per_sample_weights``). Bags are laid out as rows of a padded (B, longest bag) table, the
+    padding with zero gradients, for the Embedding identity (and its cross terms)."""
+    bag: nn.EmbeddingBag = entry.module  # type: ignore[assignment]
+    names = ("input", "offsets", "per_sample_weights")
+    given = dict(zip(names, args, strict=False))
+    given |= {k: v for k, v in use.kwargs.items() if k in names}
+    ids: Tensor = given["input"]
+    offsets, weights = given.get("offsets"), given.get("per_sample_weights")
+    batch, device = int(delta.shape[0]), ids.device
+    if ids.dim() == 2:
+        length = int(ids.shape[1])
+        example = torch.arange(ids.shape[0], device=device).repeat_interleave(length)
+        position = torch.arange(length, device=device).repeat(int(ids.shape[0]))
+        n_bags = int(ids.shape[0])
+    else:
+        assert isinstance(offsets, Tensor)
+        starts = offsets[:-1] if bag.include_last_offset else offsets
+        token = torch.arange(ids.numel(), device=device)
+        example = torch.searchsorted(starts, token, right=True) - 1
+        position = token - starts[example]
+        n_bags = int(starts.numel())
+    flat = ids.reshape(-1)
+    scale = torch.ones(flat.shape, device=device, dtype=delta.dtype)
+    if isinstance(weights, Tensor):
+        scale = scale * weights.reshape(-1).to(delta.dtype)
+    if bag.padding_idx is not None:
+        scale = scale * (flat != bag.padding_idx)
+    if bag.mode == "mean":
+        real = flat != bag.padding_idx if bag.padding_idx is not None else torch.ones_like(flat)
+        count = torch.zeros(n_bags, device=device)
+        count = count.index_add_(0, example, real.to(count.dtype))
+        scale = scale / count[example].clamp(min=1).to(scale.dtype)
+    measured = example < batch  # per_example_max: the first examples only
+    example, position, flat, scale = (t[measured] for t in (example, position, flat, scale))
+    width = int(position.max()) + 1 if position.numel() else 1
+    table = torch.zeros(batch, width, dtype=flat.dtype, device=device)
+    table[example, position] = flat
+    ds = wide(delta).new_zeros(batch, width, int(delta.shape[-1]))
+    ds[example, position] = wide(delta)[example] * scale.unsqueeze(1).to(ds.dtype)
+    return {"weight": LowRank(b=ds, ids=table)}
+
+
 def _norm(
     entry: Entry, use: Use, args: tuple[Any, ...], delta: Tensor, unit_output: Tensor | None
 ) -> dict[str, Factor]:
@@ -221,6 +273,7 @@ RULES: dict[str, Rule] = {
     "conv": _linear_like,
     "conv1d_hf": _linear_like,
     "embedding": _embedding,
+    "embedding_bag": _embedding_bag,
     "layernorm": _norm,
     "rmsnorm": _norm,
     "affine_norm": _norm,

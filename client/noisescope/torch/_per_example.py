@@ -76,7 +76,11 @@ def _in_parametrization(name: str) -> bool:
 
 def _has_parametrised_children(module: nn.Module) -> bool:
     """A container whose own parameters are used between its children's calls (a leaf with an
-    activation module, like Mixtral's experts, is recomputed whole by torch.func instead)."""
+    activation module, like Mixtral's experts, is recomputed whole by torch.func instead).
+    torch's own modules with children (``nn.MultiheadAttention``, whose ``out_proj`` is used
+    through ``F.multi_head_attention_forward``) are leaves: torch.func over the whole module."""
+    if type(module).__module__.startswith("torch.nn.modules"):
+        return False
     return any(
         any(True for _ in child.parameters())
         for name, child in module.named_children()
@@ -126,6 +130,8 @@ class PerExampleNorms(CaptureUses):
         self._active: dict[int, int] = {}  # id(module) -> its forwards under way
         self._functional: dict[tuple[int, str, int | None], Entry] = {}  # linear uses' entries
         self._moved: set[int] = set()  # parameters moved to an enclosing module's torch.func
+        #: uses outside their modules followed by torch.func over an enclosing module (docs)
+        self.followed: list[str] = []
         self.reset()
         self._handles.append(
             model.register_forward_pre_hook(wrap(self._see_input, False), with_kwargs=True)
@@ -226,7 +232,9 @@ class PerExampleNorms(CaptureUses):
         self._results: dict[int, Tensor] = {}
         self._uses: dict[int, list[Use]] = {}  # id(entry) -> this step's uses
         self._graded: set[int] = set()  # parameters that got a gradient this backward
-        self._recomputed: set[int] = set()  # used in a forward recomputed in the backward
+        #: used where the forward's op-follower does not see them: in a forward recomputed in
+        #: the backward, or through a container's swapped-in view (``_capture``)
+        self._recomputed: set[int] = set()
         if getattr(self, "_follow", None) is not None:
             self._follow.seen.clear()  # type: ignore[union-attr]
         self._serial = 0
@@ -260,12 +268,13 @@ class PerExampleNorms(CaptureUses):
     def _see_input(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The model's own input: the batch size, before any layer is called; the following
         of uses starts (``_functional``)."""
-        first = first_tensor(args, kwargs)
-        if first is None or in_backward():
+        if in_backward():
             return
-        self._batch_hint = int(first.shape[0])
-        is_ids = not first.is_floating_point() and not first.is_complex()
-        self._root_ids_ndim = first.dim() if is_ids else None
+        first = first_tensor(args, kwargs)
+        if first is not None:
+            self._batch_hint = int(first.shape[0])
+            is_ids = not first.is_floating_point() and not first.is_complex()
+            self._root_ids_ndim = first.dim() if is_ids else None
         quiet = not self.armed or self._recomputing or not torch.is_grad_enabled()
         if self._follow is not None and not quiet and not torch.compiler.is_compiling():
             self._follow.begin()
@@ -322,9 +331,9 @@ class PerExampleNorms(CaptureUses):
         return True
 
     def other(self, idx: int, op: str) -> None:
-        """A use of parameter ``idx`` outside its module that no identity follows: from the next
-        step, torch.func over the smallest module whose forward holds the use accounts for the
-        parameter (its other entries inside that module give it up); this step is lost."""
+        """A use of parameter ``idx`` outside its module that no identity follows: torch.func over
+        the smallest module whose forward holds the use (running now) accounts for the parameter
+        from this call on (its other entries inside that module give it up)."""
         name = self._names[idx]
         where = _enclosing(self.model, tensor_at(self.model, name))
         if where is None or idx in self._moved:
@@ -345,16 +354,13 @@ class PerExampleNorms(CaptureUses):
         if entry is None:
             entry = Entry(module, label, [(local, idx)], "func")
             self._hook(entry)
+            # its forward is under way: its hook, registered now, still sees this call
+            self._active[id(module)] = max(1, self._active[id(module)])
         else:
             entry.kind = "func"
             entry.add(local, idx)
             self._owners.setdefault(idx, []).append(entry)
-        self._cannot(
-            entry,
-            f"parameter {name} is used by {op} in its forward, outside its own module; torch.func "
-            f"over {label} accounts for it",
-            retry=True,
-        )
+        self.followed.append(f"{name} (used by {op}): torch.func over {label}")
 
     def _cannot(self, entry: Entry, why: str, retry: bool = False) -> None:
         self._retry = self._retry and retry

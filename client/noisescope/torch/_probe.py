@@ -240,6 +240,11 @@ class GradientNoiseProbe(SourceDecision):
         if source == "auto":
             self.source, self.source_reason = self._auto_source(module)
         self._announced = not self._auto  # a source the user chose needs no explaining
+        #: auto, until its first measured step ends: both sources' hooks, the step's backwards
+        #: say which one measures (one: per-example, several: micro-batches), before any row
+        self._undecided = self._auto and self.source == "per_example"
+        self._micro_rows: list[Micro] = []  # undecided: the micro-batch source's rows
+        self._undecided_failure: Unsupported | None = None
         self._fallback: str | None = None  # auto: per-example cannot be exact, why
         self._step_dropped = False  # this step's per-example norms could not be computed
         self._handles: list[RemovableHandle] = []
@@ -271,34 +276,51 @@ class GradientNoiseProbe(SourceDecision):
                 entries[-1:], self.params, self._wrap, sharded=self.layout.sharded
             )
             self._watch.armed = self._armed
-        if self.source == "micro":
-            rows, wrap, fail = self._rows, self._wrap, self._fail
-            if self.layout.sharded:  # the forward's unsharded parameters get the hooks
-                self._unsharded = UnshardedHooks(
-                    inner,
-                    self.params,
-                    lambda i, dtype: wrap(rows.make_hook(i, _rows.norm_into(dtype), fail), True),
-                    wrap,
-                )
-            else:
-                for i, p in enumerate(self.params):
-                    hook = wrap(rows.make_hook(i, rows.norm_of[i], fail), True)
-                    self._handles.append(p.register_hook(hook))
-            rows.hook_next(self._armed)
-            if rows.per_parameter or self.layout.sharded:
-                return  # sharded: .grad never holds one backward's local gradient
-            for module in dict.fromkeys(entries):
-                handle = module.register_forward_pre_hook(wrap(self._before_forward, False))
-                self._forward_handles.append(handle)
-        else:
+        if self.source == "micro" or self._undecided:
+            self._install_micro(entries)
+        if self.source == "per_example":
             if self.layout.compiled is not None:  # the hooks are inside the compiled forward
                 _torch_api.guard_module_hooks()
+            follow = self.layout.compiled is None and not self.layout.sharded
             self._per_example = PerExampleNorms(
                 inner, self._param_index, self._per_example_method, self._per_example_max,
-                self._wrap,
+                self._wrap, follow,
             )  # fmt: skip
             self._per_example.armed = self._armed
             self._per_example.on_error = self._fail
+
+    def _install_micro(self, entries: list[nn.Module]) -> None:
+        """The micro-batch source's hooks: each backward's gradient norms, per parameter."""
+        rows, wrap, fail = self._rows, self._wrap, self._fail
+        if self.layout.sharded:  # the forward's unsharded parameters get the hooks
+            self._unsharded = UnshardedHooks(
+                self.layout.inner,
+                self.params,
+                lambda i, dtype: wrap(rows.make_hook(i, _rows.norm_into(dtype), fail), True),
+                wrap,
+            )
+        else:
+            for i, p in enumerate(self.params):
+                hook = wrap(rows.make_hook(i, rows.norm_of[i], fail), True)
+                self._handles.append(p.register_hook(hook))
+        rows.hook_next(self._armed)
+        if rows.per_parameter or self.layout.sharded:
+            return  # sharded: .grad never holds one backward's local gradient
+        for module in dict.fromkeys(entries):
+            handle = module.register_forward_pre_hook(wrap(self._before_forward, False))
+            self._forward_handles.append(handle)
+
+    def _drop_micro(self) -> None:
+        """Auto decided on per-example norms: the micro-batch hooks of the first step go."""
+        for h in self._handles + self._forward_handles:
+            h.remove()
+        self._handles.clear()
+        self._forward_handles.clear()
+        if self._unsharded is not None:
+            self._unsharded.remove()
+            self._unsharded = None
+        self._rows.hook_next(False)
+        self._read_grad = False
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         """First forward of a measured step (off the CPU): can its backward go without hooks?
@@ -388,24 +410,32 @@ class GradientNoiseProbe(SourceDecision):
         read_grad, self._read_grad = self._read_grad, False
         armed = self._armed
         rows = self._rows
-        if self.source == "micro":  # kept short: runs once per backward
+        if self.source == "micro" or self._undecided:  # kept short: runs once per backward
             if not armed:
                 rows.hook_next(False)
-                return
-            row = None
-            if first or not self._first_only:  # a G_small: this backward's norms fill a row
-                row = rows.n_rows
-                rows.n_rows = row + 1
-                if read_grad:  # .grad holds exactly this backward's gradient (_before_forward)
-                    try:
-                        rows.read_grad_into(row)
-                    except Exception as exc:
-                        self._fail(exc)
-                        return
-            # the coming backward adds to .grad: its hooks fill the next row (off with "first")
-            rows.hook_next(not self._first_only)
-            self._micro.append(Micro(row, None, float(batch_size), grad_scale, None))
-            return
+                if not self._undecided:
+                    return
+            else:
+                row = None
+                if first or not self._first_only:  # a G_small: this backward's norms fill a row
+                    row = rows.n_rows
+                    rows.n_rows = row + 1
+                    if read_grad:  # .grad holds exactly this backward's gradient
+                        try:
+                            rows.read_grad_into(row)
+                        except Exception as exc:
+                            self._fail(exc)
+                            return
+                # the coming backward adds to .grad: its hooks fill the next row (off: "first")
+                rows.hook_next(not self._first_only)
+                micro = Micro(row, None, float(batch_size), grad_scale, None)
+                if not self._undecided:
+                    self._micro.append(micro)
+                    return
+                self._micro_rows.append(micro)
+                if not first:  # auto, first step: a second backward is accumulation
+                    self._decide("micro")
+                    return
         assert self._per_example is not None
         if not armed:
             self._per_example.reset()
@@ -415,7 +445,10 @@ class GradientNoiseProbe(SourceDecision):
                 self._slot, self._n_slots, item_counts
             )
         except Unsupported as exc:
-            self._cannot_per_example(str(exc), exc.retry)
+            if self._undecided:  # said only if the step turns out to have one backward
+                self._undecided_failure = exc
+            else:
+                self._cannot_per_example(str(exc), exc.retry)
             return
         except RuntimeError as exc:
             if self.layout.compiled is None or self._per_example.captured:
@@ -462,6 +495,11 @@ class GradientNoiseProbe(SourceDecision):
         armed = self.step_count % self.every == 0  # the schedule: the same on every rank
         step = self.step_count
         self.step_count += 1
+        if self._undecided and self._micro_rows:  # auto, first step, one backward
+            failure = self._undecided_failure
+            self._decide("per_example")
+            if failure is not None:
+                self._cannot_per_example(str(failure), failure.retry)
         micros, self._micro = self._micro, []
         step_items, self._step_items = self._step_items, 0.0
         self._n_micro = 0
@@ -524,7 +562,7 @@ class GradientNoiseProbe(SourceDecision):
             self._watch.armed = self._armed
         if self._per_example is not None:
             self._per_example.armed = self._armed
-        elif self.source == "micro":
+        if self.source == "micro" or self._undecided:
             self._rows.hook_next(self._armed)
 
     # --- the step's sums --------------------------------------------------------------------

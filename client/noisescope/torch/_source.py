@@ -16,6 +16,8 @@ from torch import nn
 
 from ._layers import unsupported_reason
 from ._misuse import notice
+from ._per_example import PerExampleNorms
+from ._sums import Micro
 from ._uses import Unsupported
 
 
@@ -32,8 +34,16 @@ class SourceDecision:
     _fallback: str | None
     _step_dropped: bool
     _warned: set[str]
+    _undecided: bool
+    _micro: list[Micro]
+    _micro_rows: list[Micro]
+    _undecided_failure: Unsupported | None
+    _per_example: PerExampleNorms | None
 
     def _install(self) -> None:
+        raise NotImplementedError
+
+    def _drop_micro(self) -> None:
         raise NotImplementedError
 
     def _fail(self, exc: BaseException) -> None:
@@ -93,6 +103,25 @@ class SourceDecision:
             self._warned.add(message)
             warnings.warn(f"noisescope: {message}", stacklevel=4)
             notice(self.sink, step, message)
+
+    def _decide(self, source: str) -> None:
+        """Auto's first measured step told which source measures: keep its rows, drop the
+        other source's hooks. Nothing was logged or announced before."""
+        self._undecided = False
+        rows, self._micro_rows = self._micro_rows, []
+        self._undecided_failure = None
+        if source == "per_example":
+            self._drop_micro()
+            return
+        self.source = "micro"
+        self.source_reason = (
+            "several backward passes per step (gradient accumulation): each micro-batch is a "
+            "small batch, the accumulated gradient the big one, at no extra compute"
+        )
+        self._micro = rows
+        if self._per_example is not None:
+            self._per_example.remove()
+            self._per_example = None
 
     def _leaves_per_example(self, k: int) -> bool:
         """Auto source: whether this step (``k`` backwards) moves the probe off per-example
