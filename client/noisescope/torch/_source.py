@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
 
 from torch import nn
+
+from noisescope._sink import Sink
 
 from ._layers import unsupported_reason
 from ._misuse import notice
@@ -25,7 +26,7 @@ class SourceDecision:
     """The source decision of ``GradientNoiseProbe`` (a mixin: the probe holds the state)."""
 
     world_size: int
-    sink: Any
+    sink: Sink
     source: str
     source_reason: str
     step_count: int
