@@ -11,6 +11,8 @@ each micro-batch's own gradient, and one backward has nothing exact to log.
   the source is per-example at one backward (micro-batches under BatchNorm, said once with the
   reason, nothing logged) and micro-batches at 4, every step logs, each row within 1e-4
   (bfloat16: 5e-3) of its exact value, and the window's B_simple within 4 sigma of the truth;
+- ``test_truth_matches_micro_batch_rows``: ``source="micro"`` (no per-example machinery: each
+  micro-batch's gradient from ``.grad``) logs K's rows, which checks the truth itself;
 - ``test_auto_decides_before_logging``: 4 micro-batches under ``source="auto"``: one
   announcement, of the source used (micro), and no row from another.
 
@@ -117,6 +119,18 @@ def test_noise_scale_matches_truth(name: str, k: int) -> None:
     print(f"{name} k={k}: B_simple {truth.b_simple:.3f}, window {got:+.3f} (bias {bias:+.3f}, "
           f"sigma {sigma:.3f})")  # fmt: skip
     assert abs(got) <= SIGMAS * sigma + abs(bias), (got, bias, sigma)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_truth_matches_micro_batch_rows(name: str) -> None:
+    case, truth = LAYOUT_BUILDERS[name](), truth_of(name)
+    batches = _batches(case.n, 2, seed=12)
+    direct = exact_rows(case, truth, batches, K)
+    probe = make_probe(case, K, source="micro")
+    rows = run_steps(case, probe, batches, K)
+    assert probe.error is None, probe.error
+    assert [r["step"] for r in rows] == [0, 1]
+    check_rows(rows, batches, K, truth, direct, row_rtol(name))
 
 
 def _auto_param(name: str) -> object:
