@@ -167,7 +167,8 @@ def wav2vec2() -> ZooCase:
     )  # fmt: skip
     model = Wav2Vec2ForSequenceClassification(config).train()
     gen = torch.Generator().manual_seed(28)
-    y = torch.randint(0, 3, (N,), generator=gen)
+    u = torch.rand(N, generator=gen)
+    y = (u > 0.6).long() + (u > 0.9).long()  # unequal classes: a mean gradient well above 0
     t = torch.arange(80, dtype=torch.float32)
     noise = 0.3 * torch.randn(N, 80, generator=gen)
     audio = torch.sin(t[None, :] * (0.2 + 0.4 * y[:, None])) + noise

@@ -2,7 +2,7 @@
 backward per step and at 4 micro-batches, against the exact noise scale.
 
 Each case is a tiny model at fixed weights (no optimizer step) with N = 32 examples; each step
-draws a batch of 16 with replacement. The truth is each example's gradient by its own backward
+draws a batch of 32 with replacement. The truth is each example's gradient by its own backward
 (harness/zoo/truth.py): their Gram matrix K gives the exact G, tr(Sigma), B_simple and, for each
 step's batch, the exact row. BatchNorm mixes a batch's examples: there the truth of a row is
 each micro-batch's own gradient, and one backward has nothing exact to log.
@@ -39,8 +39,8 @@ from tests.probes.zoo_loop import (
 )
 
 CASES = list(LAYOUT_BUILDERS)
-STEPS = 8
-BATCH = 16  # of N = 32, drawn with replacement
+STEPS = 16
+BATCH = 32  # of N = 32, drawn with replacement (B_simple's sigma: 0.01 to 0.3 of it)
 K = 4
 SIGMAS = 4.0
 

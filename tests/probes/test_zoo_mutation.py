@@ -73,5 +73,6 @@ def test_extra_use_is_followed_or_unmeasured(name: str, kind: Kind, k: int) -> N
     probe = make_probe(case, k, sink=sink)
     rows = run_steps(case, probe, batches, k)  # an exception from the probe fails here
     check_rows(rows, batches, k, truth, direct, row_rtol(name))
+    assert len(set(sink.notices)) == len(sink.notices), sink.notices  # each reason said once
     if len(rows) < STEPS:  # a step left unmeasured: the run's page says why
         assert [n for n in sink.notices if n not in sink.announcements()], "nothing said"
