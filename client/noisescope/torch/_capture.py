@@ -13,7 +13,16 @@ from torch.utils.hooks import RemovableHandle
 
 from ._broadcast import Capture
 from ._instrument import Wrap
-from ._uses import Entry, Use, first_tensor, from_parameters, head, in_backward, routed_rows
+from ._uses import (
+    Entry,
+    Use,
+    first_output,
+    first_tensor,
+    from_parameters,
+    head,
+    in_backward,
+    routed_rows,
+)
 
 
 class CaptureUses:
@@ -46,6 +55,13 @@ class CaptureUses:
     def _error(self, exc: BaseException) -> None:
         raise NotImplementedError
 
+    def other(self, idx: int, op: str) -> None:
+        raise NotImplementedError
+
+    @property
+    def following(self) -> bool:
+        raise NotImplementedError
+
     def _make_forward_hook(
         self, entry: Entry
     ) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]:
@@ -67,7 +83,7 @@ class CaptureUses:
     def _forward(
         self, entry: Entry, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> Any:
-        out = output[0] if isinstance(output, tuple) else output
+        out = first_output(output)
         if entry.kind == "bare" or not isinstance(out, Tensor) or not out.requires_grad:
             return None
         uses = self._uses.setdefault(id(entry), [])
@@ -135,7 +151,7 @@ class CaptureUses:
                 out,
                 batch,
                 self._wrap(lambda delta: self._backward(use, delta, keep), True),
-                lambda why: self._cannot(entry, why),
+                lambda why: self._batch_less_failed(entry, use, why),
                 entry.checking(),
             )
             return capture.wrap(out)
@@ -165,9 +181,11 @@ class CaptureUses:
                 return  # gradient checkpointing recomputes a forward already counted
             batch = self._batch_size
             for entry in entries:
+                if entry.kind != "bare" or not entry.params:
+                    continue  # given up to torch.func (``_enclosed``)
                 name, _ = entry.params[0]
                 param = module._parameters.get(name)
-                if entry.kind != "bare" or param is None or not param.requires_grad:
+                if param is None or not param.requires_grad:
                     continue
                 if batch is None:
                     self._cannot(entry, "the batch size was not known before its first use")
@@ -197,6 +215,8 @@ class CaptureUses:
         keep = self._keep(batch)
 
         def failed(why: str) -> None:
+            if self._enclosed(entry, use, why):
+                return
             entry.kind = "func"  # exact, costlier: from the next step on
             self._cannot(entry, why, retry=True)
 
@@ -209,6 +229,24 @@ class CaptureUses:
         )
         self._captures.append(capture)
         return capture.wrap(param)
+
+    def _enclosed(self, entry: Entry, use: Use, why: str) -> bool:
+        """A batch-less value of ``entry`` (its output, or a container's own parameter) that
+        cannot be followed to the batch, met in the forward: torch.func over the smallest
+        running module holding its parameters (where the batch comes in) accounts for them,
+        from this call on (``PerExampleNorms.other``). False where that cannot be done."""
+        if in_backward() or not self.following:
+            return False
+        uses = self._uses.get(id(entry), [])
+        if use in uses:
+            uses.remove(use)
+        for _, idx in list(entry.params):
+            self.other(idx, f"{entry.label}, whose batch-less value {why}")
+        return True
+
+    def _batch_less_failed(self, entry: Entry, use: Use, why: str) -> None:
+        if not self._enclosed(entry, use, why):
+            self._cannot(entry, why)
 
     def _keep(self, batch: int) -> int | None:
         """Only the first max_examples examples are measured: cost scales with their number."""

@@ -19,7 +19,7 @@ from torch.nn.utils import parametrize
 
 from ._factors import wide
 from ._layers import normalized
-from ._uses import Entry, Use, tensor_at
+from ._uses import Entry, Use, first_output, tensor_at
 
 Recompute = Callable[[], contextlib.AbstractContextManager[None]]
 
@@ -48,9 +48,15 @@ def func_grads(
     module = entry.module
     kwargs = use.kwargs
     own = {name: tensor_at(module, name).detach() for name, _ in entry.params}
-    tensor_pos = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.dim() > 0]
-    batched = tuple(args[i] for i in tensor_pos)
     n = int(delta.shape[0])
+    # inputs with the batch are per example; others (DeBERTa's relative-position table handed
+    # to each attention layer) are the same for every example
+    tensor_pos = [
+        i
+        for i, a in enumerate(args)
+        if isinstance(a, Tensor) and a.dim() > 0 and (use.batch_less or int(a.shape[0]) == n)
+    ]
+    batched = tuple(args[i] for i in tensor_pos)
     # keyword tensors with the batch (OPT's position ids) are per example too
     keys = [] if use.batch_less else [
         k for k, v in kwargs.items() if isinstance(v, Tensor) and v.dim() and v.shape[0] == n
@@ -71,7 +77,7 @@ def func_grads(
 
         def f(params: dict[str, Tensor]) -> Tensor:
             out = torch.func.functional_call(module, params, tuple(full), kw, strict=False)
-            first = out[0] if isinstance(out, tuple) else out
+            first = first_output(out)
             assert isinstance(first, Tensor)
             return first
 

@@ -28,6 +28,8 @@ from typing import Any, Protocol
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from ._broadcast import BROADCASTING as _BROADCASTING
+
 #: ops that pass a parameter on unchanged in value (casts, copies) or transposed (2-d)
 _CASTS = frozenset({"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone"})
 _TRANSPOSES = frozenset({"t", "T", "mT", "transpose", "swapaxes"})
@@ -44,6 +46,8 @@ class Host(Protocol):
     ) -> bool: ...
 
     def other(self, idx: int, op: str) -> None: ...
+
+    def broadcast(self, idx: int, value: Tensor, others: list[Tensor]) -> Tensor | None: ...
 
 
 class _Derived:
@@ -95,10 +99,14 @@ class FollowUses(TorchFunctionMode):
             self.__exit__(None, None, None)  # type: ignore[no-untyped-call]
             self.derived.clear()
 
-    def _find(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list[tuple[int, Any]]:
-        """(index, slot) of each parameter-derived argument no running module accounts for."""
+    def _find(
+        self, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[list[tuple[int, Any]], list[int]]:
+        """(index, slot) of each parameter-derived argument no running module accounts for;
+        the indices of every measured parameter among the arguments."""
         found: list[tuple[int, Any]] = []
-        index, derived, seen = self.index, self.derived, self.seen
+        present: list[int] = []
+        index, derived = self.index, self.derived
         for slot, a in (*enumerate(args), *kwargs.items()):
             if isinstance(a, Tensor):
                 idx = index.get(id(a))
@@ -107,17 +115,17 @@ class FollowUses(TorchFunctionMode):
                     if d is not None and d.tensor is a:
                         found.append((d.idx, slot))
                 else:
-                    seen.add(idx)
+                    present.append(idx)
                     if not self.host.accounted(idx):
                         found.append((idx, slot))
             elif isinstance(a, (list, tuple)):  # torch.cat([...]), an RNN's flat weights
                 for b in a:
                     if isinstance(b, Tensor) and id(b) in index:
                         idx = index[id(b)]
-                        seen.add(idx)
+                        present.append(idx)
                         if not self.host.accounted(idx):
                             found.append((idx, slot))
-        return found
+        return found, present
 
     def __torch_function__(
         self,
@@ -127,10 +135,21 @@ class FollowUses(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        found, present = self._find(args, kwargs)
+        elementwise = len(found) == 1 and isinstance(found[0][1], int)
+        if elementwise and _name(func) in _BROADCASTING and not self._transposed(args[found[0][1]]):
+            # an elementwise op broadcasting the parameter over the batch: its expanded copy's
+            # gradient holds each example's (as for a container's own parameters)
+            idx, slot = found[0]
+            others = [a for i, a in enumerate(args) if i != slot and isinstance(a, Tensor)]
+            expanded = self.host.broadcast(idx, args[slot], others)
+            if expanded is not None:
+                args = [*args[:slot], expanded, *args[slot + 1 :]]
+                found = []
         out = func(*args, **kwargs)
         if not _grad_carrying(out):
             return out  # shapes, dtypes, .grad, detached copies: nothing flows back
-        found = self._find(args, kwargs)
+        self.seen.update(present)
         if found:
             self._follow(_name(func), found, args, kwargs, out)
         return out

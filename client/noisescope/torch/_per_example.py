@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.utils.hooks import RemovableHandle
 
-from ._broadcast import Capture
+from ._broadcast import Capture, over_batch, per_example
 from ._capture import CaptureUses
 from ._factors import Factor, Flat, LowRank, gather_for, inner, sq_norm
 from ._fallback import func_grads, unit_output
@@ -292,6 +292,11 @@ class PerExampleNorms(CaptureUses):
 
     # --- uses outside their modules (``_functional``'s host) ----------------------------
 
+    @property
+    def following(self) -> bool:
+        """Whether uses outside modules are being followed (a measured forward under way)."""
+        return self._follow is not None and self._follow.depth > 0
+
     def accounted(self, idx: int) -> bool:
         """Whether a hooked module that accounts for parameter ``idx`` is running."""
         if self._recomputing:
@@ -330,6 +335,42 @@ class PerExampleNorms(CaptureUses):
         out.register_hook(self._wrap(lambda delta: self._backward(use, delta, keep), True))
         return True
 
+    def broadcast(self, idx: int, value: Tensor, others: list[Tensor]) -> Tensor | None:
+        """Parameter ``idx`` (or a cast of it) broadcast over the batch by an elementwise op
+        outside its module: the op gets an expanded copy, whose gradient hook gives each
+        example's gradient (summed over the copies of its positions)."""
+        batch = self._batch_size
+        if batch is None or not value.requires_grad:
+            return None
+        try:
+            shape = torch.broadcast_shapes(value.shape, *(o.shape for o in others))
+        except RuntimeError:
+            return None
+        if (
+            not over_batch(value.shape, shape, batch)
+            or value.shape != tensor_at(self.model, self._names[idx]).shape
+        ):
+            return None
+        key = (idx, "bare", None)
+        entry = self._functional.get(key)
+        if entry is None:
+            holder = nn.Module()
+            holder.weight = tensor_at(self.model, self._names[idx])
+            label = f"F.broadcast({self._names[idx]})"
+            entry = self._functional[key] = Entry(holder, label, [("weight", idx)], "bare")
+            self._owners.setdefault(idx, []).append(entry)
+        use = self._new_use(entry, {})
+        keep = self._keep(batch)
+        self._uses.setdefault(id(entry), []).append(use)
+        expanded = value.expand(shape)
+        mine = value.shape
+
+        def hook(grad: Tensor) -> None:
+            self._backward(use, per_example(grad, mine), keep)
+
+        expanded.register_hook(self._wrap(hook, True))
+        return expanded
+
     def other(self, idx: int, op: str) -> None:
         """A use of parameter ``idx`` outside its module that no identity follows: torch.func over
         the smallest module whose forward holds the use (running now) accounts for the parameter
@@ -352,10 +393,14 @@ class PerExampleNorms(CaptureUses):
                 self._owners[idx].remove(e)
         entry = next((e for e in self.entries if e.module is module and e.kind != "bare"), None)
         if entry is None:
+            # a module called with no forward hook skips them all: this call is lost
+            lost = not (module._forward_hooks or module._forward_pre_hooks)
             entry = Entry(module, label, [(local, idx)], "func")
             self._hook(entry)
             # its forward is under way: its hook, registered now, still sees this call
             self._active[id(module)] = max(1, self._active[id(module)])
+            if lost:
+                self._cannot(entry, f"{name} is used outside its module ({op})", retry=True)
         else:
             entry.kind = "func"
             entry.add(local, idx)

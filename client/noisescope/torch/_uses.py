@@ -5,7 +5,7 @@ out of the batch, each row's example known from the autograd graph)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -95,6 +95,16 @@ def first_tensor(args: Sequence[Any], kwargs: dict[str, Any]) -> Tensor | None:
         if isinstance(a, Tensor) and a.dim() > 0:
             return a
     return None
+
+
+def first_output(output: Any) -> Any:
+    """A module's main output: itself, the first of a tuple, or the first value of a mapping
+    (Hugging Face's ``ModelOutput``: ``last_hidden_state``)."""
+    if isinstance(output, (tuple, list)):
+        return output[0] if output else None
+    if isinstance(output, Mapping):
+        return next(iter(output.values()), None)
+    return output
 
 
 def from_parameters(t: Tensor, steps: int = 8) -> bool:
