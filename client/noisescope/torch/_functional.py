@@ -85,8 +85,10 @@ class FollowUses(TorchFunctionMode):
         self.derived: dict[int, _Derived] = {}  # id(tensor) -> what it was made from
         self.depth = 0  # nested forwards of the model
         self.seen: set[int] = set()  # parameters used in the forwards of this step
+        self.ran = False  # a forward of the model ran under the mode this step
 
     def begin(self) -> None:
+        self.ran = True
         if self.depth == 0:
             self.__enter__()  # type: ignore[no-untyped-call]
         self.depth += 1
@@ -98,6 +100,15 @@ class FollowUses(TorchFunctionMode):
         if self.depth == 0:
             self.__exit__(None, None, None)  # type: ignore[no-untyped-call]
             self.derived.clear()
+
+    def _touches(self, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+        index, derived = self.index, self.derived
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if id(a) in index or (derived and id(a) in derived):
+                return True
+            if type(a) in (list, tuple) and any(id(b) in index for b in a):
+                return True
+        return False
 
     def _find(
         self, args: Sequence[Any], kwargs: dict[str, Any]
@@ -135,6 +146,8 @@ class FollowUses(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if not self._touches(args, kwargs):
+            return func(*args, **kwargs)  # most ops: no measured parameter among the arguments
         found, present = self._find(args, kwargs)
         elementwise = len(found) == 1 and isinstance(found[0][1], int)
         if elementwise and _name(func) in _BROADCASTING and not self._transposed(args[found[0][1]]):

@@ -26,7 +26,6 @@ each module's first input and output.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -35,13 +34,13 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.utils.hooks import RemovableHandle
 
-from ._broadcast import Capture, over_batch, per_example
-from ._capture import CaptureUses
+from ._broadcast import Capture
 from ._factors import Factor, Flat, LowRank, gather_for, inner, sq_norm
 from ._fallback import func_grads, unit_output
 from ._functional import FollowUses
 from ._instrument import Wrap, _identity
 from ._layers import RULES, supported_kind, unsupported_reason
+from ._outside import OutsideUses, in_parametrization
 from ._uses import (
     Entry,
     Unsupported,
@@ -70,10 +69,6 @@ def _own_parameters(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
                 yield f"parametrizations.{tensor_name}.{name}", p
 
 
-def _in_parametrization(name: str) -> bool:
-    return ".parametrizations." in f".{name}."
-
-
 def _has_parametrised_children(module: nn.Module) -> bool:
     """A container whose own parameters are used between its children's calls (a leaf with an
     activation module, like Mixtral's experts, is recomputed whole by torch.func instead).
@@ -88,7 +83,7 @@ def _has_parametrised_children(module: nn.Module) -> bool:
     )
 
 
-class PerExampleNorms(CaptureUses):
+class PerExampleNorms(OutsideUses):
     """Hooks that compute, per backward, each parameter's per-example squared gradient norms.
     ``follow``: follow uses outside their modules (``_functional``) and check that every
     parameter with a gradient was accounted for (off for sharded and compiled models)."""
@@ -148,7 +143,7 @@ class PerExampleNorms(CaptureUses):
             for p in {id(p): p for p in model.parameters() if id(p) in param_index}.values():
                 self._handles.append(p.register_hook(self._graded_hook(param_index[id(p)])))
         for mod_name, module in model.named_modules():
-            if _in_parametrization(mod_name):
+            if in_parametrization(mod_name):
                 continue
             own = _own_parameters(module)
             direct = [(n, param_index[id(p)]) for n, p in own if id(p) in param_index]
@@ -237,6 +232,7 @@ class PerExampleNorms(CaptureUses):
         self._recomputed: set[int] = set()
         if getattr(self, "_follow", None) is not None:
             self._follow.seen.clear()  # type: ignore[union-attr]
+            self._follow.ran = False  # type: ignore[union-attr]
         self._serial = 0
         self._batch: int | None = None
         self._batch_seen: int | None = None
@@ -289,123 +285,6 @@ class PerExampleNorms(CaptureUses):
                 self._graded.add(idx)
 
         return hook
-
-    # --- uses outside their modules (``_functional``'s host) ----------------------------
-
-    @property
-    def following(self) -> bool:
-        """Whether uses outside modules are being followed (a measured forward under way)."""
-        return self._follow is not None and self._follow.depth > 0
-
-    def accounted(self, idx: int) -> bool:
-        """Whether a hooked module that accounts for parameter ``idx`` is running."""
-        if self._recomputing:
-            return True
-        active = self._active
-        return any(active.get(id(e.module), 0) for e in self._owners.get(idx, ()))
-
-    def linear(
-        self, idx: int, form: str, x: Tensor, out: Tensor, swap: bool, bias: int | None
-    ) -> bool:
-        """A linear use of parameter ``idx`` (and of a bias ``bias``) outside its module: its
-        per-example gradient by the Linear identity, like a Linear layer's use."""
-        batch = self._batch_size
-        if batch is None or x.dim() < (3 if swap else 2) or int(x.shape[0]) != batch:
-            return False
-        if out.dim() < 2 or int(out.shape[0]) != batch:
-            return False
-        key = (idx, form, bias)
-        entry = self._functional.get(key)
-        if entry is None:
-            holder = nn.Module()
-            holder.weight = tensor_at(self.model, self._names[idx])
-            params = [("weight", idx)]
-            if bias is not None:
-                holder.bias = tensor_at(self.model, self._names[bias])
-                params.append(("bias", bias))
-            label = f"F.{form}({self._names[idx]})"
-            entry = self._functional[key] = Entry(holder, label, params, form)
-            for _, i in params:
-                self._owners.setdefault(i, []).append(entry)
-        use = self._new_use(entry, {})
-        keep = self._keep(batch)
-        use.swap = swap
-        use.args = (head(x.transpose(-1, -2) if swap else x, keep, batch),)
-        self._uses.setdefault(id(entry), []).append(use)
-        out.register_hook(self._wrap(lambda delta: self._backward(use, delta, keep), True))
-        return True
-
-    def broadcast(self, idx: int, value: Tensor, others: list[Tensor]) -> Tensor | None:
-        """Parameter ``idx`` (or a cast of it) broadcast over the batch by an elementwise op
-        outside its module: the op gets an expanded copy, whose gradient hook gives each
-        example's gradient (summed over the copies of its positions)."""
-        batch = self._batch_size
-        if batch is None or not value.requires_grad:
-            return None
-        try:
-            shape = torch.broadcast_shapes(value.shape, *(o.shape for o in others))
-        except RuntimeError:
-            return None
-        if (
-            not over_batch(value.shape, shape, batch)
-            or value.shape != tensor_at(self.model, self._names[idx]).shape
-        ):
-            return None
-        key = (idx, "bare", None)
-        entry = self._functional.get(key)
-        if entry is None:
-            holder = nn.Module()
-            holder.weight = tensor_at(self.model, self._names[idx])
-            label = f"F.broadcast({self._names[idx]})"
-            entry = self._functional[key] = Entry(holder, label, [("weight", idx)], "bare")
-            self._owners.setdefault(idx, []).append(entry)
-        use = self._new_use(entry, {})
-        keep = self._keep(batch)
-        self._uses.setdefault(id(entry), []).append(use)
-        expanded = value.expand(shape)
-        mine = value.shape
-
-        def hook(grad: Tensor) -> None:
-            self._backward(use, per_example(grad, mine), keep)
-
-        expanded.register_hook(self._wrap(hook, True))
-        return expanded
-
-    def other(self, idx: int, op: str) -> None:
-        """A use of parameter ``idx`` outside its module that no identity follows: torch.func over
-        the smallest module whose forward holds the use (running now) accounts for the parameter
-        from this call on (its other entries inside that module give it up)."""
-        name = self._names[idx]
-        where = _enclosing(self.model, tensor_at(self.model, name))
-        if where is None or idx in self._moved:
-            self._unsupported = self._unsupported or (
-                f"parameter {name} is used by {op} outside its own module's forward, in a way "
-                "that cannot be followed"
-            )
-            self._retry = False
-            return
-        label, module, local = where
-        self._moved.add(idx)
-        for e in list(self._owners.get(idx, ())):
-            inside = any(m is e.module for m in module.modules())
-            if inside or e.label.startswith("F."):
-                e.drop(idx)
-                self._owners[idx].remove(e)
-        entry = next((e for e in self.entries if e.module is module and e.kind != "bare"), None)
-        if entry is None:
-            # a module called with no forward hook skips them all: this call is lost
-            lost = not (module._forward_hooks or module._forward_pre_hooks)
-            entry = Entry(module, label, [(local, idx)], "func")
-            self._hook(entry)
-            # its forward is under way: its hook, registered now, still sees this call
-            self._active[id(module)] = max(1, self._active[id(module)])
-            if lost:
-                self._cannot(entry, f"{name} is used outside its module ({op})", retry=True)
-        else:
-            entry.kind = "func"
-            entry.add(local, idx)
-            self._owners.setdefault(idx, []).append(entry)
-        self.followed.append(f"{name} (used by {op}): torch.func over {label}")
 
     def _cannot(self, entry: Entry, why: str, retry: bool = False) -> None:
         self._retry = self._retry and retry
@@ -533,8 +412,14 @@ class PerExampleNorms(CaptureUses):
         """Per-parameter per-example squared norms of the last backward, shape (n_params, B).
         A parameter with no recorded use adds zeros only if it got no gradient either."""
         if self._follow is not None and self._unsupported is None and self._batch is not None:
-            used = self._follow.seen | self._recomputed
-            missing = sorted(i for i in self._graded if i not in self._results or i not in used)
+            # uses seen by the op follower: only if the model's own forward ran under it (a
+            # wrapper may call a submodule directly, as Lightning does)
+            seen = self._follow.seen | self._recomputed if self._follow.ran else None
+            missing = sorted(
+                i
+                for i in self._graded
+                if i not in self._results or (seen is not None and i not in seen)
+            )
             if missing:
                 names = ", ".join(self._names.get(i, str(i)) for i in missing[:3])
                 self._unsupported = (
@@ -585,19 +470,3 @@ class PerExampleNorms(CaptureUses):
 def _name_of(entry: Entry, idx: int) -> str:
     """The name under which ``entry`` accounts for parameter ``idx``."""
     return next(name for name, i in entry.params if i == idx)
-
-
-def _enclosing(model: nn.Module, param: Tensor) -> tuple[str, nn.Module, str] | None:
-    """The smallest module of ``model`` whose forward (or a method it called) is running and
-    holds ``param``: (its label, the module, the parameter's name below it). Parametrizations'
-    own modules are skipped: the parametrized module holds their originals."""
-    names = {id(m): n for n, m in model.named_modules() if not _in_parametrization(n)}
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, nn.Module) and id(owner) in names:
-            for name, p in owner.named_parameters(remove_duplicate=False):
-                if p is param:
-                    return names[id(owner)] or "(model)", owner, name
-        frame = frame.f_back  # type: ignore[assignment]
-    return None

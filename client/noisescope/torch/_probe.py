@@ -310,18 +310,6 @@ class GradientNoiseProbe(SourceDecision):
             handle = module.register_forward_pre_hook(wrap(self._before_forward, False))
             self._forward_handles.append(handle)
 
-    def _drop_micro(self) -> None:
-        """Auto decided on per-example norms: the micro-batch hooks of the first step go."""
-        for h in self._handles + self._forward_handles:
-            h.remove()
-        self._handles.clear()
-        self._forward_handles.clear()
-        if self._unsharded is not None:
-            self._unsharded.remove()
-            self._unsharded = None
-        self._rows.hook_next(False)
-        self._read_grad = False
-
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         """First forward of a measured step (off the CPU): can its backward go without hooks?
 

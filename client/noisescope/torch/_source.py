@@ -12,14 +12,17 @@ import sys
 import warnings
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from noisescope._sink import Sink
 
 from ._layers import unsupported_reason
 from ._misuse import notice
 from ._per_example import PerExampleNorms
+from ._rows import NormRows
 from ._sums import Micro
 from ._uses import Unsupported
+from ._wrappers import UnshardedHooks
 
 
 class SourceDecision:
@@ -40,12 +43,26 @@ class SourceDecision:
     _micro_rows: list[Micro]
     _undecided_failure: Unsupported | None
     _per_example: PerExampleNorms | None
+    _handles: list[RemovableHandle]
+    _forward_handles: list[RemovableHandle]
+    _unsharded: UnshardedHooks | None
+    _rows: NormRows
+    _read_grad: bool
 
     def _install(self) -> None:
         raise NotImplementedError
 
     def _drop_micro(self) -> None:
-        raise NotImplementedError
+        """Auto decided on per-example norms: the micro-batch hooks of the first step go."""
+        for h in self._handles + self._forward_handles:
+            h.remove()
+        self._handles.clear()
+        self._forward_handles.clear()
+        if self._unsharded is not None:
+            self._unsharded.remove()
+            self._unsharded = None
+        self._rows.hook_next(False)
+        self._read_grad = False
 
     def _fail(self, exc: BaseException) -> None:
         raise NotImplementedError
