@@ -261,3 +261,30 @@ def test_a_parameter_used_outside_the_forward_leaves_every_step_unmeasured() -> 
         with pytest.raises(Unsupported, match="temp"):
             norms.take(torch.device("cpu"))
         model.zero_grad(set_to_none=True)
+
+
+class RelativeBias(nn.Module):
+    """T5's relative attention bias: an Embedding of (T, T) buckets made from ``arange``, added
+    to (B, heads, T, T) scores. With T equal to the batch size the buckets look batch-first by
+    their shape; they are not computed from the batch."""
+
+    def __init__(self, t: int, d: int = 4, heads: int = 2) -> None:
+        super().__init__()
+        self.rel = nn.Embedding(2 * t, heads)
+        self.proj = nn.Linear(d, d)
+        self.t, self.heads = t, heads
+
+    def forward(self, x: Tensor) -> Tensor:
+        pos = torch.arange(self.t)
+        buckets = pos[None, :] - pos[:, None] + self.t
+        bias = self.rel(buckets).permute(2, 0, 1).unsqueeze(0)  # (1, heads, T, T)
+        h = self.proj(x)  # (B, T, d)
+        scores = (h @ h.transpose(1, 2)).unsqueeze(1) + bias
+        out: Tensor = scores.softmax(-1).sum(1) @ h
+        return out
+
+
+def test_a_batch_less_input_whose_first_dimension_equals_the_batch() -> None:
+    torch.manual_seed(8)
+    model = RelativeBias(t=5).double()
+    _check(model, 5, _sq(model, torch.randn(5, 5, 4, dtype=torch.float64)))

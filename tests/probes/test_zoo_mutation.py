@@ -6,8 +6,7 @@ the step unmeasured (saying why): no logged row differs from the mutated model's
 more than 1e-4 relative (bfloat16: 5e-3), and no exception reaches the loop.
 
 The truth is the mutated model's own per-example gradients (its first 12 examples, one backward
-each); two steps of 8 examples drawn from them. Cases that fail on today's probe are marked
-xfail (strict) with what they show.
+each); two steps of 8 examples drawn from them.
 """
 
 from __future__ import annotations
@@ -28,25 +27,12 @@ BATCH = 8
 STEPS = 2
 K = 4
 
-# Before issue 54 the per-example source records no use outside a parameter's own module and
-# counts the extra use as zero: rows 0.1% to 97% off, silently. Where it declines per-example
-# altogether (or stops on an error), the case holds: nothing is logged.
-DECLINED_TODAY = {
-    "convnext", "weight_norm_conv", "wav2vec2", "deberta_v2", "embedding_bag", "batchnorm_resnet",
-}  # fmt: skip
-# with 4 micro-batches, step 0 (the one step measured per-example) is logged, as wrong; where
-# per-example moved a layer to torch.func at step 0, that step is not logged and the rest are
-# micro-batch rows, exact
-FIRST_STEP_DROPPED_TODAY = {"transformer_encoder", "mamba"}
-
 
 def _param(name: str, kind: Kind, k: int) -> object:
-    holds = name in DECLINED_TODAY or (k > 1 and name in FIRST_STEP_DROPPED_TODAY)
-    item = "1" if k == 1 else "1, 4 (the first step logged per-example)"
-    reason = f"issue 54 item {item}: the extra use counts as zero in |G_small|^2"
-    marks = [] if holds else [pytest.mark.xfail(strict=True, reason=reason)]
+    # every case holds since issue 54's probe round 2 (the extra use followed, or its step
+    # left unmeasured with the reason)
     setup = "one_backward" if k == 1 else "accumulation"
-    return pytest.param(name, kind, k, id=f"{name}-{kind}-{setup}", marks=marks)
+    return pytest.param(name, kind, k, id=f"{name}-{kind}-{setup}")
 
 
 def _mutant(name: str, kind: Kind) -> ZooCase:

@@ -108,6 +108,7 @@ class CaptureUses:
             and lead is not None
             and int(first.shape[0]) == lead
             and (batch is None or lead == batch)
+            and not self._batch_free(first)
             and not (
                 entry.kind == "embedding"
                 and self._root_ids_ndim is not None
@@ -140,6 +141,7 @@ class CaptureUses:
         # batch-less: one value for all examples (positions, buffers, a table of parameters),
         # broadcast later
         batch_less = lead == 1 or first is None or not first.is_floating_point()
+        batch_less = batch_less or (first is not None and self._batch_free(first))
         if not batch_less and first is not None:
             batch_less = from_parameters(first)
         if batch_less and batch is not None and not isinstance(output, tuple):
@@ -247,6 +249,11 @@ class CaptureUses:
     def _batch_less_failed(self, entry: Entry, use: Use, why: str) -> None:
         if not self._enclosed(entry, use, why):
             self._cannot(entry, why)
+
+    def _batch_free(self, t: Tensor) -> bool:
+        """``t`` computed without the batch's data in this forward (``_functional``)."""
+        follow = getattr(self, "_follow", None)
+        return follow is not None and bool(follow.batch_free(t))
 
     def _keep(self, batch: int) -> int | None:
         """Only the first max_examples examples are measured: cost scales with their number."""

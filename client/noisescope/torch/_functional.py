@@ -86,6 +86,7 @@ class FollowUses(TorchFunctionMode):
         self.depth = 0  # nested forwards of the model
         self.seen: set[int] = set()  # parameters used in the forwards of this step
         self.ran = False  # a forward of the model ran under the mode this step
+        self.batchy: set[int] = set()  # ids of the forward's tensors computed from the batch
 
     def begin(self) -> None:
         self.ran = True
@@ -100,6 +101,38 @@ class FollowUses(TorchFunctionMode):
         if self.depth == 0:
             self.__exit__(None, None, None)  # type: ignore[no-untyped-call]
             self.derived.clear()
+            self.batchy.clear()
+
+    def mark(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """The model's own inputs: the batch's data."""
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, Tensor):
+                self.batchy.add(id(a))
+            elif isinstance(a, (list, tuple)):
+                self.batchy.update(id(b) for b in a if isinstance(b, Tensor))
+
+    def batch_free(self, t: Tensor) -> bool:
+        """Whether ``t``, met during a followed forward, was computed without the batch's data
+        (positions from ``arange``, T5's relative position buckets): not batch-first, whatever
+        its first dimension."""
+        return self.depth > 0 and id(t) not in self.batchy
+
+    def _spread(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        """An op's outputs carry the batch's data if any of its inputs does. By ``id`` only (no
+        reference kept): a reused id can only make a batch-free tensor look batch-first, the
+        probe's rule without this record."""
+        batchy = self.batchy
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if id(a) in batchy:
+                break
+            if type(a) in (list, tuple) and any(id(b) in batchy for b in a):
+                break
+        else:
+            return
+        if isinstance(out, Tensor):
+            batchy.add(id(out))
+        elif isinstance(out, (list, tuple)):
+            batchy.update(id(o) for o in out if isinstance(o, Tensor))
 
     def _touches(self, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
         index, derived = self.index, self.derived
@@ -147,7 +180,9 @@ class FollowUses(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if not self._touches(args, kwargs):
-            return func(*args, **kwargs)  # most ops: no measured parameter among the arguments
+            out = func(*args, **kwargs)  # most ops: no measured parameter among the arguments
+            self._spread(args, kwargs, out)
+            return out
         found, present = self._find(args, kwargs)
         elementwise = len(found) == 1 and isinstance(found[0][1], int)
         if elementwise and _name(func) in _BROADCASTING and not self._transposed(args[found[0][1]]):
@@ -160,6 +195,7 @@ class FollowUses(TorchFunctionMode):
                 args = [*args[:slot], expanded, *args[slot + 1 :]]
                 found = []
         out = func(*args, **kwargs)
+        self._spread(args, kwargs, out)
         if not _grad_carrying(out):
             return out  # shapes, dtypes, .grad, detached copies: nothing flows back
         self.seen.update(present)

@@ -274,6 +274,7 @@ class PerExampleNorms(OutsideUses):
         quiet = not self.armed or self._recomputing or not torch.is_grad_enabled()
         if self._follow is not None and not quiet and not torch.compiler.is_compiling():
             self._follow.begin()
+            self._follow.mark(args, kwargs)
 
     def _end_forward(self, *_: Any) -> None:
         if self._follow is not None:
