@@ -345,19 +345,30 @@ class MatmulParameter(nn.Module):
 
 
 def test_a_parameter_not_followed_to_the_batch_moves_to_torch_func() -> None:
-    """Its first step is not logged (said once); from the next, torch.func measures it."""
+    """torch.func over the container measures it from the call where the probe meets the use
+    (issue 54: the container's forward hook still sees that call), so every step is logged,
+    nothing said; and its norms are exact (brute force)."""
     torch.manual_seed(6)
     model, sink = MatmulParameter(), ListSink()
     probe = GradientNoiseProbe(model, sink)
-    model(torch.randn(5, 3, 4)).square().mean().backward()
-    with pytest.warns(UserWarning, match="computed with torch.func from the next step"):
-        probe.step(batch_size=5)
-    for _ in range(2):
-        model.zero_grad(set_to_none=True)
-        model(torch.randn(5, 3, 4)).square().mean().backward()
-        probe.step(batch_size=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            model(torch.randn(5, 3, 4)).square().mean().backward()
+            probe.step(batch_size=5)
     assert probe.source == "per_example" and probe.error is None
-    assert [r["step"] for r in sink.series("")] == [1, 2]
+    assert [r["step"] for r in sink.series("")] == [0, 1, 2]
+    probe.remove()
+    x = torch.randn(5, 3, 4)
+
+    def loss_pe(out: Tensor) -> Tensor:
+        return out.square().mean(1)
+
+    expected = _brute_force(model, x, loss_pe, 5)
+    got = _hooked(model, x, loss_pe, "auto")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-6, atol=1e-12, msg=name)
 
 
 class Escaping(nn.Module):

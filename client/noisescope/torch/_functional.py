@@ -22,6 +22,7 @@ Python call per op of the forward.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -86,7 +87,9 @@ class FollowUses(TorchFunctionMode):
         self.depth = 0  # nested forwards of the model
         self.seen: set[int] = set()  # parameters used in the forwards of this step
         self.ran = False  # a forward of the model ran under the mode this step
-        self.batchy: set[int] = set()  # ids of the forward's tensors computed from the batch
+        #: the forward's tensors computed from the batch, by id (weakly held: a freed tensor's
+        #: id, reused by another, must not count)
+        self.batchy: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
     def begin(self) -> None:
         self.ran = True
@@ -106,33 +109,35 @@ class FollowUses(TorchFunctionMode):
     def mark(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         """The model's own inputs: the batch's data."""
         for a in (*args, *kwargs.values()):
-            if isinstance(a, Tensor):
-                self.batchy.add(id(a))
-            elif isinstance(a, (list, tuple)):
-                self.batchy.update(id(b) for b in a if isinstance(b, Tensor))
+            for t in a if isinstance(a, (list, tuple)) else (a,):
+                if isinstance(t, Tensor):
+                    self.batchy[id(t)] = t
 
     def batch_free(self, t: Tensor) -> bool:
         """Whether ``t``, met during a followed forward, was computed without the batch's data
         (positions from ``arange``, T5's relative position buckets): not batch-first, whatever
         its first dimension."""
-        return self.depth > 0 and id(t) not in self.batchy
+        if t.dim() and t.stride(0) == 0:
+            return False  # expanded over its first dimension (BERT's token type buffer): rows
+            # that are the same for every example are each example's own
+        return self.depth > 0 and self.batchy.get(id(t)) is not t
 
     def _spread(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
-        """An op's outputs carry the batch's data if any of its inputs does. By ``id`` only (no
-        reference kept): a reused id can only make a batch-free tensor look batch-first, the
-        probe's rule without this record."""
+        """An op's outputs carry the batch's data if any of its inputs does."""
         batchy = self.batchy
         for a in (*args, *kwargs.values()) if kwargs else args:
-            if id(a) in batchy:
+            if batchy.get(id(a)) is a:
                 break
-            if type(a) in (list, tuple) and any(id(b) in batchy for b in a):
+            if type(a) in (list, tuple) and any(batchy.get(id(b)) is b for b in a):
                 break
         else:
             return
         if isinstance(out, Tensor):
-            batchy.add(id(out))
+            batchy[id(out)] = out
         elif isinstance(out, (list, tuple)):
-            batchy.update(id(o) for o in out if isinstance(o, Tensor))
+            for o in out:
+                if isinstance(o, Tensor):
+                    batchy[id(o)] = o
 
     def _touches(self, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
         index, derived = self.index, self.derived
