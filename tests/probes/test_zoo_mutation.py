@@ -28,19 +28,11 @@ STEPS = 2
 K = 4
 
 
-# Since issue 54's probe round 2 every extra use is followed or its step left unmeasured; T5 at
-# one backward still logs rows 2.5e-4 off, from its relative_attention_bias: with a batch of 8
-# sequences of 8 tokens its (8, 8) relative position buckets look batch-first, and the probe's
-# record of batch-derived tensors marks them so in the mutated model (not yet pinned down)
-STILL_OFF = {"t5"}
-
-
 def _param(name: str, kind: Kind, k: int) -> object:
-    off = name in STILL_OFF and k == 1
-    reason = "T5's relative position buckets taken per example at batch = tokens: 2.5e-4 off"
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if off else []
+    # every case holds since issue 54's probe round 2 (the extra use followed, or its step
+    # left unmeasured with the reason)
     setup = "one_backward" if k == 1 else "accumulation"
-    return pytest.param(name, kind, k, id=f"{name}-{kind}-{setup}", marks=marks)
+    return pytest.param(name, kind, k, id=f"{name}-{kind}-{setup}")
 
 
 def _mutant(name: str, kind: Kind) -> ZooCase:

@@ -34,6 +34,8 @@ from ._broadcast import BROADCASTING as _BROADCASTING
 #: ops that pass a parameter on unchanged in value (casts, copies) or transposed (2-d)
 _CASTS = frozenset({"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone"})
 _TRANSPOSES = frozenset({"t", "T", "mT", "transpose", "swapaxes"})
+#: not any argument (``dict.get``'s default None would match a None argument)
+_NONE = object()
 _MATMULS = frozenset({"matmul", "__matmul__", "__rmatmul__", "mm", "bmm"})
 
 
@@ -120,15 +122,15 @@ class FollowUses(TorchFunctionMode):
         if t.dim() and t.stride(0) == 0:
             return False  # expanded over its first dimension (BERT's token type buffer): rows
             # that are the same for every example are each example's own
-        return self.depth > 0 and self.batchy.get(id(t)) is not t
+        return self.depth > 0 and self.batchy.get(id(t), _NONE) is not t
 
     def _spread(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
         """An op's outputs carry the batch's data if any of its inputs does."""
         batchy = self.batchy
         for a in (*args, *kwargs.values()) if kwargs else args:
-            if batchy.get(id(a)) is a:
+            if batchy.get(id(a), _NONE) is a:
                 break
-            if type(a) in (list, tuple) and any(batchy.get(id(b)) is b for b in a):
+            if type(a) in (list, tuple) and any(batchy.get(id(b), _NONE) is b for b in a):
                 break
         else:
             return
