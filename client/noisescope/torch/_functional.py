@@ -126,6 +126,8 @@ class FollowUses(TorchFunctionMode):
 
     def _spread(self, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
         """An op's outputs carry the batch's data if any of its inputs does."""
+        if not isinstance(out, (Tensor, list, tuple)):
+            return  # a shape, a dtype, a device: nothing to record
         batchy = self.batchy
         for a in (*args, *kwargs.values()) if kwargs else args:
             if batchy.get(id(a), _NONE) is a:
