@@ -44,12 +44,8 @@ BATCH = 32  # of N = 32, drawn with replacement (B_simple's sigma: 0.01 to 0.3 o
 K = 4
 SIGMAS = 4.0
 
-# How each case still fails on the probe (issue 54's other cases hold since its probe round 2).
-FAILS_TODAY: dict[tuple[str, int], str] = {
-    ("deberta_v2", 1): "issue 54 item 3: the relative-position table's LayerNorm output cannot "
-    "be followed to the batch; torch.func over the attention layer takes over from step 1, "
-    "step 0 not logged (the layer had no hook to see its first call)",
-}
+# How each case still fails on the probe (none since issue 54's probe round 2).
+FAILS_TODAY: dict[tuple[str, int], str] = {}
 # source="auto" with 4 micro-batches: the first step measured (and logged) per-example, then a
 # second announcement (none since issue 54's probe round 2)
 ANNOUNCES_TWICE_TODAY: set[str] = set()

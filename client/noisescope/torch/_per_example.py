@@ -142,6 +142,14 @@ class PerExampleNorms(OutsideUses):
             )
             for p in {id(p): p for p in model.parameters() if id(p) in param_index}.values():
                 self._handles.append(p.register_hook(self._graded_hook(param_index[id(p)])))
+        if follow:
+            # a module called with no forward hook skips its hooks altogether: one on each
+            # module holding parameters lets torch.func over it (``other``) see the call under
+            # way where a use outside a module is met
+            for mod_name, module in model.named_modules():
+                holds = any(True for _ in module.parameters())
+                if holds and not in_parametrization(mod_name):
+                    self._handles.append(module.register_forward_hook(_nothing))
         for mod_name, module in model.named_modules():
             if in_parametrization(mod_name):
                 continue
@@ -471,3 +479,7 @@ class PerExampleNorms(OutsideUses):
 def _name_of(entry: Entry, idx: int) -> str:
     """The name under which ``entry`` accounts for parameter ``idx``."""
     return next(name for name, i in entry.params if i == idx)
+
+
+def _nothing(*_: Any) -> None:
+    """A forward hook that does nothing (see ``PerExampleNorms.__init__``)."""
