@@ -9,8 +9,7 @@ each micro-batch's own gradient, and one backward has nothing exact to log.
 
 - ``test_noise_scale_matches_truth``: no exception reaches the loop, the probe keeps measuring,
   the source is per-example at one backward (micro-batches under BatchNorm, said once with the
-  reason, nothing logged) and micro-batches at 4, every step logs (at 4 micro-batches the
-  first may not: ``_logged_steps``), each row within 1e-4
+  reason, nothing logged) and micro-batches at 4, every step logs, each row within 1e-4
   (bfloat16: 5e-3) of its exact value, and the window's B_simple within 4 sigma of the truth;
 - ``test_truth_matches_micro_batch_rows``: ``source="micro"`` (no per-example machinery: each
   micro-batch's gradient from ``.grad``) logs K's rows, which checks the truth itself;
@@ -49,21 +48,27 @@ SIGMAS = 4.0
 FAILS_TODAY: dict[tuple[str, int], str] = {
     ("transformer_encoder", 1): "issue 54 item 1: MultiheadAttention's out_proj, used through "
     "F.multi_head_attention_forward, counts as zero: rows ~10% low; step 0 not logged",
+    ("transformer_encoder", K): "issue 54 item 4: step 0 not logged (per-example tried first)",
     ("tied_lm", 1): "issue 54 item 1: F.linear(h, tok_emb.weight) counts as zero: rows ~12% off",
     ("tied_lm", K): "issue 54 items 1, 4: the first step is logged per-example, ~12% off",
     ("convnext", 1): "issue 54 item 2: the channels-first LayerNorm raises in the norm identity "
     "check; the probe stops, nothing logged",
     ("convnext", K): "issue 54 item 2: the channels-first LayerNorm stops the probe at step 0",
     ("weight_norm_conv", 1): "issue 54 item 3: weight_norm declined at one backward",
+    ("weight_norm_conv", K): "issue 54 item 4: step 0 not logged (per-example tried first)",
     ("wav2vec2", 1): "issue 54 item 3: the weight-normed positional conv declined at one backward",
+    ("wav2vec2", K): "issue 54 item 4: step 0 not logged (per-example tried first)",
     ("deberta_v2", 1): "issue 54 item 3: LayerNorm over the batch-less relative-position table "
     "declined at one backward",
+    ("deberta_v2", K): "issue 54 item 4: step 0 not logged (per-example tried first)",
     ("mamba", 1): "issue 54 item 1: the mixer's functional uses of its weights: rows ~0.3% low; "
     "step 0 not logged",
+    ("mamba", K): "issue 54 item 4: step 0 not logged (per-example tried first)",
     ("embedding_bag", 1): "issue 54 item 3: EmbeddingBag with offsets declined at one backward",
+    ("embedding_bag", K): "issue 54 item 4: step 0 not logged (per-example tried first)",
 }
 # source="auto" with 4 micro-batches: the first step measured (and logged) per-example, then a
-# second announcement
+# second announcement; or, where per-example was tried and refused, step 0 lost
 ANNOUNCES_TWICE_TODAY = {"whisper", "gpt_neox", "float64", "bf16_autocast", "tied_lm"}
 
 
@@ -88,14 +93,6 @@ def _batches(n: int, steps: int, seed: int) -> list[torch.Tensor]:
     return [torch.randint(0, n, (BATCH,), generator=gen) for _ in range(steps)]
 
 
-def _logged_steps(steps: int, k: int) -> list[list[int]]:
-    """Every step logs; with several backwards the first may not (where "auto" learns that a
-    step has several backwards, it may leave that step unmeasured rather than log a row from
-    a source it then leaves)."""
-    every = list(range(steps))
-    return [every] if k == 1 else [every, every[1:]]
-
-
 @pytest.mark.parametrize(("name", "k"), [_case_param(n, k) for n in CASES for k in (1, K)])
 def test_noise_scale_matches_truth(name: str, k: int) -> None:
     case, truth = LAYOUT_BUILDERS[name](), truth_of(name)
@@ -113,7 +110,7 @@ def test_noise_scale_matches_truth(name: str, k: int) -> None:
     assert probe.source == ("per_example" if k == 1 else "micro"), probe.source_reason
     if k == 1:
         assert len(sink.announcements()) == 1, sink.notices
-    assert [r["step"] for r in rows] in _logged_steps(STEPS, k), sink.notices
+    assert [r["step"] for r in rows] == list(range(STEPS)), sink.notices  # every step logs
     check_rows(rows, batches, k, truth, direct, row_rtol(name))
     if truth is None:
         return  # BatchNorm: no per-example truth of B_simple
@@ -150,8 +147,7 @@ def _auto_param(name: str) -> object:
 @pytest.mark.parametrize("name", [_auto_param(n) for n in CASES])
 def test_auto_decides_before_logging(name: str) -> None:
     """Item 4: with 4 micro-batches per step, "auto" announces micro-batches once, before any
-    row, and every row is a micro-batch row (B_small = the micro-batch's size); the first
-    step may go unlogged (_logged_steps), the second logs."""
+    row, and every step's row is a micro-batch row (B_small = the micro-batch's size)."""
     case = LAYOUT_BUILDERS[name]()
     batches = _batches(case.n, 2, seed=14)
     sink = NoticeSink()
@@ -162,5 +158,4 @@ def test_auto_decides_before_logging(name: str) -> None:
     said = sink.announcements()
     assert len(said) == 1, said
     assert said[0].startswith("measuring with source='micro'"), said
-    logged = [(r["step"], r["b_small"]) for r in rows]
-    assert logged in ([(0, BATCH / K), (1, BATCH / K)], [(1, BATCH / K)]), said
+    assert [(r["step"], r["b_small"]) for r in rows] == [(0, BATCH / K), (1, BATCH / K)], said
