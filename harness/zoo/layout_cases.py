@@ -24,6 +24,7 @@ from .layouts import (
     BatchNormResNet,
     ConvNeXtNet,
     EncoderClassifier,
+    MatmulClassifier,
     NormMLP,
     TiedLM,
     WeightNormConvNet,
@@ -68,6 +69,12 @@ def tied_lm() -> ZooCase:
     torch.manual_seed(0)
     model = TiedLM(VOCAB, T).train()
     return _lm_case("tied_lm", model, torch.Generator().manual_seed(21), False, N)
+
+
+def custom_matmul() -> ZooCase:
+    torch.manual_seed(0)
+    model = MatmulClassifier(VOCAB, T).train()
+    return _classify("custom_matmul", model, torch.Generator().manual_seed(33))
 
 
 def _images(name: str, make: Callable[[], nn.Module], seed: int) -> ZooCase:
@@ -267,6 +274,7 @@ LAYOUT_BUILDERS: dict[str, Callable[[], ZooCase]] = {
     "gpt_neox": gpt_neox,
     "mamba": mamba,
     "embedding_bag": embedding_bag,
+    "custom_matmul": custom_matmul,
     "float64": float64,
     "batchnorm_resnet": batchnorm_resnet,
     "bf16_autocast": bf16_autocast,

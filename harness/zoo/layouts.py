@@ -9,6 +9,8 @@ zoo (``models``) does not hold. Tiny, dropout 0, deterministic; float32 unless a
   (``weight[:, None, None] * x + bias[:, None, None]``), and its layer scale ``gamma * x``;
 - ``WeightNormConvNet``: convolutions under ``torch.nn.utils.parametrizations.weight_norm``;
 - ``BagClassifier``: ``nn.EmbeddingBag`` fed flat ids with ``offsets`` (one example per bag);
+- ``MatmulClassifier``: a module computing with its own parameters by ``x @ self.w`` and
+  ``torch.einsum`` (no nn.Linear);
 - ``NormMLP``: Linear, LayerNorm, GELU, Linear (the float64 case);
 - ``BatchNormResNet``: a basic residual block with BatchNorm in training mode.
 """
@@ -136,6 +138,32 @@ class BagClassifier(nn.Module):
 
     def forward(self, ids: Tensor, offsets: Tensor) -> Tensor:
         out: Tensor = self.head(torch.tanh(self.bag(ids, offsets)))
+        return out
+
+
+class MatmulMixer(nn.Module):
+    """Token mixing by ``einsum`` with a (T, T) parameter, channel mixing by ``x @ self.w``."""
+
+    def __init__(self, t: int, d: int) -> None:
+        super().__init__()
+        self.mix = nn.Parameter(torch.eye(t) + 0.1 * torch.randn(t, t))
+        self.w = nn.Parameter(torch.randn(d, d) / d**0.5)
+        self.b = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.einsum("st,btd->bsd", self.mix, x)
+        return x + torch.tanh(h @ self.w + self.b)
+
+
+class MatmulClassifier(nn.Module):
+    def __init__(self, vocab: int, t: int, d: int = 16, n_classes: int = 3) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mixer = MatmulMixer(t, d)
+        self.head = nn.Linear(d, n_classes)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        out: Tensor = self.head(self.mixer(self.emb(idx)).mean(1))
         return out
 
 
