@@ -44,7 +44,7 @@ from experiments import sections
 from experiments.tasks import TinyGPT, stdlib_text
 from noisescope.estimators import student_t_quantile, two_batch_estimates
 from noisescope.torch import GradientNoiseProbe
-from noisescope.torch._per_example import is_norm_layer
+from noisescope.torch._layers import is_norm_layer
 
 __all__ = ["Point", "main", "render", "run_study"]
 

@@ -88,8 +88,8 @@ def _lm_example_losses(logits: Tensor, targets: Tensor) -> Tensor:
     return ce.view(targets.shape).mean(1)
 
 
-def _lm_case(name: str, model: nn.Module, gen: torch.Generator, hf: bool) -> ZooCase:
-    seq = _sequences(gen)
+def _lm_case(name: str, model: nn.Module, gen: torch.Generator, hf: bool, n: int = N) -> ZooCase:
+    seq = _sequences(gen, n)
 
     def losses(call: Callable[..., Any], batch: tuple[Tensor, ...]) -> Tensor:
         x, y = batch
@@ -97,7 +97,7 @@ def _lm_case(name: str, model: nn.Module, gen: torch.Generator, hf: bool) -> Zoo
         return _lm_example_losses(out.logits if hf else out, y)
 
     return ZooCase(
-        name, model, (seq[:, :-1], seq[:, 1:]), losses, torch.ones(N, dtype=torch.double)
+        name, model, (seq[:, :-1], seq[:, 1:]), losses, torch.ones(n, dtype=torch.double)
     )
 
 
@@ -262,13 +262,18 @@ def lstm() -> ZooCase:
 
 
 def groupnorm_conv() -> ZooCase:
-    """8x8 one-channel images: noise plus a bright quadrant, the label."""
     torch.manual_seed(0)
     model = _ready(GroupNormConvNet())
-    gen = torch.Generator().manual_seed(7)
-    y = torch.randint(0, 4, (N,), generator=gen)
-    x = torch.randn(N, 1, 8, 8, generator=gen, dtype=torch.double)
-    for i in range(N):
+    return image_case("groupnorm_conv", model, torch.Generator().manual_seed(7), torch.double)
+
+
+def image_case(
+    name: str, model: nn.Module, gen: torch.Generator, dtype: torch.dtype, n: int = N
+) -> ZooCase:
+    """Classify 8x8 one-channel images: noise plus a bright quadrant, the label."""
+    y = torch.randint(0, 4, (n,), generator=gen)
+    x = torch.randn(n, 1, 8, 8, generator=gen, dtype=dtype)
+    for i in range(n):
         r, c = divmod(int(y[i]), 2)
         x[i, 0, 4 * r : 4 * r + 4, 4 * c : 4 * c + 4] += 1.0
 
@@ -276,7 +281,7 @@ def groupnorm_conv() -> ZooCase:
         images, labels = batch
         return F.cross_entropy(call(images), labels, reduction="none")
 
-    return ZooCase("groupnorm_conv", model, (x, y), losses, torch.ones(N, dtype=torch.double))
+    return ZooCase(name, model, (x, y), losses, torch.ones(n, dtype=torch.double))
 
 
 def lora() -> ZooCase:

@@ -43,19 +43,21 @@ def trainable(model: nn.Module) -> list[nn.Parameter]:
 def brute_force_grads(case: ZooCase) -> Tensor:
     """(N, P) float64: row i the gradient of example i's summed loss, by its own backward."""
     params = trainable(case.model)
-    rows = []
-    for i in range(case.n):
-        loss = case.example_losses(torch.tensor([i])).sum()
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        rows.append(
-            torch.cat(
-                [
-                    (g if g is not None else torch.zeros_like(p)).detach().double().reshape(-1)
-                    for g, p in zip(grads, params, strict=True)
-                ]
-            )
-        )
-    return torch.stack(rows)
+    return torch.stack(
+        [flat_grad(case.example_losses(torch.tensor([i])).sum(), params) for i in range(case.n)]
+    )
+
+
+def flat_grad(loss: Tensor, params: list[nn.Parameter]) -> Tensor:
+    """The gradient of ``loss`` by its own backward, flattened over ``params`` (float64; zeros
+    where a parameter is unused)."""
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return torch.cat(
+        [
+            (g if g is not None else torch.zeros_like(p)).detach().double().reshape(-1)
+            for g, p in zip(grads, params, strict=True)
+        ]
+    )
 
 
 def func_grads(case: ZooCase) -> Tensor:

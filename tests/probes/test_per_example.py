@@ -221,19 +221,19 @@ def test_rows_that_are_not_examples_are_reported_never_guessed() -> None:
     probe = GradientNoiseProbe(model, sink)
     assert probe.source == "per_example"
 
-    def step() -> None:
-        for _ in range(2):  # accumulation: the micro source measures
-            (model(torch.randn(6, 3, 4)).square().mean() / 2).backward()
+    def step(k: int) -> None:
+        for _ in range(k):  # k = 2, accumulation: the micro source measures
+            (model(torch.randn(6, 3, 4)).square().mean() / k).backward()
             probe.micro_step(batch_size=6)
         probe.step()
         model.zero_grad(set_to_none=True)
 
     with pytest.warns(UserWarning, match="cannot be computed exactly"):
-        step()
-    step()
+        step(1)  # one backward: per-example was the source, and it cannot be exact
+    step(2)
     assert probe.source == "micro" and probe.error is None
     assert "cannot be computed exactly" in probe.source_reason
-    assert [r["b_small"] for r in sink.series("")] == [6.0]  # the first step is not logged
+    assert [r["step"] for r in sink.series("")] == [1]  # the first step is not logged
 
 
 def test_forced_per_example_on_an_unsupported_layout_stops_with_the_reason() -> None:
@@ -345,19 +345,30 @@ class MatmulParameter(nn.Module):
 
 
 def test_a_parameter_not_followed_to_the_batch_moves_to_torch_func() -> None:
-    """Its first step is not logged (said once); from the next, torch.func measures it."""
+    """torch.func over the container measures it from the call where the probe meets the use
+    (issue 54: the container's forward hook still sees that call), so every step is logged,
+    nothing said; and its norms are exact (brute force)."""
     torch.manual_seed(6)
     model, sink = MatmulParameter(), ListSink()
     probe = GradientNoiseProbe(model, sink)
-    model(torch.randn(5, 3, 4)).square().mean().backward()
-    with pytest.warns(UserWarning, match="computed with torch.func from the next step"):
-        probe.step(batch_size=5)
-    for _ in range(2):
-        model.zero_grad(set_to_none=True)
-        model(torch.randn(5, 3, 4)).square().mean().backward()
-        probe.step(batch_size=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            model(torch.randn(5, 3, 4)).square().mean().backward()
+            probe.step(batch_size=5)
     assert probe.source == "per_example" and probe.error is None
-    assert [r["step"] for r in sink.series("")] == [1, 2]
+    assert [r["step"] for r in sink.series("")] == [0, 1, 2]
+    probe.remove()
+    x = torch.randn(5, 3, 4)
+
+    def loss_pe(out: Tensor) -> Tensor:
+        return out.square().mean(1)
+
+    expected = _brute_force(model, x, loss_pe, 5)
+    got = _hooked(model, x, loss_pe, "auto")
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-6, atol=1e-12, msg=name)
 
 
 class Escaping(nn.Module):

@@ -251,13 +251,20 @@ def test_every_n_steps_and_examples_counted_on_all_steps() -> None:
     assert rows[0]["lr"] == 0.01
 
 
-def test_auto_switches_from_per_example_to_micro_batches() -> None:
+def test_auto_switches_from_per_example_to_micro_batches(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Auto decides before it logs: the first step's 2 backwards make it a micro-batch step (both
+    sources' hooks ran while the probe did not know yet), every row is a micro-batch row and
+    the one announcement names micro-batches."""
     model, sink = _mlp(), ListSink()
     probe = GradientNoiseProbe(model, sink)
     assert probe.source == "per_example"
     _train(model, probe, *_data(3, 2, 4))
     assert probe.source == "micro"
-    assert [r["b_small"] for r in sink.series("")] == [1.0, 4.0, 4.0]
+    assert [(r["step"], r["b_small"]) for r in sink.series("")] == [(0, 4.0), (1, 4.0), (2, 4.0)]
+    said = [line for line in capsys.readouterr().err.splitlines() if "measuring with" in line]
+    assert len(said) == 1 and "source='micro'" in said[0]
 
 
 def test_misuse_gets_clear_errors() -> None:

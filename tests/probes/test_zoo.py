@@ -27,7 +27,7 @@ import torch
 from harness.zoo import BUILDERS, Truth, ZooCase, brute_force_grads, func_grads, trainable
 from harness.zoo.truth import window_b_simple
 from noisescope.torch import GradientNoiseProbe, PerExampleNorms
-from tests.probes.lsq_torch import ListSink
+from tests.probes.zoo_loop import b_simple_spread, expected_row, make_probe, row_of, run_steps
 
 CASES = list(BUILDERS)
 STEPS = 16  # statistical tests: steps per window (sigma from simulated windows of this shape)
@@ -51,63 +51,16 @@ def truth_of(name: str) -> Truth:
 
 @functools.cache
 def spread(name: str, k: int) -> tuple[float, float]:
-    """(bias, sigma) of the window's B_simple relative to the truth, from 200 windows of the
-    test's shape drawn from K: the estimator's own finite-window bias (and, in tokens, its
-    per-example source's model of token counts) and its sampling spread."""
-    truth = truth_of(name)
-    sims = truth.simulate(STEPS, BATCH, k, reps=200, seed=1) / truth.b_simple - 1.0
-    assert not np.isnan(sims).any()
-    return float(sims.mean()), float(sims.std())
-
-
-def _backward(case: ZooCase, idx: torch.Tensor, k: int, probe: GradientNoiseProbe) -> None:
-    """One step's backwards: k micro-batches, each loss the mean over its items divided by k
-    (examples), or the sum over its real tokens divided by the step's (tokens, "sum/N")."""
-    micro = idx.chunk(k)
-    step_items = case.items(idx)
-    for m in micro:
-        if case.units == "tokens":
-            loss = case.batch_loss(m, divisor=step_items)
-        else:
-            loss = case.batch_loss(m) / k
-        loss.backward()
-        probe.micro_step(batch_size=case.items(m), item_counts=case.item_counts(m))
-
-
-def _probe(case: ZooCase, k: int, source: str | None = None) -> GradientNoiseProbe:
-    """The default probe; tokens: units="tokens", and with micro-batches the HF reduction."""
-    kwargs: dict[str, str] = {} if source is None else {"source": source}
-    if case.units == "tokens":
-        kwargs["units"] = "tokens"
-        if k > 1:
-            kwargs["micro_loss"] = "sum/N"
-    return GradientNoiseProbe(case.model, ListSink(), **kwargs)  # type: ignore[arg-type]
-
-
-def _expected(truth: Truth, idx: torch.Tensor, k: int, b_small: float) -> tuple[float, ...]:
-    """The row the probe must log for this step: per-example (the auto probe's source until a
-    step has several backwards) or micro-batch, told apart by B_small."""
-    every = idx.tolist()
-    per_example = truth.per_example_row(every)
-    if k == 1 or b_small == pytest.approx(per_example[0]):
-        return per_example
-    return truth.micro_row([m.tolist() for m in idx.chunk(k)])
-
-
-def _row(row: dict[str, float]) -> tuple[float, ...]:
-    return row["b_small"], row["b_big"], row["g_small_sq"], row["g_big_sq"]
+    """zoo_loop.b_simple_spread for the test's window shape."""
+    return b_simple_spread(truth_of(name), STEPS, BATCH, k)
 
 
 def _run(
     case: ZooCase, probe: GradientNoiseProbe, batches: list[torch.Tensor], k: int
 ) -> list[dict[str, float]]:
-    """The training loop, without optimizer steps: weights fixed, .grad set to None."""
-    for idx in batches:
-        _backward(case, idx, k, probe)
-        probe.step(loss=0.0)
-        case.model.zero_grad(set_to_none=True)
+    """The training loop (zoo_loop.run_steps): no error, every step logged."""
+    rows = run_steps(case, probe, batches, k)
     assert probe.error is None
-    rows: list[dict[str, float]] = probe.sink.series("")  # type: ignore[attr-defined]
     assert len(rows) == len(batches)
     return rows
 
@@ -136,13 +89,13 @@ def test_micro_batch_rows_are_exact(name: str) -> None:
     """source="micro", 4 micro-batches: each micro-batch's and the step's squared norms as K
     says. (Independent of per-example machinery: this checks the truth's K itself.)"""
     case, truth = BUILDERS[name](), truth_of(name)
-    probe = _probe(case, K, source="micro")
+    probe = make_probe(case, K, source="micro")
     gen = torch.Generator().manual_seed(12)
     batches = [torch.randint(0, case.n, (16,), generator=gen) for _ in range(2)]
     rows = _run(case, probe, batches, K)
     for row, idx in zip(rows, batches, strict=True):
         want = truth.micro_row([m.tolist() for m in idx.chunk(K)])
-        np.testing.assert_allclose(_row(row), want, rtol=RTOL_MICRO)
+        np.testing.assert_allclose(row_of(row), want, rtol=RTOL_MICRO)
 
 
 # --- statistics ----------------------------------------------------------------------------------
@@ -156,14 +109,14 @@ def test_noise_scale_matches_truth(name: str, k: int) -> None:
     backward: B_small = 1 or the example's tokens, to float32 precision), and the window's B_simple
     within 4 sigma of the exact one (plus the estimator's own bias at this window, from K)."""
     case, truth = BUILDERS[name](), truth_of(name)
-    probe = _probe(case, k)
+    probe = make_probe(case, k)
     gen = torch.Generator().manual_seed(13)
     batches = [torch.randint(0, case.n, (BATCH,), generator=gen) for _ in range(STEPS)]
     rows = _run(case, probe, batches, k)
     assert probe.source == ("per_example" if k == 1 else "micro"), probe.source_reason
     for row, idx in zip(rows, batches, strict=True):
-        want = _expected(truth, idx, k, row["b_small"])
-        np.testing.assert_allclose(_row(row), want, rtol=RTOL_PER_EXAMPLE)
+        want = expected_row(truth, idx, k, row["b_small"])
+        np.testing.assert_allclose(row_of(row), want, rtol=RTOL_PER_EXAMPLE)
     bias, sigma = spread(name, k)
     got = window_b_simple(rows) / truth.b_simple - 1.0
     print(f"{name} k={k}: B_simple {truth.b_simple:.3f}, window {got:+.3f} (bias {bias:+.3f}, "

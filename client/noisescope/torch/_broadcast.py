@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 #: elementwise ops whose gradient for a broadcast operand is the per-position one
-_BROADCASTING = frozenset(
+BROADCASTING = frozenset(
     {
         *("add", "add_", "__add__", "__radd__", "__iadd__"),
         *("sub", "sub_", "__sub__", "__rsub__", "__isub__"),
@@ -32,7 +32,7 @@ _BROADCASTING = frozenset(
 )
 #: deterministic ops a batch-less value may go through before it meets the batch (the other
 #: operands batch-less too): undone at the backward by their vjp
-_CHAIN = _BROADCASTING | frozenset(
+_CHAIN = BROADCASTING | frozenset(
     {
         *("to", "contiguous", "clone", "float", "double", "half", "bfloat16", "type_as"),
         *("permute", "transpose", "unsqueeze", "squeeze", "view", "reshape", "flatten"),
@@ -160,7 +160,7 @@ class Capture:
         """The batch-first shape this op broadcasts the value to, if it does so only over the
         batch: the shape to expand it to before the op."""
         shape: torch.Size
-        if name in _BROADCASTING:
+        if name in BROADCASTING:
             try:
                 shape = torch.Size(torch.broadcast_shapes(mine, *(o.shape for o in others)))
             except RuntimeError:
@@ -176,17 +176,7 @@ class Capture:
         return shape if self._over_batch(mine, shape) else None
 
     def _over_batch(self, mine: torch.Size, shape: torch.Size) -> bool:
-        """Whether broadcasting ``mine`` to ``shape`` copies it once per example (and maybe
-        over other dimensions too, as a layer-scale vector over positions): dimension 0 of
-        ``shape`` is the batch, and ``mine`` has no dimension there or a 1."""
-        if not shape or shape[0] != self.batch or len(mine) > len(shape):
-            return False
-        if len(mine) == len(shape) and mine[0] != 1:
-            return False
-        try:
-            return tuple(torch.broadcast_shapes(mine, shape)) == tuple(shape)
-        except RuntimeError:
-            return False
+        return over_batch(mine, shape, self.batch)
 
     def _collect(self, grad: Tensor, chain: tuple[_Step, ...], shape: torch.Size) -> None:
         """One broadcast's per-example gradients, taken back to the module's output."""
@@ -198,7 +188,7 @@ class Capture:
             self._fail(f"taking its gradient back failed ({type(exc).__name__}: {exc})")
 
     def _take_back(self, grad: Tensor, chain: tuple[_Step, ...], shape: torch.Size) -> None:
-        per_position = _per_example(grad, shape)
+        per_position = per_example(grad, shape)
         if chain:
 
             def through(t: Tensor) -> Tensor:
@@ -236,7 +226,21 @@ class Capture:
         self._on_grad(collected)
 
 
-def _per_example(grad: Tensor, mine: torch.Size) -> Tensor:
+def over_batch(mine: torch.Size, shape: torch.Size, batch: int) -> bool:
+    """Whether broadcasting ``mine`` to ``shape`` copies it once per example (and maybe over
+    other dimensions too, as a layer-scale vector over positions): dimension 0 of ``shape`` is
+    the batch, and ``mine`` has no dimension there or a 1."""
+    if not shape or shape[0] != batch or len(mine) > len(shape):
+        return False
+    if len(mine) == len(shape) and mine[0] != 1:
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(mine, shape)) == tuple(shape)
+    except RuntimeError:
+        return False
+
+
+def per_example(grad: Tensor, mine: torch.Size) -> Tensor:
     """(B, *mine): each example's gradient of a value of shape ``mine`` broadcast to
     ``grad.shape`` (batch first): summed over the other dimensions it was copied along."""
     n, k = grad.dim(), grad.dim() - len(mine)

@@ -17,7 +17,6 @@ This module is the orchestration; the normalisation maths is in ``_normalise``, 
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -33,16 +32,12 @@ from . import _normalise, _rows, _torch_api
 from ._deepspeed import STEP_ORDER, EngineGrads
 from ._instrument import _identity as _not_instrumented
 from ._instrument import current as _instrumentation
+from ._layers import is_norm_layer
 from ._misuse import SINGLE_BATCH_SIZE, STALE_GRAPH, GradWatch, notice
 from ._normalise import MicroLoss
-from ._per_example import (
-    PerExampleMethod,
-    PerExampleNorms,
-    Unsupported,
-    is_norm_layer,
-    unsupported_reason,
-)
+from ._per_example import PerExampleMethod, PerExampleNorms, Unsupported
 from ._readout import N_COUNTS, N_FLAGS, Pending, Readout
+from ._source import SourceDecision
 from ._sums import Micro, ProbeSample, StepSums
 from ._wrappers import UnshardedHooks, detect, may_all_reduce
 
@@ -56,7 +51,7 @@ def _owns(module: nn.Module, param: nn.Parameter) -> bool:
     return any(p is param for p in module.parameters(recurse=False))
 
 
-class GradientNoiseProbe:
+class GradientNoiseProbe(SourceDecision):
     """Measures |G_small|^2 and |G_big|^2 each optimizer step and logs them to ``sink``.
 
     Usage (call ``step`` after the last backward, before unscaling, clipping and the
@@ -245,6 +240,11 @@ class GradientNoiseProbe:
         if source == "auto":
             self.source, self.source_reason = self._auto_source(module)
         self._announced = not self._auto  # a source the user chose needs no explaining
+        #: auto, until its first measured step ends: both sources' hooks, the step's backwards
+        #: say which one measures (one: per-example, several: micro-batches), before any row
+        self._undecided = self._auto and self.source == "per_example"
+        self._micro_rows: list[Micro] = []  # undecided: the micro-batch source's rows
+        self._undecided_failure: Unsupported | None = None
         self._fallback: str | None = None  # auto: per-example cannot be exact, why
         self._step_dropped = False  # this step's per-example norms could not be computed
         self._handles: list[RemovableHandle] = []
@@ -262,32 +262,6 @@ class GradientNoiseProbe:
 
     # --- set-up ---------------------------------------------------------------------------
 
-    def _auto_source(self, module: nn.Module) -> tuple[str, str]:
-        """The source "auto" starts with, and why."""
-        if self.world_size > 1:
-            return "micro", (
-                f"{self.world_size} ranks: each rank's micro-batch is a small batch, the "
-                "reduced gradient the big one, at no extra compute"
-            )
-        if reason := unsupported_reason(module):
-            return "micro", (
-                f"{reason}, so per-example norms cannot be used; micro-batches need at least "
-                "2 backward passes per step (gradient accumulation)"
-            )
-        return "per_example", (
-            "one process: per-example gradient norms give B_small = 1 from each backward "
-            "(switching to micro-batches if a step has several backwards)"
-        )
-
-    def _announce(self, step: int) -> None:
-        """Say once which source measures, and why: a line on stderr and the run's notice."""
-        if self._announced:
-            return
-        self._announced = True
-        line = f"measuring with source={self.source!r}: {self.source_reason}"
-        print(f"noisescope: {line}", file=sys.stderr, flush=True)
-        notice(self.sink, step, line)
-
     def _install(self) -> None:
         self.remove()
         self._detached = False
@@ -302,34 +276,39 @@ class GradientNoiseProbe:
                 entries[-1:], self.params, self._wrap, sharded=self.layout.sharded
             )
             self._watch.armed = self._armed
-        if self.source == "micro":
-            rows, wrap, fail = self._rows, self._wrap, self._fail
-            if self.layout.sharded:  # the forward's unsharded parameters get the hooks
-                self._unsharded = UnshardedHooks(
-                    inner,
-                    self.params,
-                    lambda i, dtype: wrap(rows.make_hook(i, _rows.norm_into(dtype), fail), True),
-                    wrap,
-                )
-            else:
-                for i, p in enumerate(self.params):
-                    hook = wrap(rows.make_hook(i, rows.norm_of[i], fail), True)
-                    self._handles.append(p.register_hook(hook))
-            rows.hook_next(self._armed)
-            if rows.per_parameter or self.layout.sharded:
-                return  # sharded: .grad never holds one backward's local gradient
-            for module in dict.fromkeys(entries):
-                handle = module.register_forward_pre_hook(wrap(self._before_forward, False))
-                self._forward_handles.append(handle)
-        else:
+        if self.source == "micro" or self._undecided:
+            self._install_micro(entries)
+        if self.source == "per_example":
             if self.layout.compiled is not None:  # the hooks are inside the compiled forward
                 _torch_api.guard_module_hooks()
+            follow = self.layout.compiled is None and not self.layout.sharded
             self._per_example = PerExampleNorms(
                 inner, self._param_index, self._per_example_method, self._per_example_max,
-                self._wrap,
+                self._wrap, follow,
             )  # fmt: skip
             self._per_example.armed = self._armed
             self._per_example.on_error = self._fail
+
+    def _install_micro(self, entries: list[nn.Module]) -> None:
+        """The micro-batch source's hooks: each backward's gradient norms, per parameter."""
+        rows, wrap, fail = self._rows, self._wrap, self._fail
+        if self.layout.sharded:  # the forward's unsharded parameters get the hooks
+            self._unsharded = UnshardedHooks(
+                self.layout.inner,
+                self.params,
+                lambda i, dtype: wrap(rows.make_hook(i, _rows.norm_into(dtype), fail), True),
+                wrap,
+            )
+        else:
+            for i, p in enumerate(self.params):
+                hook = wrap(rows.make_hook(i, rows.norm_of[i], fail), True)
+                self._handles.append(p.register_hook(hook))
+        rows.hook_next(self._armed)
+        if rows.per_parameter or self.layout.sharded:
+            return  # sharded: .grad never holds one backward's local gradient
+        for module in dict.fromkeys(entries):
+            handle = module.register_forward_pre_hook(wrap(self._before_forward, False))
+            self._forward_handles.append(handle)
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         """First forward of a measured step (off the CPU): can its backward go without hooks?
@@ -391,35 +370,6 @@ class GradientNoiseProbe:
                 "arguments (source, micro_loss, layers) against the model, or report the error.",
             )
 
-    def _cannot_per_example(self, reason: str, retry: bool) -> None:
-        """This model's per-example norms cannot be computed exactly: never a wrong number.
-        ``retry``: the layer moved to torch.func, only this step is lost. Otherwise auto moves
-        to micro-batches (from the next step: this one is not logged); a forced per-example
-        source stops measuring, saying why."""
-        self._step_dropped = True
-        if retry:
-            self._warn_once(
-                self.step_count,
-                f"{reason}. This step is not logged; the layer's per-example gradients are "
-                "computed with torch.func from the next step (exact, costlier)",
-            )
-            return
-        if not self._auto:
-            self._fail(Unsupported(f"{reason}; use source='micro' with gradient accumulation"))
-            return
-        self._fallback = reason
-        self.source_reason = (
-            f"{reason}, so the probe measures with micro-batches instead: that needs at least "
-            "2 backward passes per step (gradient accumulation) or 2 ranks"
-        )
-        self._warn_once(self.step_count, self.source_reason)
-
-    def _warn_once(self, step: int, message: str) -> None:
-        if message not in self._warned:
-            self._warned.add(message)
-            warnings.warn(f"noisescope: {message}", stacklevel=4)
-            notice(self.sink, step, message)
-
     # --- the training-loop API ------------------------------------------------------------
 
     def micro_step(
@@ -448,24 +398,32 @@ class GradientNoiseProbe:
         read_grad, self._read_grad = self._read_grad, False
         armed = self._armed
         rows = self._rows
-        if self.source == "micro":  # kept short: runs once per backward
+        if self.source == "micro" or self._undecided:  # kept short: runs once per backward
             if not armed:
                 rows.hook_next(False)
-                return
-            row = None
-            if first or not self._first_only:  # a G_small: this backward's norms fill a row
-                row = rows.n_rows
-                rows.n_rows = row + 1
-                if read_grad:  # .grad holds exactly this backward's gradient (_before_forward)
-                    try:
-                        rows.read_grad_into(row)
-                    except Exception as exc:
-                        self._fail(exc)
-                        return
-            # the coming backward adds to .grad: its hooks fill the next row (off with "first")
-            rows.hook_next(not self._first_only)
-            self._micro.append(Micro(row, None, float(batch_size), grad_scale, None))
-            return
+                if not self._undecided:
+                    return
+            else:
+                row = None
+                if first or not self._first_only:  # a G_small: this backward's norms fill a row
+                    row = rows.n_rows
+                    rows.n_rows = row + 1
+                    if read_grad:  # .grad holds exactly this backward's gradient
+                        try:
+                            rows.read_grad_into(row)
+                        except Exception as exc:
+                            self._fail(exc)
+                            return
+                # the coming backward adds to .grad: its hooks fill the next row (off: "first")
+                rows.hook_next(not self._first_only)
+                micro = Micro(row, None, float(batch_size), grad_scale, None)
+                if not self._undecided:
+                    self._micro.append(micro)
+                    return
+                self._micro_rows.append(micro)
+                if not first:  # auto, first step: a second backward is accumulation
+                    self._decide("micro")
+                    return
         assert self._per_example is not None
         if not armed:
             self._per_example.reset()
@@ -475,7 +433,10 @@ class GradientNoiseProbe:
                 self._slot, self._n_slots, item_counts
             )
         except Unsupported as exc:
-            self._cannot_per_example(str(exc), exc.retry)
+            if self._undecided:  # said only if the step turns out to have one backward
+                self._undecided_failure = exc
+            else:
+                self._cannot_per_example(str(exc), exc.retry)
             return
         except RuntimeError as exc:
             if self.layout.compiled is None or self._per_example.captured:
@@ -522,10 +483,17 @@ class GradientNoiseProbe:
         armed = self.step_count % self.every == 0  # the schedule: the same on every rank
         step = self.step_count
         self.step_count += 1
+        if self._undecided and self._micro_rows:  # auto, first step, one backward
+            failure = self._undecided_failure
+            self._decide("per_example")
+            if failure is not None:
+                self._cannot_per_example(str(failure), failure.retry)
         micros, self._micro = self._micro, []
         step_items, self._step_items = self._step_items, 0.0
         self._n_micro = 0
         dropped, self._step_dropped = self._step_dropped, False
+        # auto decides before it logs: no row from a source it is leaving
+        dropped = dropped or self._leaves_per_example(len(micros))
         logged = None
         try:
             if armed and self.error is None and not dropped:
@@ -585,23 +553,8 @@ class GradientNoiseProbe:
             self._watch.armed = self._armed
         if self._per_example is not None:
             self._per_example.armed = self._armed
-        elif self.source == "micro":
+        if self.source == "micro" or self._undecided:
             self._rows.hook_next(self._armed)
-
-    def _maybe_switch(self, k: int) -> None:
-        """Auto source: several backwards per step means accumulation, where micro-batches are
-        free; and micro-batches are the fallback where per-example norms cannot be exact."""
-        if not (self._auto and self.source == "per_example"):
-            return
-        if k > 1 and self._fallback is None:
-            self.source_reason = (
-                f"{k} backward passes per step (gradient accumulation): each micro-batch is a "
-                "small batch, the accumulated gradient the big one, at no extra compute"
-            )
-            self._announced = False
-        if k > 1 or self._fallback is not None:
-            self.source = "micro"
-            self._install()
 
     # --- the step's sums --------------------------------------------------------------------
 
