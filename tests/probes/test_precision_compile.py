@@ -149,3 +149,54 @@ def test_a_graph_compiled_before_the_probe_is_named_in_the_error() -> None:
     finally:
         torch._dynamo.config.skip_nnmodule_hook_guards = False
         torch._dynamo.reset()
+
+
+class _Deep(nn.Module):
+    """``n`` hooked Linear layers called in turn: more than dynamo's recompile limit (8)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Linear(6, 6) for _ in range(n))
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def _compilations(n_layers: int, steps: int) -> list[int]:
+    """Frames dynamo compiled (recompilations included) after each of ``steps`` training steps
+    of a compiled ``_Deep(n_layers)`` with the default probe (per-example at one backward)."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    model, sink, counter = _Deep(n_layers), ListSink(), CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    assert isinstance(compiled, nn.Module)  # an OptimizedModule; torch.compile: a Callable
+    probe = GradientNoiseProbe(compiled, sink)
+    g = torch.Generator().manual_seed(0)
+    after = []
+    try:
+        for _ in range(steps):
+            x, y = torch.randn(8, 6, generator=g), torch.randn(8, 6, generator=g)
+            (compiled(x) - y).square().mean().backward()
+            probe.step(batch_size=8)
+            model.zero_grad()
+            after.append(counter.frame_count)
+    finally:
+        torch._dynamo.reset()
+    assert probe.source == "per_example" and probe.error is None
+    assert len(sink.rows) == steps  # measured on every step
+    return after
+
+
+def test_compiled_model_compiles_a_bounded_number_of_times() -> None:
+    """The per-example hooks never make dynamo trace the probe's per-step bookkeeping: it
+    guarded on ``len(self._uses)`` (one more use per layer called) and compiled the one hook
+    again for each hooked layer, up to its recompile limit. Now the compilations do not grow
+    with the hooked layers, and none happens after the first step."""
+    few, many = _compilations(3, 5), _compilations(12, 5)
+    assert few[0] == few[-1] and many[0] == many[-1], (few, many)  # none after step 1
+    assert many[-1] == few[-1], (few, many)  # not one per hooked layer

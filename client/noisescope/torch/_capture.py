@@ -5,7 +5,7 @@ container's own parameters swapped for ``_broadcast`` views during its forward."
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -78,7 +78,13 @@ class CaptureUses:
                 self._error(exc)
                 return None
 
-        return hook
+        # run eagerly, never traced: dynamo would guard on the probe's per-step state
+        # (``len(self._uses)`` grows with each layer called) and compile this one hook again
+        # for each hooked layer, up to its recompile limit (docs/sources.md, "Setups")
+        return cast(
+            Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any],
+            torch.compiler.disable(hook),
+        )
 
     def _forward(
         self, entry: Entry, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
