@@ -106,3 +106,37 @@ def dump(engine: sa.Engine, tables: list[str] | None = None) -> dict[str, list[d
             rows = [dict(r._mapping) for r in conn.execute(sa.select(meta.tables[name]))]
             out[name] = sorted(rows, key=repr)
     return out
+
+
+#: A revision no noisescope of this version knows: what a newer one would have written.
+FUTURE_REVISION = "0999"
+
+
+def future_database(url: str) -> None:
+    """The database at ``url`` upgraded, populated, then stamped ``FUTURE_REVISION``: as a
+    newer noisescope would leave it."""
+    from noisescope_server import db
+
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    populate(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = :v"), {"v": FUTURE_REVISION})
+    engine.dispose()
+
+
+def database_state(url: str) -> object:
+    """What a refused command must not change, comparable with ``==``: the SQLite file's
+    sha256, or every row (Alembic's too) on another backend."""
+    import hashlib
+
+    from noisescope_server import db
+
+    path = db.sqlite_path(url)
+    if path is not None:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    engine = sa.create_engine(url)
+    try:
+        return dump(engine, None) | dump(engine, ["alembic_version"])
+    finally:
+        engine.dispose()

@@ -9,7 +9,6 @@ was said, and whether the class holds.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -19,10 +18,15 @@ import uuid
 from pathlib import Path
 
 import httpx
-import sqlalchemy as sa
 
 import noisescope
-from harness.old_rows import OLD_SECRET, populate
+from harness.old_rows import (
+    FUTURE_REVISION,
+    OLD_SECRET,
+    database_state,
+    future_database,
+    populate,
+)
 from noisescope import protocol
 from noisescope_server import db
 from reliability._client import B_BIG
@@ -250,37 +254,13 @@ def rename_then_sync(server: Server, workdir: Path) -> Row:
 
 # -- item 4: a database newer than the code ---------------------------------------------------
 
-FUTURE = "0999"
-
-
-def _fingerprint(url: str) -> str:
-    """The SQLite file's sha256, or a hash of every row (Alembic's too) on PostgreSQL."""
-    path = db.sqlite_path(url)
-    if path is not None:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            tables = sa.inspect(conn).get_table_names()
-            rows = {
-                t: sorted(map(repr, conn.execute(sa.text(f"SELECT * FROM {t}")))) for t in tables
-            }
-    finally:
-        engine.dispose()
-    return hashlib.sha256(repr(sorted(rows.items())).encode()).hexdigest()
-
 
 def newer_database(backend: str, workdir: Path) -> list[Row]:
     """Each command given a database at a revision this noisescope does not know."""
     rows = []
     with database(backend, workdir / "newer") as url:
-        engine = db.make_engine(url)
-        db.upgrade(engine)
-        populate(engine)
-        with engine.begin() as conn:
-            conn.execute(sa.text("UPDATE alembic_version SET version_num = :v"), {"v": FUTURE})
-        engine.dispose()
-        before = _fingerprint(url)
+        future_database(url)
+        before = database_state(url)
         env = {**os.environ, "NOISESCOPE_HOME": str(workdir)}
         env.pop("NOISESCOPE_DATABASE_URL", None)
         commands = {
@@ -295,9 +275,10 @@ def newer_database(backend: str, workdir: Path) -> list[Row]:
                 capture_output=True, text=True, env=env, timeout=120, cwd=REPO,
             )  # fmt: skip
             said = (out.stderr if name != "db current" else out.stdout).strip().splitlines()
-            unchanged = _fingerprint(url) == before
+            unchanged = database_state(url) == before
             want = 0 if name == "db current" else 2
-            names_both = bool(said) and FUTURE in said[-1] and db.head_revision() in said[-1]
+            last = said[-1] if said else ""
+            names_both = FUTURE_REVISION in last and db.head_revision() in last
             held = (
                 out.returncode == want
                 and len(said) == 1
@@ -307,7 +288,7 @@ def newer_database(backend: str, workdir: Path) -> list[Row]:
                 and unchanged
             )
             line = said[0].replace(url, "URL")[:160] if said else "(nothing)"
-            rows.append(Row(4, f"`noisescope {name}` on a revision-{FUTURE} database",
+            rows.append(Row(4, f"`noisescope {name}` on a revision-{FUTURE_REVISION} database",
                             "—", None, None, None, f"exit {out.returncode}", held,
                             f"{len(said)} line(s); database unchanged: "
                             f"{'yes' if unchanged else 'NO'}; said: {line}"))  # fmt: skip
@@ -346,6 +327,6 @@ def section_body(backend: str, rows: list[Row], table: str) -> str:
         f"{RENAME_AFTER:,} of {RENAME_SAMPLES:,} samples were acknowledged; the job's token "
         "is then revoked, so the rest and the run body go to the spool, which `noisescope "
         "sync --token NEW` delivers. Item 4: each command given a database whose "
-        f"`alembic_version` reads {FUTURE} (a newer noisescope's); unchanged: the SQLite "
+        f"`alembic_version` reads {FUTURE_REVISION} (a newer noisescope's); unchanged: the SQLite "
         "file's bytes, or every PostgreSQL row (`reliability._round4_server`).\n\n" + table
     )

@@ -5,41 +5,14 @@ PostgreSQL's rows); ``db current`` says the database is newer than this noisesco
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from harness import free_port
-from harness.old_rows import dump, populate
+from harness.old_rows import FUTURE_REVISION, database_state, future_database
 from noisescope_server import db
-
-#: A revision no noisescope of this version knows: what a newer one would have written.
-FUTURE = "0999"
-
-
-def _state(url: str) -> object:
-    """What must not change: the SQLite file's bytes, or every row (Alembic's too)."""
-    path = db.sqlite_path(url)
-    if path is not None:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    engine = sa.create_engine(url)
-    try:
-        return dump(engine, None) | dump(engine, ["alembic_version"])
-    finally:
-        engine.dispose()
-
-
-def _future_database(url: str) -> None:
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    populate(engine)
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE alembic_version SET version_num = :v"), {"v": FUTURE})
-    engine.dispose()
 
 
 def _cli(argv: list[str], home: Path) -> subprocess.CompletedProcess[str]:
@@ -57,8 +30,8 @@ def _cli(argv: list[str], home: Path) -> subprocess.CompletedProcess[str]:
 def test_a_newer_database_is_refused_in_one_line_and_left_unchanged(
     db_url: str, tmp_path: Path
 ) -> None:
-    _future_database(db_url)
-    before = _state(db_url)
+    future_database(db_url)
+    before = database_state(db_url)
     head = db.head_revision()
     commands = {
         "noisescope server": ["server", "--port", str(free_port())],
@@ -72,15 +45,15 @@ def test_a_newer_database_is_refused_in_one_line_and_left_unchanged(
         assert "Traceback" not in out.stderr, out.stderr
         (line,) = out.stderr.strip().splitlines()
         assert line.startswith(f"{name}: "), line
-        assert f"at revision {FUTURE}, newer than this noisescope" in line
+        assert f"at revision {FUTURE_REVISION}, newer than this noisescope" in line
         assert f"newest revision is {head}" in line and "pip install -U noisescope-server" in line
-        assert _state(db_url) == before, name
+        assert database_state(db_url) == before, name
     current = _cli(["db", "current", "--database-url", db_url], tmp_path)
     assert current.returncode == 0, current
-    assert f"current: {FUTURE}  head: {head}" in current.stdout
+    assert f"current: {FUTURE_REVISION}  head: {head}" in current.stdout
     assert "newer than this noisescope" in current.stdout
     assert "needs `noisescope db upgrade`" not in current.stdout
-    assert _state(db_url) == before
+    assert database_state(db_url) == before
 
 
 def test_the_line_in_the_docs_is_the_commands(tmp_path: Path) -> None:
@@ -89,7 +62,7 @@ def test_the_line_in_the_docs_is_the_commands(tmp_path: Path) -> None:
     import re
 
     url = f"sqlite:///{tmp_path / 'noisescope.db'}"
-    _future_database(url)
+    future_database(url)
     out = _cli(["server", "--port", str(free_port()), "--database-url", url], tmp_path)
     docs = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
     (documented,) = [
