@@ -13,7 +13,9 @@ from typing import Any
 
 from sqlalchemy import text
 
+from noisescope_server.queries._samples import sample_rows
 from reliability._client import sample_values
+from reliability._infra import engine_for
 
 
 @dataclass
@@ -79,15 +81,23 @@ def _expected_sums(seed: int, seqs: Any) -> tuple[float, float]:
 
 
 def stored_seqs(engine: Any, run_id: str) -> list[int]:
+    """The seqs the server holds for ``run_id``, rows and compacted chunks alike (the server's
+    one read seam of samples), in order; none for an unknown run."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT s.seq FROM sample s JOIN run r ON r.id = s.run_id "
-                "WHERE r.uid = :uid ORDER BY s.seq"
-            ),
-            {"uid": run_id},
-        )
-        return [int(r[0]) for r in rows]
+        found = conn.execute(text("SELECT id FROM run WHERE uid = :uid"), {"uid": run_id})
+        run = found.scalar_one_or_none()
+        if run is None:
+            return []
+        return [int(seq) for (seq,) in sample_rows(conn, int(run), ["seq"])]
+
+
+def stored_count(url: str, run_id: str) -> int:
+    """How many samples the server at database ``url`` holds for ``run_id``."""
+    engine = engine_for(url)
+    try:
+        return len(stored_seqs(engine, run_id))
+    finally:
+        engine.dispose()
 
 
 def check_run(engine: Any, run_id: str, seed: int, logged: int) -> RunCheck:

@@ -26,7 +26,7 @@ from harness.fault_proxy import FaultProxy, RefuseFirstBatch
 from harness.hung import HungServer
 from noisescope._sync import report
 from reliability._infra import REPO, Server, engine_for, spooled_seqs, sync_spool
-from reliability._reconcile import stored_seqs
+from reliability._reconcile import stored_count, stored_seqs
 from reliability._round3 import Row, Said, _client_env, run_status
 
 #: Item 2: the job logs this many samples over ``JOB_S``; the run is deleted ``DELETE_AT_S`` in.
@@ -41,14 +41,6 @@ REFUSED_SAMPLES = 1_000
 #: Item 7: the first session is killed after step KILLED_AFTER - 1; the second resumes at
 #: CHECKPOINT and logs until RESUMED_TO - 1.
 KILLED_AFTER, CHECKPOINT, RESUMED_TO = 1_000, 900, 1_500
-
-
-def _stored(server: Server, run_id: str) -> int:
-    engine = engine_for(server.database_url)
-    try:
-        return len(stored_seqs(engine, run_id))
-    finally:
-        engine.dispose()
 
 
 def _exists(server: Server, run_id: str) -> bool:
@@ -74,7 +66,7 @@ def deleted_mid_job(server: Server, workdir: Path) -> Row:
         timer.join()
         status = run.finish(timeout=30)
     warned = said.count(f"run {run.id} was deleted on the server")
-    stored = _stored(server, run.id)
+    stored = stored_count(server.database_url, run.id)
     exists = _exists(server, run.id)
     held = (
         not exists and stored == 0 and warned == 1 and status.spooled == 0
@@ -151,7 +143,7 @@ def ended_while_finishing(server: Server, workdir: Path, signum: int) -> Row:
     spooled = len(spooled_seqs(spool, run_id)) if run_id else 0
     line = _finish_line(err, run_id)
     code, _ = sync_spool(spool, server.url)
-    stored = _stored(server, run_id) if run_id else 0
+    stored = stored_count(server.database_url, run_id) if run_id else 0
     said = f"spooled {FINISHING_SAMPLES}" in line and "noisescope sync" in line
     held = proc.returncode == -signum and stored == FINISHING_SAMPLES and said and code == 0
     status = run_status(server, run_id) if run_id else "no run"
@@ -179,7 +171,7 @@ def refused_after_copy(server: Server, workdir: Path) -> Row:
             status = run.finish(timeout=60)
     finally:
         proxy.stop()
-    stored = _stored(server, run.id)
+    stored = stored_count(server.database_url, run.id)
     refused = len(rule.poisoned)
     warned = said.count("HTTP 422")
     held = (

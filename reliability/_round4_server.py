@@ -31,7 +31,7 @@ from noisescope import protocol
 from noisescope_server import db
 from reliability._client import B_BIG
 from reliability._infra import REPO, Server, Workdir, database, engine_for, port, sync_spool
-from reliability._reconcile import check_run, stored_seqs
+from reliability._reconcile import check_run, stored_count
 from reliability._round3 import (
     ADMIN,
     SEED,
@@ -61,14 +61,6 @@ def make_token(server: Server, project: str, scopes: list[str]) -> tuple[str, in
     )
     made.raise_for_status()
     return str(made.json()["token"]), int(made.json()["id"])
-
-
-def _stored(server: Server, run_id: str) -> int:
-    engine = engine_for(server.database_url)
-    try:
-        return len(stored_seqs(engine, run_id))
-    finally:
-        engine.dispose()
 
 
 # -- item 1: scopes ---------------------------------------------------------------------------
@@ -109,7 +101,7 @@ def read_token_tries_everything(server: Server) -> Row:
             detail = answer.json().get("detail", "") if answer.status_code == 403 else ""
             named += "scope" in detail and "noisescope token create --project scopes" in detail
     after = server.api(job).run(uid)
-    stored = _stored(server, uid)
+    stored = stored_count(server.database_url, uid)
     held = (
         read_ok
         and refused == named == len(tries)
@@ -139,7 +131,7 @@ def token_from_before_scopes(backend: str, workdir: Path) -> Row:
                 uid = uuid.uuid4().hex
                 made = http.put(f"/runs/{uid}", json={"project": "old", "task": "t"})
             log = server.log()
-            stored = _stored(server, "keep-me")
+            stored = stored_count(server.database_url, "keep-me")
     detail = deleted.json().get("detail", "")
     said = "every existing token got read and write" in log
     held = (
@@ -180,9 +172,9 @@ def delete_during_job(server: Server, workdir: Path) -> list[Row]:
             time.sleep(max(0.0, start + JOB_SECONDS * (step + 1) / JOB_SAMPLES - time.monotonic()))
         timer.join()
         status = run.finish(timeout=60)
-    stored_at_finish = _stored(server, uid)
+    stored_at_finish = stored_count(server.database_url, uid)
     code, output = sync_spool(spool, server.url, token=job)
-    stored_after_sync = _stored(server, uid)
+    stored_after_sync = stored_count(server.database_url, uid)
     with httpx.Client(base_url=server.url + API, timeout=30) as http:
         headers = {"Authorization": f"Bearer {job}"}
         read = http.get(f"/runs/{uid}", headers=headers).status_code
