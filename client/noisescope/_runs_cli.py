@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from noisescope._api import Api, ApiError
+from noisescope._api import Api, ApiError, NotFoundError
 from noisescope._config import url_argument
 from noisescope._results import RunSummary
-from noisescope._wire import run_ids_matching
+from noisescope._wire import run_id_problem, run_ids_matching
 
 __all__ = ["make_api", "register"]
 
@@ -109,15 +110,30 @@ def _main(args: argparse.Namespace) -> int:
             return _list(command, api, args)
         given = args.run_ids if hasattr(args, "run_ids") else [args.run_id]
         try:
-            known = [r.uid for r in api.runs(current=False, archived="include")]
+            listing = functools.cache(
+                lambda: [r.uid for r in api.runs(current=False, archived="include")]
+            )  # read once, and only when an id given is not a full one
+            resolved = [_full_id(command, g, api, listing) for g in given]
         except ApiError as exc:
             print(f"{command}: {exc}", file=sys.stderr)
             return 1
-        run_ids = [r for r in (_resolve(command, g, known, api.url) for g in given) if r]
+        run_ids = [r for r in resolved if r]
         failed = len(given) - len(run_ids)
         if args.action == "delete" and run_ids and not args.yes and not _confirmed(api, run_ids):
             return 2
         return 1 if _each(command, api, args, run_ids) or failed else 0
+
+
+def _full_id(command: str, given: str, api: Api, listing: Callable[[], list[str]]) -> str | None:
+    """``given`` when the server has a run of that id (one read of it, whatever the number of
+    runs), else the one id it begins among the server's runs (``listing``, ``_resolve``)."""
+    if run_id_problem(given) is None:
+        try:
+            api.run(given)
+            return given
+        except NotFoundError:
+            pass  # a prefix, or no run at all
+    return _resolve(command, given, listing(), api.url)
 
 
 def _resolve(command: str, given: str, known: list[str], url: str) -> str | None:

@@ -120,6 +120,30 @@ def test_a_unique_start_of_an_id_names_the_run(
     assert capsys.readouterr().out == f"{uid}: deleted\n"
 
 
+def test_a_full_id_is_found_without_listing_the_runs(
+    server: AppServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full id is read directly: the run list is capped (10,000 runs), so an id found only
+    through it would be missed on a bigger server; a start of an id still lists them."""
+    uid = _run(server)
+    listed: list[int] = []
+    api = server.api()
+    real_runs = api.runs
+
+    def runs(**kwargs: object) -> object:
+        listed.append(1)
+        return real_runs(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(api, "runs", runs)
+    monkeypatch.setattr(_runs_cli, "make_api", lambda url, token: api)
+    assert main(["runs", "rename", uid, "direct"]) == 0
+    assert listed == []
+    assert main(["runs", "tag", uid[:8], "t"]) == 0
+    assert listed == [1]
+    assert server.api().run(uid).tags == ["t"]
+    capsys.readouterr()
+
+
 def test_a_start_that_several_ids_share_names_none(
     server: AppServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
