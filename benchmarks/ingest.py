@@ -2,7 +2,8 @@
 
 For SQLite (temp file) and PostgreSQL (a fresh database on 127.0.0.1:5432, skipped if absent):
 
-1. *driver executemany*: the same rows (all sample columns, including the per-sample estimates)
+1. *driver executemany*: the same rows (every stored sample column: the wire columns, the
+   series as its number; the per-sample estimates are derived where read, never stored)
    inserted with ``sqlite3`` / ``psycopg`` ``executemany`` into the migrated ``sample`` table, one
    transaction per batch: the storage limit, no HTTP, no validation.
 2. *driver, the server's INSERT*: the same rows through the driver with the statement the
@@ -45,7 +46,7 @@ from benchmarks import _cli
 from benchmarks._venv import competitor_python
 from harness import ServerProcess, free_port, wait_for_health
 from noisescope import _wire
-from noisescope_server.models import SAMPLE_COLUMNS
+from noisescope_server.models import SAMPLE_COLUMNS, SERIES_COLUMN, WHOLE_MODEL
 
 PG_ADMIN = os.environ.get("NOISESCOPE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 COLUMNS = _wire.SAMPLE_COLUMNS
@@ -89,42 +90,15 @@ def load_runs(url: str, runs: Iterable[tuple[str, Any, int, int]], batch: int = 
 
 
 def _rows(run_id: int, cols: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
-    from noisescope.estimators import two_batch_estimates
-
-    est = list(
-        map(
-            two_batch_estimates,
-            cols["b_small"],
-            cols["b_big"],
-            cols["g_small_sq"],
-            cols["g_big_sq"],
-        )
-    )
-    return [
-        (
-            run_id,
-            cols["seq"][i],
-            cols["step"][i],
-            cols["examples"][i],
-            cols["b_small"][i],
-            cols["b_big"][i],
-            cols["g_small_sq"][i],
-            cols["g_big_sq"][i],
-            est[i][0],
-            est[i][1],
-            cols["loss"][i],
-            cols["lr"][i],
-            cols["time"][i],
-            cols["series"][i],
-        )
-        for i in range(len(cols["seq"]))
-    ]
+    """The stored rows of these samples (``models.SAMPLE_COLUMNS`` after ``run_id``): the wire
+    columns, the series as its number (these are the whole model's, ``models.WHOLE_MODEL``)."""
+    stored = {**cols, SERIES_COLUMN: [WHOLE_MODEL] * len(cols["seq"])}
+    return list(zip([run_id] * len(cols["seq"]), *(stored[c] for c in SAMPLE_COLUMNS), strict=True))
 
 
-_INSERT = (
-    "INSERT INTO sample (run_id, seq, step, examples, b_small, b_big, g_small_sq, g_big_sq, "
-    "g_sq_est, trace_sigma_est, loss, lr, time, series) VALUES ({})"
-)
+_INSERT = f"INSERT INTO sample (run_id, {', '.join(SAMPLE_COLUMNS)}) VALUES ({{}})"
+#: Parameters per row of ``_INSERT``.
+_WIDTH = 1 + len(SAMPLE_COLUMNS)
 
 
 def _prepare_schema(url: str, run_uid: str = "driver-baseline") -> int:
@@ -166,7 +140,7 @@ def _sqlite_insert_batches(
 ) -> float:
     """Insert the batches, one transaction each; the ``clock`` time it took (parameters of the
     server's statements are built before the clock starts, like executemany's rows)."""
-    sql = _INSERT.format(", ".join("?" * 14))
+    sql = _INSERT.format(", ".join("?" * _WIDTH))
     prepared = [
         _sqlite_server_statements(conn, chunk) if statement == "server" else [] for chunk in chunks
     ]
@@ -201,7 +175,7 @@ def driver_rate(url: str, n: int, batch: int, round_: int = 0, *, statement: str
         from noisescope_server.crud import _sql
 
         conn_pg = psycopg.connect(url.replace("postgresql+psycopg", "postgresql"))
-        sql = _INSERT.format(", ".join(["%s"] * 14))
+        sql = _INSERT.format(", ".join(["%s"] * _WIDTH))
         arrays = [_pg_server_arrays(chunk) if statement == "server" else {} for chunk in chunks]
         t0 = time.perf_counter()
         for chunk, columns in zip(chunks, arrays, strict=True):

@@ -8,14 +8,16 @@ import random
 import threading
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, and_, func, select
 
 from harness.payloads import columns, expected_sums
+from noisescope import protocol
 from noisescope.estimators import two_batch_estimates
 from noisescope_server import crud, db, queries
 from noisescope_server.crud import _runs, _samples, _sql
 from noisescope_server.errors import Forbidden
-from noisescope_server.models import SAMPLE_COLUMNS, Sample, SampleBlock
+from noisescope_server.models import SAMPLE_COLUMNS, SERIES_COLUMN, Run, Sample, SampleBlock, Series
+from noisescope_server.queries._samples import sample_rows
 
 
 @pytest.fixture
@@ -27,27 +29,31 @@ def engine(db_url: str) -> Engine:
 
 
 def _blocks_match_samples(engine: Engine) -> None:
+    """Every block holds the sums of its samples as the read seam gives them (the estimates
+    derived there), under its series' name."""
     with engine.connect() as conn:
-        raw = conn.execute(
-            select(
-                Sample.series,
-                (Sample.seq // 64).label("b"),
-                func.count(),
-                func.sum(Sample.g_sq_est),
-                func.sum(Sample.trace_sigma_est),
-                func.min(Sample.step),
-                func.max(Sample.step),
-            ).group_by(Sample.series, "b")
-        ).all()
+        run_id = conn.execute(select(Run.id).where(Run.uid == "run1")).scalar_one()
+        groups: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
+        read = ("series", "seq", "g_sq_est", "trace_sigma_est", "step")
+        for name, seq, g, s, step in sample_rows(conn, run_id, read):
+            groups.setdefault((name, seq // 64), []).append((g, s, step))
+        raw = [
+            (name, block, len(rows), math.fsum(r[0] for r in rows),
+             math.fsum(r[1] for r in rows), min(r[2] for r in rows), max(r[2] for r in rows))
+            for (name, block), rows in groups.items()
+        ]  # fmt: skip
         blocks = conn.execute(
             select(
-                SampleBlock.series,
+                Series.name,
                 SampleBlock.block,
                 SampleBlock.n,
                 SampleBlock.sum_g_sq,
                 SampleBlock.sum_trace_sigma,
                 SampleBlock.step_min,
                 SampleBlock.step_max,
+            ).join(
+                Series,
+                and_(Series.run_id == SampleBlock.run_id, Series.id == SampleBlock.series_id),
             )
         ).all()
     want = {(r[0], int(r[1])): r[2:] for r in raw}
@@ -165,7 +171,7 @@ def test_incremental_block_sums_across_batch_boundaries(engine: Engine) -> None:
     for start in range(0, 1000, 90):  # 90 is not a multiple of the 64-sample block
         part = {k: v[start : start + 90] for k, v in cols.items()}
         batch = crud.validate_samples({"columns": part})
-        assert _samples.block_deltas(batch) is not None
+        assert _samples.block_deltas(batch, {"": 0}) is not None
         crud.ingest_samples(engine, "run1", batch)
     _blocks_match_samples(engine)
     with engine.connect() as conn:
@@ -180,10 +186,10 @@ def test_incremental_block_sums_across_batch_boundaries(engine: Engine) -> None:
     assert ex_min == cols["examples"][100]
 
 
-def _block_rows(engine: Engine) -> dict[tuple[str, int], tuple[object, ...]]:
+def _block_rows(engine: Engine) -> dict[tuple[int, int], tuple[object, ...]]:
     with engine.connect() as conn:
         rows = conn.execute(select(*(getattr(SampleBlock, c) for c in _sql.BLOCK_COLUMNS)))
-        return {(str(r[0]), int(r[1])): tuple(r[2:]) for r in rows}
+        return {(int(r[0]), int(r[1])): tuple(r[2:]) for r in rows}
 
 
 def test_additive_block_sums_equal_a_recompute_from_the_samples(engine: Engine) -> None:
@@ -196,7 +202,7 @@ def test_additive_block_sums_equal_a_recompute_from_the_samples(engine: Engine) 
     for start in range(0, 700, 100):
         part = {k: v[start : start + 100] for k, v in cols.items()}
         batch = crud.validate_samples({"columns": part})
-        assert _samples.block_deltas(batch) is not None
+        assert _samples.block_deltas(batch, {"": 0}) is not None
         assert crud.ingest_samples(engine, "run1", batch) == 100
     additive = _block_rows(engine)
     with db.write_transaction(engine) as conn:
@@ -229,11 +235,13 @@ def test_multi_row_inserts_store_every_value_and_ignore_resent_rows(
             select(*(getattr(Sample, c) for c in SAMPLE_COLUMNS)).order_by(Sample.seq)
         ).all()
     assert len(stored) == 150
-    expected = {
-        **batch.columns,
-        "g_sq_est": batch.g_sq_est,
-        "trace_sigma_est": batch.trace_sigma_est,
-    }
+    expected = {**batch.columns, SERIES_COLUMN: [1] * 150}  # the run's first layer: 1
     for i, row in enumerate(stored):
         assert tuple(row) == tuple(expected[c][i] for c in SAMPLE_COLUMNS)
+    # read back: the name, and the estimates validation computed, derived again
+    expected |= {"g_sq_est": batch.g_sq_est, "trace_sigma_est": batch.trace_sigma_est}
+    with engine.connect() as conn:
+        run_id = conn.execute(select(Run.id).where(Run.uid == "run1")).scalar_one()
+        read = sample_rows(conn, run_id, protocol.READ_COLUMNS)
+    assert read == [tuple(expected[c][i] for c in protocol.READ_COLUMNS) for i in range(150)]
     _blocks_match_samples(engine)

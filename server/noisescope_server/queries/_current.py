@@ -7,7 +7,7 @@ from typing import Any, TypedDict
 from sqlalchemy import Connection, bindparam, select
 
 from noisescope.estimators import CURRENT_RAW_LIMIT, current_noise_scale
-from noisescope_server.models import BLOCK_SIZE, SampleBlock
+from noisescope_server.models import BLOCK_SIZE, WHOLE_MODEL, SampleBlock
 from noisescope_server.queries._common import LEVEL, fetch_tuples
 from noisescope_server.queries._samples import last_rows
 
@@ -102,7 +102,7 @@ _BLOCKS = (
         SampleBlock.step_min,
         SampleBlock.step_max,
     )
-    .where(SampleBlock.run_id == bindparam("run_id"), SampleBlock.series == "")
+    .where(SampleBlock.run_id == bindparam("run_id"), SampleBlock.series_id == WHOLE_MODEL)
     .order_by(SampleBlock.block.desc())
     .limit(bindparam("count"))
     .offset(bindparam("skip"))
