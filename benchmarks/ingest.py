@@ -46,7 +46,6 @@ from benchmarks import _cli
 from benchmarks._venv import competitor_python
 from harness import ServerProcess, free_port, wait_for_health
 from noisescope import _wire
-from noisescope_server.models import SAMPLE_COLUMNS, SERIES_COLUMN, WHOLE_MODEL
 
 PG_ADMIN = os.environ.get("NOISESCOPE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 COLUMNS = _wire.SAMPLE_COLUMNS
@@ -92,13 +91,18 @@ def load_runs(url: str, runs: Iterable[tuple[str, Any, int, int]], batch: int = 
 def _rows(run_id: int, cols: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
     """The stored rows of these samples (``models.SAMPLE_COLUMNS`` after ``run_id``): the wire
     columns, the series as its number (these are the whole model's, ``models.WHOLE_MODEL``)."""
+    from noisescope_server.models import SAMPLE_COLUMNS, SERIES_COLUMN, WHOLE_MODEL
+
     stored = {**cols, SERIES_COLUMN: [WHOLE_MODEL] * len(cols["seq"])}
     return list(zip([run_id] * len(cols["seq"]), *(stored[c] for c in SAMPLE_COLUMNS), strict=True))
 
 
-_INSERT = f"INSERT INTO sample (run_id, {', '.join(SAMPLE_COLUMNS)}) VALUES ({{}})"
-#: Parameters per row of ``_INSERT``.
-_WIDTH = 1 + len(SAMPLE_COLUMNS)
+def _insert_sql(mark: str) -> str:
+    """The driver's plain INSERT of one stored row, with ``mark`` for each parameter."""
+    from noisescope_server.models import SAMPLE_COLUMNS
+
+    marks = ", ".join([mark] * (1 + len(SAMPLE_COLUMNS)))
+    return f"INSERT INTO sample (run_id, {', '.join(SAMPLE_COLUMNS)}) VALUES ({marks})"
 
 
 def _prepare_schema(url: str, run_uid: str = "driver-baseline") -> int:
@@ -129,6 +133,8 @@ def _sqlite_server_statements(
 
 def _pg_server_arrays(chunk: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
     """The server's ``unnest`` parameters (one array per column) for these rows."""
+    from noisescope_server.models import SAMPLE_COLUMNS
+
     return {name: [row[k] for row in chunk] for k, name in enumerate(("run_id", *SAMPLE_COLUMNS))}
 
 
@@ -140,7 +146,7 @@ def _sqlite_insert_batches(
 ) -> float:
     """Insert the batches, one transaction each; the ``clock`` time it took (parameters of the
     server's statements are built before the clock starts, like executemany's rows)."""
-    sql = _INSERT.format(", ".join("?" * _WIDTH))
+    sql = _insert_sql("?")
     prepared = [
         _sqlite_server_statements(conn, chunk) if statement == "server" else [] for chunk in chunks
     ]
@@ -175,7 +181,7 @@ def driver_rate(url: str, n: int, batch: int, round_: int = 0, *, statement: str
         from noisescope_server.crud import _sql
 
         conn_pg = psycopg.connect(url.replace("postgresql+psycopg", "postgresql"))
-        sql = _INSERT.format(", ".join(["%s"] * _WIDTH))
+        sql = _insert_sql("%s")
         arrays = [_pg_server_arrays(chunk) if statement == "server" else {} for chunk in chunks]
         t0 = time.perf_counter()
         for chunk, columns in zip(chunks, arrays, strict=True):

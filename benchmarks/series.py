@@ -51,7 +51,7 @@ from benchmarks._versions import (
     ROOT,
     Worker,
     code_env,
-    export,
+    export_code,
     reply,
     server_cpu,
     worker_process,
@@ -248,14 +248,6 @@ def _differences(workers: dict[str, Worker], case: dict[str, Any]) -> str | None
 # --- the two versions -------------------------------------------------------------------------
 
 
-def _export(rev: str, dest: Path) -> str:
-    """``git archive rev client server migrations`` into ``dest`` (the migrations inside the
-    server package, where an installed one has them); the short hash."""
-    commit = export(rev, dest, ("client", "server", "migrations"))
-    (dest / "migrations").rename(dest / "server" / "noisescope_server" / "migrations")
-    return commit
-
-
 @dataclass
 class _Case:
     title: str
@@ -399,7 +391,7 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
         build_s = _build(url, sizes, n_small)
         _build_varied(varied_url)
         old_root = tmp / "baseline"
-        commit = _export(baseline, old_root)
+        commit = export_code(baseline, old_root)
         roots = {"baseline": old_root, "current": ROOT}
         cases = _cases(sizes, n_runs)
         with contextlib.ExitStack() as stack:

@@ -17,7 +17,7 @@ from noisescope_server import crud, db, queries
 from noisescope_server.crud import _runs, _samples, _sql
 from noisescope_server.errors import Forbidden
 from noisescope_server.models import SAMPLE_COLUMNS, SERIES_COLUMN, Run, Sample, SampleBlock, Series
-from noisescope_server.queries._samples import sample_rows
+from noisescope_server.queries._samples import ESTIMATE_SQL, sample_rows
 
 
 @pytest.fixture
@@ -245,3 +245,106 @@ def test_multi_row_inserts_store_every_value_and_ignore_resent_rows(
         read = sample_rows(conn, run_id, protocol.READ_COLUMNS)
     assert read == [tuple(expected[c][i] for c in protocol.READ_COLUMNS) for i in range(150)]
     _blocks_match_samples(engine)
+
+
+def test_a_series_name_is_stored_once_per_run(engine: Engine) -> None:
+    """Each name once in ``series`` (the whole model's "" as 0, layers numbered as they come);
+    rows and blocks carry the number, and every read names the series again."""
+    names = ("layer.b", "", "layer.a")
+    for start in range(0, 300, 100):
+        for k, name in enumerate(names):
+            cols = columns(100, start=start, seed=k, series=name)
+            cols["seq"] = [3 * s + k for s in cols["seq"]]
+            crud.ingest_samples(engine, "run1", crud.validate_samples({"columns": cols}))
+    with engine.connect() as conn:
+        stored = conn.execute(select(Series.id, Series.name).order_by(Series.id)).all()
+        numbers = conn.execute(select(Sample.series_id).distinct()).scalars().all()
+        run_id = conn.execute(select(Run.id).where(Run.uid == "run1")).scalar_one()
+        read = {name: sample_rows(conn, run_id, ("series", "seq"), series=name) for name in names}
+    assert [tuple(r) for r in stored] == [(0, ""), (1, "layer.b"), (2, "layer.a")]
+    assert sorted(numbers) == [0, 1, 2]
+    for k, name in enumerate(names):
+        assert read[name] == [(name, 3 * s + k) for s in range(300)]
+    assert [(s.name, s.n_samples) for s in queries.series_names(engine, "run1")] == [
+        ("", 300),
+        ("layer.a", 300),
+        ("layer.b", 300),
+    ]
+    _blocks_match_samples(engine)
+
+
+def test_concurrent_ingests_of_new_series_get_one_number_each(engine: Engine) -> None:
+    """Ingests of new names into one run at once (PostgreSQL runs them in parallel): each name
+    gets one number of its own, and its samples read back under it."""
+    names = [f"layer.{i}" for i in range(8)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(names))
+
+    def ingest(k: int) -> None:
+        cols = columns(50, seed=k, series=names[k])
+        cols["seq"] = [len(names) * s + k for s in cols["seq"]]
+        try:
+            barrier.wait()
+            crud.ingest_samples(engine, "run1", crud.validate_samples({"columns": cols}))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ingest, args=(k,)) for k in range(len(names))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with engine.connect() as conn:
+        stored = dict(conn.execute(select(Series.name, Series.id)).all())
+        run_id = conn.execute(select(Run.id).where(Run.uid == "run1")).scalar_one()
+        for k, name in enumerate(names):
+            got = sample_rows(conn, run_id, ("seq",), series=name)
+            assert got == [(len(names) * s + k,) for s in range(50)]
+    assert sorted(stored) == names
+    assert sorted(stored.values()) == list(range(1, len(names) + 1))
+
+
+#: Sizes and squared norms at a float's edges that validation accepts: 1 / b_small overflows
+#: to inf, products underflow to 0 (PostgreSQL raises on both; Python and SQLite do not).
+EDGES = [
+    (1e-310, 1.0, 3.0, 2.0),
+    (1e-200, 2e-200, 1e-200, 1e-200),
+    (8.0, 32.0, 1e250, 1e-300),
+    (3.0, 7.0, 0.0, 5e-324),
+    (64.0, 256.0, 1.7, 1.1),
+]
+
+
+def test_estimates_read_as_the_estimators_floats_at_a_floats_edges(engine: Engine) -> None:
+    """Samples at a float's edges read back with the estimators' floats (CSV export), their
+    series sums too; on SQLite the SQL the short series read sums (``ESTIMATE_SQL``, the
+    estimators' one formula as SQL) gives the same floats as Python, bit for bit."""
+    n = len(EDGES)
+    cols = columns(n, seed=9)
+    for name, values in zip(
+        ("b_small", "b_big", "g_small_sq", "g_big_sq"), zip(*EDGES, strict=True), strict=True
+    ):
+        cols[name] = list(values)
+    crud.ingest_samples(engine, "run1", crud.validate_samples({"columns": cols}))
+    want = [two_batch_estimates(*edge) for edge in EDGES]
+    with engine.connect() as conn:
+        run_id = conn.execute(select(Run.id).where(Run.uid == "run1")).scalar_one()
+        read = sample_rows(conn, run_id, ("g_sq_est", "trace_sigma_est"))
+        if engine.dialect.name == "sqlite":
+            in_sql = conn.execute(
+                select(ESTIMATE_SQL["g_sq_est"], ESTIMATE_SQL["trace_sigma_est"]).order_by(
+                    Sample.seq
+                )
+            ).all()
+            assert [tuple(r) for r in in_sql] == want
+    assert read == want
+    csv = "".join(queries.raw_samples_csv(engine, "run1")).splitlines()
+    header = csv[0].split(",")
+    at = header.index("g_sq_est"), header.index("trace_sigma_est")
+    assert [
+        (float(line.split(",")[at[0]]), float(line.split(",")[at[1]])) for line in csv[1:]
+    ] == want
+    points = queries.run_series(engine, "run1", max_points=n).points
+    assert sum(p.n for p in points) == n
+    assert math.fsum(p.sum_g_sq for p in points) == pytest.approx(math.fsum(g for g, _ in want))

@@ -102,6 +102,7 @@ from ._two_batch import (
     b_simple_from_sums,
     two_batch_estimate_columns,
     two_batch_estimates,
+    two_batch_expressions,
     two_batch_sizes_ok,
 )
 
@@ -173,6 +174,7 @@ __all__ = [
     "training_loss_curve",
     "two_batch_estimate_columns",
     "two_batch_estimates",
+    "two_batch_expressions",
     "two_batch_sizes_ok",
     "weighted_line_fit",
 ]

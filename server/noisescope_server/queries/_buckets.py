@@ -8,19 +8,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
     Numeric,
     and_,
+    case,
     cast,
     false,
     func,
+    literal,
     select,
+    union_all,
 )
 
-from noisescope_server.models import BLOCK_SIZE, WHOLE_MODEL, Run, SampleBlock, Series
+from noisescope import protocol
+from noisescope_server.models import BLOCK_SIZE, WHOLE_MODEL, Run, Sample, SampleBlock, Series
 from noisescope_server.queries._common import archived_filter
 from noisescope_server.queries._decoded import bucket_rows
+from noisescope_server.queries._samples import ESTIMATE_SQL, summed_in_sql
 
 
 @dataclass(frozen=True)
@@ -74,16 +80,37 @@ _READ = {
     "time_max": "time_max",
     "b_big_max": "b_big_max",
 }
+_AGGREGATES = {column: (how, name) for column, how, name in protocol.BLOCK_AGGREGATES}
+
+
+def _of_one_sample(column: str) -> Any:
+    """A ``sample_block`` column over one sample (the field table's aggregate of a block of
+    one): a count is 1 where the field is not null, a sum or an extreme the value itself."""
+    how, name = _AGGREGATES[column]
+    value = ESTIMATE_SQL[name] if name in ESTIMATE_SQL else getattr(Sample, name)
+    if how != "count":
+        return value
+    if protocol.FIELDS_BY_NAME[name].nullable:
+        return case((value.is_(None), 0), else_=1)
+    return literal(1, BigInteger)
+
+
+def _sample_rows() -> Any:
+    """Per-sample rows in the same shape as ``_block_rows`` (a sample is a block of one)."""
+    s = Sample
+    read = [_of_one_sample(c).label(label) for c, label in _READ.items()]
+    return select(s.run_id, Series.name.label("series"), *read).join(
+        Series, and_(Series.run_id == s.run_id, Series.id == s.series_id)
+    )
 
 
 def _block_rows() -> Any:
     """A run's blocks with its series' names (``models.Series``)."""
     b = SampleBlock
-    return select(
-        b.run_id,
-        Series.name.label("series"),
-        *(getattr(b, c).label(label) for c, label in _READ.items()),
-    ).join(Series, and_(Series.run_id == b.run_id, Series.id == b.series_id))
+    read = [getattr(b, c).label(label) for c, label in _READ.items()]
+    return select(b.run_id, Series.name.label("series"), *read).join(
+        Series, and_(Series.run_id == b.run_id, Series.id == b.series_id)
+    )
 
 
 def _sizes(conn: Connection, run_ids: Sequence[int]) -> dict[int, int]:
@@ -106,18 +133,26 @@ def _reads_blocks(n_samples: int, min_blocks: float) -> bool:
 def _bucket_source(
     conn: Connection, run_ids: Sequence[int], series: Sequence[str], min_blocks: float
 ) -> tuple[Any, list[int], list[int]]:
-    """Block rows for long runs (``_reads_blocks``), as one subquery; the runs read from their
-    blocks; and the short runs, which are read sample by sample (``_decoded.bucket_rows``:
-    their estimates are derived where read)."""
+    """Sample rows for short runs SQL can sum (``_samples.summed_in_sql``) and block rows for
+    long ones (``_reads_blocks``), as one subquery; the runs read from their blocks; and the
+    other short runs (``_decoded.bucket_rows`` sums them)."""
     sizes = _sizes(conn, run_ids)
     small: list[int] = []
     big: list[int] = []
     for r in run_ids:
         (big if _reads_blocks(sizes.get(r, 0), min_blocks) else small).append(r)
-    rows = _block_rows().where(SampleBlock.run_id.in_(big), Series.name.in_(series))
-    if not big:
-        rows = rows.where(false())
-    return rows.subquery("rows"), big, small
+    in_sql = summed_in_sql(conn, small)
+    packed = sorted(r for r in small if r not in in_sql)  # summed in Python
+    small = [r for r in small if r in in_sql]
+    parts: list[Any] = []
+    if small:
+        parts.append(_sample_rows().where(Sample.run_id.in_(small), Series.name.in_(series)))
+    if big:
+        parts.append(_block_rows().where(SampleBlock.run_id.in_(big), Series.name.in_(series)))
+    if not parts:
+        parts.append(_sample_rows().where(false()))
+    combined: Any = parts[0] if len(parts) == 1 else union_all(parts[0], parts[1])
+    return combined.subquery("rows"), big, packed
 
 
 def bucket_sums(
@@ -147,7 +182,7 @@ def bucket_sums(
         if project_scope is not None:
             known = known.where(Run.project_id == project_scope)
         uid_of = {int(i): str(uid) for i, uid in conn.execute(known)}
-        rows, read_from_blocks, short = _bucket_source(
+        rows, read_from_blocks, packed = _bucket_source(
             conn,
             list(uid_of),
             list(series),
@@ -197,9 +232,9 @@ def bucket_sums(
             .order_by(Run.uid, rows.c.series, bucket)
         )
         found: list[Any] = list(conn.execute(q))
-        for run_id in short:
+        for run_id in packed:
             found += bucket_rows(conn, run_id, uid_of[run_id], list(series), max_points)
-        if short:
+        if packed:
             found.sort(key=lambda row: (str(row[0]), str(row[1]), int(row[2])))
         block_uids = {uid_of[i] for i in read_from_blocks}
         return [_bucket_sums(row, block_uids) for row in found]

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, select
 
 from noisescope import protocol
+from noisescope.estimators import two_batch_expressions
 from noisescope_server.chunks import decode_chunk, estimate_columns
 from noisescope_server.models import SERIES_COLUMN, WHOLE_MODEL, Sample, SampleChunk, Series
 from noisescope_server.queries._common import fetch_tuples
@@ -32,13 +33,27 @@ DERIVED = protocol.DERIVED_COLUMNS
 _ESTIMATE_INPUTS = ("b_small", "b_big", "g_small_sq", "g_big_sq")
 
 
-def compacted(conn: Connection, run_ids: Iterable[int]) -> set[int]:
-    """Which of these runs have samples in chunks (compacted runs)."""
+#: The derived columns as SQL over ``sample``: the estimators' one formula
+#: (``estimators.two_batch_expressions``) applied to the columns.
+ESTIMATE_SQL: dict[str, Any] = dict(
+    zip(
+        DERIVED,
+        two_batch_expressions(Sample.b_small, Sample.b_big, Sample.g_small_sq, Sample.g_big_sq),
+        strict=True,
+    )
+)
+
+
+def summed_in_sql(conn: Connection, run_ids: Iterable[int]) -> set[int]:
+    """Which of these runs SQL can sum sample by sample (``ESTIMATE_SQL``): on SQLite, whose
+    IEEE doubles give the floats Python gives, the runs without chunks; on PostgreSQL none (it
+    raises on a float overflow or underflow that Python takes as inf or 0, and a sample's
+    sizes may be as small as a float gets), so their short runs are summed in Python."""
     ids = list(run_ids)
-    if not ids:
+    if conn.dialect.name != "sqlite" or not ids:
         return set()
     stmt = select(SampleChunk.run_id).where(SampleChunk.run_id.in_(ids)).distinct()
-    return {int(r) for (r,) in fetch_tuples(conn, stmt)}
+    return set(ids) - {int(r) for (r,) in fetch_tuples(conn, stmt)}
 
 
 def sample_rows(

@@ -30,24 +30,26 @@ from noisescope.estimators import (
 )
 from noisescope.protocol import RunSeries, SeriesInfo, SeriesPoint
 from noisescope_server.errors import BadInput
-from noisescope_server.models import BLOCK_SIZE, SampleBlock, Series
+from noisescope_server.models import BLOCK_SIZE, Sample, SampleBlock, Series
 from noisescope_server.queries._common import LEVEL, fetch_tuples, scoped_run
 from noisescope_server.queries._decoded import fine_columns
-from noisescope_server.queries._samples import series_number
+from noisescope_server.queries._samples import ESTIMATE_SQL, series_number, summed_in_sql
 
 XAxis = Literal["step", "examples", "time"]
 X_AXES: tuple[XAxis, ...] = ("step", "examples", "time")
 
 
-def _x_columns(x: XAxis) -> tuple[Any, Any]:
-    """A block's least and largest value along ``x`` (its samples')."""
-    lo = {"step": SampleBlock.step_min, "examples": SampleBlock.examples_min}.get(
-        x, SampleBlock.time_min
-    )
-    hi = {"step": SampleBlock.step_max, "examples": SampleBlock.examples_max}.get(
-        x, SampleBlock.time_max
-    )
-    return lo, hi
+def _x_columns(x: XAxis, use_blocks: bool) -> tuple[Any, Any]:
+    if use_blocks:
+        lo = {"step": SampleBlock.step_min, "examples": SampleBlock.examples_min}.get(
+            x, SampleBlock.time_min
+        )
+        hi = {"step": SampleBlock.step_max, "examples": SampleBlock.examples_max}.get(
+            x, SampleBlock.time_max
+        )
+        return lo, hi
+    col = {"step": Sample.step, "examples": Sample.examples}.get(x, Sample.time)
+    return col, col
 
 
 def _fine_columns(
@@ -56,21 +58,22 @@ def _fine_columns(
     series_id: int,
     x: XAxis,
     n_fine: int,
+    use_blocks: bool,
     x_min: Any,
     x_max: Any,
 ) -> list[Sequence[Any]]:
-    """The fine buckets' sums in SQL over the series' blocks, as columns in fine-index order:
-    (fine index, n, sum_g, sum_s, n_loss, sum_loss, n_lr, sum_lr, x_lo, x_hi, step_lo,
-    step_hi, examples_hi, b_big_max); no columns when the run has no samples along ``x``.
+    """The fine buckets' sums in SQL (of blocks, or of the samples of a run SQL can sum:
+    ``_samples.summed_in_sql``), as columns in fine-index order: (fine index, n, sum_g,
+    sum_s, n_loss, sum_loss, n_lr, sum_lr, x_lo, x_hi, step_lo, step_hi, examples_hi,
+    b_big_max); no columns when the run has no samples along ``x``.
 
     Along steps the x range is the step range, read once: every column the GROUP BY carries
     costs its sort."""
     if x_min is None:
         return []
-    x_lo_col, x_hi_col = _x_columns(x)
-    where = and_(
-        SampleBlock.run_id == run_id, SampleBlock.series_id == series_id, x_lo_col.is_not(None)
-    )
+    x_lo_col, x_hi_col = _x_columns(x, use_blocks)
+    table: Any = SampleBlock if use_blocks else Sample
+    where = and_(table.run_id == run_id, table.series_id == series_id, x_lo_col.is_not(None))
     span = float(x_max) - float(x_min)
     scale = (n_fine / (span * (1.0 + 1e-9))) if span > 0 else 0.0
     raw_index = (cast(x_lo_col, Float) - literal(float(x_min))) * literal(scale)
@@ -79,17 +82,29 @@ def _fine_columns(
         func.floor(raw_index) if conn.dialect.name == "postgresql" else cast(raw_index, Integer)
     )
     index = index_expr.label("fine")
-    step_lo, step_hi = _x_columns("step")
-    sums = [
-        func.sum(SampleBlock.n),
-        func.sum(SampleBlock.sum_g_sq),
-        func.sum(SampleBlock.sum_trace_sigma),
-        func.sum(SampleBlock.n_loss),
-        func.sum(SampleBlock.sum_loss),
-        func.sum(SampleBlock.n_lr),
-        func.sum(SampleBlock.sum_lr),
-    ]
-    tail = [func.max(SampleBlock.examples_max), func.max(SampleBlock.b_big_max)]
+    step_lo, step_hi = _x_columns("step", use_blocks)
+    if use_blocks:
+        sums = [
+            func.sum(SampleBlock.n),
+            func.sum(SampleBlock.sum_g_sq),
+            func.sum(SampleBlock.sum_trace_sigma),
+            func.sum(SampleBlock.n_loss),
+            func.sum(SampleBlock.sum_loss),
+            func.sum(SampleBlock.n_lr),
+            func.sum(SampleBlock.sum_lr),
+        ]
+        tail = [func.max(SampleBlock.examples_max), func.max(SampleBlock.b_big_max)]
+    else:
+        sums = [
+            func.count(),
+            func.sum(ESTIMATE_SQL["g_sq_est"]),
+            func.sum(ESTIMATE_SQL["trace_sigma_est"]),
+            func.count(Sample.loss),
+            func.sum(Sample.loss),
+            func.count(Sample.lr),
+            func.sum(Sample.lr),
+        ]
+        tail = [func.max(Sample.examples), func.max(Sample.b_big)]
     extent = [func.min(x_lo_col), func.max(x_hi_col)]
     if x != "step":
         extent += [func.min(step_lo), func.max(step_hi)]
@@ -132,7 +147,7 @@ def run_series(
         run_id = int(run.id)
         series_id = series_number(conn, run_id, series)
         # Count and x range in one pass over the blocks (their min/max are the samples').
-        block_lo, block_hi = _x_columns(x)
+        block_lo, block_hi = _x_columns(x, True)
         n_total, x_min, x_max = conn.execute(
             select(func.sum(SampleBlock.n), func.min(block_lo), func.max(block_hi)).where(
                 SampleBlock.run_id == run_id, SampleBlock.series_id == series_id
@@ -143,9 +158,11 @@ def run_series(
         # than the resolution gained (points then hold >= 64 samples each).
         use_blocks = n_samples >= BLOCK_SIZE * max_points // 2
         sub = bucket_blocks(n_samples, max_points) if intervals else 1
-        if use_blocks:
-            fine = _fine_columns(conn, run_id, series_id, x, max_points * sub, x_min, x_max)
-        else:  # sample by sample, their estimates derived where read (``_samples``)
+        if use_blocks or summed_in_sql(conn, [run_id]):
+            fine = _fine_columns(
+                conn, run_id, series_id, x, max_points * sub, use_blocks, x_min, x_max
+            )
+        else:  # sample by sample in Python, their estimates derived where read (``_samples``)
             fine = fine_columns(conn, run_id, series, x, max_points * sub, x_min, x_max)
     if window > 0:  # a window's interval comes from its buckets, not from theirs
         points = smooth_series(_merge_fine(fine, False, sub), window, intervals=intervals)
