@@ -31,7 +31,9 @@ def two_batch_estimates(
     return float(g_sq), float(trace_sigma)
 
 
-def two_batch_expressions(b_small: Any, b_big: Any, g_small_sq: Any, g_big_sq: Any) -> tuple[Any, Any]:
+def two_batch_expressions(
+    b_small: Any, b_big: Any, g_small_sq: Any, g_big_sq: Any
+) -> tuple[Any, Any]:
     """``two_batch_estimates``' expressions, unchecked, over anything with ``+ - * /``: floats,
     or the server's SQL columns (an SQL expression of the same operations in the same order,
     which SQLite evaluates in IEEE doubles as Python does: the same floats). The one place
