@@ -30,7 +30,6 @@ Run: ``python -m benchmarks.series [--quick] [--baseline REV]`` (quick: 100k sam
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import itertools
@@ -476,16 +475,7 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _cli.parser("benchmarks.series", __doc__)
-    parser.add_argument(
-        "--baseline", default=BASELINE, metavar="REV", help="the earlier revision (%(default)s)"
-    )
-    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        return _worker(args.worker)
-    print(run(args.quick, args.baseline))
-    return 0
+    return _cli.main_beside("benchmarks.series", __doc__, BASELINE, run, _worker, argv)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ cell, 200,000 for the series read, 600 runs for the task list).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
@@ -160,7 +159,7 @@ def read_once(engine: Engine, index: int, form: str) -> float:
     return _median_time(lambda: queries.run_series(engine, uid, max_points=2000), 1)
 
 
-def _worker() -> int:
+def _worker(_args: list[str]) -> int:
     """One version's side: answers JSON lines (``cmd``: bytes, ingest, build, read)."""
     import noisescope
     import noisescope_server
@@ -440,16 +439,7 @@ def _section(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _cli.parser("benchmarks.storage", __doc__)
-    parser.add_argument(
-        "--baseline", default=BASELINE, metavar="REV", help="the earlier revision (%(default)s)"
-    )
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        return _worker()
-    print(run(args.quick, args.baseline))
-    return 0
+    return _cli.main_beside("benchmarks.storage", __doc__, BASELINE, run, _worker, argv)
 
 
 if __name__ == "__main__":

@@ -154,12 +154,20 @@ def upgrade() -> None:
     _create("sample", _sample_columns(old=False), ["run_id", "seq"])
     _copy("sample", _SAMPLE, "series", "series_id")
     _swap("sample")
-    _create("sample_block", _block_columns(old=False), ["run_id", "series_id", "block"])
-    _copy("sample_block", ("run_id", *_BLOCK), "series", "series_id")
-    _swap("sample_block")
-    _create("sample_chunk", _chunk_columns(old=False), ["run_id", "series_id", "seq_first"])
-    _copy("sample_chunk", ("run_id", *_CHUNK), "series", "series_id")
-    _swap("sample_chunk")
+    _blocks_and_chunks(old=False)
+
+
+def _blocks_and_chunks(old: bool) -> None:
+    """``sample_block`` and ``sample_chunk`` in the layout of 0006 (``old``: the name in each
+    row) or of 0007 (the number), the one from the other through the ``series`` table."""
+    series, other = ("series", "series_id") if old else ("series_id", "series")
+    for name, columns, rest in (
+        ("sample_block", _block_columns, _BLOCK),
+        ("sample_chunk", _chunk_columns, _CHUNK),
+    ):
+        _create(name, columns(old), ["run_id", series, rest[0]])
+        _copy(name, ("run_id", *rest), other, series)
+        _swap(name)
 
 
 def downgrade() -> None:
@@ -190,10 +198,5 @@ def downgrade() -> None:
         conn.execute(new.insert(), rows)
         after = {"run_id": page[-1][0], "seq": page[-1][1]}
     _swap("sample")
-    _create("sample_block", _block_columns(old=True), ["run_id", "series", "block"])
-    _copy("sample_block", ("run_id", *_BLOCK), "series_id", "series")
-    _swap("sample_block")
-    _create("sample_chunk", _chunk_columns(old=True), ["run_id", "series", "seq_first"])
-    _copy("sample_chunk", ("run_id", *_CHUNK), "series_id", "series")
-    _swap("sample_chunk")
+    _blocks_and_chunks(old=True)
     op.drop_table("series")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import Engine, and_, func, select
@@ -107,6 +108,15 @@ def test_blocks_stay_exact_under_resends_and_shuffled_batches(engine: Engine) ->
     assert math.isclose(sum(p.sum_trace_sigma for p in series.points), s_total, rel_tol=1e-9)
 
 
+def _at_once(target: Callable[[int], None], n: int) -> None:
+    """``target(0)`` ... ``target(n - 1)``, each on a thread of its own, all joined."""
+    threads = [threading.Thread(target=target, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_concurrent_writers_into_one_run_keep_blocks_exact(engine: Engine) -> None:
     """Interleaved seqs from several threads land in the same blocks at the same time."""
     errors: list[BaseException] = []
@@ -122,11 +132,7 @@ def test_concurrent_writers_into_one_run_keep_blocks_exact(engine: Engine) -> No
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _at_once(writer, 4)
     assert errors == []
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Sample)).scalar_one() == 800
@@ -289,11 +295,7 @@ def test_concurrent_ingests_of_new_series_get_one_number_each(engine: Engine) ->
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=ingest, args=(k,)) for k in range(len(names))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _at_once(ingest, len(names))
     assert errors == []
     with engine.connect() as conn:
         stored = dict(conn.execute(select(Series.name, Series.id)).all())
