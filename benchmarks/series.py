@@ -37,6 +37,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -194,7 +195,13 @@ def _answer(engine: Any, case: dict[str, Any]) -> bytes:
 
 def _worker(urls: list[str]) -> int:
     """Answer JSON lines ``{"case", "db", "repeat"}`` with CPU and wall per call and the
-    answer's sha256 (``repeat`` 0: the hash only; ``"body": true`` adds the answer itself)."""
+    answer's sha256 (``repeat`` 0: the hash only; ``"body": true`` adds the answer itself).
+    With ``build URL VARIED_URL SIZES N_SMALL``, write the two files with this version's code
+    and end."""
+    if urls[0] == "build":
+        _build(urls[1], json.loads(urls[3]), int(urls[4]))
+        _build_varied(urls[2])
+        return 0
     import noisescope
     import noisescope_server
     from noisescope_server import db
@@ -386,12 +393,26 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
     n_runs = len(sizes) + n_small
     with tempfile.TemporaryDirectory(prefix="noisescope-bench-series-") as tmp_name:
         tmp = Path(tmp_name)
-        url, varied_url = f"sqlite:///{tmp / 'bench.db'}", f"sqlite:///{tmp / 'varied.db'}"
-        build_s = _build(url, sizes, n_small)
-        _build_varied(varied_url)
         old_root = tmp / "baseline"
         commit = export_code(baseline, old_root)
         roots = {"baseline": old_root, "current": ROOT}
+        # each version its own files of the same samples, written by its own write path: the
+        # tables differ between revisions (0007 stores a series' name once per run)
+        files = {
+            label: [f"sqlite:///{tmp / f'{label}.db'}", f"sqlite:///{tmp / f'{label}-varied.db'}"]
+            for label in roots
+        }
+        build_s = _build(files["current"][0], sizes, n_small)
+        _build_varied(files["current"][1])
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "benchmarks.series", "--worker", "build"),
+                *(*files["baseline"], json.dumps(sizes), str(n_small)),
+            ],
+            cwd=ROOT,
+            env=code_env(old_root, ("client", "server")),
+            check=True,
+        )
         cases = _cases(sizes, n_runs)
         with contextlib.ExitStack() as stack:
             workers, servers = {}, {}
@@ -399,12 +420,14 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
                 env = code_env(root, ("client", "server"))
                 workers[label] = stack.enter_context(
                     worker_process(
-                        label, "benchmarks.series", [url, varied_url], env, tmp / f"{label}.log"
+                        label, "benchmarks.series", files[label], env, tmp / f"{label}.log"
                     )
                 )
                 workers[label].check_modules(root)
                 server = stack.enter_context(
-                    ServerProcess(database_url=url, env={"PYTHONPATH": env["PYTHONPATH"]})
+                    ServerProcess(
+                        database_url=files[label][0], env={"PYTHONPATH": env["PYTHONPATH"]}
+                    )
                 )
                 assert server.proc is not None
                 servers[label] = {"url": server.url, "cpu": server_cpu(server.proc.pid)}
@@ -423,7 +446,9 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
         "",
         f"`python -m benchmarks.series{' --quick' if quick else ''}`: this checkout (current) "
         f"beside revision {commit} (the commit before the series read was rewritten a column "
-        f"at a time), reading the same SQLite file: runs of {', '.join(f'{n:,}' for n in sizes)} "
+        "at a time), each reading its own SQLite file of the same samples written by its own "
+        "write path (the tables differ from migration 0007 on): runs of "
+        f"{', '.join(f'{n:,}' for n in sizes)} "
         f"samples and {n_small} more of 10,000 ({n_runs} runs), built through `crud` in "
         f"{build_s:.0f} s. Each version answers in-process (a worker subprocess with its code "
         "first on `PYTHONPATH` calls the query the route calls and encodes the answer with "
