@@ -409,9 +409,10 @@ def _section(
         "",
         f"Reads (SQLite, median of {rounds} alternating rounds, CPU seconds of the worker): "
         "each version's run as rows beside a copy of it compacted. Long runs read the block "
-        "sums either way; a short run is read sample by sample: in this version in Python over "
-        "the read seam (rows or decoded chunks, the estimates derived there), in "
-        f"{commit} in SQL over the rows (as rows) or in Python (compacted).",
+        "sums either way; a short run is read sample by sample, as rows in SQL (in this "
+        "version the estimates as SQL from the estimators' formula, in "
+        f"{commit} the stored ones) and compacted in Python over the decoded chunks; the "
+        "CSV export reads each sample (in this version its estimates derived in Python).",
         "",
         f"| read | rows, {commit} (s) | rows (s) | rows / {commit} | compacted, {commit} (s) "
         "| compacted (s) |",
