@@ -39,7 +39,7 @@ from unittest import mock
 from sqlalchemy import Engine, text
 
 from benchmarks import _cli
-from benchmarks.ingest import PG_ADMIN, _drop_pg, _pg_database, make_columns
+from benchmarks._ingest_driver import PG_ADMIN, drop_pg, make_columns, pg_database
 from noisescope_server import crud, db, queries
 from noisescope_server.crud import _samples
 
@@ -243,16 +243,16 @@ def run(quick: bool) -> str:
         pg_names: list[str] = []
 
         def pg(cell: str) -> str:
-            name = _pg_database()
+            name = pg_database()
             if name is None:
                 raise RuntimeError("PostgreSQL unreachable")
             pg_names.append(name)
             base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
             return f"{base}/{name}"
 
-        probe = _pg_database()
+        probe = pg_database()
         if probe is not None:
-            _drop_pg(probe)
+            drop_pg(probe)
             backends.append(("PostgreSQL", pg))
         try:
             for backend, url_of in backends:
@@ -269,7 +269,7 @@ def run(quick: bool) -> str:
             tasks = task_list_times(backends[0][1]("tasks"), n_runs, rounds)
         finally:
             for name in pg_names:
-                _drop_pg(name)
+                drop_pg(name)
     lines += [
         "",
         f"Ingest (SQLite, {n:,} samples per round in batches of {BATCH:,}, {rounds} rounds "
