@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from noisescope import _format
 
@@ -252,6 +252,20 @@ class ParallelismPlan:
     verdict: str | None = None
     #: What ``b_crit`` is: "B_crit" (a sweep fit) or "B_simple" (taken as B_crit ≈ B_simple).
     reference: str = "B_crit"
+
+
+class PlanOptions(TypedDict, total=False):
+    """The options of ``recommend.parallelism_plan`` as ``Api.parallelism`` takes them and
+    sends them on (the server calls the function with them): those left out take the
+    function's defaults there."""
+
+    s_min: float | None
+    step_time: float | None
+    min_speedup: float
+    max_devices: int | None
+    units: str
+    batch_size: float | None
+    reference: str
 
 
 @dataclass(frozen=True)

@@ -18,21 +18,23 @@ from noisescope_server.queries._samples import last_rows
 
 class CurrentFields(TypedDict):
     """A run's current window (``estimators.current_window``) and where it lies: the fields of
-    ``RunSummary`` it fills, under their names there (``RunSummary(..., **fields)``)."""
+    ``RunSummary`` it fills, under their names and types there (``RunSummary(..., **fields)``;
+    tests/server/test_current_fields.py holds the two together). Listed as the window reads: its
+    extent, the means over it, then B_simple."""
 
+    window_samples: int
+    window_first_step: int | None
+    window_last_step: int | None
+    #: Why the window stopped growing before its interval was narrow (``CurrentNoiseScale``).
+    window_limit: str | None
+    g_sq: float | None
+    trace_sigma: float | None
     b_simple: float | None
     b_simple_lo: float | None
     b_simple_hi: float | None
     b_simple_reason: str | None
-    g_sq: float | None
-    trace_sigma: float | None
-    window_samples: int
-    window_first_step: int | None
-    window_last_step: int | None
     #: While ``b_simple`` is None: a lower bound on it, where one is known.
     b_simple_lower: float | None
-    #: Why the window stopped growing before its interval was narrow (``CurrentNoiseScale``).
-    window_limit: str | None
 
 
 def no_current(reason: str) -> CurrentFields:
