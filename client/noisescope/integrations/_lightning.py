@@ -83,6 +83,9 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         self,
         run: Run | None = None,
         *,
+        # The init arguments are HuggingFaceCallback's, written out in both signatures on
+        # purpose: each framework's users read their own callback's parameters (a shared
+        # TypedDict behind ** would hide them from editors and type checkers).
         project: str | None = None,
         task: str | None = None,
         name: str | None = None,
