@@ -108,6 +108,7 @@ def test_every_surface_gives_the_one_window(
         assert row["b_simple"] == _text.at_least(bound) and row["ratio"] == ""
         return
     assert run.b_simple is not None and mine.b_simple is not None
+    assert not run.b_simple_trend  # the window's own number
     assert run.b_simple == pytest.approx(mine.b_simple, rel=1e-9)
     iv = mine.interval.b_simple
     assert iv is not None
@@ -173,7 +174,7 @@ def test_every_surface_gives_the_loss_trend(
     assert iv is not None
     assert run.b_simple == pytest.approx(mine.b_simple, rel=1e-9)
     assert (run.b_simple_lo, run.b_simple_hi) == pytest.approx((iv.lo, iv.hi), rel=1e-9)
-    assert run.window_samples == mine.n
+    assert run.b_simple_trend and run.window_samples == mine.n
     steps = tracker.samples.steps(mine)
     assert steps is not None
     assert (run.window_first_step, run.window_last_step) == tuple(int(s) for s in steps)

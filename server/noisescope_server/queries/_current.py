@@ -33,6 +33,8 @@ class CurrentFields(TypedDict):
     b_simple_lower: float | None
     #: Why the window stopped growing before its interval was narrow (``CurrentNoiseScale``).
     window_limit: str | None
+    #: Whether ``b_simple`` comes from the loss trend (``CurrentNoiseScale.trend``).
+    b_simple_trend: bool
 
 
 def no_current(reason: str) -> CurrentFields:
@@ -49,6 +51,7 @@ def no_current(reason: str) -> CurrentFields:
         window_last_step=None,
         b_simple_lower=None,
         window_limit=None,
+        b_simple_trend=False,
     )
 
 
@@ -113,6 +116,7 @@ def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentFields
         window_last_step=steps[1] if steps and used else None,
         b_simple_lower=window.lower_bound,
         window_limit=window.limit,
+        b_simple_trend=window.trend,
     )
 
 
