@@ -77,7 +77,7 @@ def _uid(n: int, i: int = 0) -> str:
 
 def _build(url: str, sizes: list[int], n_small: int) -> float:
     """The series runs and ``n_small`` runs of 10k samples through ``crud``; seconds taken."""
-    from benchmarks.ingest import load_runs
+    from benchmarks._ingest_driver import load_runs
     from noisescope_server.crud import RunIn
 
     run = RunIn(project="bench", task="series", batch_size=256, status="finished")

@@ -45,8 +45,8 @@ from typing import Any
 from sqlalchemy import Engine, inspect, text
 
 from benchmarks import _cli
+from benchmarks._ingest_driver import PG_ADMIN, drop_pg, make_columns, pg_database
 from benchmarks._versions import ROOT, Worker, code_env, export_code, reply, worker_process
-from benchmarks.ingest import PG_ADMIN, _drop_pg, _pg_database, make_columns
 from noisescope_server import crud, db, queries
 
 #: main before the series names were stored once and the per-sample estimates dropped.
@@ -269,7 +269,7 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
             return f"sqlite:///{tmp / f'{cell}.db'}"
 
         def pg(cell: str) -> str:
-            name = _pg_database()
+            name = pg_database()
             if name is None:
                 raise RuntimeError("PostgreSQL unreachable")
             pg_names.append(name)
@@ -277,9 +277,9 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
             return f"{base}/{name}"
 
         backends: list[tuple[str, Callable[[str], str]]] = [("SQLite", sqlite)]
-        probe = _pg_database()
+        probe = pg_database()
         if probe is not None:
-            _drop_pg(probe)
+            drop_pg(probe)
             backends.append(("PostgreSQL", pg))
         commit = export_code(baseline, tmp / "baseline")
         envs = {
@@ -302,7 +302,7 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
             tasks = task_list_times(sqlite("tasks"), n_runs, rounds)
         finally:
             for name in pg_names:
-                _drop_pg(name)
+                drop_pg(name)
     return _section(quick, commit, n, n_series, rounds, n_runs, cells, ingest, reads, tasks)
 
 
