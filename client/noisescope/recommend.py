@@ -321,7 +321,7 @@ class NoiseTracker:
             return
         try:  # on the training thread: a bad sample is skipped, never raised
             g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)
-            loss = fields.get("loss")  # for the loss trend, as the server reads it
+            loss = kw.get("loss")  # for the loss trend, as the server reads it
             loss_value = None
             if isinstance(loss, int | float) and not isinstance(loss, bool):
                 loss_value = float(loss)

@@ -13,7 +13,7 @@ from noisescope_server.queries._current import CurrentFields, no_current
 def test_current_fields_are_run_summary_fields_of_the_same_type() -> None:
     summary = typing.get_type_hints(RunSummary)
     current = typing.get_type_hints(CurrentFields)
-    assert len(current) == 11
+    assert len(current) == 12
     assert {name: summary.get(name) for name in current} == current
 
 
