@@ -550,6 +550,12 @@ def _pg_database() -> str | None:
     return name
 
 
+def pg_url(name: str) -> str:
+    """The SQLAlchemy URL of the benchmark database ``name`` (made by ``_pg_database``)."""
+    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    return f"{base}/{name}"
+
+
 def _drop_pg(name: str) -> None:
     import psycopg
 

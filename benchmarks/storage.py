@@ -39,7 +39,7 @@ from unittest import mock
 from sqlalchemy import Engine, text
 
 from benchmarks import _cli
-from benchmarks.ingest import PG_ADMIN, _drop_pg, _pg_database, make_columns
+from benchmarks.ingest import _drop_pg, _pg_database, make_columns, pg_url
 from noisescope_server import crud, db, queries
 from noisescope_server.crud import _samples
 
@@ -247,8 +247,7 @@ def run(quick: bool) -> str:
             if name is None:
                 raise RuntimeError("PostgreSQL unreachable")
             pg_names.append(name)
-            base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-            return f"{base}/{name}"
+            return pg_url(name)
 
         probe = _pg_database()
         if probe is not None:
