@@ -25,3 +25,26 @@ def main(
     runs them all and writes docs/benchmarks.md)."""
     print(run(parser(prog, doc).parse_args(argv).quick))
     return 0
+
+
+def main_beside(
+    prog: str,
+    doc: str | None,
+    baseline: str,
+    run: Callable[[bool, str], str],
+    worker: Callable[[list[str]], int],
+    argv: list[str] | None = None,
+) -> int:
+    """``main`` of a module that runs this checkout beside an earlier revision (``--baseline
+    REV``, default ``baseline``), each version in a worker subprocess of its own
+    (``--worker ARGS...``, which the module's ``_versions.Worker`` starts)."""
+    parser_ = parser(prog, doc)
+    parser_.add_argument(
+        "--baseline", default=baseline, metavar="REV", help="the earlier revision (%(default)s)"
+    )
+    parser_.add_argument("--worker", nargs="*", help=argparse.SUPPRESS)
+    args = parser_.parse_args(argv)
+    if args.worker is not None:
+        return worker(args.worker)
+    print(run(args.quick, args.baseline))
+    return 0

@@ -40,6 +40,14 @@ def export(rev: str, dest: Path, folders: Iterable[str]) -> str:
     return commit
 
 
+def export_code(rev: str, dest: Path) -> str:
+    """``git archive rev client server migrations`` into ``dest`` (the migrations inside the
+    server package, where an installed one has them); the short hash."""
+    commit = export(rev, dest, ("client", "server", "migrations"))
+    (dest / "migrations").rename(dest / "server" / "noisescope_server" / "migrations")
+    return commit
+
+
 def code_env(root: Path, packages: Iterable[str], **set_: str) -> dict[str, str]:
     """This process's environment without ``NOISESCOPE_*``, with ``PYTHONPATH`` the checkout at
     ``root``'s package folders (so a worker runs that checkout's code, whatever the virtual

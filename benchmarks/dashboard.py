@@ -66,7 +66,7 @@ def _uid(i: int) -> str:
 
 def _build(url: str, big_n: int, n_runs: int, per_run: int) -> float:
     """Ingest the runs through ``crud``; seconds taken."""
-    from benchmarks.ingest import load_runs
+    from benchmarks._ingest_driver import load_runs
     from noisescope_server.crud import RunIn
 
     def run(uid: str, task: str) -> RunIn:

@@ -2,7 +2,8 @@
 
 For SQLite (temp file) and PostgreSQL (a fresh database on 127.0.0.1:5432, skipped if absent):
 
-1. *driver executemany*: the same rows (all sample columns, including the per-sample estimates)
+1. *driver executemany*: the same rows (every stored sample column: the wire columns, the
+   series as its number; the per-sample estimates are derived where read, never stored)
    inserted with ``sqlite3`` / ``psycopg`` ``executemany`` into the migrated ``sample`` table, one
    transaction per batch: the storage limit, no HTTP, no validation.
 2. *driver, the server's INSERT*: the same rows through the driver with the statement the
@@ -33,7 +34,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,178 +42,18 @@ import orjson
 import requests
 
 from benchmarks import _cli
+from benchmarks._ingest_driver import (
+    PG_ADMIN,
+    driver_rate,
+    drop_pg,
+    make_columns,
+    pg_database,
+    prepare_schema,
+    sample_rows,
+    sqlite_insert_batches,
+)
 from benchmarks._venv import competitor_python
 from harness import ServerProcess, free_port, wait_for_health
-from noisescope import _wire
-from noisescope_server.models import SAMPLE_COLUMNS
-
-PG_ADMIN = os.environ.get("NOISESCOPE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-COLUMNS = _wire.SAMPLE_COLUMNS
-
-
-def make_columns(n: int, start: int, seed: int) -> dict[str, list[Any]]:
-    rng = random.Random(seed)
-    seq = list(range(start, start + n))
-    return {
-        "seq": seq,
-        "step": list(seq),
-        "examples": [s * 256.0 for s in seq],
-        "b_small": [64.0] * n,
-        "b_big": [256.0] * n,
-        "g_small_sq": [1.0 + 40.0 / 64 + rng.random() for _ in seq],
-        "g_big_sq": [1.0 + 40.0 / 256 + 0.2 * rng.random() for _ in seq],
-        "loss": [2.0 / (1 + 1e-3 * s) for s in seq],
-        "lr": [0.1] * n,
-        "time": [1.7e9 + s for s in seq],
-        "series": [""] * n,
-    }
-
-
-def load_runs(url: str, runs: Iterable[tuple[str, Any, int, int]], batch: int = 20_000) -> float:
-    """Migrate the database at ``url``, then load ``runs`` (uid, ``crud.RunIn``, samples, seed):
-    each run and ``make_columns``' samples through ``crud``, the server's write path (so
-    ``sample_block`` is maintained as in production). Seconds the loading took."""
-    from noisescope_server import crud, db
-
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    t0 = time.perf_counter()
-    for uid, run, n, seed in runs:
-        crud.upsert_run(engine, uid, run)
-        for start in range(0, n, batch):
-            cols = make_columns(min(batch, n - start), start, seed + start)
-            samples = crud.validate_samples({"columns": cols}, max_samples=batch)
-            crud.ingest_samples(engine, uid, samples)
-    engine.dispose()
-    return time.perf_counter() - t0
-
-
-def _rows(run_id: int, cols: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
-    from noisescope.estimators import two_batch_estimates
-
-    est = list(
-        map(
-            two_batch_estimates,
-            cols["b_small"],
-            cols["b_big"],
-            cols["g_small_sq"],
-            cols["g_big_sq"],
-        )
-    )
-    return [
-        (
-            run_id,
-            cols["seq"][i],
-            cols["step"][i],
-            cols["examples"][i],
-            cols["b_small"][i],
-            cols["b_big"][i],
-            cols["g_small_sq"][i],
-            cols["g_big_sq"][i],
-            est[i][0],
-            est[i][1],
-            cols["loss"][i],
-            cols["lr"][i],
-            cols["time"][i],
-            cols["series"][i],
-        )
-        for i in range(len(cols["seq"]))
-    ]
-
-
-_INSERT = (
-    "INSERT INTO sample (run_id, seq, step, examples, b_small, b_big, g_small_sq, g_big_sq, "
-    "g_sq_est, trace_sigma_est, loss, lr, time, series) VALUES ({})"
-)
-
-
-def _prepare_schema(url: str, run_uid: str = "driver-baseline") -> int:
-    from noisescope_server import crud, db
-
-    engine = db.make_engine(url)
-    db.upgrade(engine)
-    ref, _ = crud.upsert_run(engine, run_uid, crud.RunIn(project="bench", task="driver"))
-    engine.dispose()
-    return ref.id
-
-
-def _sqlite_server_statements(
-    conn: sqlite3.Connection, chunk: list[tuple[Any, ...]]
-) -> list[tuple[str, list[Any]]]:
-    """The server's multi-row insert-or-ignore statements for these rows, parameters flat."""
-    from noisescope_server.crud import _sql
-
-    per_insert = _sql.sqlite_rows_per_insert(conn)
-    return [
-        (
-            _sql.sqlite_sample_insert(len(chunk[i : i + per_insert])),
-            [v for row in chunk[i : i + per_insert] for v in row],
-        )
-        for i in range(0, len(chunk), per_insert)
-    ]
-
-
-def _pg_server_arrays(chunk: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
-    """The server's ``unnest`` parameters (one array per column) for these rows."""
-    return {name: [row[k] for row in chunk] for k, name in enumerate(("run_id", *SAMPLE_COLUMNS))}
-
-
-def _sqlite_insert_batches(
-    conn: sqlite3.Connection,
-    chunks: list[list[tuple[Any, ...]]],
-    statement: str,
-    clock: Callable[[], float],
-) -> float:
-    """Insert the batches, one transaction each; the ``clock`` time it took (parameters of the
-    server's statements are built before the clock starts, like executemany's rows)."""
-    sql = _INSERT.format(", ".join("?" * 14))
-    prepared = [
-        _sqlite_server_statements(conn, chunk) if statement == "server" else [] for chunk in chunks
-    ]
-    t0 = clock()
-    for chunk, statements in zip(chunks, prepared, strict=True):
-        conn.execute("BEGIN")
-        if statement == "server":
-            for server_sql, params in statements:
-                conn.execute(server_sql, params)
-        else:
-            conn.executemany(sql, chunk)
-        conn.execute("COMMIT")
-    return clock() - t0
-
-
-def driver_rate(url: str, n: int, batch: int, round_: int = 0, *, statement: str = "") -> float:
-    """Rows/s of the raw driver into the migrated sample table (a fresh run), one transaction per
-    batch: ``executemany`` of one-row INSERTs, or with ``statement="server"`` the statement
-    the server uses (its parameters built before the clock starts, like executemany's rows)."""
-    run_id = _prepare_schema(url, f"driver-{statement or 'executemany'}-{round_}")
-    rows = _rows(run_id, make_columns(n, 0, 1))
-    chunks = [rows[i : i + batch] for i in range(0, n, batch)]
-    if url.startswith("sqlite"):
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        took = _sqlite_insert_batches(conn, chunks, statement, time.perf_counter)
-        conn.close()
-    else:
-        import psycopg
-
-        from noisescope_server.crud import _sql
-
-        conn_pg = psycopg.connect(url.replace("postgresql+psycopg", "postgresql"))
-        sql = _INSERT.format(", ".join(["%s"] * 14))
-        arrays = [_pg_server_arrays(chunk) if statement == "server" else {} for chunk in chunks]
-        t0 = time.perf_counter()
-        for chunk, columns in zip(chunks, arrays, strict=True):
-            with conn_pg.cursor() as cur:
-                if statement == "server":
-                    cur.execute(_sql.PG_SAMPLE_INSERT, columns)
-                else:
-                    cur.executemany(sql, chunk)
-            conn_pg.commit()
-        took = time.perf_counter() - t0
-        conn_pg.close()
-    return n / took
 
 
 def _post_bodies(args: tuple[str, list[bytes], Any]) -> None:
@@ -361,13 +201,13 @@ def cpu_per_sample(tmp: Path, n: int, batch: int) -> tuple[float, float, float]:
     url = f"sqlite:///{tmp / 'cpu-driver.db'}"
     driver_us: list[float] = []
     for statement in ("executemany", "server"):
-        run_id = _prepare_schema(url, f"cpu-{statement}")
-        rows = _rows(run_id, make_columns(n, 0, 1))
+        run_id = prepare_schema(url, f"cpu-{statement}")
+        rows = sample_rows(run_id, make_columns(n, 0, 1))
         conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         chunks = [rows[i : i + batch] for i in range(0, n, batch)]
-        took = _sqlite_insert_batches(conn, chunks, statement, time.process_time)
+        took = sqlite_insert_batches(conn, chunks, statement, time.process_time)
         driver_us.append(took / n * 1e6)
         conn.close()
     with ServerProcess(database_url=f"sqlite:///{tmp / 'cpu-http.db'}") as server:
@@ -434,7 +274,7 @@ def latency_table(tmp: Path, requests_n: int) -> str:
     import signal
 
     url = f"sqlite:///{tmp / 'latency.db'}"
-    _prepare_schema(url)
+    prepare_schema(url)
     rows = ["| server (2 workers, keep-alive client) | p50 ms | p90 ms |", "|---|---:|---:|"]
     with ServerProcess(database_url=url, workers=2) as server:
         p50, p90 = keepalive_latency_ms(server.url, requests_n)
@@ -537,32 +377,6 @@ def mlflow_rate(tmp: Path, n: int, clients: int) -> float | None:
         log.close()
 
 
-def _pg_database() -> str | None:
-    try:
-        import psycopg
-
-        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3)
-    except Exception:
-        return None
-    name = f"ns_bench_{uuid.uuid4().hex[:8]}"
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return name
-
-
-def pg_url(name: str) -> str:
-    """The SQLAlchemy URL of the benchmark database ``name`` (made by ``_pg_database``)."""
-    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
-    return f"{base}/{name}"
-
-
-def _drop_pg(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def run(quick: bool) -> str:
     n = 40_000 if quick else 200_000
     batch = 2_000 if quick else 5_000
@@ -622,7 +436,7 @@ def run(quick: bool) -> str:
         ]
         n_mlflow = min(n, 40_000)
         mlflow = mlflow_rate(tmp, n_mlflow, clients)
-        pg_names = [_pg_database(), _pg_database()]
+        pg_names = [pg_database(), pg_database()]
         if None in pg_names:
             lines.append("| PostgreSQL | unreachable at 127.0.0.1:5432: skipped | | | | | |")
         else:
@@ -635,7 +449,7 @@ def run(quick: bool) -> str:
             finally:
                 for name in pg_names:
                     if name:
-                        _drop_pg(name)
+                        drop_pg(name)
         lines += cpu_lines
         if mlflow is None:
             lines += [

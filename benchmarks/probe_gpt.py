@@ -14,9 +14,9 @@ round in one process, one intra-op thread; the metered *in probe* column is the 
 thread's CPU time inside the probe (``noisescope.torch.instrumented``). Rows: per-example
 over all parameters, per-example over the norm layers, and for reference the micro-batch
 source with 4 micro-batches of 4 sequences. *Least work*: for all parameters the Linear
-layers' Gram products alone (``_LeastGram``: the tied embedding's rows, the broadcast
+layers' Gram products alone (``LeastGram``: the tied embedding's rows, the broadcast
 positions and the norm layers not included); for the norm layers each LayerNorm's per-example
-gradients (sum over positions of delta * x_hat and of delta) alone (``_LeastNorm``).
+gradients (sum over positions of delta * x_hat and of delta) alone (``LeastNorm``).
 
 Run: ``python -m benchmarks.probe_gpt [--quick]`` (``python -m benchmarks --only probe_gpt``
 writes its section of docs/benchmarks.md).
@@ -33,8 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks import _cli
+from benchmarks._least_probe import ProbeFactory
 from benchmarks._meter import NoiseGauge
-from benchmarks.probe_overhead import ProbeFactory, Row, _Case, _rows, _Sink
+from benchmarks.probe_overhead import Row, _Case, _rows, _Sink
 from harness.zoo.models import GPT, GPTConfig
 from noisescope.torch import GradientNoiseProbe
 

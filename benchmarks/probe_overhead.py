@@ -49,7 +49,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch._dynamo.config
@@ -57,12 +57,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.multiprocessing.spawn import start_processes
 from torch.nn import functional as F
-from torch.utils.hooks import RemovableHandle
 
 from benchmarks import _cli
+from benchmarks._least_probe import LeastGram, LeastNorm, LeastReads, Probe, ProbeFactory
 from benchmarks._meter import Meter, NoiseGauge, metered
 from experiments.tasks import TransformerBlock
-from noisescope.torch import GradientNoiseProbe, _factors
+from noisescope.torch import GradientNoiseProbe
 from noisescope.torch._instrument import current as instrumentation
 
 
@@ -115,141 +115,6 @@ def _loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-class _Probe(Protocol):
-    def micro_step(self, batch_size: float) -> None: ...
-    def step(self, *, loss: float, lr: float) -> object: ...
-    def remove(self) -> None: ...
-
-
-ProbeFactory = Callable[[nn.Module], _Probe]
-
-
-class _LeastReads:
-    """The least a micro-batch probe must do: one norm of each measured backward's gradient,
-    read while fresh (a post-accumulate hook: the first backward's ``.grad`` is its gradient;
-    a later one's holds as many bytes), one batched norm of the accumulated gradient at the
-    step, and under DDP one small all-reduce. No bookkeeping, nothing logged."""
-
-    def __init__(self, model: nn.Module, meter: Meter, first_only: bool) -> None:
-        self._ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-        inner = model.module if self._ddp else model
-        assert isinstance(inner, nn.Module)
-        self._params = [p for p in inner.parameters() if p.requires_grad]
-        self._live = [True]
-        self._first_only = first_only
-        self._reads = meter.wrap(self._read_step)
-        slots = torch.zeros(len(self._params)).unbind(0)
-        self._handles = [
-            p.register_post_accumulate_grad_hook(meter.wrap(self._hook(slot), hook=True))
-            for p, slot in zip(self._params, slots, strict=True)
-        ]
-
-    def _hook(self, slot: Tensor) -> Callable[[Tensor], None]:
-        live = self._live
-
-        def hook(param: Tensor) -> None:
-            if live[0]:
-                torch.linalg.vector_norm(param.grad, out=slot)
-
-        return hook
-
-    def _read_step(self) -> None:
-        torch._foreach_norm([p.grad for p in self._params if p.grad is not None])
-        if self._ddp:
-            dist.all_reduce(torch.zeros(8, dtype=torch.float64))
-
-    def micro_step(self, batch_size: float) -> None:
-        if self._first_only:
-            self._live[0] = False
-
-    def step(self, *, loss: float, lr: float) -> None:
-        self._reads()
-        self._live[0] = True
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-def _linear_sq(x: Tensor, delta: Tensor) -> Tensor:
-    """A Linear layer's per-example squared weight-gradient norms, by the probe's own identity
-    (``_factors.lowrank_sq``: the T x T Grams or the per-example product, the cheaper)."""
-    return _factors.lowrank_sq(delta, x)
-
-
-class _LeastHooks:
-    """A least-work reference made of forward hooks: the probe's calls do nothing else."""
-
-    _handles: list[RemovableHandle]
-
-    def micro_step(self, batch_size: float) -> None:
-        pass
-
-    def step(self, *, loss: float, lr: float) -> None:
-        pass
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-class _LeastGram(_LeastHooks):
-    """The least a per-example probe must do: each Linear layer's per-example products (the
-    probe's own Gram/outer-product identity, metered), from its saved input and its output's
-    gradient. Nothing else: no other layer, no sums, nothing logged."""
-
-    def __init__(self, model: nn.Module, meter: Meter) -> None:
-        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-        assert isinstance(inner, nn.Module)
-        self._gram = meter.wrap(_linear_sq, hook=True)
-        self._handles = [
-            m.register_forward_hook(self._forward) for m in inner.modules() if type(m) is nn.Linear
-        ]
-
-    def _forward(self, module: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> None:
-        if not (torch.is_grad_enabled() and out.requires_grad):
-            return
-        x = args[0].detach()
-        x = x.reshape(x.shape[0], -1, x.shape[-1])
-
-        def on_grad(delta: Tensor) -> None:
-            self._gram(x, delta.reshape(delta.shape[0], -1, delta.shape[-1]))
-
-        out.register_hook(on_grad)
-
-
-class _LeastNorm(_LeastHooks):
-    """The least a norm-layer probe (``scope="norm_layers"``) must do: each LayerNorm's
-    per-example weight and bias gradients (sum over positions of delta * x_hat, and of delta),
-    from its saved input and its output's gradient, and their squared norms. Matches
-    ``nn.LayerNorm`` and classes named ``LayerNorm`` (nanoGPT's, with an optional bias)."""
-
-    def __init__(self, model: nn.Module, meter: Meter) -> None:
-        self._norm = meter.wrap(self._per_example, hook=True)
-        self._handles = [
-            m.register_forward_hook(self._forward)
-            for m in model.modules()
-            if type(m).__name__ == "LayerNorm"
-        ]
-
-    @staticmethod
-    def _per_example(x: Tensor, delta: Tensor) -> Tensor:
-        d = x.shape[-1]
-        x_hat = F.layer_norm(x.reshape(x.shape[0], -1, d), (d,))
-        ds = delta.reshape(delta.shape[0], -1, d)
-        return (ds * x_hat).sum(1).square().sum(1) + ds.sum(1).square().sum(1)
-
-    def _forward(self, module: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> None:
-        if not (torch.is_grad_enabled() and out.requires_grad):
-            return
-        x = args[0].detach()
-
-        def on_grad(delta: Tensor) -> None:  # returns nothing: the gradient is left as it is
-            self._norm(x, delta)
-
-        out.register_hook(on_grad)
-
-
 class _Case:
     """One model and optimizer, stepped with or without a probe: both arms share the weights,
     the data and the memory layout, so the ratio isolates the probe."""
@@ -269,7 +134,7 @@ class _Case:
         self.kind = kind
         self.opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
-    def step(self, probe: _Probe | None) -> None:
+    def step(self, probe: Probe | None) -> None:
         """One optimizer step over the micro-batches (loss / k), probe before clipping."""
         model, k = self.model, len(self.batches)
         for j, batch in enumerate(self.batches):
@@ -322,7 +187,7 @@ class _CompiledPerExample(_Case):
     def __init__(self, base: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> None:
         self.base = base
         super().__init__(_compiled(base), batches, _per_example_probe, "per_example")
-        self._probed: dict[Any, tuple[_Case, _Probe]] = {}
+        self._probed: dict[Any, tuple[_Case, Probe]] = {}
 
     def time(self, probed: bool, n: int, make: ProbeFactory | None = None) -> float:
         if not probed or make is not None:
@@ -344,7 +209,7 @@ class _CompiledPerExample(_Case):
             gc.enable()
 
 
-def _per_example_probe(model: nn.Module) -> _Probe:
+def _per_example_probe(model: nn.Module) -> Probe:
     return GradientNoiseProbe(model, _Sink(), source="per_example")
 
 
@@ -437,12 +302,12 @@ def _least(case: _Case, steps: int, chunks: int) -> float:
     """CPU seconds per step of the least work a probe of this kind must do (module doc)."""
     meter = Meter()
 
-    def make(model: nn.Module) -> _Probe:
+    def make(model: nn.Module) -> Probe:
         if case.kind == "per_example":
-            return _LeastGram(model, meter)
+            return LeastGram(model, meter)
         if case.kind == "norm_layers":
-            return _LeastNorm(model, meter)
-        return _LeastReads(model, meter, first_only=case.kind == "first")
+            return LeastNorm(model, meter)
+        return LeastReads(model, meter, first_only=case.kind == "first")
 
     return _metered(meter, lambda n: case.time(True, n, make), steps, chunks)
 

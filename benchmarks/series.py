@@ -30,7 +30,6 @@ Run: ``python -m benchmarks.series [--quick] [--baseline REV]`` (quick: 100k sam
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import itertools
@@ -38,6 +37,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +51,7 @@ from benchmarks._versions import (
     ROOT,
     Worker,
     code_env,
-    export,
+    export_code,
     reply,
     server_cpu,
     worker_process,
@@ -77,7 +77,7 @@ def _uid(n: int, i: int = 0) -> str:
 
 def _build(url: str, sizes: list[int], n_small: int) -> float:
     """The series runs and ``n_small`` runs of 10k samples through ``crud``; seconds taken."""
-    from benchmarks.ingest import load_runs
+    from benchmarks._ingest_driver import load_runs
     from noisescope_server.crud import RunIn
 
     run = RunIn(project="bench", task="series", batch_size=256, status="finished")
@@ -195,7 +195,13 @@ def _answer(engine: Any, case: dict[str, Any]) -> bytes:
 
 def _worker(urls: list[str]) -> int:
     """Answer JSON lines ``{"case", "db", "repeat"}`` with CPU and wall per call and the
-    answer's sha256 (``repeat`` 0: the hash only; ``"body": true`` adds the answer itself)."""
+    answer's sha256 (``repeat`` 0: the hash only; ``"body": true`` adds the answer itself).
+    With ``build URL VARIED_URL SIZES N_SMALL``, write the two files with this version's code
+    and end."""
+    if urls[0] == "build":
+        _build(urls[1], json.loads(urls[3]), int(urls[4]))
+        _build_varied(urls[2])
+        return 0
     import noisescope
     import noisescope_server
     from noisescope_server import db
@@ -246,14 +252,6 @@ def _differences(workers: dict[str, Worker], case: dict[str, Any]) -> str | None
 
 
 # --- the two versions -------------------------------------------------------------------------
-
-
-def _export(rev: str, dest: Path) -> str:
-    """``git archive rev client server migrations`` into ``dest`` (the migrations inside the
-    server package, where an installed one has them); the short hash."""
-    commit = export(rev, dest, ("client", "server", "migrations"))
-    (dest / "migrations").rename(dest / "server" / "noisescope_server" / "migrations")
-    return commit
 
 
 @dataclass
@@ -395,12 +393,26 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
     n_runs = len(sizes) + n_small
     with tempfile.TemporaryDirectory(prefix="noisescope-bench-series-") as tmp_name:
         tmp = Path(tmp_name)
-        url, varied_url = f"sqlite:///{tmp / 'bench.db'}", f"sqlite:///{tmp / 'varied.db'}"
-        build_s = _build(url, sizes, n_small)
-        _build_varied(varied_url)
         old_root = tmp / "baseline"
-        commit = _export(baseline, old_root)
+        commit = export_code(baseline, old_root)
         roots = {"baseline": old_root, "current": ROOT}
+        # each version its own files of the same samples, written by its own write path: the
+        # tables differ between revisions (0007 stores a series' name once per run)
+        files = {
+            label: [f"sqlite:///{tmp / f'{label}.db'}", f"sqlite:///{tmp / f'{label}-varied.db'}"]
+            for label in roots
+        }
+        build_s = _build(files["current"][0], sizes, n_small)
+        _build_varied(files["current"][1])
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "benchmarks.series", "--worker", "build"),
+                *(*files["baseline"], json.dumps(sizes), str(n_small)),
+            ],
+            cwd=ROOT,
+            env=code_env(old_root, ("client", "server")),
+            check=True,
+        )
         cases = _cases(sizes, n_runs)
         with contextlib.ExitStack() as stack:
             workers, servers = {}, {}
@@ -408,12 +420,14 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
                 env = code_env(root, ("client", "server"))
                 workers[label] = stack.enter_context(
                     worker_process(
-                        label, "benchmarks.series", [url, varied_url], env, tmp / f"{label}.log"
+                        label, "benchmarks.series", files[label], env, tmp / f"{label}.log"
                     )
                 )
                 workers[label].check_modules(root)
                 server = stack.enter_context(
-                    ServerProcess(database_url=url, env={"PYTHONPATH": env["PYTHONPATH"]})
+                    ServerProcess(
+                        database_url=files[label][0], env={"PYTHONPATH": env["PYTHONPATH"]}
+                    )
                 )
                 assert server.proc is not None
                 servers[label] = {"url": server.url, "cpu": server_cpu(server.proc.pid)}
@@ -432,7 +446,9 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
         "",
         f"`python -m benchmarks.series{' --quick' if quick else ''}`: this checkout (current) "
         f"beside revision {commit} (the commit before the series read was rewritten a column "
-        f"at a time), reading the same SQLite file: runs of {', '.join(f'{n:,}' for n in sizes)} "
+        "at a time), each reading its own SQLite file of the same samples written by its own "
+        "write path (the tables differ from migration 0007 on): runs of "
+        f"{', '.join(f'{n:,}' for n in sizes)} "
         f"samples and {n_small} more of 10,000 ({n_runs} runs), built through `crud` in "
         f"{build_s:.0f} s. Each version answers in-process (a worker subprocess with its code "
         "first on `PYTHONPATH` calls the query the route calls and encodes the answer with "
@@ -484,16 +500,7 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _cli.parser("benchmarks.series", __doc__)
-    parser.add_argument(
-        "--baseline", default=BASELINE, metavar="REV", help="the earlier revision (%(default)s)"
-    )
-    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        return _worker(args.worker)
-    print(run(args.quick, args.baseline))
-    return 0
+    return _cli.main_beside("benchmarks.series", __doc__, BASELINE, run, _worker, argv)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ CRASH_AFTER = 1e9
 def _build(url: str, n_runs: int, running: int) -> float:
     """``n_runs`` runs of ``SAMPLES`` samples in ``TASKS`` tasks through ``crud``; the first
     ``running`` stay running, the others finish. Seconds taken."""
-    from benchmarks.ingest import make_columns
+    from benchmarks._ingest_driver import make_columns
     from noisescope_server import crud, db
 
     start = time.perf_counter()
@@ -78,12 +78,12 @@ def _build(url: str, n_runs: int, running: int) -> float:
 def _databases(tmp: Path) -> Iterator[list[tuple[str, Callable[[str], str]]]]:
     """(backend, a fresh database's URL by name): SQLite files, and PostgreSQL databases
     (dropped afterwards) when 127.0.0.1:5432 answers."""
-    from benchmarks.ingest import _drop_pg, _pg_database, pg_url
+    from benchmarks._ingest_driver import drop_pg, pg_database, pg_url
 
     made: list[str] = []
 
     def pg(_: str) -> str:
-        name = _pg_database()
+        name = pg_database()
         if name is None:
             raise RuntimeError("PostgreSQL unreachable")
         made.append(name)
@@ -92,15 +92,15 @@ def _databases(tmp: Path) -> Iterator[list[tuple[str, Callable[[str], str]]]]:
     backends: list[tuple[str, Callable[[str], str]]] = [
         ("SQLite", lambda name: f"sqlite:///{tmp / f'{name}.db'}")
     ]
-    probe = _pg_database()
+    probe = pg_database()
     if probe is not None:
-        _drop_pg(probe)
+        drop_pg(probe)
         backends.append(("PostgreSQL", pg))
     try:
         yield backends
     finally:
         for name in made:
-            _drop_pg(name)
+            drop_pg(name)
 
 
 def _export(rev: str, dest: Path) -> str:
@@ -122,7 +122,7 @@ def _worker(url: str) -> int:
 
     import noisescope
     import noisescope_server
-    from benchmarks.ingest import make_columns
+    from benchmarks._ingest_driver import make_columns
     from noisescope_server import crud, db, queries
 
     engine = db.make_engine(url)

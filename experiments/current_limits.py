@@ -24,6 +24,9 @@ from noisescope.estimators import (
     Interval,
     NoiseSamples,
     fieller,
+    jackknife_se,
+    power_level,
+    power_tilt,
     reblock,
     student_t_quantile,
 )
@@ -188,15 +191,18 @@ def trend_limits(
 #   a Student-t interval on log B_simple from the block jackknife.
 # - ``step``: |G|² and tr(Σ) each a power of the step (``step_model``), over a trailing window
 #   chosen by evidence.
+# - ``loss``: |G|² and tr(Σ) each a power of the training loss, window chosen likewise
+#   (``experiments.current_loss``).
 
 #: The trailing share of a run each trend model is fitted over (``step``: at most; its window
 #: is chosen by evidence, ``STEP_FRACTIONS``).
-MODEL_FRACTIONS = {"line": 0.5, "power": 0.8, "step": 1.0}
+MODEL_FRACTIONS = {"line": 0.5, "power": 0.8, "step": 1.0, "loss": 1.0}
 #: Each trend model's window, in words (the study's table).
 MODEL_WINDOWS = {
     "line": "the last 50%",
     "power": "the last 80%",
     "step": "the last 25%, 50%, 75% or all of the run, as the evidence allows",
+    "loss": "the last 25%, 50%, 75% or all of the run, as the evidence allows",
 }
 
 Blocks = tuple[list[float], list[float], list[float]]
@@ -239,28 +245,6 @@ def line_model(blocks: Blocks, n_total: float, level: float = 0.9) -> Interval |
     return Interval(b0, b0 - t * se, b0 + t * se)
 
 
-def _tilt(block_n: Sequence[float], x: Sequence[float], target: float) -> float | None:
-    """The exponent a with Σ n_k x_k e^{a x_k} / Σ n_k e^{a x_k} = target (it increases with
-    a), or None when target is outside the x_k."""
-    if not min(x) < target < max(x):
-        return None
-
-    def mean(a: float) -> float:
-        top = max(a * xk for xk in x)
-        w = [n * math.exp(a * xk - top) for n, xk in zip(block_n, x, strict=True)]
-        return sum(wk * xk for wk, xk in zip(w, x, strict=True)) / sum(w)
-
-    lo, hi = -1.0, 1.0
-    while mean(lo) > target:
-        lo *= 2.0
-    while mean(hi) < target:
-        hi *= 2.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if mean(mid) < target else (lo, mid)
-    return 0.5 * (lo + hi)
-
-
 def _power_log_b(blocks: Blocks) -> float | None:
     """log B_simple now under the power model, or None where it has no fit."""
     n, g, s = blocks
@@ -270,7 +254,7 @@ def _power_log_b(blocks: Blocks) -> float | None:
     if s_now <= 0 or g_total <= 0 or min(s) <= 0:
         return None
     x = [math.log(sk / nk / s_now) for nk, sk in zip(n, s, strict=True)]
-    a = _tilt(n, x, sum(gk * xk for gk, xk in zip(g, x, strict=True)) / g_total)
+    a = power_tilt(n, x, sum(gk * xk for gk, xk in zip(g, x, strict=True)) / g_total)
     if a is None:
         return None
     log_g_now = math.log(g_total) - math.log(
@@ -316,8 +300,13 @@ class ModelAnswer:
         return iv is not None and iv.lo * factor >= iv.value >= iv.hi / factor
 
 
-def trend_models(samples: Sequence[tuple[float, float, float]]) -> list[ModelAnswer]:
-    """Each trend model's answer on a run's (step, |𝒢|², 𝒮) samples."""
+def trend_models(
+    samples: Sequence[tuple[float, float, float]], losses: Sequence[float]
+) -> list[ModelAnswer]:
+    """Each trend model's answer on a run's (step, |𝒢|², 𝒮) samples and their batches'
+    training losses (``loss``: ``experiments.current_loss``)."""
+    from experiments.current_loss import loss_model  # it imports this module
+
     held = NoiseSamples()
     for step, g_sq, trace_sigma in samples:
         held.add(step, g_sq, trace_sigma)
@@ -332,6 +321,8 @@ def trend_models(samples: Sequence[tuple[float, float, float]]) -> list[ModelAns
                 answer = line_model(blocks, n)
             elif model == "power":
                 answer = power_model(blocks)
+            elif model == "loss":
+                answer = loss_model(samples, losses)
             else:
                 answer = step_model(samples)
         out.append(ModelAnswer(model, answer))
@@ -342,7 +333,7 @@ def trend_models(samples: Sequence[tuple[float, float, float]]) -> list[ModelAns
 #
 # E|𝒢|²_k = |G|²_now (t_k / t_now)^a and E𝒮_k = tr(Σ)_now (t_k / t_now)^b (t = step + 1), each
 # fitted on block sums by the estimating equations Σ_j (Y_j − n_j c x_j^a)(1, log x_j) = 0
-# (``_tilt``; no logs of samples, which can be negative), read at the last step. The window
+# (``power_tilt``; no logs of samples, which can be negative), read at the last step. The window
 # starts at the trailing quarter of the run's ``STEP_BLOCKS`` blocks and grows to a half, three
 # quarters, all of it while its 90% interval is wider than ``CURRENT_MAX_FACTOR`` from end to
 # end, and only while the wider window's B_simple now agrees with the narrower one's (the
@@ -374,20 +365,9 @@ def _step_blocks(samples: Sequence[tuple[float, float, float]]) -> list[StepBloc
     return out
 
 
-def _power_now(n: Sequence[float], x: Sequence[float], y: Sequence[float]) -> float | None:
-    """The level at x = 0 of a power law fitted to block sums y (None: no fit)."""
-    total = sum(y)
-    if total <= 0:
-        return None
-    a = _tilt(n, x, sum(yk * xk for yk, xk in zip(y, x, strict=True)) / total)
-    if a is None:
-        return None
-    return total / sum(nk * math.exp(a * xk) for nk, xk in zip(n, x, strict=True))
-
-
 def _step_log_b(blocks: Sequence[StepBlock]) -> float | None:
     n, x, g, s = ([b[i] for b in blocks] for i in range(4))
-    g_now, s_now = _power_now(n, x, g), _power_now(n, x, s)
+    g_now, s_now = power_level(n, x, g), power_level(n, x, s)
     if g_now is None or s_now is None or g_now <= 0 or s_now <= 0:
         return None
     return math.log(s_now / g_now)
@@ -400,12 +380,6 @@ def _step_jackknife(blocks: Sequence[StepBlock]) -> tuple[float, list[float]] | 
     if point is None or any(v is None for v in leave):
         return None
     return point, [v for v in leave if v is not None]
-
-
-def _jackknife_se(values: Sequence[float]) -> float:
-    m = len(values)
-    mean = sum(values) / m
-    return math.sqrt((m - 1) / m * sum((v - mean) ** 2 for v in values))
 
 
 def step_model(
@@ -427,14 +401,14 @@ def step_model(
                 v - (best[0] if k < extra else best[1][k - extra]) for k, v in enumerate(fit[1])
             ]
             t = student_t_quantile(0.5 + STEP_AGREE_LEVEL / 2.0, len(window) - 1)
-            if abs(fit[0] - best[0]) > t * _jackknife_se(diff):
+            if abs(fit[0] - best[0]) > t * jackknife_se(diff):
                 break
         best = fit
         t = student_t_quantile(0.5 + level / 2.0, len(window) - 1)
-        if math.exp(2.0 * t * _jackknife_se(fit[1])) <= CURRENT_MAX_FACTOR:
+        if math.exp(2.0 * t * jackknife_se(fit[1])) <= CURRENT_MAX_FACTOR:
             break
     if best is None:
         return None
     point, leave = best
-    half = student_t_quantile(0.5 + level / 2.0, len(leave) - 1) * _jackknife_se(leave)
+    half = student_t_quantile(0.5 + level / 2.0, len(leave) - 1) * jackknife_se(leave)
     return Interval(math.exp(point), math.exp(point - half), math.exp(point + half))

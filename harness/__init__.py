@@ -23,7 +23,8 @@ server that injects faults or scripted answers), ``small_disk`` (a full disk und
 stories through every write route, then every read), ``http_clients`` (the httpx client types),
 ``dashboard_runs``, ``dashboard_stack`` and ``model_sizes`` (the dashboard's synthetic
 database, server and Streamlit), ``lsq_branch`` (noisy least squares for branching) and
-``zoo`` (the models people train, with the exact noise scale of a finite training set).
+``zoo`` (the models people train, with the exact noise scale of a finite training set) and
+``api_answers`` (a hash of every read's answer on one fixed database, for refactors).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from noisescope_server.validate import SampleBatch
+
 #: A token secret stored at an old revision (its sha256 is what the row holds).
 OLD_SECRET = "nsk_stored-before-scopes"
 
@@ -38,6 +40,8 @@ def populate(engine: sa.Engine, project: str = "p") -> dict[str, int]:
     (secret ``OLD_SECRET``), plus a deleted run where the table exists; rows per table."""
     import hashlib
 
+    from noisescope.estimators import two_batch_estimates
+
     meta = sa.MetaData()
     meta.reflect(engine)
     t = meta.tables
@@ -46,11 +50,21 @@ def populate(engine: sa.Engine, project: str = "p") -> dict[str, int]:
         rid = _insert_run(conn, t, "keep-me", project, now)
         pid = conn.execute(sa.select(t["run"].c.project_id).where(t["run"].c.id == rid))
         pid = pid.scalar_one()
+        # from 0007 on a series is its number in the run's series table (the whole model's 0)
+        series = {"series_id": 0} if "series" in t else {"series": ""}
+        if "series" in t:
+            conn.execute(t["series"].insert().values(run_id=rid, id=0, name=""))
         for seq in range(3):
-            conn.execute(
-                t["sample"].insert().values(_filler(t["sample"], seq, run_id=rid, seq=seq))
-            )
-        block = _filler(t["sample_block"], 0, run_id=rid, series="", block=0)
+            # a sample ingest could have stored: 0 < b_small < b_big, and before 0007 its
+            # estimates as ingest computed them (from 0007 on, readers derive them)
+            sizes = {"b_small": 8.0, "b_big": 32.0, "g_small_sq": seq + 2.0, "g_big_sq": seq + 1.0}
+            if "g_sq_est" in t["sample"].c:
+                sizes["g_sq_est"], sizes["trace_sigma_est"] = two_batch_estimates(
+                    sizes["b_small"], sizes["b_big"], sizes["g_small_sq"], sizes["g_big_sq"]
+                )
+            row = _filler(t["sample"], seq, run_id=rid, seq=seq, **series, **sizes)
+            conn.execute(t["sample"].insert().values(row))
+        block = _filler(t["sample_block"], 0, run_id=rid, block=0, **series)
         conn.execute(t["sample_block"].insert().values(block))
         event = {"run_id": rid, "seq": 0, "step": 1, "kind": "mark", "payload": {"x": 1}}
         conn.execute(t["event"].insert().values(event))
@@ -93,6 +107,36 @@ def old_run(engine: sa.Engine, uid: str, project: str = "p") -> int:
     meta.reflect(engine)
     with engine.begin() as conn:
         return _insert_run(conn, meta.tables, uid, project, datetime.now(UTC))
+
+
+def old_samples(engine: sa.Engine, uid: str, batch: SampleBatch) -> None:
+    """A validated batch's samples stored in run ``uid`` as revisions before 0007 stored
+    them (each row with its series' name and its estimates), then the run's blocks summed
+    again from its rows as those revisions' SQL did (``protocol.BLOCK_AGGREGATES``)."""
+    from noisescope import protocol
+
+    meta = sa.MetaData()
+    meta.reflect(engine)
+    sample = meta.tables["sample"]
+    stored = {**batch.columns, "g_sq_est": batch.g_sq_est, "trace_sigma_est": batch.trace_sigma_est}
+    aggregates = ", ".join(f"{how}({name})" for _, how, name in protocol.BLOCK_AGGREGATES)
+    blocks = ", ".join(column for column, _, _ in protocol.BLOCK_AGGREGATES)
+    with engine.begin() as conn:
+        run_id = conn.execute(sa.text("SELECT id FROM run WHERE uid = :u"), {"u": uid}).scalar_one()
+        rows = [
+            {"run_id": run_id, **{name: stored[name][i] for name in protocol.READ_COLUMNS}}
+            for i in range(batch.n)
+        ]
+        conn.execute(sample.insert(), rows)
+        conn.execute(sa.text("DELETE FROM sample_block WHERE run_id = :r"), {"r": run_id})
+        conn.execute(
+            sa.text(
+                f"INSERT INTO sample_block (run_id, series, block, {blocks}) "
+                f"SELECT run_id, series, seq / 64, {aggregates} FROM sample WHERE run_id = :r "
+                "GROUP BY run_id, series, seq / 64"
+            ),
+            {"r": run_id},
+        )
 
 
 def dump(engine: sa.Engine, tables: list[str] | None = None) -> dict[str, list[dict[str, Any]]]:

@@ -44,7 +44,7 @@ def _db_text(server: Server, engine: Any) -> str:
         blobs = [p.read_bytes() for p in path.parent.glob(path.name + "*")]
         return b"".join(blobs).decode("latin-1")
     with engine.connect() as conn:
-        tables = ["project", "task", "run", "token", "event", "sample_block"]
+        tables = ["project", "task", "run", "token", "event", "sample_block", "series"]
         return "\n".join(repr(list(conn.execute(text(f"SELECT * FROM {t}")))) for t in tables)
 
 

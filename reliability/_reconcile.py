@@ -143,20 +143,22 @@ def reconcile(engine: Any, runs: list[tuple[str, int, int]]) -> Reconciliation:
 
 
 def table_checksum(engine: Any) -> str:
-    """A digest of every stored sample, block, run (with its config), event, project and token
-    row: unchanged means nothing was corrupted or added by a rejected request. ``last_seen_at``
-    is left out: an accepted re-send is a sign of life, not a change of data."""
+    """A digest of every stored sample, series name, block, run (with its config), event,
+    project and token row: unchanged means nothing was corrupted or added by a rejected
+    request. ``last_seen_at`` is left out: an accepted re-send is a sign of life, not a change
+    of data."""
     import hashlib
 
     digest = hashlib.sha256()
     queries = [
-        "SELECT run_id, seq, step, b_small, b_big, g_small_sq, g_big_sq, g_sq_est, "
-        "trace_sigma_est, loss, lr, time, series FROM sample ORDER BY run_id, seq",
+        "SELECT run_id, seq, step, b_small, b_big, g_small_sq, g_big_sq, loss, lr, time, "
+        "series_id FROM sample ORDER BY run_id, seq",
+        "SELECT run_id, id, name FROM series ORDER BY run_id, id",
         "SELECT id, uid, project_id, task_id, name, status, batch_size, config, tags FROM run "
         "ORDER BY id",
         "SELECT id, run_id, seq, step, kind, payload, time FROM event ORDER BY id",
-        "SELECT run_id, series, block, n, sum_g_sq FROM sample_block "
-        "ORDER BY run_id, series, block",
+        "SELECT run_id, series_id, block, n, sum_g_sq FROM sample_block "
+        "ORDER BY run_id, series_id, block",
         "SELECT id, name FROM project ORDER BY id",
         "SELECT id, project_id, token_hash, revoked_at FROM token ORDER BY id",
     ]

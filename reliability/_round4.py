@@ -27,7 +27,8 @@ from harness.hung import HungServer
 from noisescope._sync import report
 from reliability._infra import REPO, Server, engine_for, spooled_seqs, sync_spool
 from reliability._reconcile import stored_count, stored_seqs
-from reliability._round3 import Row, Said, _client_env, run_status
+from reliability._round3 import Row, Said, run_status
+from reliability._round3_process import _client_env
 
 #: Item 2: the job logs this many samples over ``JOB_S``; the run is deleted ``DELETE_AT_S`` in.
 JOB_SAMPLES = 3_455

@@ -38,7 +38,9 @@ def test_the_wire_forms_are_the_tables() -> None:
     assert tuple(f.name for f in wire if f.required) == protocol.REQUIRED_COLUMNS
     assert tuple(f.name for f in wire if f.nullable) == protocol.NULLABLE_COLUMNS
     assert {f.name: f.range for f in FIELDS if f.range} == protocol.SAMPLE_RANGES
-    assert tuple(f.name for f in FIELDS) == models.SAMPLE_COLUMNS
+    assert tuple(f.name for f in FIELDS) == protocol.READ_COLUMNS  # what a sample reads as
+    stored = tuple("series_id" if f.name == "series" else f.name for f in wire)
+    assert stored == models.SAMPLE_COLUMNS
     assert tuple(f.name for f in wire if f.type is float) == validate.FLOAT_COLUMNS
     body = schemas.SAMPLES_BODY_SCHEMA["properties"]["columns"]
     assert tuple(body["properties"]) == protocol.SAMPLE_COLUMNS
@@ -65,16 +67,16 @@ def test_the_stored_tables_are_checked_against_the_table() -> None:
 
 def test_the_block_sums_have_one_column_per_aggregate() -> None:
     aggregates = [(c, how) for f in FIELDS for c, how in f.blocks]
-    assert ("series", "block", *(c for c, _ in aggregates)) == _sql.BLOCK_COLUMNS
+    assert ("series_id", "block", *(c for c, _ in aggregates)) == _sql.BLOCK_COLUMNS
     for dialect in _sql.DIALECTS:
         sets = _sql.BLOCK_ADD[dialect].partition("DO UPDATE SET ")[2]
         for column, _ in aggregates:
             assert f"{column} = " in sets, (dialect, column)
         assert sets.count(" = ") == len(aggregates), sets
-        upsert = str(_sql.BLOCK_UPSERT[dialect])
-        assert all(column in upsert for column, _ in aggregates)
+        sets = _sql.BLOCK_SET[dialect].partition("DO UPDATE SET ")[2]
+        assert all(f"{column} = excluded.{column}" in sets for column, _ in aggregates)
     batch = validate.validate_samples({"columns": columns(200)})
-    rows = _samples.block_deltas(batch)
+    rows = _samples.block_deltas(batch, {"": 0})
     assert rows is not None
     assert {len(row) for row in rows} == {len(_sql.BLOCK_COLUMNS)}
 

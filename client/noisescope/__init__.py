@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from noisescope import branch, estimators, forecast, sweep
+from noisescope import branch, estimators, forecast, protocol, sweep
 from noisescope._config import Settings
 from noisescope._public import report_all_as_public, report_as_public
 from noisescope._results import to_frame
@@ -22,19 +22,6 @@ from noisescope._run import Run, init
 from noisescope._status import Status
 from noisescope._sync import sync
 from noisescope._transport import HTTPTransport, Request, Response, Transport, TransportError
-from noisescope.protocol import (
-    BranchPointResult,
-    EventRow,
-    ParallelismPlan,
-    ParallelismRow,
-    RecommendationResult,
-    RunBranches,
-    RunSeries,
-    RunSummary,
-    SeriesInfo,
-    SeriesPoint,
-    TaskSummary,
-)
 from noisescope.recommend import NoiseTracker, Recommendation
 from noisescope.schedule import BatchDecision, BatchSizeScheduler
 
@@ -42,6 +29,20 @@ if TYPE_CHECKING:
     from noisescope._api import AnswerError, Api, ApiError, NotFoundError
 
 __version__ = "0.1.0"
+
+# The read API's answers (what ``Api`` returns, and what users annotate with), under the names
+# ``protocol`` gives them: it is their one list, the contract's.
+BranchPointResult = protocol.BranchPointResult
+EventRow = protocol.EventRow
+ParallelismPlan = protocol.ParallelismPlan
+ParallelismRow = protocol.ParallelismRow
+RecommendationResult = protocol.RecommendationResult
+RunBranches = protocol.RunBranches
+RunSeries = protocol.RunSeries
+RunSummary = protocol.RunSummary
+SeriesInfo = protocol.SeriesInfo
+SeriesPoint = protocol.SeriesPoint
+TaskSummary = protocol.TaskSummary
 
 #: The read client, loaded on first use: a training job that only writes, and the server (which
 #: imports ``noisescope.protocol``), never load it.

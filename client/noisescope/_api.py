@@ -21,7 +21,7 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Literal, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_type_hints
 from urllib.parse import quote, urlencode
 
 from noisescope import _wire
@@ -30,6 +30,7 @@ from noisescope._redact import redact_text, redact_url
 from noisescope._results import (
     EventRow,
     ParallelismPlan,
+    PlanOptions,
     RecommendationResult,
     RunBranches,
     RunSeries,
@@ -47,9 +48,11 @@ from noisescope._transport import (
     Transport,
     TransportError,
 )
-from noisescope.estimators import MIN_SPEEDUP
 from noisescope.forecast import ForecastReport
 from noisescope.sweep import CriticalBatchReport
+
+if TYPE_CHECKING:  # Python 3.11's; the annotation is never evaluated at run time
+    from typing import Unpack
 
 __all__ = [
     "MAX_ANSWER_BYTES",
@@ -347,40 +350,26 @@ class Api:
         return result
 
     def parallelism(
-        self,
-        b_crit: float | None,
-        per_device_batch: float,
-        *,
-        s_min: float | None = None,
-        step_time: float | None = None,
-        min_speedup: float = MIN_SPEEDUP,
-        max_devices: int | None = None,
-        units: str = "examples",
-        batch_size: float | None = None,
-        reference: str = "B_crit",
+        self, b_crit: float | None, per_device_batch: float, **options: Unpack[PlanOptions]
     ) -> ParallelismPlan:
         """How many devices pay off at ``b_crit``: each doubling's speed-up and waste (and,
-        with ``batch_size``, a verdict on that batch). ``reference`` names what ``b_crit`` is,
-        "B_crit" (a sweep fit) or "B_simple" (taken as B_crit), for the sentences.
+        with ``batch_size``, a verdict on that batch). ``options`` are those of
+        ``noisescope.recommend.parallelism_plan`` (``s_min``, ``step_time``, ``min_speedup``,
+        ``max_devices``, ``units``, ``batch_size``, ``reference``), computed on the server
+        with its defaults; ``reference`` names what ``b_crit`` is, "B_crit" (a sweep fit) or
+        "B_simple" (taken as B_crit), for the sentences.
 
         Raises ``ValueError`` for a ``b_crit`` that is None: a sweep target's ``b_crit`` is None
         unless it is ``determined``, and no plan is built on a number that is not one."""
+        unknown = sorted(set(options) - set(PlanOptions.__annotations__))
+        if unknown:
+            raise TypeError(f"parallelism() got unexpected keyword arguments: {unknown}")
         if b_crit is None:
             raise ValueError(
                 "b_crit is None: this target's B_crit is not determined (see its warnings), so "
                 "there is no plan to give; check TargetResult.determined first"
             )
-        query = {
-            "units": units,
-            "batch_size": batch_size,
-            "reference": reference,
-            "b_crit": b_crit,
-            "per_device_batch": per_device_batch,
-            "s_min": s_min,
-            "step_time": step_time,
-            "min_speedup": min_speedup,
-            "max_devices": max_devices,
-        }
+        query = {"b_crit": b_crit, "per_device_batch": per_device_batch, **options}
         result: ParallelismPlan = self._get(ParallelismPlan, "/parallelism", query)
         return result
 

@@ -26,14 +26,24 @@ import threading
 import weakref
 from collections.abc import Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from noisescope._run import Run
 
-_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+class LiveRun(Protocol):
+    """What this module asks of a live run (``noisescope.Run``, which calls it: typed here by
+    what it uses, so that the process's bookkeeping needs nothing of the run's module)."""
+
+    _pid: int
+
+    def finish(self, status: str = ..., timeout: float | None = ...) -> object: ...
+    def cut_short(self, why: str) -> None: ...
+    def _say_ended(self, why: str) -> None: ...
+    def _forget_after_fork(self) -> None: ...
+
+
+_live_runs: weakref.WeakSet[LiveRun] = weakref.WeakSet()
 #: Runs whose ``finish()`` is waiting for the server now.
-_finishing: weakref.WeakSet[Run] = weakref.WeakSet()
+_finishing: weakref.WeakSet[LiveRun] = weakref.WeakSet()
 #: The process (pid) whose exit hooks are installed: a forked child installs its own.
 _hooks_pid: int | None = None
 #: Signals that end a process without ``atexit`` and that a job scheduler or a terminal sends.
@@ -44,19 +54,19 @@ ENDING_SIGNALS = tuple(
 SIGNAL_FLUSH_MAX = 5.0
 
 
-def track(run: Run) -> None:
+def track(run: LiveRun) -> None:
     """Finish ``run`` however the process ends unless it finishes first (``forget``)."""
     _live_runs.add(run)
     _install_hooks()
 
 
-def forget(run: Run) -> None:
+def forget(run: LiveRun) -> None:
     """``run`` has finished: nothing left to do for it at exit."""
     _live_runs.discard(run)
 
 
 @contextlib.contextmanager
-def finishing(run: Run) -> Iterator[None]:
+def finishing(run: LiveRun) -> Iterator[None]:
     """``run``'s ``finish()`` waits for the server meanwhile: a signal cuts it short."""
     _finishing.add(run)
     try:

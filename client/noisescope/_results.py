@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from noisescope import _format
 
@@ -53,9 +53,10 @@ class RunSummary:
     ``CURRENT_FRACTION`` of the run's samples (and ``CURRENT_MIN_SAMPLES``), grown while its
     ``level`` interval is wider than ``CURRENT_MAX_REL_WIDTH`` times the value, but never past
     ``CURRENT_MAX_FRACTION`` of the run nor across a significant change of |G|^2 or tr(Sigma).
-    ``b_simple`` is None, with ``b_simple_reason`` (and ``b_simple_lower`` where a lower bound
-    is known), when that window's interval is not within ``CURRENT_MAX_FACTOR`` of its value;
-    there is then no ratio.
+    Where that window's interval is not within ``CURRENT_MAX_FACTOR`` of its value, |G|^2 and
+    tr(Sigma) as powers of the training loss over a longer stretch give the number when their
+    interval is (``b_simple_trend``); else ``b_simple`` is None, with ``b_simple_reason`` (and
+    ``b_simple_lower`` where a lower bound is known), and there is no ratio.
     """
 
     uid: str
@@ -115,6 +116,10 @@ class RunSummary:
     #: When the run was archived (None: it is not). An archived run is left out of lists,
     #: sweeps, comparisons and task summaries unless asked for; it still takes samples.
     archived_at: datetime | None = None
+    #: Whether ``b_simple`` comes from the run's trend in the training loss (the window gave
+    #: no number; ``estimators.loss_trend``): the window fields then name the samples the
+    #: trend was fitted over.
+    b_simple_trend: bool = False
 
 
 @dataclass(frozen=True)
@@ -252,6 +257,20 @@ class ParallelismPlan:
     verdict: str | None = None
     #: What ``b_crit`` is: "B_crit" (a sweep fit) or "B_simple" (taken as B_crit ≈ B_simple).
     reference: str = "B_crit"
+
+
+class PlanOptions(TypedDict, total=False):
+    """The options of ``recommend.parallelism_plan`` as ``Api.parallelism`` takes them and
+    sends them on (the server calls the function with them): those left out take the
+    function's defaults there."""
+
+    s_min: float | None
+    step_time: float | None
+    min_speedup: float
+    max_devices: int | None
+    units: str
+    batch_size: float | None
+    reference: str
 
 
 @dataclass(frozen=True)

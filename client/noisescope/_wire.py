@@ -136,7 +136,9 @@ class SampleField:
     #: client sends a value outside as null. ``range_why`` is the reason, in the 422's words.
     range: tuple[float, float] | None = None
     range_why: str = ""
-    #: On the wire; False: computed by the server at ingest and stored beside the wire fields.
+    #: On the wire; False: a function of the wire fields (``estimators``), computed by the
+    #: server where it is needed (its validation at ingest, its block sums, every read of a
+    #: sample) and never stored per sample: only its ``blocks`` aggregates are.
     wire: bool = True
     #: An argument of ``log_sample`` (positional when required, else keyword with ``default``);
     #: False: the client fills it in (``seq``, ``time``).
@@ -225,8 +227,13 @@ FIELDS_BY_NAME: Final = {f.name: f for f in SAMPLE_FIELDS}
 #: Per-sample columns on the wire, in storage order. ``examples``, ``loss``, ``lr`` and ``time``
 #: may hold nulls.
 SAMPLE_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS if f.wire)
-#: A sample's stored columns after ``run_id``: the wire columns and the server's estimates.
-STORED_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS)
+#: A sample's stored columns after ``run_id``: the wire columns (``series`` stored as its
+#: number in the run's series table, ``models.SERIES_COLUMN``).
+STORED_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS if f.wire)
+#: The columns derived from the stored ones where a sample is read (the estimates).
+DERIVED_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS if not f.wire)
+#: Every column a sample reads as, in table order: stored and derived (the CSV export's).
+READ_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS)
 REQUIRED_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS if f.wire and f.required)
 NULLABLE_COLUMNS: Final = tuple(f.name for f in SAMPLE_FIELDS if f.wire and f.nullable)
 #: The range of each optional sample column the server reads arithmetic from: ``loss`` and
@@ -237,8 +244,9 @@ SAMPLE_RANGES: Final = {f.name: f.range for f in SAMPLE_FIELDS if f.range is not
 LOGGED_POSITIONAL: Final = tuple(f.name for f in SAMPLE_FIELDS if f.logged and f.required)
 LOGGED_KEYWORD: Final = tuple(f.name for f in SAMPLE_FIELDS if f.logged and not f.required)
 #: The columns of a ``sample_block`` row after ``run_id``: its key, then each field's sums as
-#: ``(column, aggregate, field)`` in table order.
-BLOCK_KEY: Final = ("series", "block")
+#: ``(column, aggregate, field)`` in table order. The series is its number in the run (the
+#: server's ``series`` table), as in ``sample``.
+BLOCK_KEY: Final = ("series_id", "block")
 BLOCK_AGGREGATES: Final = tuple(
     (column, how, f.name) for f in SAMPLE_FIELDS for column, how in f.blocks
 )

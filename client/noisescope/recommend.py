@@ -311,23 +311,21 @@ class NoiseTracker:
         self.batch_size: float | None = None
 
     def log_sample(
-        self,
-        step: int,
-        b_small: float,
-        b_big: float,
-        g_small_sq: float,
-        g_big_sq: float,
-        **fields: Any,
+        self, step: int, b_small: float, b_big: float, g_small_sq: float, g_big_sq: float, **kw: Any
     ) -> None:
-        """``Sink.log_sample``: every field goes on to the run unread; the tracker reads the
-        two-batch measurement of the whole-model series."""
+        """``Sink.log_sample``: every keyword field goes on to the run unread; the tracker reads
+        the two-batch measurement of the whole-model series."""
         if self.run is not None:
-            self.run.log_sample(step, b_small, b_big, g_small_sq, g_big_sq, **fields)
-        if fields.get("series", ""):
+            self.run.log_sample(step, b_small, b_big, g_small_sq, g_big_sq, **kw)
+        if kw.get("series", ""):
             return
         try:  # on the training thread: a bad sample is skipped, never raised
             g_sq, trace_sigma = two_batch_estimates(b_small, b_big, g_small_sq, g_big_sq)
-            self.samples.add(float(step), g_sq, trace_sigma)
+            loss = kw.get("loss")  # for the loss trend, as the server reads it
+            loss_value = None
+            if isinstance(loss, int | float) and not isinstance(loss, bool):
+                loss_value = float(loss)
+            self.samples.add(float(step), g_sq, trace_sigma, loss_value)
         except (ValueError, TypeError, ZeroDivisionError, OverflowError):
             return
         self.batch_size = b_big

@@ -53,7 +53,10 @@ CURRENT_RULE = (
     f"{CURRENT_MAX_REL_WIDTH:g}× the value, but never past the last "
     f"{CURRENT_MAX_FRACTION:.0%} of the run nor into older steps whose |G|² or tr(Σ) differ "
     "significantly. A number is shown only when its interval lies within "
-    f"{CURRENT_MAX_FACTOR:g}× of it; otherwise a lower bound (≥) where one is known. "
+    f"{CURRENT_MAX_FACTOR:g}× of it. Where the window gives none, |G|² and tr(Σ) as powers of "
+    "the training loss over a longer stretch of the run, read at the loss of its last "
+    f"{CURRENT_FRACTION:.0%}, give the number when their interval lies within "
+    f"{CURRENT_MAX_FACTOR:g}×; otherwise a lower bound (≥) where one is known. "
     "The same number on the Runs table, the Run page and the API."
 )
 

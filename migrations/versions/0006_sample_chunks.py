@@ -53,6 +53,45 @@ def upgrade() -> None:
     )
 
 
+_s = sa.table(
+    "sample",
+    sa.column("seq", sa.BigInteger()),
+    *(sa.column(c) for c in ("run_id", "step", "examples", "b_big", "g_sq_est",
+                             "trace_sigma_est", "loss", "lr", "time", "series")),
+)  # fmt: skip
+#: One series' seq blocks from its rows, as revision 0006's ingest summed them.
+_SUMS = {
+    "n": sa.func.count(_s.c.seq),
+    "step_min": sa.func.min(_s.c.step),
+    "step_max": sa.func.max(_s.c.step),
+    "examples_min": sa.func.min(_s.c.examples),
+    "examples_max": sa.func.max(_s.c.examples),
+    "b_big_max": sa.func.max(_s.c.b_big),
+    "sum_g_sq": sa.func.sum(_s.c.g_sq_est),
+    "sum_trace_sigma": sa.func.sum(_s.c.trace_sigma_est),
+    "n_loss": sa.func.count(_s.c.loss),
+    "sum_loss": sa.func.sum(_s.c.loss),
+    "n_lr": sa.func.count(_s.c.lr),
+    "sum_lr": sa.func.sum(_s.c.lr),
+    "time_min": sa.func.min(_s.c.time),
+    "time_max": sa.func.max(_s.c.time),
+}
+_BLOCK_KEY = ("run_id", "series", "block")
+_LAYER_BLOCKS = sa.insert(
+    sa.table("sample_block", *(sa.column(c) for c in (*_BLOCK_KEY, *_SUMS)))
+).from_select(
+    [*_BLOCK_KEY, *_SUMS],
+    sa.select(
+        _s.c.run_id,
+        _s.c.series,
+        (_s.c.seq // 64).label("block"),
+        *(value.label(name) for name, value in _SUMS.items()),
+    )
+    .where(_s.c.run_id == sa.bindparam("r"), _s.c.series == sa.bindparam("s"))
+    .group_by(_s.c.run_id, _s.c.series, sa.text("block")),
+)
+
+
 def downgrade() -> None:
     """Back to rows: every chunk's samples into ``sample`` (estimates recomputed as ingest
     computes them) and a compacted layer's block sums back to blocks by seq, then the tables
@@ -81,8 +120,7 @@ def downgrade() -> None:
         if rows:
             conn.execute(sample.insert(), rows)
     # a compacted layer's samples were summed in blocks keyed below 0: back to seq blocks
-    from noisescope_server.crud._sql import BLOCK_UPSERT_SERIES
-
+    # (the block sums of this revision's tables, written out: later code has other tables)
     layers = {(run_id, series) for run_id, series, _ in chunks if series != ""}
     conn.execute(sa.text("DELETE FROM sample_block WHERE block < 0"))
     for run_id, series in sorted(layers):
@@ -90,9 +128,6 @@ def downgrade() -> None:
             sa.text("DELETE FROM sample_block WHERE run_id = :r AND series = :s"),
             {"r": run_id, "s": series},
         )
-        conn.execute(
-            BLOCK_UPSERT_SERIES[conn.dialect.name],
-            {"run_id": run_id, "series": series, "seq_lo": -(2**63), "seq_hi": 2**63 - 1},
-        )
+        conn.execute(_LAYER_BLOCKS, {"r": run_id, "s": series})
     op.drop_table("run_digest")
     op.drop_table("sample_chunk")

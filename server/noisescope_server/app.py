@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from importlib.resources import files
 
@@ -181,6 +181,15 @@ def _detail(status: int, message: str) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status)
 
 
+def _refusal_handler(status: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    """A handler that answers ``status`` with the exception's text as the detail."""
+
+    async def refuse(_r: Request, exc: Exception) -> JSONResponse:
+        return _detail(status, str(exc))
+
+    return refuse
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, _exc: ClientDisconnect) -> Response:
@@ -200,21 +209,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         body = {"detail": str(exc), "rows": exc.rows}
         return JSONResponse(body, status_code=exc.status_code)
 
-    @app.exception_handler(NotFound)
-    async def _not_found(_r: Request, exc: NotFound) -> JSONResponse:
-        return _detail(404, str(exc))
-
-    @app.exception_handler(Gone)
-    async def _deleted(_r: Request, exc: Gone) -> JSONResponse:
-        return _detail(410, str(exc))
-
-    @app.exception_handler(Forbidden)
-    async def _forbidden(_r: Request, exc: Forbidden) -> JSONResponse:
-        return _detail(403, str(exc))
-
-    @app.exception_handler(Conflict)
-    async def _conflict(_r: Request, exc: Conflict) -> JSONResponse:
-        return _detail(409, str(exc))
+    # the refusals the reads and writes raise: their status, and their text as the detail
+    for refusal, status in ((NotFound, 404), (Gone, 410), (Forbidden, 403), (Conflict, 409)):
+        app.add_exception_handler(refusal, _refusal_handler(status))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_r: Request, exc: RequestValidationError) -> JSONResponse:

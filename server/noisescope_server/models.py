@@ -1,8 +1,10 @@
 """SQLAlchemy 2 models. The schema itself is owned by Alembic (``migrations/``).
 
-Samples store, beside the raw squared norms, the per-sample unbiased estimates |𝒢|^2 and 𝒮
-computed once at ingest by ``noisescope.estimators``: every window or bucket query then only
-sums columns, so the formula exists in one place and SQL stays linear.
+A sample row stores only what was sent: its per-sample unbiased estimates |𝒢|^2 and 𝒮 are a
+function of four of its columns (``noisescope.estimators``), derived in Python where a sample is
+read (``queries._samples``) and summed in Python into ``sample_block`` at ingest, so the formula
+exists in one place and SQL only ever sums block sums. A series name is stored once per run
+(``Series``); samples, blocks and chunks carry its number.
 """
 
 from __future__ import annotations
@@ -111,9 +113,31 @@ class DeletedRun(Base):
     deleted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-#: A sample's stored columns after ``run_id``, in table order: the wire columns plus the
-#: per-sample estimates (``protocol.SAMPLE_FIELDS``). The insert path and the CSV export follow it.
-SAMPLE_COLUMNS: Final = protocol.STORED_COLUMNS
+#: The column that stores a sample's ``series`` (the field table's one str field): its number
+#: in the run's ``series`` table.
+SERIES_COLUMN: Final = "series_id"
+#: The whole-model series (name ""): number 0 in every run, so the reads of it need no lookup.
+WHOLE_MODEL: Final = 0
+#: A sample's stored columns after ``run_id``, in table order: the wire columns of the field
+#: table (``protocol.STORED_COLUMNS``), the series as its number. The insert path follows it.
+SAMPLE_COLUMNS: Final = tuple(
+    SERIES_COLUMN if c == "series" else c for c in protocol.STORED_COLUMNS
+)
+
+
+class Series(Base):
+    """A run's series names, each stored once: ``sample``, ``sample_block`` and
+    ``sample_chunk`` carry the number (``series_id``, unique per run). The whole model's ""
+    is ``WHOLE_MODEL``; a layer's name gets the next number when its first sample comes. No
+    foreign key from the sample tables: ingest inserts the name in the transaction that
+    inserts its samples, and only deleting the run removes it (as the sample rows)."""
+
+    __tablename__ = "series"
+    __table_args__ = (UniqueConstraint("run_id", "name", name="uq_series_run_name"),)
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(200))
 
 
 class Sample(Base):
@@ -133,19 +157,19 @@ class Sample(Base):
     b_big: Mapped[float] = mapped_column(Double)
     g_small_sq: Mapped[float] = mapped_column(Double)
     g_big_sq: Mapped[float] = mapped_column(Double)
-    g_sq_est: Mapped[float] = mapped_column(Double)
-    trace_sigma_est: Mapped[float] = mapped_column(Double)
     loss: Mapped[float | None] = mapped_column(Double)
     lr: Mapped[float | None] = mapped_column(Double)
     time: Mapped[float | None] = mapped_column(Double)
-    series: Mapped[str] = mapped_column(String(200), default="")
+    #: The series' number in the run (``Series``).
+    series_id: Mapped[int] = mapped_column(Integer, default=WHOLE_MODEL)
 
 
 class SampleBlock(Base):
     """Exact sums over the samples of one run and series with ``seq // BLOCK_SIZE == block``.
 
     Maintained in the ingest transaction (recomputed from ``sample`` for the touched blocks,
-    so re-sends and out-of-order batches stay exact). Series queries on long runs sum blocks
+    in Python with the estimators' expressions, so re-sends and out-of-order batches stay
+    exact). Series queries on long runs sum blocks
     instead of samples: a 1M-sample run is ~16k block rows. All columns are sums, counts,
     minima or maxima, so any union of blocks is again exact (docs/science.md: ratio taken last).
     """
@@ -154,7 +178,7 @@ class SampleBlock(Base):
     __table_args__ = ({"sqlite_with_rowid": False},)
 
     run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
-    series: Mapped[str] = mapped_column(String(200), primary_key=True)
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     block: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     n: Mapped[int] = mapped_column(BigInteger)
     sum_g_sq: Mapped[float] = mapped_column(Double)
@@ -183,7 +207,7 @@ class SampleChunk(Base):
     __table_args__ = ({"sqlite_with_rowid": False},)
 
     run_id: Mapped[int] = mapped_column(ForeignKey("run.id", ondelete="CASCADE"), primary_key=True)
-    series: Mapped[str] = mapped_column(String(200), primary_key=True)
+    series_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     seq_first: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     seq_last: Mapped[int] = mapped_column(BigInteger)
     n: Mapped[int] = mapped_column(BigInteger)
@@ -248,12 +272,20 @@ SQL_TYPES: Final[dict[type, type[TypeEngine[Any]]]] = {int: BigInteger, float: D
 
 def table_problems(fields: tuple[protocol.SampleField, ...] = protocol.SAMPLE_FIELDS) -> list[str]:
     """Where ``Sample`` and ``SampleBlock`` (written out, for typed queries) differ from the
-    field table: each a sentence, none when they agree. ``sample_block``'s columns are the
-    key and each field's aggregates; a count is a BigInteger, an extreme or sum of an int
-    field too, else a Double, nullable when the field is (a block of nulls sums to null)."""
+    field table: each a sentence, none when they agree. ``sample`` stores the wire fields (the
+    str field, ``series``, as its number ``SERIES_COLUMN``; a derived field not at all);
+    ``sample_block``'s columns are the key and each field's aggregates, derived fields' too; a
+    count is a BigInteger, an extreme or sum of an int field too, else a Double, nullable when
+    the field is (a block of nulls sums to null)."""
     problems = []
     want: list[tuple[str, type, bool | None]] = [("run_id", BigInteger, False)]
-    want += [(f.name, SQL_TYPES[f.type], f.nullable) for f in fields]
+    want += [
+        (SERIES_COLUMN, Integer, False)
+        if f.type is str
+        else (f.name, SQL_TYPES[f.type], f.nullable)
+        for f in fields
+        if f.wire
+    ]
     got = [(c.name, type(c.type), c.nullable) for c in Sample.__table__.columns]
     if [(name, kind) for name, kind, _ in got] != [(name, kind) for name, kind, _ in want]:
         problems.append(f"Sample's columns {got} are not the table's {want}")
@@ -261,7 +293,7 @@ def table_problems(fields: tuple[protocol.SampleField, ...] = protocol.SAMPLE_FI
         if got_null != want_null:
             problems.append(f"Sample.{name} nullable={got_null}, the table says {want_null}")
     block_want: list[tuple[str, type, bool | None]] = [("run_id", BigInteger, False)]
-    block_want.append(("series", String, False))
+    block_want.append((SERIES_COLUMN, Integer, False))
     block_want += [("block", BigInteger, False)]
     for f in fields:
         for column, how in f.blocks:

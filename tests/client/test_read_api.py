@@ -109,6 +109,8 @@ def test_errors_name_what_is_wrong(server: ServerProcess) -> None:
         api.parallelism(100, 1, min_speedup=3)
     with pytest.raises(noisescope.ApiError, match="'B_crit' or 'B_simple'"):
         api.parallelism(100, 1, reference="B_noise")
+    with pytest.raises(TypeError, match="step_time_s"):  # a misspelt option is no query
+        api.parallelism(100, 1, step_time_s=0.5)  # type: ignore[call-arg]
     with pytest.raises(noisescope.ApiError, match="no answer"):
         noisescope.Api("http://127.0.0.1:9", timeout=2).runs()
 

@@ -45,7 +45,8 @@ def stored_run(server: ServerProcess, run_id: str, series: str = "") -> Stored:
     (run,) = query(server.database_url, "SELECT * FROM run WHERE uid = :uid", uid=run_id)
     samples = query(
         server.database_url,
-        "SELECT * FROM sample WHERE run_id = :id AND series = :series ORDER BY step",
+        "SELECT sample.* FROM sample JOIN series s ON s.run_id = sample.run_id "
+        "AND s.id = sample.series_id WHERE sample.run_id = :id AND s.name = :series ORDER BY step",
         id=run.id,
         series=series,
     )

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from reliability._infra import Server
-from reliability._round3 import BAD, OVER_LIMITS, one_bad_sample, run_fields, write_auth_server
+from reliability._round3 import BAD, one_bad_sample, write_auth_server
+from reliability._round3_process import OVER_LIMITS, run_fields
 
 
 @pytest.fixture(scope="module")

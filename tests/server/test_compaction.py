@@ -14,7 +14,7 @@ from sqlalchemy import Engine, func, select, update
 from harness.payloads import columns
 from noisescope_server import crud, db, queries
 from noisescope_server.chunks import decode_chunk, encode_chunk
-from noisescope_server.models import RunDigest, Sample, SampleBlock, SampleChunk
+from noisescope_server.models import WHOLE_MODEL, RunDigest, Sample, SampleBlock, SampleChunk
 from noisescope_server.queries._branches import _examples_at
 
 
@@ -76,14 +76,14 @@ def _reads(engine: Engine, uid: str) -> dict[str, Any]:
 
 
 def _block_totals(engine: Engine, uid: str) -> list[Any]:
-    """Per series: samples, the sums and the step range over all its blocks."""
+    """Per series (by its number): samples, the sums and the step range over all its blocks."""
     b = SampleBlock
     with engine.connect() as conn:
         return [
             tuple(row)
             for row in conn.execute(
                 select(
-                    b.series,
+                    b.series_id,
                     func.sum(b.n),
                     func.sum(b.sum_g_sq),
                     func.sum(b.sum_trace_sigma),
@@ -94,8 +94,8 @@ def _block_totals(engine: Engine, uid: str) -> list[Any]:
                     func.max(b.examples_max),
                 )
                 .where(b.run_id == _run_id(engine, uid))
-                .group_by(b.series)
-                .order_by(b.series)
+                .group_by(b.series_id)
+                .order_by(b.series_id)
             )
         ]
 
@@ -188,7 +188,10 @@ def test_late_samples_of_a_compacted_run_are_stored_once(engine: Engine) -> None
                 tuple(row)
                 for row in conn.execute(
                     select(*[c for c in SampleBlock.__table__.columns if c.name != "run_id"])
-                    .where(SampleBlock.run_id == _run_id(engine, uid), SampleBlock.series == "")
+                    .where(
+                        SampleBlock.run_id == _run_id(engine, uid),
+                        SampleBlock.series_id == WHOLE_MODEL,
+                    )
                     .order_by(SampleBlock.block)
                 )
             ]

@@ -108,6 +108,7 @@ def test_every_surface_gives_the_one_window(
         assert row["b_simple"] == _text.at_least(bound) and row["ratio"] == ""
         return
     assert run.b_simple is not None and mine.b_simple is not None
+    assert not run.b_simple_trend  # the window's own number
     assert run.b_simple == pytest.approx(mine.b_simple, rel=1e-9)
     iv = mine.interval.b_simple
     assert iv is not None
@@ -125,3 +126,59 @@ def test_every_surface_gives_the_one_window(
     assert iv.lo <= exact <= iv.hi
     assert run.b_simple > 10 * 50.0 / (sum(300.0 * 300.0 ** (-i / n) for i in range(n)) / n)
     assert math.isfinite(run.b_simple)
+
+
+def _loss_run(n: int, seed: int) -> list[tuple[float, float, float]]:
+    """Squared norms and batch losses of a run whose loss falls ~8x, with |G|^2 = 0.5 L^2 and
+    tr(Sigma) = 60 L (B_simple = 120 / L, ~500 at the end): its last tenth cannot pin |G|^2,
+    and the window states only a bound; the loss trend over the run states a number."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        loss = 2.0 * (1.0 + 20.0 * i / n) ** -0.7
+        g_sq, trace_sigma = 0.5 * loss**2, 60.0 * loss
+        out.append(
+            (
+                (g_sq + trace_sigma / B_SMALL) * rng.gammavariate(4.0, 0.25),
+                (g_sq + trace_sigma / B_BIG) * rng.gammavariate(4.0, 0.25),
+                loss * (1.0 + 0.05 * rng.gauss(0.0, 1.0)),
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize(("n", "seed"), [(3000, 1), (12_000, 0)])  # raw samples, storage blocks
+def test_every_surface_gives_the_loss_trend(
+    server: AppServer, client: TestClient, n: int, seed: int
+) -> None:
+    rows = _loss_run(n, seed)
+    run_id = uuid.uuid4().hex
+    assert client.put(f"{API}/runs/{run_id}", json=run_body(batch_size=B_BIG)).status_code < 300
+    cols = _columns([(small, big) for small, big, _ in rows])
+    cols["loss"] = [loss for _, _, loss in rows]
+    for lo in range(0, n, 5000):
+        part = {name: values[lo : lo + 5000] for name, values in cols.items()}
+        r = client.post(f"{API}/runs/{run_id}/samples", json={"columns": part})
+        assert r.status_code == 200, r.text
+    run = server.api().run(run_id)
+    rec = client.get(f"{API}/runs/{run_id}/recommendation").json()["recommendation"]
+    tracker, window_only = NoiseTracker(), NoiseTracker()
+    for step, (small, big, loss) in enumerate(rows):
+        tracker.log_sample(step, B_SMALL, B_BIG, small, big, loss=loss)
+        window_only.log_sample(step, B_SMALL, B_BIG, small, big)
+    mine = tracker.current()
+    assert window_only.current().b_simple is None  # the window alone: a bound
+    assert mine.trend and mine.b_simple is not None
+    assert 0.5 <= mine.b_simple / 508.0 <= 2.0  # 120 / L at the end
+    iv = mine.interval.b_simple
+    assert iv is not None
+    assert run.b_simple == pytest.approx(mine.b_simple, rel=1e-9)
+    assert (run.b_simple_lo, run.b_simple_hi) == pytest.approx((iv.lo, iv.hi), rel=1e-9)
+    assert run.b_simple_trend and run.window_samples == mine.n
+    steps = tracker.samples.steps(mine)
+    assert steps is not None
+    assert (run.window_first_step, run.window_last_step) == tuple(int(s) for s in steps)
+    assert rec["b_simple"] == pytest.approx(run.b_simple, rel=1e-12)
+    assert tracker.recommendation().b_simple == pytest.approx(rec["b_simple"], rel=1e-9)
+    (row,) = _frames.runs_table([run]).to_dict("records")
+    assert row["b_simple"] == _text.count(run.b_simple)

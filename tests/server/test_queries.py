@@ -12,7 +12,7 @@ from sqlalchemy import Engine, select
 from harness.payloads import columns, expected_sums
 from noisescope.estimators import CURRENT_FRACTION, CURRENT_RAW_LIMIT, current_window
 from noisescope_server import crud, db, queries
-from noisescope_server.models import BLOCK_SIZE, SampleBlock
+from noisescope_server.models import BLOCK_SIZE, WHOLE_MODEL, SampleBlock
 from noisescope_server.queries._compare import COMPARE_MIN_BLOCKS
 
 
@@ -107,7 +107,7 @@ def test_a_long_run_s_current_window_is_its_trailing_whole_blocks_when_blocks_ar
             chunk = {name: values[lo : lo + 10_000] for name, values in part.items()}
             crud.ingest_samples(engine, "long", crud.validate_samples({"columns": chunk}))
     with engine.connect() as conn:  # every block of the whole-model series, oldest first
-        where = SampleBlock.series == ""
+        where = SampleBlock.series_id == WHOLE_MODEL
         blocks = conn.execute(select(SampleBlock).where(where).order_by(SampleBlock.block)).all()
     assert CURRENT_FRACTION * len(keep) > CURRENT_RAW_LIMIT  # read as blocks
     assert len({b.n for b in blocks}) > 2  # partial blocks of several sizes

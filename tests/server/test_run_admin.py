@@ -20,7 +20,7 @@ from tests.support.database import query
 API = protocol.API_PREFIX
 ADMIN = "admin-secret-for-run-admin-tests"
 #: Every table that holds rows of a run, and the others.
-RUN_TABLES = ("sample", "sample_block", "event")
+RUN_TABLES = ("sample", "sample_block", "series", "event")
 OTHER_TABLES = ("project", "task", "token")
 
 

@@ -27,6 +27,7 @@ from noisescope_server import crud, db, queries
 from noisescope_server.models import Run, SampleBlock
 from noisescope_server.queries import _series
 from noisescope_server.queries._common import LEVEL
+from noisescope_server.queries._samples import series_number
 
 
 def _ingest(engine: Engine, cols: dict[str, list[Any]]) -> None:
@@ -59,12 +60,13 @@ def _fine(engine: Engine, series: str, x: Any, n_fine: int, use_blocks: bool) ->
     with engine.connect() as conn:
         run_id = conn.execute(select(Run.id).where(Run.uid == "r")).scalar_one()
         block_lo, block_hi = _series._x_columns(x, True)
+        number = series_number(conn, run_id, series)
         x_min, x_max = conn.execute(
             select(func.min(block_lo), func.max(block_hi)).where(
-                SampleBlock.run_id == run_id, SampleBlock.series == series
+                SampleBlock.run_id == run_id, SampleBlock.series_id == number
             )
         ).one()
-        return _series._fine_columns(conn, run_id, series, x, n_fine, use_blocks, x_min, x_max)
+        return _series._fine_columns(conn, run_id, number, x, n_fine, use_blocks, x_min, x_max)
 
 
 def _point(

@@ -81,7 +81,9 @@ class Exchange:
         #: Samples per request when replaying the spool.
         self.replay_max = min(max(settings.batch_max, 5000), _wire.MAX_SAMPLES_PER_REQUEST)
         self.backoff = Backoff(settings.backoff_base, settings.backoff_max)
+        #: Wakes the sender's thread (a commit, a flush, close); ``_cond`` paces a flush's wait.
         self._wake = threading.Event()
+        self._cond = threading.Condition()
         #: The one owner of what is committed and not yet acknowledged.
         self.outbox = Outbox(
             settings, spool, self.series_prefix, self._error, self._wake.set, first_index

@@ -19,16 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from noisescope import _wire
-from noisescope._config import Settings
 from noisescope._delivery._exchange import _DELETED_WHY, Exchange
 from noisescope._delivery._guard import Guard
 from noisescope._delivery._outbox import EVENTS_PER_REQUEST
 from noisescope._delivery._state import Signal, Stage
 from noisescope._retry import Outcome
-from noisescope._spool import RunSpool, batch_size, replay_requests
+from noisescope._spool import batch_size, replay_requests
 from noisescope._sync import deliver_orphans
-from noisescope._transport import Transport
 
 #: Seconds ``close`` waits before it says that it is waiting for the server.
 SLOW_CLOSE = 1.0
@@ -46,31 +43,10 @@ class Sender(Exchange):
     """Sends its ``outbox``'s batches to the server on its own thread (what fails goes back to
     the outbox, which spools it). ``transport`` None: offline, everything goes to the spool."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        run_id: str,
-        run_body: _wire.RunBody,
-        transport: Transport | None,
-        spool: RunSpool | None,
-        commit_open: Callable[[], None] | None = None,
-        *,
-        on_page: Callable[[Any], None] | None = None,
-        first_index: int = 0,
-    ) -> None:
-        super().__init__(
-            settings,
-            run_id,
-            run_body,
-            transport,
-            spool,
-            commit_open,
-            on_page=on_page,
-            first_index=first_index,
-        )
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._guard: Guard | None = None
+    #: The sending thread and the spool's guard, once ``start`` made them (``Exchange``'s
+    #: constructor is Sender's: what it builds is all a sender needs before it starts).
+    _thread: threading.Thread | None = None
+    _guard: Guard | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:

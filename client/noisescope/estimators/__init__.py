@@ -10,9 +10,10 @@ estimator, window sums, EMA, B_simple and B_noise), ``_stats`` (Student-t quanti
 Fieller's interval for a ratio), ``_intervals`` (a window's intervals from blocks of steps, and
 each bucket's of a series), ``_smoothing`` (the two smoothers: a centred window of the training
 loss for crossings, trailing windows of exact sums for charts), ``_current`` (the
-current-B_simple rule), ``_critical`` (the S-E model, the critical-batch fit,
-parallelism), ``_efficiency`` (statistical efficiency, goodput, learning-rate rules) and
-``_branching`` (the local critical batch from branching). Import from here:
+current-B_simple rule), ``_trend`` (B_simple now from the run's trend in the loss),
+``_critical`` (the S-E model, the critical-batch fit, parallelism), ``_efficiency``
+(statistical efficiency, goodput, learning-rate rules) and ``_branching`` (the local critical
+batch from branching). Import from here:
 ``from noisescope.estimators import X``.
 """
 
@@ -94,6 +95,17 @@ from ._stats import (
     student_t_quantile,
     weighted_line_fit,
 )
+from ._trend import (
+    TREND_AGREE_LEVEL,
+    TREND_BLOCKS,
+    TREND_FRACTIONS,
+    LossTrend,
+    RunBlocks,
+    jackknife_se,
+    loss_trend,
+    power_level,
+    power_tilt,
+)
 from ._two_batch import (
     EMA,
     NoiseScale,
@@ -102,6 +114,7 @@ from ._two_batch import (
     b_simple_from_sums,
     two_batch_estimate_columns,
     two_batch_estimates,
+    two_batch_expressions,
     two_batch_sizes_ok,
 )
 
@@ -122,6 +135,9 @@ __all__ = [
     "MAX_RESOLVED_JUMP",
     "MIN_INTERVAL_SAMPLES",
     "MIN_SPEEDUP",
+    "TREND_AGREE_LEVEL",
+    "TREND_BLOCKS",
+    "TREND_FRACTIONS",
     "BlockMoments",
     "BucketNoiseScales",
     "CriticalBatchFit",
@@ -129,9 +145,11 @@ __all__ = [
     "Interval",
     "LineFit",
     "LocalCriticalBatch",
+    "LossTrend",
     "NoiseSamples",
     "NoiseScale",
     "NoiseScaleInterval",
+    "RunBlocks",
     "Trailing",
     "TrailingWindows",
     "adaptive_batch_target",
@@ -159,9 +177,13 @@ __all__ = [
     "interpolate_throughput",
     "interval_from_blocks",
     "interval_from_steps",
+    "jackknife_se",
     "local_critical_batch",
+    "loss_trend",
     "noise_scaled_lr",
     "parallelism_limit",
+    "power_level",
+    "power_tilt",
     "reblock",
     "run_fraction_window",
     "scaled_lr",
@@ -173,6 +195,7 @@ __all__ = [
     "training_loss_curve",
     "two_batch_estimate_columns",
     "two_batch_estimates",
+    "two_batch_expressions",
     "two_batch_sizes_ok",
     "weighted_line_fit",
 ]

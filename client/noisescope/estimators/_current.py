@@ -17,6 +17,7 @@ from ._intervals import (
     interval_from_blocks,
 )
 from ._stats import student_t_quantile
+from ._trend import RunBlocks, loss_trend
 
 # --- The current B_simple of a run -------------------------------------------------------
 #
@@ -37,6 +38,11 @@ from ._stats import student_t_quantile
 # as a bound, or, with no bounded interval, a lower bound when 𝒮 is significantly positive but
 # |𝒢|^2 is not (Fieller's set for B_simple >= 0 is then [bound, inf)), else "not yet
 # measurable".
+#
+# Before settling for a bound, the rule reads the run's trend: |G|^2 and tr(Σ) as powers of the
+# training loss over a trailing stretch of the run (``estimators.loss_trend``), read at the
+# loss of the last 10%. Its number is the answer when its interval lies within
+# ``CURRENT_MAX_FACTOR`` of it; else the window's bound stands.
 
 #: Share of a run's samples the current window holds at least (the most recent ones).
 CURRENT_FRACTION = 0.1
@@ -75,6 +81,9 @@ CURRENT_BLOCK = 64
 #: The trailing blocks of a run that hold at least a given number of samples (oldest first):
 #: counts, sums of |𝒢|^2 and sums of 𝒮.
 Trailing = Callable[[int], tuple[Sequence[float], Sequence[float], Sequence[float]]]
+#: The whole run in blocks with its training loss (``RunBlocks``), or None where the caller has
+#: no loss: read only when the window states no number.
+WholeRun = Callable[[], RunBlocks | None]
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,9 @@ class CurrentNoiseScale:
     n: float
     interval: NoiseScaleInterval
     limit: str | None = None
+    #: True when the number comes from the loss trend over the last ``n`` samples
+    #: (``estimators.loss_trend``) rather than from the window's ratio of sums.
+    trend: bool = False
 
     @property
     def b_simple(self) -> float | None:
@@ -176,7 +188,7 @@ def _what_is_known(result: CurrentNoiseScale, level: float) -> CurrentNoiseScale
     b_iv = interval.b_simple
     n = count(result.n)
     if b_iv is not None:
-        if b_iv.lo * CURRENT_MAX_FACTOR >= b_iv.value >= b_iv.hi / CURRENT_MAX_FACTOR:
+        if _within_factor(b_iv.lo, b_iv.value, b_iv.hi):
             return result
         wide = (
             f"{level:.0%} interval {count(b_iv.lo)} to {count(b_iv.hi)} over the last {n} "
@@ -199,15 +211,43 @@ def _what_is_known(result: CurrentNoiseScale, level: float) -> CurrentNoiseScale
     return replace(result, interval=replace(interval, reason=reason))
 
 
+def _within_factor(lo: float, value: float, hi: float) -> bool:
+    """Whether an interval lies within ``CURRENT_MAX_FACTOR`` of its value on both sides."""
+    return lo * CURRENT_MAX_FACTOR >= value >= hi / CURRENT_MAX_FACTOR
+
+
+def _from_trend(window: CurrentNoiseScale, whole_run: WholeRun, level: float) -> CurrentNoiseScale:
+    """The loss trend's number where the window states none and the trend's interval lies
+    within ``CURRENT_MAX_FACTOR`` of it; else the window's answer."""
+    run = whole_run()
+    trend = (
+        None
+        if run is None
+        else loss_trend(
+            run, level=level, max_factor=CURRENT_MAX_FACTOR, min_block=CURRENT_MIN_BLOCK
+        )
+    )
+    if trend is None or not _within_factor(
+        trend.b_simple.lo, trend.b_simple.value, trend.b_simple.hi
+    ):
+        return window
+    interval = NoiseScaleInterval(
+        level, trend.n, trend.n_blocks, trend.g_sq, trend.trace_sigma, trend.b_simple
+    )
+    return CurrentNoiseScale(trend.n, interval, None, trend=True)
+
+
 def current_noise_scale(
-    n_total: float, trailing: Trailing, *, level: float = 0.9
+    n_total: float, trailing: Trailing, *, level: float = 0.9, whole_run: WholeRun | None = None
 ) -> CurrentNoiseScale:
     """The current B_simple of a run of ``n_total`` samples, by the rule above.
 
     ``trailing(target)`` gives the run's last blocks (counts and sums of |𝒢|^2 and 𝒮, oldest
     first) holding at least ``target`` samples, or all of them: raw samples (blocks of one),
     storage blocks or ``NoiseSamples``' blocks, whichever the caller has; fine enough (tens of
-    blocks or more) for the window to be split at a doubling.
+    blocks or more) for the window to be split at a doubling. ``whole_run()`` gives the run's
+    blocks with their training loss for the loss trend, read only when the window states no
+    number (None, or no loss: the window's answer stands).
     """
     if n_total < CURRENT_MIN_SAMPLES:
         return CurrentNoiseScale(
@@ -240,7 +280,10 @@ def current_noise_scale(
             break
         target, blocks, used = doubled, wider, float(sum(wider[0]))
         interval = _interval(blocks, level)
-    return _what_is_known(CurrentNoiseScale(used, interval, limit), level)
+    window = _what_is_known(CurrentNoiseScale(used, interval, limit), level)
+    if window.b_simple is not None or whole_run is None:
+        return window
+    return _from_trend(window, whole_run, level)
 
 
 def current_window(
@@ -273,25 +316,32 @@ class NoiseSamples:
     """A run's per-sample |𝒢|^2 and 𝒮 estimates in memory, read by the current rule.
 
     For a training loop (``NoiseTracker``, ``BatchSizeScheduler``): prefix sums in flat arrays
-    (24 bytes a sample), so any trailing window is cut into blocks without touching the
-    samples, and ``current()`` costs at most a few milliseconds at step 100 or 10^7.
+    (40 bytes a sample), so any trailing window is cut into blocks without touching the
+    samples, and ``current()`` costs at most a few milliseconds at step 100 or 10^7. The
+    training loss, where given, feeds the loss trend (``whole_run``).
     """
 
     def __init__(self) -> None:
         self._cum_g = array("d", [0.0])
         self._cum_s = array("d", [0.0])
+        self._cum_loss = array("d", [0.0])
+        self._cum_n_loss = array("d", [0.0])
         self._steps = array("d")
 
     def __len__(self) -> int:
         return len(self._steps)
 
-    def add(self, step: float, g_sq: float, trace_sigma: float) -> None:
-        """One sample's unbiased estimates (``two_batch_estimates``); non-finite ones are
-        skipped (docs/science.md, Pitfalls)."""
+    def add(self, step: float, g_sq: float, trace_sigma: float, loss: float | None = None) -> None:
+        """One sample's unbiased estimates (``two_batch_estimates``) and its batch's training
+        loss, if known; non-finite estimates are skipped (docs/science.md, Pitfalls), a
+        non-finite loss counts as unknown."""
         if not (math.isfinite(g_sq) and math.isfinite(trace_sigma) and math.isfinite(step)):
             return
+        known = loss is not None and math.isfinite(loss)
         self._cum_g.append(self._cum_g[-1] + g_sq)
         self._cum_s.append(self._cum_s[-1] + trace_sigma)
+        self._cum_loss.append(self._cum_loss[-1] + (loss if known and loss is not None else 0.0))
+        self._cum_n_loss.append(self._cum_n_loss[-1] + (1.0 if known else 0.0))
         self._steps.append(step)
 
     def trailing(self, target: int) -> tuple[list[float], list[float], list[float]]:
@@ -315,9 +365,29 @@ class NoiseSamples:
             [self._cum_s[b] - self._cum_s[a] for a, b in pairs],
         )
 
+    def whole_run(self) -> RunBlocks | None:
+        """All samples in blocks with their training loss, read as the server reads a stored
+        run (``trailing``: single samples up to ``CURRENT_RAW_LIMIT``, else ``CURRENT_BLOCK``-
+        sample blocks aligned on the sample index); None when no sample has a loss."""
+        n = len(self._steps)
+        if self._cum_n_loss[-1] <= 0:
+            return None
+        raw = n <= CURRENT_RAW_LIMIT
+        edges = list(range(n + 1)) if raw else [*range(0, n, CURRENT_BLOCK), n]
+        pairs = list(itertools.pairwise(edges))
+        return (
+            [float(b - a) for a, b in pairs],
+            [self._cum_g[b] - self._cum_g[a] for a, b in pairs],
+            [self._cum_s[b] - self._cum_s[a] for a, b in pairs],
+            [self._cum_n_loss[b] - self._cum_n_loss[a] for a, b in pairs],
+            [self._cum_loss[b] - self._cum_loss[a] for a, b in pairs],
+        )
+
     def current(self, level: float = 0.9) -> CurrentNoiseScale:
         """The current B_simple of these samples (``current_noise_scale``)."""
-        return current_noise_scale(float(len(self._steps)), self.trailing, level=level)
+        return current_noise_scale(
+            float(len(self._steps)), self.trailing, level=level, whole_run=self.whole_run
+        )
 
     def steps(self, window: CurrentNoiseScale) -> tuple[float, float] | None:
         """The first and last step of a window ``current()`` returned (None: empty)."""
@@ -333,6 +403,8 @@ class NoiseSamples:
             "step": list(self._steps),
             "cum_g_sq": list(self._cum_g),
             "cum_trace_sigma": list(self._cum_s),
+            "cum_loss": list(self._cum_loss),
+            "cum_n_loss": list(self._cum_n_loss),
         }
 
     @classmethod
@@ -344,4 +416,11 @@ class NoiseSamples:
         samples._steps = array("d", map(float, steps))
         samples._cum_g = array("d", map(float, cum_g))
         samples._cum_s = array("d", map(float, cum_s))
+        # a state saved before the loss was kept: no sample has one
+        zeros = [0.0] * len(cum_g)
+        cum_loss, cum_n_loss = state.get("cum_loss", zeros), state.get("cum_n_loss", zeros)
+        if not len(cum_loss) == len(cum_n_loss) == len(cum_g):
+            raise ValueError("a NoiseSamples state's loss sums differ in length from its steps")
+        samples._cum_loss = array("d", map(float, cum_loss))
+        samples._cum_n_loss = array("d", map(float, cum_n_loss))
         return samples

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def two_batch_estimates(
@@ -25,9 +26,21 @@ def two_batch_estimates(
 
     Either may be negative for a single step; only window averages are meaningful.
     """
-    d_g_sq, d_trace_sigma = _two_batch_denominators(b_small, b_big)
-    g_sq = (b_big * g_big_sq - b_small * g_small_sq) / d_g_sq
-    trace_sigma = (g_small_sq - g_big_sq) / d_trace_sigma
+    _two_batch_denominators(b_small, b_big)
+    g_sq, trace_sigma = two_batch_expressions(b_small, b_big, g_small_sq, g_big_sq)
+    return float(g_sq), float(trace_sigma)
+
+
+def two_batch_expressions(
+    b_small: Any, b_big: Any, g_small_sq: Any, g_big_sq: Any
+) -> tuple[Any, Any]:
+    """``two_batch_estimates``' expressions, unchecked, over anything with ``+ - * /``: floats,
+    or the server's SQL columns (an SQL expression of the same operations in the same order,
+    which SQLite evaluates in IEEE doubles as Python does: the same floats). The one place
+    the formula is written; ``two_batch_estimate_columns`` is it element for element with
+    the denominators computed once."""
+    g_sq = (b_big * g_big_sq - b_small * g_small_sq) / (b_big - b_small)
+    trace_sigma = (g_small_sq - g_big_sq) / (1.0 / b_small - 1.0 / b_big)
     return g_sq, trace_sigma
 
 

@@ -31,10 +31,9 @@ logger = logging.getLogger("noisescope")
 class _TrackingCallback:
     """Run and probe bookkeeping for a framework callback."""
 
-    def __init__(
+    def __init__(  # positional: each framework's callback passes its own arguments on in order
         self,
         run: Run | None,
-        *,
         project: str | None,
         task: str | None,
         name: str | None,

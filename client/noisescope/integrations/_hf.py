@@ -135,17 +135,7 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         **init_kwargs: Any,
     ) -> None:
         super().__init__(
-            run,
-            project=project,
-            task=task,
-            name=name,
-            tags=tags,
-            units=units,
-            layers=layers,
-            every=every,
-            small_batches=small_batches,
-            init_kwargs=init_kwargs,
-            branch=branch,
+            run, project, task, name, tags, units, layers, every, small_batches, init_kwargs, branch
         )
         self._train_dataloader: Any = None
         self._branch_units = "examples"

@@ -70,23 +70,22 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         loss_reduction: how ``training_step``'s loss is reduced over the micro-batch's items:
             "mean" (the default) or "sum".
         micro_loss: the probe's convention for manual optimization (see ``GradientNoiseProbe``).
-        layers: also log one series per layer (see ``GradientNoiseProbe``).
-        every: measure every n-th optimizer step only.
-        small_batches: "all" (each micro-batch's gradient is a G_small: most precise) or
-            "first" (only the first micro-batch's: two gradient reads per step instead of one
-            per micro-batch, and the per-parameter hooks only check a flag: the least
-            overhead; tr(Sigma) gets noisier). See ``GradientNoiseProbe``.
+        layers, every, small_batches, init_kwargs: as for ``HuggingFaceCallback`` (the
+            probe's per-layer series, its cadence and which micro-batches it reads; any other
+            ``noisescope.init`` argument).
         branch: opt-in branching every N optimizer steps, a
             ``noisescope.integrations.BranchOptions``, as for ``HuggingFaceCallback`` (default
             loss: ``training_step(batch, 0)``, its tensor or its ``"loss"``; default store:
             ``<default_root_dir>/noisescope-branches``).
-        init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
     """
 
     def __init__(
         self,
         run: Run | None = None,
         *,
+        # The init arguments are HuggingFaceCallback's, written out in both signatures on
+        # purpose: each framework's users read their own callback's parameters (a shared
+        # TypedDict behind ** would hide them from editors and type checkers).
         project: str | None = None,
         task: str | None = None,
         name: str | None = None,
@@ -106,17 +105,7 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         super().__init__(
-            run,
-            project=project,
-            task=task,
-            name=name,
-            tags=tags,
-            units=units,
-            layers=layers,
-            every=every,
-            small_batches=small_batches,
-            init_kwargs=init_kwargs,
-            branch=branch,
+            run, project, task, name, tags, units, layers, every, small_batches, init_kwargs, branch
         )
         self._optimizer_steps = 0  # trainer.global_step at the last batch end
         self.batch_size_fn = batch_size_fn

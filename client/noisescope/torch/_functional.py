@@ -183,8 +183,8 @@ class FollowUses(TorchFunctionMode):
     def __torch_function__(
         self,
         func: Callable[..., Any],
-        types: Sequence[type],
-        args: Sequence[Any] = (),
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
@@ -201,7 +201,7 @@ class FollowUses(TorchFunctionMode):
             others = [a for i, a in enumerate(args) if i != slot and isinstance(a, Tensor)]
             expanded = self.host.broadcast(idx, args[slot], others)
             if expanded is not None:
-                args = [*args[:slot], expanded, *args[slot + 1 :]]
+                args = (*args[:slot], expanded, *args[slot + 1 :])
                 found = []
         out = func(*args, **kwargs)
         self._spread(args, kwargs, out)

@@ -89,6 +89,30 @@ def is_norm_layer(module: nn.Module) -> bool:
     return bool(own) and name.endswith("norm") and all(p.dim() == 1 for p in own)
 
 
+def measured_parameters(module: nn.Module, norm_layers_only: bool) -> list[nn.Parameter]:
+    """The parameters a probe measures: every trainable one, once, in ``module.parameters()``
+    order (with ``norm_layers_only``: those of normalization layers alone, the cheap proxy of
+    ``scope="norm_layers"``); ``ValueError`` when none is left."""
+    params: list[nn.Parameter] = []
+    seen: set[int] = set()
+    if norm_layers_only:
+        seen = {
+            id(p) for m in module.modules() if not is_norm_layer(m) for p in m.parameters(False)
+        }
+    for p in module.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            params.append(p)
+    if not params:
+        if norm_layers_only:
+            raise ValueError(
+                "scope='norm_layers' but the model has no trainable normalization layer "
+                "(LayerNorm, RMSNorm, GroupNorm or a class named *Norm): use scope='all'"
+            )
+        raise ValueError("the model has no parameters that require gradients")
+    return params
+
+
 def _affine_norm(module: nn.Module) -> bool:
     """A model's own normalization class with a vector weight (and bias): nanoGPT's
     ``LayerNorm``, ``LlamaRMSNorm``, ConvNeXt's channels-first ``LayerNorm``. Whether its output

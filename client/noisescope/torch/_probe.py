@@ -32,7 +32,7 @@ from . import _normalise, _rows, _torch_api
 from ._deepspeed import STEP_ORDER, EngineGrads
 from ._instrument import _identity as _not_instrumented
 from ._instrument import current as _instrumentation
-from ._layers import is_norm_layer
+from ._layers import measured_parameters
 from ._misuse import SINGLE_BATCH_SIZE, STALE_GRAPH, GradWatch, notice
 from ._normalise import MicroLoss
 from ._per_example import PerExampleMethod, PerExampleNorms, Unsupported
@@ -181,26 +181,7 @@ class GradientNoiseProbe(SourceDecision):
         self.distributed = self.layout.distributed
         self.world_size = self.layout.world_size
         module = self.layout.inner
-        self.params: list[nn.Parameter] = []
-        seen: set[int] = set()
-        if scope == "norm_layers":
-            seen = {
-                id(p)
-                for m in module.modules()
-                if not is_norm_layer(m)
-                for p in m.parameters(recurse=False)
-            }
-        for p in module.parameters():
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                self.params.append(p)
-        if not self.params:
-            if scope == "norm_layers":
-                raise ValueError(
-                    "scope='norm_layers' but the model has no trainable normalization layer "
-                    "(LayerNorm, RMSNorm, GroupNorm or a class named *Norm): use scope='all'"
-                )
-            raise ValueError("the model has no parameters that require gradients")
+        self.params = measured_parameters(module, scope == "norm_layers")
         self.scope: str = scope
         self._device = self.params[0].device
         self.series_names, series_of_param = _rows.series_slots(module, self.params, layers)

@@ -125,6 +125,8 @@ def band_chart(
                 opacity=alt.when(pick).then(alt.value(0.22)).otherwise(alt.value(0.03)),
             )
         )
+    # The runs' thin lines and the groups' median line below are two layers, alike in form:
+    # different data (one line per run vs per group), widths, highlight opacities and tooltips.
     if drawn_runs is not None:
         layers.append(
             alt.Chart(drawn_runs)

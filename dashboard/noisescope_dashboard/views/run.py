@@ -121,9 +121,10 @@ def _headline(src: _data.Source, run: RunSummary) -> None:
             if bounded
             else "No number"
         )
+        trend = " by the trend of |G|² and tr(Σ) in the training loss" if run.b_simple_trend else ""
         m1.caption(
-            f"{value}. From the last {run.window_samples:,} samples{steps}: the same value as "
-            "the Runs table and the API."
+            f"{value}. From the last {run.window_samples:,} samples{steps}{trend}: the same "
+            "value as the Runs table and the API."
             + (f" {md(_text.sentence(run.window_limit))}" if run.window_limit else "")
         )
     m2.metric(

@@ -16,6 +16,7 @@ from noisescope_server.api.query import _json, _loss_targets, _task_path
 from noisescope_server.errors import value_errors_as_bad_input
 
 router = APIRouter(tags=["query"])
+# One function per route, though they look alike: see the note in api/query.py.
 
 
 @router.get(

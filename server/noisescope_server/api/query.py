@@ -35,6 +35,13 @@ from noisescope_server.errors import value_errors_as_bad_input
 
 router = APIRouter(tags=["query"])
 
+# Routes that look alike (a run id and the caller's scope in, one query's answer out; the same
+# Annotated query parameters) stay one function each, here and in api/branching.py and
+# api/recommend.py: FastAPI reads a route's parameters, their documentation and its OpenAPI
+# operation from the function's own signature, so a shared route factory would hide each
+# endpoint's contract from the schema's reader and from mypy. What they share lives below
+# them: the reads in ``queries``, the encoding in ``_json``.
+
 
 def _json(result: object) -> Response:
     """orjson encodes the query dataclasses directly (2000-point series: a few ms, not tens);

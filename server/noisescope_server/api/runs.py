@@ -79,6 +79,9 @@ async def put_run(
     return result
 
 
+# PUT and PATCH look alike (a body parsed in the run's write path, an answer from ``_answer``)
+# but are two routes: each has its own body model, scopes and documented refusals, which
+# FastAPI reads from the route's own signature and decorator (see the note in api/query.py).
 @router.patch(
     "/runs/{run_id}",
     response_model=RunPutResult,

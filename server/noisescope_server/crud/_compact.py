@@ -16,7 +16,6 @@ the samples that are rows. Reopening a chunk reverses that.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,23 +34,19 @@ from sqlalchemy import (
     select,
 )
 
-from noisescope import protocol
-from noisescope_server.chunks import (
-    CHUNK_COLUMNS,
-    CHUNK_ROWS,
-    decode_chunk,
-    encode_chunk,
-    estimate_columns,
+from noisescope_server.chunks import CHUNK_ROWS, decode_chunk, encode_chunk
+from noisescope_server.crud._blocks import (
+    ROW_COLUMNS,
+    block_rows,
+    delete_blocks,
+    recompute_blocks,
+    with_estimates,
 )
-from noisescope_server.crud._sql import (
-    BLOCK_UPSERT_SERIES,
-    LOCK_RUN_FOR_COMPACTION,
-    add_block_deltas,
-    dialect_insert,
-)
+from noisescope_server.crud._sql import LOCK_RUN_FOR_COMPACTION, add_block_deltas, dialect_insert
 from noisescope_server.db import write_transaction
 from noisescope_server.models import (
     BLOCK_SIZE,
+    WHOLE_MODEL,
     Run,
     RunDigest,
     Sample,
@@ -60,8 +55,6 @@ from noisescope_server.models import (
 )
 from noisescope_server.settings import COMPACT_FINISHED_AFTER, COMPACT_QUIET_AFTER
 from noisescope_server.utc import utcnow
-
-_ROW_COLUMNS = ("seq", *(c for c in CHUNK_COLUMNS if c != "seq"))
 
 
 @dataclass(frozen=True)
@@ -83,21 +76,21 @@ def compact_run(
     series, one chunk per transaction (see the module's docstring); ``stop()`` true ends it
     between two chunks (the rest stays rows until the next compaction)."""
     with engine.connect() as conn:
-        names = [
-            str(s)
+        numbers = [
+            int(s)
             for (s,) in conn.execute(
-                select(SampleBlock.series).where(SampleBlock.run_id == run_id).distinct()
+                select(SampleBlock.series_id).where(SampleBlock.run_id == run_id).distinct()
             )
         ]
     samples = chunks = 0
-    for series in names:
+    for series_id in numbers:
         while stop is None or not stop():
-            moved = _compact_step(engine, run_id, series, chunk_rows)
+            moved = _compact_step(engine, run_id, series_id, chunk_rows)
             if moved == 0:
                 break
             samples += moved
             chunks += 1
-    if names and (stop is None or not stop()):
+    if numbers and (stop is None or not stop()):
         store_digests(engine, [run_id])
     return Compacted(samples, chunks)
 
@@ -150,13 +143,13 @@ def refresh_digests(engine: Engine, *, stop: Callable[[], bool] | None = None) -
     return stored
 
 
-def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> int:
+def _compact_step(engine: Engine, run_id: int, series_id: int, chunk_rows: int) -> int:
     """One chunk: the first ``chunk_rows`` rows of (run, series) in, the same rows out."""
     with write_transaction(engine) as conn:
         lock = LOCK_RUN_FOR_COMPACTION[conn.dialect.name]
         if conn.execute(lock, {"run_id": run_id}).first() is None:
             return 0  # deleted meanwhile
-        where = [Sample.run_id == run_id, Sample.series == series]
+        where = [Sample.run_id == run_id, Sample.series_id == series_id]
         start = conn.execute(select(func.min(Sample.seq)).where(*where)).scalar()
         if start is None:
             return 0
@@ -165,24 +158,24 @@ def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> 
         bound = conn.execute(
             select(func.min(SampleChunk.seq_first)).where(
                 SampleChunk.run_id == run_id,
-                SampleChunk.series == series,
+                SampleChunk.series_id == series_id,
                 SampleChunk.seq_first > start,
             )
         ).scalar()
         if bound is not None:
             where.append(Sample.seq < bound)
         rows = conn.execute(
-            select(*(getattr(Sample, c) for c in _ROW_COLUMNS))
+            select(*(getattr(Sample, c) for c in ROW_COLUMNS))
             .where(*where)
             .order_by(Sample.seq)
             .limit(chunk_rows)
         ).all()
-        columns = {name: [r[i] for r in rows] for i, name in enumerate(_ROW_COLUMNS)}
+        columns = {name: [r[i] for r in rows] for i, name in enumerate(ROW_COLUMNS)}
         first, last = int(rows[0][0]), int(rows[-1][0])
         conn.execute(
             dialect_insert(conn.dialect.name)(SampleChunk).values(
                 run_id=run_id,
-                series=series,
+                series_id=series_id,
                 seq_first=first,
                 seq_last=last,
                 n=len(rows),
@@ -192,65 +185,36 @@ def _compact_step(engine: Engine, run_id: int, series: str, chunk_rows: int) -> 
         conn.execute(
             delete(Sample).where(
                 Sample.run_id == run_id,
-                Sample.series == series,
+                Sample.series_id == series_id,
                 Sample.seq >= first,
                 Sample.seq <= last,
             )
         )
-        if series != "":
-            _refresh_series_blocks(conn, run_id, series, first, last)
-            add_block_deltas(conn, run_id, _sample_blocks(series, columns))
+        if series_id != WHOLE_MODEL:
+            _refresh_series_blocks(conn, run_id, series_id, first, last)
+            add_block_deltas(conn, run_id, _sample_blocks(series_id, columns))
         return len(rows)
 
 
 def _refresh_series_blocks(
-    conn: Connection, run_id: int, series: str, first: int, last: int
+    conn: Connection, run_id: int, series_id: int, first: int, last: int
 ) -> None:
     """A per-layer series' seq blocks over seqs [first, last] again from its rows alone."""
     lo, hi = first // BLOCK_SIZE, last // BLOCK_SIZE
-    conn.execute(
-        delete(SampleBlock).where(
-            SampleBlock.run_id == run_id,
-            SampleBlock.series == series,
-            SampleBlock.block >= lo,
-            SampleBlock.block <= hi,
-        )
-    )
-    conn.execute(
-        BLOCK_UPSERT_SERIES[conn.dialect.name],
-        {
-            "run_id": run_id,
-            "series": series,
-            "seq_lo": lo * BLOCK_SIZE,
-            "seq_hi": (hi + 1) * BLOCK_SIZE,
-        },
-    )
+    delete_blocks(conn, run_id, series_id, lo, hi)
+    recompute_blocks(conn, run_id, lo * BLOCK_SIZE, (hi + 1) * BLOCK_SIZE, series_id)
 
 
-def _sample_blocks(series: str, columns: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
+def _sample_blocks(series_id: int, columns: dict[str, list[Any]]) -> list[tuple[Any, ...]]:
     """A chunk's samples summed 64 at a time (``_sql.BLOCK_COLUMNS`` rows, keyed
     ``-(first seq) - 1``): each column its aggregate of the field table."""
-    cols = dict(columns)
-    cols["g_sq_est"], cols["trace_sigma_est"] = estimate_columns(cols)
-    out: list[tuple[Any, ...]] = []
-    for i in range(0, len(cols["seq"]), BLOCK_SIZE):
-        values: list[Any] = []
-        for _, how, name in protocol.BLOCK_AGGREGATES:
-            present = [v for v in cols[name][i : i + BLOCK_SIZE] if v is not None]
-            if how == "count":
-                values.append(len(present))
-            elif not present:
-                values.append(None)
-            elif how == "sum":
-                values.append(math.fsum(present))
-            else:
-                values.append(min(present) if how == "min" else max(present))
-        out.append((series, -cols["seq"][i] - 1, *values))
-    return out
+    seqs = columns["seq"]
+    groups = [(-seqs[i] - 1, i, i + BLOCK_SIZE) for i in range(0, len(seqs), BLOCK_SIZE)]
+    return block_rows(series_id, with_estimates(columns), groups)
 
 
 #: The chunks of a run overlapping seqs [lo, hi), built once (it runs on every ingest).
-_OVERLAPPING = select(SampleChunk.series, SampleChunk.seq_first, SampleChunk.data).where(
+_OVERLAPPING = select(SampleChunk.series_id, SampleChunk.seq_first, SampleChunk.data).where(
     SampleChunk.run_id == bindparam("run_id"),
     SampleChunk.seq_first < bindparam("hi"),
     SampleChunk.seq_last >= bindparam("lo"),
@@ -268,31 +232,23 @@ def reopen_chunks(conn: Connection, run_id: int, seqs: list[int]) -> int:
     if not found:
         return 0
     reopened = 0
-    for series, seq_first, data in found:
+    for series_id, seq_first, data in found:
         cols: dict[str, Any] = decode_chunk(bytes(data))
-        cols["g_sq_est"], cols["trace_sigma_est"] = estimate_columns(cols)
         n = len(cols["seq"])
-        cols["run_id"], cols["series"] = [run_id] * n, [series] * n
+        cols["run_id"], cols["series_id"] = [run_id] * n, [series_id] * n
         rows = [dict(zip(cols, values, strict=True)) for values in zip(*cols.values(), strict=True)]
         conn.execute(
             delete(SampleChunk).where(
                 SampleChunk.run_id == run_id,
-                SampleChunk.series == series,
+                SampleChunk.series_id == series_id,
                 SampleChunk.seq_first == seq_first,
             )
         )
         conn.execute(insert(Sample), rows)
-        if series != "":  # its samples are rows again: seq blocks sum them, not sample blocks
+        if series_id != WHOLE_MODEL:  # rows again: seq blocks sum them, not sample blocks
             first, last = int(seq_first), max(cols["seq"])
-            conn.execute(
-                delete(SampleBlock).where(
-                    SampleBlock.run_id == run_id,
-                    SampleBlock.series == series,
-                    SampleBlock.block >= -last - 1,
-                    SampleBlock.block <= -first - 1,
-                )
-            )
-            _refresh_series_blocks(conn, run_id, series, first, last)
+            delete_blocks(conn, run_id, series_id, -last - 1, -first - 1)
+            _refresh_series_blocks(conn, run_id, series_id, first, last)
         reopened += len(rows)
     return reopened
 

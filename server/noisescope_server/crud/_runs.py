@@ -26,6 +26,7 @@ from noisescope_server.models import (
     Sample,
     SampleBlock,
     SampleChunk,
+    Series,
     Task,
 )
 from noisescope_server.utc import as_utc, utcnow
@@ -300,7 +301,8 @@ def _edited(conn: Connection, run_id: int, **changed: object) -> list[str]:
 
 
 def delete_run(engine: Engine, run_uid: str, *, project_scope: int | None = None) -> RunRef:
-    """Delete a run for good: its samples (rows and chunks), sample blocks, events and its row,
+    """Delete a run for good: its samples (rows and chunks), sample blocks, series names,
+    events and its row,
     in one transaction, and nothing else (its project, task and any branch runs stay; a branch run
     whose parent is gone reads as a run with an unknown parent, as before its parent came).
 
@@ -322,6 +324,7 @@ def delete_run(engine: Engine, run_uid: str, *, project_scope: int | None = None
         conn.execute(delete(Sample).where(Sample.run_id == run.id))
         conn.execute(delete(SampleBlock).where(SampleBlock.run_id == run.id))
         conn.execute(delete(SampleChunk).where(SampleChunk.run_id == run.id))
+        conn.execute(delete(Series).where(Series.run_id == run.id))
         conn.execute(delete(RunDigest).where(RunDigest.run_id == run.id))
         conn.execute(delete(Event).where(Event.run_id == run.id))
         conn.execute(delete(Run).where(Run.id == run.id))

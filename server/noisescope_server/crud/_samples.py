@@ -1,5 +1,8 @@
 """Sample ingest: a validated SampleBatch into ``sample`` rows and its ``sample_block`` sums.
 
+A row stores the wire columns, its series as the run's number for the name (``_series``); the
+per-sample estimates validation computed are summed into the blocks, never stored per row.
+
 Stays thin on purpose (>= 50% of the raw driver's executemany rate end to end): rows go to the
 driver in multi-row INSERTs of a few hundred rows (SQLite) or one ``unnest`` INSERT per chunk
 (PostgreSQL), both insert-or-ignore on (run_id, seq) so a re-sent batch never duplicates.
@@ -16,10 +19,12 @@ from sqlalchemy import Connection, Engine
 
 from noisescope import protocol
 from noisescope_server.crud import _sql
+from noisescope_server.crud._blocks import recompute_blocks
 from noisescope_server.crud._compact import reopen_chunks
 from noisescope_server.crud._runs import require_run
+from noisescope_server.crud._series import series_ids
 from noisescope_server.db import write_transaction
-from noisescope_server.models import BLOCK_SIZE, SAMPLE_COLUMNS
+from noisescope_server.models import BLOCK_SIZE, SAMPLE_COLUMNS, SERIES_COLUMN
 from noisescope_server.utc import utcnow
 from noisescope_server.validate import FLOAT_COLUMNS, SampleBatch
 
@@ -36,9 +41,10 @@ def ingest_samples(
             return 0
         # a late sample of a compacted run: the chunks around it become rows again first
         reopen_chunks(conn, run.id, batch.columns["seq"])
-        inserted = insert_samples(conn, run.id, batch)
+        numbers = series_ids(conn, run.id, _names(batch))
+        inserted = insert_samples(conn, run.id, batch, numbers)
         if inserted:
-            deltas = block_deltas(batch) if inserted == batch.n else None
+            deltas = block_deltas(batch, numbers) if inserted == batch.n else None
             if deltas is not None:  # every row was new: add the batch's own sums
                 _sql.add_block_deltas(conn, run.id, deltas)
             else:  # some rows were already stored: recompute the touched blocks
@@ -50,17 +56,34 @@ def _as_float(col: Iterable[Any]) -> list[float | None]:
     return [None if v is None else float(v) for v in col]
 
 
-def insert_samples(conn: Connection, run_id: int, batch: SampleBatch) -> int:
-    """Insert-or-ignore the batch's rows through the driver's cursor; rows inserted."""
+def _names(batch: SampleBatch) -> list[str]:
+    """The batch's series names, each once (validation found whether it holds one)."""
+    names: list[str] = batch.columns["series"]
+    if "series" in batch.uniform_columns:
+        return names[:1]
+    return list(dict.fromkeys(names))
+
+
+def _series_column(batch: SampleBatch, numbers: dict[str, int]) -> list[int]:
+    """The batch's series as the numbers they are stored under (``models.SERIES_COLUMN``)."""
+    names: list[str] = batch.columns["series"]
+    if "series" in batch.uniform_columns:
+        return [numbers[names[0]]] * batch.n
+    return [numbers[name] for name in names]
+
+
+def insert_samples(
+    conn: Connection, run_id: int, batch: SampleBatch, numbers: dict[str, int]
+) -> int:
+    """Insert-or-ignore the batch's rows through the driver's cursor, each series as its
+    number in ``numbers`` (``_series.series_ids``); rows inserted."""
     if conn.dialect.name == "sqlite":
-        return _insert_samples_sqlite(conn, run_id, batch)
+        return _insert_samples_sqlite(conn, run_id, batch, numbers)
     cols = batch.columns
     arrays: dict[str, list[Any]] = {
         "seq": cols["seq"],
         "step": cols["step"],
-        "series": cols["series"],
-        "g_sq_est": batch.g_sq_est,
-        "trace_sigma_est": batch.trace_sigma_est,
+        SERIES_COLUMN: _series_column(batch, numbers),
     }
     for name in FLOAT_COLUMNS:
         arrays[name] = _as_float(cols[name])  # psycopg needs one element type per array
@@ -78,8 +101,10 @@ def insert_samples(conn: Connection, run_id: int, batch: SampleBatch) -> int:
     return inserted
 
 
-def _insert_samples_sqlite(conn: Connection, run_id: int, batch: SampleBatch) -> int:
-    stored = {**batch.columns, "g_sq_est": batch.g_sq_est, "trace_sigma_est": batch.trace_sigma_est}
+def _insert_samples_sqlite(
+    conn: Connection, run_id: int, batch: SampleBatch, numbers: dict[str, int]
+) -> int:
+    stored = {**batch.columns, SERIES_COLUMN: _series_column(batch, numbers)}
     columns = [stored[name] for name in SAMPLE_COLUMNS]
     width = len(_sql.SAMPLE_INSERT_COLUMNS)
     dbapi_connection = conn.connection.dbapi_connection
@@ -89,7 +114,7 @@ def _insert_samples_sqlite(conn: Connection, run_id: int, batch: SampleBatch) ->
     try:
         for start in range(0, batch.n, per_insert):
             rows = min(per_insert, batch.n - start)
-            flat: list[Any] = [run_id] * (width * rows)  # run_id at 0, 14, 28, ...
+            flat: list[Any] = [run_id] * (width * rows)  # run_id at 0, width, 2 * width, ...
             for offset, values in enumerate(columns, start=1):
                 flat[offset::width] = values[start : start + rows]
             cursor.execute(_sql.sqlite_sample_insert(rows), flat)
@@ -116,12 +141,8 @@ def _block_ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
 
 def refresh_blocks(conn: Connection, run_id: int, seqs: Iterable[int]) -> None:
     """Recompute the touched blocks from ``sample`` (exact and idempotent; see SampleBlock)."""
-    stmt = _sql.BLOCK_UPSERT[conn.dialect.name]
     for first, last in _block_ranges(seqs):
-        conn.execute(
-            stmt,
-            {"run_id": run_id, "seq_lo": first * BLOCK_SIZE, "seq_hi": (last + 1) * BLOCK_SIZE},
-        )
+        recompute_blocks(conn, run_id, first * BLOCK_SIZE, (last + 1) * BLOCK_SIZE)
 
 
 def _nonnull(values: list[Any]) -> list[Any]:
@@ -192,8 +213,9 @@ def _same(value: Any) -> Any:
     return value
 
 
-def block_deltas(batch: SampleBatch) -> list[tuple[Any, ...]] | None:
-    """Per-block sums of a batch whose seqs are ascending and share one series.
+def block_deltas(batch: SampleBatch, numbers: dict[str, int]) -> list[tuple[Any, ...]] | None:
+    """Per-block sums of a batch whose seqs are ascending and share one series (stored as its
+    number in ``numbers``).
 
     Only for a batch whose rows were all new (hence distinct seqs: ascending is then strictly
     increasing). That is what clients send (one series per batch is the common case; anything
@@ -207,11 +229,12 @@ def block_deltas(batch: SampleBatch) -> list[tuple[Any, ...]] | None:
         return None
     fields = protocol.FIELDS_BY_NAME
     columns = [_aggregator(how, fields[name], batch) for _, how, name in protocol.BLOCK_AGGREGATES]
+    number = numbers[series[0]]
     out: list[tuple[Any, ...]] = []
     i = 0
     while i < n:
         block = seq[i] // BLOCK_SIZE
         j = bisect.bisect_left(seq, (block + 1) * BLOCK_SIZE, i)
-        out.append((series[0], block, *[column(i, j) for column in columns]))
+        out.append((number, block, *[column(i, j) for column in columns]))
         i = j
     return out

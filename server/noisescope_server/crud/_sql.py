@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -27,13 +27,10 @@ from sqlalchemy.sql.expression import Executable
 
 from noisescope import protocol
 from noisescope_server.models import (
-    BLOCK_SIZE,
     SAMPLE_COLUMNS,
-    SQL_TYPES,
     Project,
     Run,
     Sample,
-    SampleBlock,
 )
 
 DIALECTS = ("sqlite", "postgresql")
@@ -93,7 +90,7 @@ _SQLITE_SAMPLE_INSERT = str(
     .on_conflict_do_nothing(index_elements=["run_id", "seq"])
     .compile(dialect=sqlite.dialect())
 )
-#: Rows per multi-row INSERT on SQLite (14 parameters each; SQLite allows 32766 since 3.32).
+#: Rows per multi-row INSERT on SQLite (12 parameters each; SQLite allows 32766 since 3.32).
 SQLITE_ROWS_PER_INSERT = 500
 #: Rows per ``unnest`` INSERT on PostgreSQL: bounds statement size and lock hold time.
 PG_CHUNK_ROWS = 5_000
@@ -127,11 +124,11 @@ def sqlite_rows_per_insert(dbapi_connection: Any) -> int:
 def _pg_sample_insert() -> Executable:
     """INSERT ... SELECT FROM unnest(<one array per column>) ON CONFLICT DO NOTHING.
 
-    One statement with 14 array parameters per chunk: no per-row parameter limit and far fewer
-    round trips than executemany.
+    One statement with an array parameter per column per chunk: no per-row parameter limit
+    and far fewer round trips than executemany.
     """
-    types: dict[str, Any] = {f.name: SQL_TYPES[f.type] for f in protocol.SAMPLE_FIELDS}
-    types["run_id"] = BigInteger
+    types: dict[str, Any] = {c.name: type(c.type) for c in Sample.__table__.columns}
+    types["run_id"] = BigInteger  # a foreign key's type is the key's (BigIntPK's variant)
     arrays = [bindparam(c, type_=ARRAY(types[c])) for c in SAMPLE_INSERT_COLUMNS]
     unnest = func.unnest(*arrays).table_valued(*SAMPLE_INSERT_COLUMNS).render_derived()
     return (
@@ -156,47 +153,23 @@ PG_SAMPLE_INSERT = _pg_binary_sql(_pg_sample_insert())
 # --- sample_block sums -------------------------------------------------------------------------
 
 #: SampleBlock's columns after run_id: its key, then the aggregates of the field table
-#: (``protocol.BLOCK_AGGREGATES``); the per-batch sums (``_samples.block_deltas``) and both block
-#: upserts follow this order.
+#: (``protocol.BLOCK_AGGREGATES``); the per-batch sums (``_samples.block_deltas``), the Python
+#: block sums (``_blocks.block_rows``) and both block statements follow this order.
 BLOCK_COLUMNS = protocol.BLOCK_COLUMNS
-#: Each aggregate as SQL over a column of ``sample`` (``count`` counts non-null values).
-_AGGREGATE_SQL: dict[str, Callable[[Any], Any]] = {
-    "count": func.count,
-    "sum": func.sum,
-    "min": func.min,
-    "max": func.max,
-}
 
 
-def _block_upsert(dialect_name: str, one_series: bool = False) -> Executable:
-    """Recompute the blocks of a seq range of one run from ``sample`` and upsert them (of the
-    series ``:series`` only, with ``one_series``)."""
-    s = Sample
-    block = (s.seq // BLOCK_SIZE).label("block")
-    aggregates = [
-        _AGGREGATE_SQL[how](getattr(s, name)).label(column)
-        for column, how, name in protocol.BLOCK_AGGREGATES
-    ]
-    source = (
-        select(s.run_id, s.series, block, *aggregates)
-        .where(
-            s.run_id == bindparam("run_id"),
-            s.seq >= bindparam("seq_lo"),
-            s.seq < bindparam("seq_hi"),
-            *([s.series == bindparam("series")] if one_series else []),
-        )
-        .group_by(s.run_id, s.series, block)
-    )
-    target = ["run_id", *BLOCK_COLUMNS]
-    stmt = dialect_insert(dialect_name)(SampleBlock).from_select(target, source)
-    return stmt.on_conflict_do_update(  # type: ignore[no-any-return]
-        index_elements=["run_id", "series", "block"],
-        set_={c: stmt.excluded[c] for c in target[3:]},
+def _block_set_sql(dialect_name: str) -> str:
+    """INSERT a block's sums, or replace the stored block's with them (a block recomputed from
+    its rows, ``_blocks.recompute_blocks``)."""
+    marks = ", ".join(["?" if dialect_name == "sqlite" else "%s"] * (len(BLOCK_COLUMNS) + 1))
+    sets = ", ".join(f"{c} = excluded.{c}" for c in BLOCK_COLUMNS[2:])
+    return (
+        f"INSERT INTO sample_block (run_id, {', '.join(BLOCK_COLUMNS)}) VALUES ({marks}) "
+        f"ON CONFLICT (run_id, {', '.join(BLOCK_COLUMNS[:2])}) DO UPDATE SET {sets}"
     )
 
 
-BLOCK_UPSERT = {d: _block_upsert(d) for d in DIALECTS}
-BLOCK_UPSERT_SERIES = {d: _block_upsert(d, one_series=True) for d in DIALECTS}
+BLOCK_SET = {d: _block_set_sql(d) for d in DIALECTS}
 
 
 def _block_add_sql(dialect_name: str) -> str:
@@ -235,7 +208,7 @@ def _block_add_sql(dialect_name: str) -> str:
     marks = ", ".join(["?" if dialect_name == "sqlite" else "%s"] * (len(BLOCK_COLUMNS) + 1))
     return (
         f"INSERT INTO {t} (run_id, {', '.join(BLOCK_COLUMNS)}) VALUES ({marks}) "
-        f"ON CONFLICT (run_id, series, block) DO UPDATE SET {', '.join(sets)}"
+        f"ON CONFLICT (run_id, {', '.join(BLOCK_COLUMNS[:2])}) DO UPDATE SET {', '.join(sets)}"
     )
 
 
@@ -243,7 +216,8 @@ BLOCK_ADD = {d: _block_add_sql(d) for d in DIALECTS}
 
 
 def add_block_deltas(conn: Connection, run_id: int, deltas: list[tuple[Any, ...]]) -> None:
-    """Add per-block sums (``_samples.block_deltas``, a compacted layer's sample blocks) to the
+    """Add per-block sums (``_samples.block_deltas``, a compacted layer's sample blocks:
+    ``_blocks.block_rows``) to the
     stored blocks, creating missing ones."""
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:

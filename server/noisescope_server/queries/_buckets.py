@@ -23,10 +23,10 @@ from sqlalchemy import (
 )
 
 from noisescope import protocol
-from noisescope_server.models import BLOCK_SIZE, Run, Sample, SampleBlock
+from noisescope_server.models import BLOCK_SIZE, WHOLE_MODEL, Run, Sample, SampleBlock, Series
 from noisescope_server.queries._common import archived_filter
 from noisescope_server.queries._decoded import bucket_rows
-from noisescope_server.queries._samples import compacted
+from noisescope_server.queries._samples import ESTIMATE_SQL, summed_in_sql
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _of_one_sample(column: str) -> Any:
     """A ``sample_block`` column over one sample (the field table's aggregate of a block of
     one): a count is 1 where the field is not null, a sum or an extreme the value itself."""
     how, name = _AGGREGATES[column]
-    value = getattr(Sample, name)
+    value = ESTIMATE_SQL[name] if name in ESTIMATE_SQL else getattr(Sample, name)
     if how != "count":
         return value
     if protocol.FIELDS_BY_NAME[name].nullable:
@@ -98,21 +98,26 @@ def _of_one_sample(column: str) -> Any:
 def _sample_rows() -> Any:
     """Per-sample rows in the same shape as ``_block_rows`` (a sample is a block of one)."""
     s = Sample
-    return select(
-        s.run_id, s.series, *(_of_one_sample(c).label(label) for c, label in _READ.items())
+    read = [_of_one_sample(c).label(label) for c, label in _READ.items()]
+    return select(s.run_id, Series.name.label("series"), *read).join(
+        Series, and_(Series.run_id == s.run_id, Series.id == s.series_id)
     )
 
 
 def _block_rows() -> Any:
+    """A run's blocks with its series' names (``models.Series``)."""
     b = SampleBlock
-    return select(b.run_id, b.series, *(getattr(b, c).label(label) for c, label in _READ.items()))
+    read = [getattr(b, c).label(label) for c, label in _READ.items()]
+    return select(b.run_id, Series.name.label("series"), *read).join(
+        Series, and_(Series.run_id == b.run_id, Series.id == b.series_id)
+    )
 
 
 def _sizes(conn: Connection, run_ids: Sequence[int]) -> dict[int, int]:
     """Whole-model sample count per run, from the block table (cheap at any run length)."""
     q = (
         select(SampleBlock.run_id, func.sum(SampleBlock.n))
-        .where(SampleBlock.series == "", SampleBlock.run_id.in_(list(run_ids)))
+        .where(SampleBlock.series_id == WHOLE_MODEL, SampleBlock.run_id.in_(list(run_ids)))
         .group_by(SampleBlock.run_id)
     )
     return {int(r): int(n or 0) for r, n in conn.execute(q)}
@@ -128,23 +133,22 @@ def _reads_blocks(n_samples: int, min_blocks: float) -> bool:
 def _bucket_source(
     conn: Connection, run_ids: Sequence[int], series: Sequence[str], min_blocks: float
 ) -> tuple[Any, list[int], list[int]]:
-    """Sample rows for short runs and block rows for long ones (``_reads_blocks``), as one
-    subquery; the runs read from their blocks; and the short runs whose samples are (partly)
-    compacted, which SQL cannot read (``_decoded.bucket_rows`` sums them)."""
+    """Sample rows for short runs SQL can sum (``_samples.summed_in_sql``) and block rows for
+    long ones (``_reads_blocks``), as one subquery; the runs read from their blocks; and the
+    other short runs (``_decoded.bucket_rows`` sums them)."""
     sizes = _sizes(conn, run_ids)
     small: list[int] = []
     big: list[int] = []
     for r in run_ids:
         (big if _reads_blocks(sizes.get(r, 0), min_blocks) else small).append(r)
-    packed = sorted(compacted(conn, small))
-    small = [r for r in small if r not in packed]
+    in_sql = summed_in_sql(conn, small)
+    packed = sorted(r for r in small if r not in in_sql)  # summed in Python
+    small = [r for r in small if r in in_sql]
     parts: list[Any] = []
     if small:
-        parts.append(_sample_rows().where(Sample.run_id.in_(small), Sample.series.in_(series)))
+        parts.append(_sample_rows().where(Sample.run_id.in_(small), Series.name.in_(series)))
     if big:
-        parts.append(
-            _block_rows().where(SampleBlock.run_id.in_(big), SampleBlock.series.in_(series))
-        )
+        parts.append(_block_rows().where(SampleBlock.run_id.in_(big), Series.name.in_(series)))
     if not parts:
         parts.append(_sample_rows().where(false()))
     combined: Any = parts[0] if len(parts) == 1 else union_all(parts[0], parts[1])

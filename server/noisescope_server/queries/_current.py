@@ -6,8 +6,8 @@ from typing import Any, TypedDict
 
 from sqlalchemy import Connection, bindparam, select
 
-from noisescope.estimators import CURRENT_RAW_LIMIT, current_noise_scale
-from noisescope_server.models import BLOCK_SIZE, SampleBlock
+from noisescope.estimators import CURRENT_RAW_LIMIT, RunBlocks, current_noise_scale
+from noisescope_server.models import BLOCK_SIZE, WHOLE_MODEL, SampleBlock
 from noisescope_server.queries._common import LEVEL, fetch_tuples
 from noisescope_server.queries._samples import last_rows
 
@@ -18,21 +18,25 @@ from noisescope_server.queries._samples import last_rows
 
 class CurrentFields(TypedDict):
     """A run's current window (``estimators.current_window``) and where it lies: the fields of
-    ``RunSummary`` it fills, under their names there (``RunSummary(..., **fields)``)."""
+    ``RunSummary`` it fills, under their names and types there (``RunSummary(..., **fields)``;
+    tests/server/test_current_fields.py holds the two together). Listed as the window reads: its
+    extent, the means over it, then B_simple."""
 
+    window_samples: int
+    window_first_step: int | None
+    window_last_step: int | None
+    #: Why the window stopped growing before its interval was narrow (``CurrentNoiseScale``).
+    window_limit: str | None
+    g_sq: float | None
+    trace_sigma: float | None
     b_simple: float | None
     b_simple_lo: float | None
     b_simple_hi: float | None
     b_simple_reason: str | None
-    g_sq: float | None
-    trace_sigma: float | None
-    window_samples: int
-    window_first_step: int | None
-    window_last_step: int | None
     #: While ``b_simple`` is None: a lower bound on it, where one is known.
     b_simple_lower: float | None
-    #: Why the window stopped growing before its interval was narrow (``CurrentNoiseScale``).
-    window_limit: str | None
+    #: Whether ``b_simple`` comes from the loss trend (``CurrentNoiseScale.trend``).
+    b_simple_trend: bool
 
 
 def no_current(reason: str) -> CurrentFields:
@@ -49,6 +53,7 @@ def no_current(reason: str) -> CurrentFields:
         window_last_step=None,
         b_simple_lower=None,
         window_limit=None,
+        b_simple_trend=False,
     )
 
 
@@ -73,7 +78,31 @@ def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentFields
             steps_of[sum(block_n)] = (int(min(lo_steps)), int(max(hi_steps)))
         return block_n, [float(r[0]) for r in rows], [float(r[1]) for r in rows]
 
-    window = current_noise_scale(float(n_samples), trailing, level=LEVEL)
+    def whole_run() -> RunBlocks | None:
+        """The run with its training loss for the loss trend, read as ``NoiseSamples`` reads
+        it: raw samples up to ``CURRENT_RAW_LIMIT``, else every storage block."""
+        if n_samples <= CURRENT_RAW_LIMIT:
+            columns = ("g_sq_est", "trace_sigma_est", "loss", "step")
+            raw = last_rows(conn, run_id, columns, n_samples, series="")
+            rows = [(1, g, s, int(loss is not None), loss or 0.0, st, st) for g, s, loss, st in raw]
+        else:
+            rows = fetch_tuples(conn, _WHOLE_BLOCKS, {"run_id": run_id})
+        if not rows:
+            return None
+        # the trend's window is a trailing count of samples: its steps, from the end
+        held = 0.0
+        for row in reversed(rows):
+            held += float(row[0])
+            steps_of.setdefault(held, (int(row[5]), int(rows[-1][6])))
+        return (
+            [float(r[0]) for r in rows],
+            [float(r[1]) for r in rows],
+            [float(r[2]) for r in rows],
+            [float(r[3]) for r in rows],
+            [float(r[4] or 0.0) for r in rows],
+        )
+
+    window = current_noise_scale(float(n_samples), trailing, level=LEVEL, whole_run=whole_run)
     steps = steps_of.get(window.n)  # the rule may have read one doubling further back
     used, interval = window.n, window.interval
     b_iv, g_iv, s_iv = interval.b_simple, interval.g_sq, interval.trace_sigma
@@ -89,6 +118,7 @@ def read_current(conn: Connection, run_id: int, n_samples: int) -> CurrentFields
         window_last_step=steps[1] if steps and used else None,
         b_simple_lower=window.lower_bound,
         window_limit=window.limit,
+        b_simple_trend=window.trend,
     )
 
 
@@ -102,10 +132,27 @@ _BLOCKS = (
         SampleBlock.step_min,
         SampleBlock.step_max,
     )
-    .where(SampleBlock.run_id == bindparam("run_id"), SampleBlock.series == "")
+    .where(SampleBlock.run_id == bindparam("run_id"), SampleBlock.series_id == WHOLE_MODEL)
     .order_by(SampleBlock.block.desc())
     .limit(bindparam("count"))
     .offset(bindparam("skip"))
+)
+
+
+# Every whole-model block of a run, oldest first, for the loss trend (a run beyond
+# CURRENT_RAW_LIMIT samples whose window states no number): a 1M-sample run is ~16k rows.
+_WHOLE_BLOCKS = (
+    select(
+        SampleBlock.n,
+        SampleBlock.sum_g_sq,
+        SampleBlock.sum_trace_sigma,
+        SampleBlock.n_loss,
+        SampleBlock.sum_loss,
+        SampleBlock.step_min,
+        SampleBlock.step_max,
+    )
+    .where(SampleBlock.run_id == bindparam("run_id"), SampleBlock.series_id == WHOLE_MODEL)
+    .order_by(SampleBlock.block)
 )
 
 

@@ -1,8 +1,10 @@
-"""The per-sample sums of a compacted run, in Python over its decoded samples
-(``queries._samples``): what ``_series`` and ``_buckets`` sum in SQL over ``sample`` rows for a
-live run, in the same shape and by the same rules, for a run whose samples are (partly) in
-chunks that SQL cannot read. Long runs read ``sample_block`` either way; only a run short
-enough to be read sample by sample comes here."""
+"""The per-sample sums of a short run, in Python over its samples as the read seam gives them
+(``queries._samples``: rows and decoded chunks, the per-sample estimates derived there, as no
+table stores them): what ``_series`` and ``_buckets`` sum in SQL over ``sample`` rows where
+``_samples.summed_in_sql`` allows (a run without chunks, on SQLite), in the same shape and by
+the same rules, for the other runs (compacted ones; every run on PostgreSQL). Long runs read
+``sample_block`` either way; only a run short enough to be read sample by sample comes
+here."""
 
 from __future__ import annotations
 

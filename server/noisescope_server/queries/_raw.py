@@ -10,9 +10,9 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from noisescope.protocol import EventRow
+from noisescope.protocol import READ_COLUMNS, EventRow
 from noisescope_server.jsonclip import clip_json
-from noisescope_server.models import SAMPLE_COLUMNS, Event
+from noisescope_server.models import Event
 from noisescope_server.queries._common import scoped_run
 from noisescope_server.queries._samples import sample_rows
 
@@ -79,7 +79,8 @@ def event_counts(
     return {str(kind): int(n) for kind, n in rows}
 
 
-CSV_COLUMNS = SAMPLE_COLUMNS
+#: Every column a sample reads as, the derived estimates too (``protocol.READ_COLUMNS``).
+CSV_COLUMNS = READ_COLUMNS
 
 
 def raw_samples_csv(

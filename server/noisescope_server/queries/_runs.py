@@ -15,7 +15,15 @@ from noisescope import protocol, sweep
 from noisescope.estimators import training_loss_curve
 from noisescope.protocol import RunSummary
 from noisescope_server.jsonclip import clip_json
-from noisescope_server.models import Event, Project, Run, RunDigest, SampleBlock, Task
+from noisescope_server.models import (
+    WHOLE_MODEL,
+    Event,
+    Project,
+    Run,
+    RunDigest,
+    SampleBlock,
+    Task,
+)
 from noisescope_server.queries._common import (
     LEVEL,
     MIN_EVALS,
@@ -67,7 +75,7 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
     for lo in range(0, len(run_ids), _ID_CHUNK):
         ids = list(run_ids[lo : lo + _ID_CHUNK])
         counts = select(SampleBlock.run_id, func.sum(SampleBlock.n)).where(
-            SampleBlock.run_id.in_(ids), SampleBlock.series == ""
+            SampleBlock.run_id.in_(ids), SampleBlock.series_id == WHOLE_MODEL
         )
         for run_id, n in fetch_tuples(conn, counts.group_by(SampleBlock.run_id)):
             n_samples[int(run_id)] = int(n or 0)
@@ -75,9 +83,9 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
         if bare:  # what the runs without a whole-model sample logged instead, if anything
             layers = select(
                 SampleBlock.run_id,
-                func.count(SampleBlock.series.distinct()),
+                func.count(SampleBlock.series_id.distinct()),
                 func.sum(SampleBlock.n),
-            ).where(SampleBlock.run_id.in_(bare), SampleBlock.series != "")
+            ).where(SampleBlock.run_id.in_(bare), SampleBlock.series_id != WHOLE_MODEL)
             for run_id, k, n in fetch_tuples(conn, layers.group_by(SampleBlock.run_id)):
                 layers_only[int(run_id)] = (int(k), int(n or 0))
         # steps and examples only grow with seq: the largest over all series is the last
@@ -143,7 +151,7 @@ def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
         b = SampleBlock
         blocks = (
             select(b.run_id, b.step_min, b.step_max, b.n_loss, b.sum_loss)
-            .where(b.run_id.in_(ids), b.series == "", b.n_loss > 0)
+            .where(b.run_id.in_(ids), b.series_id == WHOLE_MODEL, b.n_loss > 0)
             .order_by(b.run_id, b.block)
         )
         for run_id, step_min, step_max, n_loss, sum_loss in fetch_tuples(conn, blocks):
@@ -185,7 +193,7 @@ def sample_counts(conn: Connection, run_ids: Sequence[int]) -> dict[int, tuple[i
 
 _COUNTS = select(
     SampleBlock.run_id,
-    func.sum(case((SampleBlock.series == "", SampleBlock.n), else_=0)),
+    func.sum(case((SampleBlock.series_id == WHOLE_MODEL, SampleBlock.n), else_=0)),
     func.sum(SampleBlock.n),
 )
 

@@ -2,11 +2,12 @@
 (``sample_chunk``, ``noisescope_server.chunks``) as one sequence in seq order.
 
 Every read of individual samples goes through here; the sums of ``sample_block`` are kept
-through compaction and read directly. A live run has no chunks, and its reads run the same
-single statement as before compaction existed; a compacted run's chunks are decoded here, and
-their per-sample estimates (``g_sq_est``, ``trace_sigma_est``, which chunks do not store) are
-derived with the same ``estimators`` expressions ingest stores for a row, so a sample reads the
-same whichever form it is in.
+through compaction and read directly. A live run has no chunks, and its reads run one
+statement; a compacted run's chunks are decoded here. Neither form stores the per-sample
+estimates (``protocol.DERIVED_COLUMNS``: ``g_sq_est``, ``trace_sigma_est``) nor the series'
+name: the estimates are derived here with the ``estimators`` expressions ingest validates and
+sums (``chunks.estimate_columns``), the name read from the run's ``series`` table, so a sample
+reads the same whichever form it is in.
 
 Rows are read before chunks, and a seq met twice is read once: a compaction that commits
 between the two statements (moving rows into chunks) is then neither lost nor doubled.
@@ -20,21 +21,39 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, select
 
+from noisescope import protocol
+from noisescope.estimators import two_batch_expressions
 from noisescope_server.chunks import decode_chunk, estimate_columns
-from noisescope_server.models import Sample, SampleChunk
+from noisescope_server.models import SERIES_COLUMN, WHOLE_MODEL, Sample, SampleChunk, Series
 from noisescope_server.queries._common import fetch_tuples
 
-#: The columns readers may ask for (``models.SAMPLE_COLUMNS``) that chunks do not store.
-DERIVED = ("g_sq_est", "trace_sigma_est")
+#: The columns readers may ask for (``protocol.READ_COLUMNS``) that no table stores.
+DERIVED = protocol.DERIVED_COLUMNS
+#: What the derived columns are computed from (``chunks.estimate_columns``' arguments).
+_ESTIMATE_INPUTS = ("b_small", "b_big", "g_small_sq", "g_big_sq")
 
 
-def compacted(conn: Connection, run_ids: Iterable[int]) -> set[int]:
-    """Which of these runs have samples in chunks (compacted runs)."""
+#: The derived columns as SQL over ``sample``: the estimators' one formula
+#: (``estimators.two_batch_expressions``) applied to the columns.
+ESTIMATE_SQL: dict[str, Any] = dict(
+    zip(
+        DERIVED,
+        two_batch_expressions(Sample.b_small, Sample.b_big, Sample.g_small_sq, Sample.g_big_sq),
+        strict=True,
+    )
+)
+
+
+def summed_in_sql(conn: Connection, run_ids: Iterable[int]) -> set[int]:
+    """Which of these runs SQL can sum sample by sample (``ESTIMATE_SQL``): on SQLite, whose
+    IEEE doubles give the floats Python gives, the runs without chunks; on PostgreSQL none (it
+    raises on a float overflow or underflow that Python takes as inf or 0, and a sample's
+    sizes may be as small as a float gets), so their short runs are summed in Python."""
     ids = list(run_ids)
-    if not ids:
+    if conn.dialect.name != "sqlite" or not ids:
         return set()
     stmt = select(SampleChunk.run_id).where(SampleChunk.run_id.in_(ids)).distinct()
-    return {int(r) for (r,) in fetch_tuples(conn, stmt)}
+    return set(ids) - {int(r) for (r,) in fetch_tuples(conn, stmt)}
 
 
 def sample_rows(
@@ -48,22 +67,29 @@ def sample_rows(
     limit: int | None = None,
 ) -> list[tuple[Any, ...]]:
     """A run's samples with seq in ``[seq_lo, seq_hi)`` (of ``series`` only, unless None) as
-    tuples of ``columns``, in seq order; with ``limit``, the first ``limit`` of them."""
+    tuples of ``columns`` (``protocol.READ_COLUMNS``), in seq order; with ``limit``, the first
+    ``limit`` of them."""
+    number = None if series is None else series_number(conn, run_id, series)
+    if number == _ABSENT:
+        return []
     lo = _LOWEST if seq_lo is None else seq_lo
     hi = _HIGHEST if seq_hi is None else seq_hi - 1  # inclusive from here on
-    params = {"run_id": run_id, "series": series, "lo": lo, "hi": hi}
-    rows_stmt, index_stmt = _range_statements(tuple(columns), series is not None)
+    params = {"run_id": run_id, "series": number, "lo": lo, "hi": hi}
+    fetch = _stored(tuple(columns))
+    rows_stmt, index_stmt = _range_statements(fetch, series is not None)
     rows = fetch_tuples(conn, rows_stmt, {**params, "limit": _HIGHEST if limit is None else limit})
     chunks = fetch_tuples(conn, index_stmt, params)
+    names = _names(conn, run_id) if "series" in columns else {}
+    rows = _shaped(rows, fetch, columns, names)
     if not chunks:
         return [row[1:] for row in rows]
     found: list[tuple[Any, ...]] = []
-    for name, seq_first in chunks:
+    for series_id, seq_first in chunks:
         # with a limit, stop once ``limit`` samples come before anything this chunk holds
         if limit is not None and _nth_seq(rows, found, limit) < seq_first:
             break
-        data = _chunk_data(conn, run_id, name, seq_first)
-        found += [r for r in _chunk_rows(name, data, columns) if lo <= r[0] <= hi]
+        data = _chunk_data(conn, run_id, series_id, seq_first)
+        found += [r for r in _chunk_rows(series_id, data, columns, names) if lo <= r[0] <= hi]
     merged = _merge(rows, found)
     return merged if limit is None else merged[:limit]
 
@@ -74,10 +100,10 @@ def _nth_seq(rows: list[Any], found: list[Any], n: int) -> float:
     return seqs[n - 1] if len(seqs) >= n else float("inf")
 
 
-def _chunk_data(conn: Connection, run_id: int, series: str, seq_first: int) -> bytes | None:
+def _chunk_data(conn: Connection, run_id: int, series_id: int, seq_first: int) -> bytes | None:
     """One chunk's blob; None when a late sample reopened it since the index was read."""
     data = conn.execute(
-        _CHUNK_DATA, {"run_id": run_id, "series": series, "seq_first": seq_first}
+        _CHUNK_DATA, {"run_id": run_id, "series": series_id, "seq_first": seq_first}
     ).scalar()
     return None if data is None else bytes(data)
 
@@ -93,22 +119,32 @@ def last_rows(
 ) -> list[tuple[Any, ...]]:
     """A run's last ``count`` samples (of ``series`` only, unless None; with a value in
     ``not_null``, if named) as tuples of ``columns``, oldest first."""
-    rows_stmt, index_stmt = _last_statements(tuple(columns), series is not None, not_null)
-    params = {"run_id": run_id, "series": series}
+    number = None if series is None else series_number(conn, run_id, series)
+    if number == _ABSENT:
+        return []
+    fetch = _stored(tuple(columns))
+    rows_stmt, index_stmt = _last_statements(fetch, series is not None, not_null)
+    params = {"run_id": run_id, "series": number}
     rows = fetch_tuples(conn, rows_stmt, {**params, "count": count})
     chunks = fetch_tuples(conn, index_stmt, params)
+    names = _names(conn, run_id) if "series" in columns else {}
+    rows = _shaped(rows, fetch, columns, names)
     if not chunks:
         rows.reverse()
         return [row[1:] for row in rows]
     at = columns.index(not_null) + 1 if not_null is not None else None
     found: list[tuple[Any, ...]] = []
-    for name, seq_first, seq_last in chunks:
+    for series_id, seq_first, seq_last in chunks:
         # chunks of one series never overlap; of several they may: stop only once ``count``
         # samples are newer than anything this chunk (and every later one) holds
         if len(found) >= count and sorted(r[0] for r in found)[-count] > seq_last:
             break
-        data = _chunk_data(conn, run_id, name, seq_first)
-        found += [r for r in _chunk_rows(name, data, columns) if at is None or r[at] is not None]
+        data = _chunk_data(conn, run_id, series_id, seq_first)
+        found += [
+            r
+            for r in _chunk_rows(series_id, data, columns, names)
+            if at is None or r[at] is not None
+        ]
     merged = _merge(rows, found)
     return merged[-count:] if count > 0 else []
 
@@ -121,8 +157,64 @@ _LOWEST, _HIGHEST = -(2**63), 2**63 - 1
 def _where(table: Any, with_series: bool) -> list[Any]:
     where = [table.run_id == bindparam("run_id")]
     if with_series:
-        where.append(table.series == bindparam("series"))
+        where.append(table.series_id == bindparam("series"))
     return where
+
+
+#: ``series_number`` of a name the run does not have.
+_ABSENT = -1
+_NUMBER = select(Series.id).where(
+    Series.run_id == bindparam("run_id"), Series.name == bindparam("name")
+)
+_NAMES = select(Series.id, Series.name).where(Series.run_id == bindparam("run_id"))
+
+
+def series_number(conn: Connection, run_id: int, name: str) -> int:
+    """The number a run's series ``name`` is stored under; ``_ABSENT`` when it has none."""
+    if name == "":
+        return WHOLE_MODEL  # every run's, without a lookup
+    found = conn.execute(_NUMBER, {"run_id": run_id, "name": name}).scalar()
+    return _ABSENT if found is None else int(found)
+
+
+def _names(conn: Connection, run_id: int) -> dict[int, str]:
+    """A run's series names by number."""
+    return {int(i): str(n) for i, n in fetch_tuples(conn, _NAMES, {"run_id": run_id})}
+
+
+@functools.lru_cache(maxsize=64)
+def _stored(columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The stored columns that ``columns`` are read from: each stored one as it is (the series
+    as its number), the derived ones from the estimators' inputs."""
+    out = [SERIES_COLUMN if c == "series" else c for c in columns if c not in DERIVED]
+    if any(c in DERIVED for c in columns):
+        out += [c for c in _ESTIMATE_INPUTS if c not in out]
+    return tuple(out)
+
+
+def _shaped(
+    found: list[tuple[Any, ...]],
+    fetch: tuple[str, ...],
+    columns: Sequence[str],
+    names: dict[int, str],
+) -> list[tuple[Any, ...]]:
+    """``(seq, *fetch)`` tuples as ``(seq, *columns)``: the series' names, the derived
+    columns computed (``chunks.estimate_columns``)."""
+    if fetch == tuple(columns) or not found:
+        return found
+    values = {name: [r[k] for r in found] for k, name in enumerate(("seq", *fetch))}
+    return _columns_as_rows(values, columns, names)
+
+
+def _columns_as_rows(
+    values: dict[str, list[Any]], columns: Sequence[str], names: dict[int, str]
+) -> list[tuple[Any, ...]]:
+    """Columns of stored values (the series as its number) as ``(seq, *columns)`` tuples."""
+    if any(c in DERIVED for c in columns):
+        values["g_sq_est"], values["trace_sigma_est"] = estimate_columns(values)
+    if "series" in columns:
+        values["series"] = [names[i] for i in values[SERIES_COLUMN]]
+    return list(zip(values["seq"], *(values[c] for c in columns), strict=True))
 
 
 @functools.lru_cache(maxsize=64)
@@ -139,7 +231,7 @@ def _range_statements(columns: tuple[str, ...], with_series: bool) -> tuple[Any,
         .limit(bindparam("limit"))
     )
     index = (
-        select(SampleChunk.series, SampleChunk.seq_first)
+        select(SampleChunk.series_id, SampleChunk.seq_first)
         .where(
             *_where(SampleChunk, with_series),
             SampleChunk.seq_last >= bindparam("lo"),
@@ -165,7 +257,7 @@ def _last_statements(
         .limit(bindparam("count"))
     )
     index = (
-        select(SampleChunk.series, SampleChunk.seq_first, SampleChunk.seq_last)
+        select(SampleChunk.series_id, SampleChunk.seq_first, SampleChunk.seq_last)
         .where(*_where(SampleChunk, with_series))
         .order_by(SampleChunk.seq_last.desc())
     )
@@ -174,21 +266,20 @@ def _last_statements(
 
 _CHUNK_DATA = select(SampleChunk.data).where(
     SampleChunk.run_id == bindparam("run_id"),
-    SampleChunk.series == bindparam("series"),
+    SampleChunk.series_id == bindparam("series"),
     SampleChunk.seq_first == bindparam("seq_first"),
 )
 
 
-def _chunk_rows(series: str, data: bytes | None, columns: Sequence[str]) -> list[tuple[Any, ...]]:
-    """A chunk's samples as (seq, *columns) tuples, its estimates derived as ingest does."""
+def _chunk_rows(
+    series_id: int, data: bytes | None, columns: Sequence[str], names: dict[int, str]
+) -> list[tuple[Any, ...]]:
+    """A chunk's samples as (seq, *columns) tuples, as rows read (``_columns_as_rows``)."""
     if data is None:
         return []
     cols: dict[str, Any] = decode_chunk(data)
-    n = len(cols["seq"])
-    if any(c in DERIVED for c in columns):
-        cols["g_sq_est"], cols["trace_sigma_est"] = estimate_columns(cols)
-    cols["series"] = [series] * n
-    return list(zip(cols["seq"], *(cols[c] for c in columns), strict=True))
+    cols[SERIES_COLUMN] = [series_id] * len(cols["seq"])
+    return _columns_as_rows(cols, columns, names)
 
 
 def _merge(rows: list[Any], decoded: list[Any]) -> list[tuple[Any, ...]]:

@@ -30,10 +30,10 @@ from noisescope.estimators import (
 )
 from noisescope.protocol import RunSeries, SeriesInfo, SeriesPoint
 from noisescope_server.errors import BadInput
-from noisescope_server.models import BLOCK_SIZE, Sample, SampleBlock
+from noisescope_server.models import BLOCK_SIZE, Sample, SampleBlock, Series
 from noisescope_server.queries._common import LEVEL, fetch_tuples, scoped_run
 from noisescope_server.queries._decoded import fine_columns
-from noisescope_server.queries._samples import compacted
+from noisescope_server.queries._samples import ESTIMATE_SQL, series_number, summed_in_sql
 
 XAxis = Literal["step", "examples", "time"]
 X_AXES: tuple[XAxis, ...] = ("step", "examples", "time")
@@ -55,14 +55,15 @@ def _x_columns(x: XAxis, use_blocks: bool) -> tuple[Any, Any]:
 def _fine_columns(
     conn: Connection,
     run_id: int,
-    series: str,
+    series_id: int,
     x: XAxis,
     n_fine: int,
     use_blocks: bool,
     x_min: Any,
     x_max: Any,
 ) -> list[Sequence[Any]]:
-    """The fine buckets' sums in SQL, as columns in fine-index order: (fine index, n, sum_g,
+    """The fine buckets' sums in SQL (of blocks, or of the samples of a run SQL can sum:
+    ``_samples.summed_in_sql``), as columns in fine-index order: (fine index, n, sum_g,
     sum_s, n_loss, sum_loss, n_lr, sum_lr, x_lo, x_hi, step_lo, step_hi, examples_hi,
     b_big_max); no columns when the run has no samples along ``x``.
 
@@ -72,7 +73,7 @@ def _fine_columns(
         return []
     x_lo_col, x_hi_col = _x_columns(x, use_blocks)
     table: Any = SampleBlock if use_blocks else Sample
-    where = and_(table.run_id == run_id, table.series == series, x_lo_col.is_not(None))
+    where = and_(table.run_id == run_id, table.series_id == series_id, x_lo_col.is_not(None))
     span = float(x_max) - float(x_min)
     scale = (n_fine / (span * (1.0 + 1e-9))) if span > 0 else 0.0
     raw_index = (cast(x_lo_col, Float) - literal(float(x_min))) * literal(scale)
@@ -96,8 +97,8 @@ def _fine_columns(
     else:
         sums = [
             func.count(),
-            func.sum(Sample.g_sq_est),
-            func.sum(Sample.trace_sigma_est),
+            func.sum(ESTIMATE_SQL["g_sq_est"]),
+            func.sum(ESTIMATE_SQL["trace_sigma_est"]),
             func.count(Sample.loss),
             func.sum(Sample.loss),
             func.count(Sample.lr),
@@ -144,11 +145,12 @@ def run_series(
     with engine.connect() as conn:
         run = scoped_run(conn, run_uid, project_scope)
         run_id = int(run.id)
+        series_id = series_number(conn, run_id, series)
         # Count and x range in one pass over the blocks (their min/max are the samples').
         block_lo, block_hi = _x_columns(x, True)
         n_total, x_min, x_max = conn.execute(
             select(func.sum(SampleBlock.n), func.min(block_lo), func.max(block_hi)).where(
-                SampleBlock.run_id == run_id, SampleBlock.series == series
+                SampleBlock.run_id == run_id, SampleBlock.series_id == series_id
             )
         ).one()
         n_samples = int(n_total or 0)
@@ -156,12 +158,12 @@ def run_series(
         # than the resolution gained (points then hold >= 64 samples each).
         use_blocks = n_samples >= BLOCK_SIZE * max_points // 2
         sub = bucket_blocks(n_samples, max_points) if intervals else 1
-        if not use_blocks and compacted(conn, [run_id]):  # samples SQL cannot sum
-            fine = fine_columns(conn, run_id, series, x, max_points * sub, x_min, x_max)
-        else:
+        if use_blocks or summed_in_sql(conn, [run_id]):
             fine = _fine_columns(
-                conn, run_id, series, x, max_points * sub, use_blocks, x_min, x_max
+                conn, run_id, series_id, x, max_points * sub, use_blocks, x_min, x_max
             )
+        else:  # sample by sample in Python, their estimates derived where read (``_samples``)
+            fine = fine_columns(conn, run_id, series, x, max_points * sub, x_min, x_max)
     if window > 0:  # a window's interval comes from its buckets, not from theirs
         points = smooth_series(_merge_fine(fine, False, sub), window, intervals=intervals)
     else:
@@ -383,9 +385,13 @@ def series_names(
     with engine.connect() as conn:
         run = scoped_run(conn, run_uid, project_scope)
         rows = conn.execute(
-            select(SampleBlock.series, func.sum(SampleBlock.n))
+            select(Series.name, func.sum(SampleBlock.n))
+            .join(
+                Series,
+                and_(Series.run_id == SampleBlock.run_id, Series.id == SampleBlock.series_id),
+            )
             .where(SampleBlock.run_id == run.id)
-            .group_by(SampleBlock.series)
-            .order_by(SampleBlock.series)
+            .group_by(Series.name)
+            .order_by(Series.name)
         ).all()
     return [SeriesInfo(str(r[0]), int(r[1])) for r in rows]
