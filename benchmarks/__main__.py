@@ -29,6 +29,7 @@ MODULES = [
     ("ingest", "Server: ingest throughput"),
     ("series", "Server: series query latency"),
     ("storage", "Server: storage per sample, rows and compacted"),
+    ("tasks", "Server: the task list and the Runs page at team size"),
     ("dashboard", "Dashboard: page render time"),
     ("integrations", "Integrations: callback overhead"),
 ]

@@ -175,6 +175,12 @@ def pg_database() -> str | None:
     return name
 
 
+def pg_url(name: str) -> str:
+    """The SQLAlchemy URL of the benchmark database ``name`` (made by ``pg_database``)."""
+    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    return f"{base}/{name}"
+
+
 def drop_pg(name: str) -> None:
     import psycopg
 

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 from harness.browser import CHROMIUM_ARGS
 from harness.dashboard_runs import default_runs, insert_runs
 from harness.servers import ServerProcess, free_port
-from noisescope_server.cli._processes import dashboard_command, dashboard_env
+from noisescope_server.cli._processes import dashboard_app, dashboard_command, dashboard_env
 
 __all__ = [
     "Stack",
@@ -62,12 +62,20 @@ def _wait(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> No
 
 
 @contextlib.contextmanager
-def dashboard(server_url: str, log: Path, token: str | None = None) -> Iterator[str]:
-    """``streamlit run app.py`` reading ``server_url``; yields the dashboard's base URL."""
+def dashboard(
+    server_url: str, log: Path, token: str | None = None, *, code: Path | None = None
+) -> Iterator[str]:
+    """``streamlit run app.py`` reading ``server_url``; yields the dashboard's base URL.
+    ``code``: the root of another checkout whose dashboard (and client) runs instead, first on
+    ``PYTHONPATH`` (a benchmark's earlier version)."""
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("NOISESCOPE_")}
     env = dashboard_env(server_url, token, base)
     command = dashboard_command(port)
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join(str(code / d) for d in ("client", "dashboard"))
+        app = command.index(str(dashboard_app()))
+        command[app] = str(code / "dashboard" / "noisescope_dashboard" / "app.py")
     with log.open("wb") as out:
         proc = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

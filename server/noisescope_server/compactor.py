@@ -1,5 +1,7 @@
 """The server's compactor: a thread that compacts finished and long-silent runs
-(``crud.runs_to_compact``, ``crud.compact_run``) every ``Settings.compact_every`` seconds.
+(``crud.runs_to_compact``, ``crud.compact_run``) every ``Settings.compact_every`` seconds, and
+then stores the digest of every run that got samples since the last round
+(``crud.refresh_digests``: the task list and the run list read a run's window from it).
 
 Each worker process runs one; two compacting the same run take turns chunk by chunk (each
 step locks the run's row and moves rows no other step holds), so more workers only mean more
@@ -47,7 +49,7 @@ class Compactor:
                 log.exception("compaction round failed; retrying in %.0f s", self.every)
 
     def round(self) -> int:
-        """Compact every run that is due; the samples moved."""
+        """Compact every run that is due and refresh stale digests; the samples moved."""
         moved = 0
         due = crud.runs_to_compact(
             self.engine, finished_after=self.finished_after, quiet_after=self.quiet_after
@@ -61,4 +63,6 @@ class Compactor:
                     "compacted run %d: %d samples into %d chunks", run_id, done.samples, done.chunks
                 )
             moved += done.samples
+        if not self._stop.is_set():  # the runs that got samples since the last round
+            crud.refresh_digests(self.engine, stop=self._stop.is_set)
         return moved

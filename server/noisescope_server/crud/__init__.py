@@ -18,6 +18,7 @@ from __future__ import annotations
 from noisescope_server.crud._compact import (
     Compacted,
     compact_run,
+    refresh_digests,
     runs_to_compact,
 )
 from noisescope_server.crud._events import EventIn, ingest_events
@@ -52,6 +53,7 @@ __all__ = [
     "ingest_samples",
     "not_ahead",
     "patch_run",
+    "refresh_digests",
     "revoke_token",
     "runs_to_compact",
     "touch_run",

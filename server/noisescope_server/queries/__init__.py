@@ -52,7 +52,13 @@ from noisescope_server.queries._common import (
 )
 from noisescope_server.queries._compare import compare_series
 from noisescope_server.queries._raw import event_counts, raw_samples_csv, run_events
-from noisescope_server.queries._runs import get_run, list_runs, run_digest
+from noisescope_server.queries._runs import (
+    get_run,
+    list_runs,
+    run_digests,
+    sample_counts,
+    stale_digests,
+)
 from noisescope_server.queries._series import (
     XAxis,
     run_series,
@@ -88,11 +94,13 @@ __all__ = [
     "raw_samples_csv",
     "read_run_branches",
     "read_task_sweep",
-    "run_digest",
+    "run_digests",
     "run_events",
     "run_series",
     "run_status",
+    "sample_counts",
     "series_names",
     "smooth_series",
+    "stale_digests",
     "task_summaries",
 ]

@@ -180,23 +180,51 @@ def _positive(value: Any) -> float | None:
     return number if number is not None and number > 0 else None
 
 
+def sample_counts(conn: Connection, run_ids: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """Each run's whole-model and total sample counts (from the block sums), for the runs that
+    have a sample: what a stored digest is valid for (``RunDigest``)."""
+    found: dict[int, tuple[int, int]] = {}
+    for lo in range(0, len(run_ids), _ID_CHUNK):
+        ids = list(run_ids[lo : lo + _ID_CHUNK])
+        counts = _COUNTS.where(SampleBlock.run_id.in_(ids)).group_by(SampleBlock.run_id)
+        found |= {int(r): (int(n or 0), int(a or 0)) for r, n, a in fetch_tuples(conn, counts)}
+    return found
+
+
+_COUNTS = select(
+    SampleBlock.run_id,
+    func.sum(case((SampleBlock.series_id == WHOLE_MODEL, SampleBlock.n), else_=0)),
+    func.sum(SampleBlock.n),
+)
+
+
+def stale_digests(conn: Connection) -> list[int]:
+    """The runs with samples whose digest is missing or was stored before their last sample
+    came: those whose window a list reads sample by sample (``current_b_simple``), in id
+    order."""
+    counts = _COUNTS.group_by(SampleBlock.run_id)
+    stored = {
+        int(r): (int(n), int(a))
+        for r, n, a in fetch_tuples(
+            conn, select(RunDigest.run_id, RunDigest.n_samples, RunDigest.n_all)
+        )
+    }
+    return sorted(
+        int(r)
+        for r, n, a in fetch_tuples(conn, counts)
+        if stored.get(int(r)) != (int(n or 0), int(a or 0))
+    )
+
+
 def current_b_simple(conn: Connection, run_ids: Sequence[int]) -> dict[int, tuple[int, Any]]:
     """Each run's whole-model sample count and current B_simple (None: not measurable), as
     the run list has them, with no more than the counts and digests read for all runs at
-    once: the windows of runs without a valid digest (live ones) are read one by one."""
+    once: the windows of runs without a valid digest (ones that got a sample since the
+    compactor stored it, ``crud.refresh_digests``) are read one by one."""
     out: dict[int, tuple[int, Any]] = {}
     for lo in range(0, len(run_ids), _ID_CHUNK):
         ids = list(run_ids[lo : lo + _ID_CHUNK])
-        counts = (
-            select(
-                SampleBlock.run_id,
-                func.sum(case((SampleBlock.series_id == WHOLE_MODEL, SampleBlock.n), else_=0)),
-                func.sum(SampleBlock.n),
-            )
-            .where(SampleBlock.run_id.in_(ids))
-            .group_by(SampleBlock.run_id)
-        )
-        found = {int(r): (int(n or 0), int(a or 0)) for r, n, a in fetch_tuples(conn, counts)}
+        found = sample_counts(conn, ids)
         stored = select(RunDigest.run_id, RunDigest.n_samples, RunDigest.n_all, RunDigest.current)
         digests = {
             int(r): ((int(n), int(a)), str(fields))
@@ -223,13 +251,17 @@ def _stored_current(text: str) -> CurrentFields | None:
     return cast(CurrentFields, fields)
 
 
-def run_digest(conn: Connection, run_id: int) -> tuple[int, int, str, float | None]:
-    """What ``RunDigest`` stores for a run, read now: its whole-model and total sample counts,
-    its current window (``read_current``) as JSON text, and its last loss."""
-    facts = _run_facts(conn, [run_id])
-    n_samples = facts.n_samples.get(run_id, 0)
-    fields = read_current(conn, run_id, n_samples)
-    return n_samples, facts.n_all.get(run_id, 0), json.dumps(fields), _last_loss(conn, run_id)
+def run_digests(
+    conn: Connection, run_ids: Sequence[int]
+) -> list[tuple[int, int, int, str, float | None]]:
+    """What ``RunDigest`` stores for each run with samples, read now: its id, whole-model and
+    total sample counts, its current window (``read_current``) as JSON text, and its last
+    loss."""
+    out = []
+    for run_id, (n_samples, n_all) in sorted(sample_counts(conn, run_ids).items()):
+        fields = read_current(conn, run_id, n_samples)
+        out.append((run_id, n_samples, n_all, json.dumps(fields), _last_loss(conn, run_id)))
+    return out
 
 
 def _last_loss(conn: Connection, run_id: int) -> float | None:
@@ -272,15 +304,15 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
         in_use, source = float(row.batch_size), "run"
     if not current:
         now = no_current(NOT_COMPUTED)
-    elif stored is not None:
-        now = stored
-    else:
-        now = read_current(conn, run_id, n_samples)
-    if n_samples == 0 and current:
+    elif n_samples == 0:
         reason = _no_whole_model(str(row.uid), facts.layers_only.get(run_id))
         if notice and isinstance(notice.get("message"), str):
             reason += f": {notice['message']}"
         now = no_current(reason)
+    elif stored is not None:
+        now = stored
+    else:
+        now = read_current(conn, run_id, n_samples)
     b_simple = now["b_simple"]
     return RunSummary(
         uid=str(row.uid),

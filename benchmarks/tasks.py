@@ -1,0 +1,418 @@
+"""The task list and the Runs page at team size, this checkout beside an earlier revision
+(``--baseline``, default ``main``), on SQLite and PostgreSQL.
+
+* GET /tasks (``queries.task_summaries``, what the route answers) at 3,000 live runs (running,
+  not compacted) x 200 samples in 120 tasks: each version in a worker subprocess with its code
+  first on ``PYTHONPATH`` (``benchmarks._versions``), both reading the same database, the
+  versions alternating round by round; in three states: as the baseline's server keeps live
+  runs (no digest), after one compactor round of this version (``crud.refresh_digests``: every
+  run's current window and last loss stored), and after 10% of the runs got a sample since that
+  round (their digests stale: read from the samples). CPU seconds of the worker per call
+  (``time.process_time``; the machine is shared).
+* The Runs page's first paint at 10,000 runs x 200 samples (100 running, the rest finished, none
+  compacted): each version's own server (``python -m noisescope_server``, its compactor off)
+  and dashboard (``streamlit run``), a fresh Chromium page per visit (Debian's, through
+  Playwright), from ``goto`` to the table drawn (the caption "10,000 of 10,000 runs" and the
+  table's canvas). One visit first pays the dashboard's imports; each timed visit comes after
+  the dashboard's data cache expired (``_data.TTL_S``), as a first visit does. The baseline is
+  measured first, on the database as its server keeps it (no digest of a live run); this
+  version after one compactor round. Beside it, GET /runs?limit=10000 (what the page reads),
+  wall from the client.
+
+Run: ``python -m benchmarks.tasks [--quick] [--baseline REV]`` (quick: 600 runs for the task
+list, 2,000 for the page, 3 rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks import _cli
+from benchmarks._versions import ROOT, Worker, code_env, export, reply, worker_process
+
+BASELINE = "main"
+TASKS = 120
+SAMPLES = 200
+#: Of the page's runs, this many are running (the rest finished).
+RUNNING = 100
+#: Runs on the page whose first paint is the floor (what the page costs with hardly any).
+FLOOR_RUNS = 20
+#: Seconds of silence after which the task list's worker reads a running run as crashed.
+CRASH_AFTER = 1e9
+
+
+# --- the databases -----------------------------------------------------------------------------
+
+
+def _build(url: str, n_runs: int, running: int) -> float:
+    """``n_runs`` runs of ``SAMPLES`` samples in ``TASKS`` tasks through ``crud``; the first
+    ``running`` stay running, the others finish. Seconds taken."""
+    from benchmarks._ingest_driver import make_columns
+    from noisescope_server import crud, db
+
+    start = time.perf_counter()
+    engine = db.make_engine(url)
+    db.upgrade(engine)
+    for i in range(n_runs):
+        uid = f"team-{i:05d}"
+        crud.upsert_run(engine, uid, crud.RunIn(project="team", task=f"task{i % TASKS}"))
+        cols = make_columns(SAMPLES, 0, seed=i)
+        crud.ingest_samples(engine, uid, crud.validate_samples({"columns": cols}))
+        if i >= running:
+            crud.patch_run(engine, uid, status="finished")
+    engine.dispose()
+    return time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def _databases(tmp: Path) -> Iterator[list[tuple[str, Callable[[str], str]]]]:
+    """(backend, a fresh database's URL by name): SQLite files, and PostgreSQL databases
+    (dropped afterwards) when 127.0.0.1:5432 answers."""
+    from benchmarks._ingest_driver import drop_pg, pg_database, pg_url
+
+    made: list[str] = []
+
+    def pg(_: str) -> str:
+        name = pg_database()
+        if name is None:
+            raise RuntimeError("PostgreSQL unreachable")
+        made.append(name)
+        return pg_url(name)
+
+    backends: list[tuple[str, Callable[[str], str]]] = [
+        ("SQLite", lambda name: f"sqlite:///{tmp / f'{name}.db'}")
+    ]
+    probe = pg_database()
+    if probe is not None:
+        drop_pg(probe)
+        backends.append(("PostgreSQL", pg))
+    try:
+        yield backends
+    finally:
+        for name in made:
+            drop_pg(name)
+
+
+def _export(rev: str, dest: Path) -> str:
+    """``git archive rev`` of the code a server and a dashboard run (migrations inside the
+    server package, where an installed one has them); the short hash."""
+    commit = export(rev, dest, ("client", "server", "dashboard", "migrations"))
+    (dest / "migrations").rename(dest / "server" / "noisescope_server" / "migrations")
+    return commit
+
+
+# --- the task list: one worker per version -------------------------------------------------------
+
+
+def _worker(url: str) -> int:
+    """Answer JSON lines: ``{"op": "tasks", "repeat": k}`` (CPU and wall of k task lists after
+    one untimed, and the answer's sha256), ``{"op": "refresh"}`` (a compactor round's digest
+    refresh) and ``{"op": "tick", "every": k}`` (one more sample for every k-th run)."""
+    import orjson
+
+    import noisescope
+    import noisescope_server
+    from benchmarks._ingest_driver import make_columns
+    from noisescope_server import crud, db, queries
+
+    engine = db.make_engine(url)
+    reply({"modules": [noisescope.__file__, noisescope_server.__file__]})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "tasks":
+            # runs silent for 120 s read as crashed, which would change the answers as the
+            # benchmark runs: here a running run stays running
+            body = orjson.dumps(queries.task_summaries(engine, crash_after=CRASH_AFTER))
+            cpu, wall = [], []
+            for _ in range(cmd["repeat"]):
+                t0, c0 = time.perf_counter(), time.process_time()
+                queries.task_summaries(engine, crash_after=CRASH_AFTER)
+                cpu.append(time.process_time() - c0)
+                wall.append(time.perf_counter() - t0)
+            reply({"cpu": cpu, "wall": wall, "sha": hashlib.sha256(body).hexdigest()})
+        elif cmd["op"] == "refresh":
+            t0, c0 = time.perf_counter(), time.process_time()
+            stored = crud.refresh_digests(engine)
+            spent = {"cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
+            reply({"stored": stored, **spent})
+        elif cmd["op"] == "tick":
+            with engine.connect() as conn:
+                uids = sorted(str(u) for u in conn.exec_driver_sql("SELECT uid FROM run").scalars())
+            for uid in uids[:: cmd["every"]]:
+                cols = make_columns(1, SAMPLES, seed=0)
+                crud.ingest_samples(engine, uid, crud.validate_samples({"columns": cols}))
+            reply({"ticked": len(uids[:: cmd["every"]])})
+    engine.dispose()
+    return 0
+
+
+def _spread(values: list[float], scale: float = 1000.0, digits: int = 0) -> str:
+    """Median with q1-q3, in ms (``scale``)."""
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return f"{scale * q[1]:.{digits}f} ({scale * q[0]:.{digits}f}-{scale * q[2]:.{digits}f})"
+
+
+def _ratio(new: list[float], old: list[float]) -> str:
+    """The median of the per-round ratios new/old, min-max in brackets."""
+    ratios = [n / o for n, o in zip(new, old, strict=True)]
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def _alternate(workers: dict[str, Worker], rounds: int) -> tuple[dict[str, list[float]], bool]:
+    """CPU seconds per task list of each version, alternating (the order flips every round),
+    and whether every answer of both was the same bytes."""
+    cpu: dict[str, list[float]] = {label: [] for label in workers}
+    shas = set()
+    for r in range(rounds):
+        order = list(workers) if r % 2 == 0 else list(workers)[::-1]
+        for label in order:
+            answer = workers[label].ask({"op": "tasks", "repeat": 1})
+            cpu[label] += answer["cpu"]
+            shas.add(answer["sha"])
+    return cpu, len(shas) == 1
+
+
+def task_list(url: str, roots: dict[str, Path], tmp: Path, rounds: int) -> dict[str, Any]:
+    """The three states' CPU per version, the refresh's cost and whether answers agreed."""
+    out: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        workers = {}
+        for label, root in roots.items():
+            env = code_env(root, ("client", "server"))
+            log = tmp / f"tasks-{label}.log"
+            workers[label] = stack.enter_context(
+                worker_process(label, "benchmarks.tasks", [url], env, log)
+            )
+            workers[label].check_modules(root)
+        current = workers["current"]
+        out["live"] = _alternate(workers, rounds)
+        out["refresh"] = current.ask({"op": "refresh"})
+        out["round"] = _alternate(workers, rounds)
+        out["ticked"] = current.ask({"op": "tick", "every": 10})["ticked"]
+        out["stale"] = _alternate(workers, rounds)
+    return out
+
+
+# --- the Runs page's first paint ---------------------------------------------------------------
+
+
+def _visit(browser: Any, base: str, caption: str) -> float:
+    from harness.dashboard_stack import READY
+
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        start = time.perf_counter()
+        page.goto(f"{base}/runs", wait_until="domcontentloaded")
+        page.wait_for_selector(f"text={caption}", timeout=180_000)
+        page.wait_for_selector("[data-testid='stDataFrame'] canvas", timeout=180_000)
+        painted = time.perf_counter() - start
+        page.wait_for_selector(READY, timeout=180_000)
+        return painted
+    finally:
+        page.close()
+
+
+def first_paint(
+    url: str, n_runs: int, root: Path | None, visits: int, chromium: str
+) -> tuple[list[float], list[float]]:
+    """Seconds to the Runs page's first paint (``visits`` of them) and of GET /runs, with the
+    server and dashboard of the checkout at ``root`` (None: this one)."""
+    import httpx
+    from playwright.sync_api import sync_playwright
+
+    from harness import dashboard_stack
+    from harness.servers import ServerProcess
+    from noisescope_dashboard import _data
+
+    env = {"NOISESCOPE_COMPACT_EVERY": "0"}
+    if root is not None:
+        env["PYTHONPATH"] = code_env(root, ("client", "server"))["PYTHONPATH"]
+    caption = f"{n_runs:,} of {n_runs:,} runs"
+    paints, gets = [], []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ns-bench-page-")))
+        server = stack.enter_context(ServerProcess(url, env=env, log_path=tmp / "server.log"))
+        base = stack.enter_context(
+            dashboard_stack.dashboard(server.url, tmp / "dashboard.log", code=root)
+        )
+        playwright = stack.enter_context(sync_playwright())
+        browser = dashboard_stack.browser(playwright, chromium)
+        stack.callback(browser.close)
+        _visit(browser, base, caption)  # the dashboard's imports, once
+        for _ in range(visits):
+            time.sleep(_data.TTL_S + 0.5)  # the data cache expired: read anew
+            paints.append(_visit(browser, base, caption))
+            start = time.perf_counter()
+            httpx.get(f"{server.url}/api/v1/runs", params={"limit": n_runs}, timeout=300)
+            gets.append(time.perf_counter() - start)
+    return paints, gets
+
+
+def _refresh(url: str) -> None:
+    from noisescope_server import crud, db
+
+    engine = db.make_engine(url)
+    crud.refresh_digests(engine)
+    engine.dispose()
+
+
+# --- the section -------------------------------------------------------------------------------
+
+
+def run(quick: bool = False, baseline: str = BASELINE) -> str:
+    from harness.dashboard_stack import chromium
+
+    n_tasks_runs = 600 if quick else 3000
+    n_page_runs = 2000 if quick else 10_000
+    rounds = 3 if quick else 7
+    visits = 3 if quick else 5
+    browser = chromium()
+    lists: dict[str, dict[str, Any]] = {}
+    pages: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    builds: dict[str, tuple[float, float]] = {}
+    floor: tuple[list[float], list[float]] = ([], [])
+    with tempfile.TemporaryDirectory(prefix="ns-bench-tasks-") as tmp_name:
+        tmp = Path(tmp_name)
+        old_root = tmp / "baseline"
+        commit = _export(baseline, old_root)
+        roots = {"baseline": old_root, "current": ROOT}
+        with _databases(tmp) as backends:
+            for backend, url_of in backends:
+                url = url_of("tasks")
+                built = _build(url, n_tasks_runs, running=n_tasks_runs)
+                lists[backend] = task_list(url, roots, tmp, rounds)
+                page_s = 0.0
+                if browser is not None:
+                    url = url_of("page")
+                    page_s = _build(url, n_page_runs, running=RUNNING)
+                    pages[backend] = {
+                        "baseline": first_paint(url, n_page_runs, old_root, visits, browser)
+                    }
+                    _refresh(url)  # this version's compactor round
+                    pages[backend]["current"] = first_paint(url, n_page_runs, None, visits, browser)
+                    if backend == "SQLite":  # what the page costs with hardly any runs
+                        url = url_of("floor")
+                        _build(url, FLOOR_RUNS, running=1)
+                        _refresh(url)
+                        floor = first_paint(url, FLOOR_RUNS, None, visits, browser)
+                builds[backend] = (built, page_s)
+    return _section(
+        quick, commit, (n_tasks_runs, n_page_runs), rounds, visits, lists, pages, builds, floor
+    )
+
+
+def _section(
+    quick: bool,
+    commit: str,
+    sizes: tuple[int, int],
+    rounds: int,
+    visits: int,
+    lists: dict[str, dict[str, Any]],
+    pages: dict[str, dict[str, tuple[list[float], list[float]]]],
+    builds: dict[str, tuple[float, float]],
+    floor: tuple[list[float], list[float]],
+) -> str:
+    n_tasks_runs, n_page_runs = sizes
+    backends = list(lists)
+    head = "| | " + " | ".join(backends) + " |"
+    rule = "|---|" + "---:|" * len(backends)
+    states = [
+        ("live", "live runs, no digest (as the baseline's server keeps them)"),
+        ("round", "after one compactor round of this version"),
+        ("stale", "after 10% of the runs got a sample since the round"),
+    ]
+    rows = []
+    for key, words in states:
+        for label, name in (("baseline", commit), ("current", "this version")):
+            cells = [_spread(lists[b][key][0][label]) for b in backends]
+            rows.append(f"| {words}: {name} | " + " | ".join(cells) + " |")
+        ratios = [_ratio(lists[b][key][0]["current"], lists[b][key][0]["baseline"]) for b in lists]
+        same = ["same bytes" if lists[b][key][1] else "ANSWERS DIFFER" for b in backends]
+        rows.append(f"| {words}: ratio | " + " | ".join(ratios) + " |")
+        rows.append(f"| {words}: answers of both | " + " | ".join(same) + " |")
+    refresh = [
+        f"{lists[b]['refresh']['wall']:.1f} s wall, {lists[b]['refresh']['cpu']:.1f} s CPU "
+        f"({lists[b]['refresh']['stored']:,} digests)"
+        for b in backends
+    ]
+    rows.append("| the compactor round's digest refresh | " + " | ".join(refresh) + " |")
+    lines = [
+        "## Server: the task list and the Runs page at team size",
+        "",
+        f"`python -m benchmarks.tasks{' --quick' if quick else ''}`: this checkout beside "
+        f"revision {commit} (`--baseline`), each in its own worker subprocess with its code "
+        "first on `PYTHONPATH`, reading the same database. The issue's goals: GET /tasks at "
+        "most 250 ms at 3,000 runs, the Runs page's first paint at most 3 s with 10,000 runs.",
+        "",
+        f"GET /tasks (`queries.task_summaries`, what the route answers) at {n_tasks_runs:,} "
+        f"live runs (running, not compacted) x {SAMPLES} samples in {TASKS} tasks (built "
+        + ", ".join(f"{b} in {builds[b][0]:.0f} s" for b in backends)
+        + f"): CPU ms of the worker per call, median (q1-q3) of {rounds} rounds, the versions "
+        "alternating; the ratio is this version / the baseline, the median of the per-round "
+        "ratios (min-max). A digest (`run_digest`) holds a run's current window and last loss "
+        "for the sample counts it was read at; both versions read a digest whose counts still "
+        "match, only this version stores them for live runs (each compactor round, "
+        "`crud.refresh_digests`, every `compact_every` = 60 s by default).",
+        "",
+        head,
+        rule,
+        *rows,
+    ]
+    if not pages:
+        lines += ["", "The Runs page: Chromium is not installed (apt-get install chromium)."]
+        return "\n".join(lines) + "\n"
+    page_rows = []
+    for label, name in (("baseline", commit), ("current", "this version, after a round")):
+        paint = [_spread(pages[b][label][0], 1.0, 2) for b in pages]
+        get = [_spread(pages[b][label][1], 1.0, 2) for b in pages]
+        page_rows.append(f"| first paint (s): {name} | " + " | ".join(paint) + " |")
+        page_rows.append(f"| GET /runs (s): {name} | " + " | ".join(get) + " |")
+    lines += [
+        "",
+        f"The Runs page's first paint at {n_page_runs:,} runs x {SAMPLES} samples ({RUNNING} "
+        f"running, none compacted; built "
+        + ", ".join(f"{b} in {builds[b][1]:.0f} s" for b in pages)
+        + f"): seconds from `goto` to the table drawn, median (q1-q3) of {visits} visits, each "
+        "a fresh Chromium page after the dashboard's data cache expired; GET /runs?limit="
+        f"{n_page_runs} (what the page reads) right after each visit, wall from the client. "
+        "Wall time on a shared machine: it includes waiting for a core.",
+        "",
+        "| | " + " | ".join(pages) + " |",
+        "|---|" + "---:|" * len(pages),
+        *page_rows,
+    ]
+    if floor[0]:
+        lines += [
+            "",
+            f"The page's floor on this machine, the same way: {FLOOR_RUNS} runs on SQLite, first "
+            f"paint {_spread(floor[0], 1.0, 2)} s (GET /runs {_spread(floor[1], 1.0, 2)} s): "
+            "Streamlit's script run, the websocket and Chromium's drawing, whatever the runs.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _cli.parser("benchmarks.tasks", __doc__)
+    parser.add_argument(
+        "--baseline", default=BASELINE, metavar="REV", help="the earlier revision (%(default)s)"
+    )
+    parser.add_argument("--worker", nargs=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return _worker(args.worker[0])
+    print(run(args.quick, args.baseline))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

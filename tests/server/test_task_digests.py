@@ -1,0 +1,152 @@
+"""The task list and the run list read a quiet run's current window from its stored digest
+(``crud.refresh_digests``, every compactor round) and give the same answers as reading every
+window from the samples: on a database of live runs, compacted ones, runs that got samples
+after their digest was stored, a compacted run with a late sample and runs without whole-model
+samples, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import statistics
+import zlib
+from typing import Any
+from unittest import mock
+
+import pytest
+from sqlalchemy import Engine, delete, select
+
+from harness.payloads import columns
+from noisescope_server import crud, db, queries
+from noisescope_server.compactor import Compactor
+from noisescope_server.models import Run, RunDigest
+from noisescope_server.queries import _runs
+from noisescope_server.queries._current import read_current
+
+
+@pytest.fixture
+def engine(db_url: str) -> Engine:
+    e = db.make_engine(db_url)
+    db.upgrade(e)
+    return e
+
+
+def _add(engine: Engine, uid: str, n: int, *, start: int = 0, series: str = "", **kw: Any) -> None:
+    cols = columns(n, start=start, seed=zlib.crc32(uid.encode()) % 1000, series=series, **kw)
+    crud.ingest_samples(engine, uid, crud.validate_samples({"columns": cols}))
+
+
+def _run(engine: Engine, uid: str, task: str, n: int, **kw: Any) -> None:
+    crud.upsert_run(engine, uid, crud.RunIn(project="p", task=task, batch_size=32))
+    if n:
+        _add(engine, uid, n, **kw)
+
+
+def _run_id(engine: Engine, uid: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(Run.id).where(Run.uid == uid)).scalar_one())
+
+
+def _team(engine: Engine) -> None:
+    """Runs of every kind in three tasks; then digests stored, then some runs get samples."""
+    sizes = [0, 30, 64, 90, 200, 640, 1300]
+    for i, n in enumerate(sizes * 2):
+        # small batches and a wide spread of noise: windows narrow, wide and unmeasurable
+        _run(engine, f"run{i}", f"task{i % 3}", n, b_small=2.0 + i, b_big=4.0 + 3 * i)
+    _run(engine, "layers-only", "task0", 0)
+    _add(engine, "layers-only", 300, series="layer.0")
+    _run(engine, "archived", "task1", 200)
+    crud.patch_run(engine, "archived", archived=True)
+    for uid in ("run5", "run6", "run12"):
+        crud.patch_run(engine, uid, status="finished")
+        crud.compact_run(engine, _run_id(engine, uid))
+    assert crud.refresh_digests(engine) > 0
+    # after the digests: live runs log more, a compacted run gets a late sample
+    _add(engine, "run4", 50, start=200)
+    _add(engine, "run11", 700, start=200)
+    _add(engine, "run3", 1, start=90)
+    _add(engine, "run12", 1, start=5000)
+    _add(engine, "layers-only", 10, start=300, series="layer.0")
+
+
+def _stale(engine: Engine) -> list[int]:
+    with engine.connect() as conn:
+        return queries.stale_digests(conn)
+
+
+def _direct(engine: Engine) -> list[Any]:
+    """The task list computed here from every run's window read from its samples."""
+    runs = queries.list_runs(engine, limit=1_000_000, current=False)
+    groups: dict[tuple[str, str], list[tuple[int, float | None]]] = {}
+    with engine.connect() as conn:
+        for r in runs:
+            run_id = _run_id(engine, r.uid)
+            n = queries.sample_counts(conn, [run_id]).get(run_id, (0, 0))[0]
+            b = read_current(conn, run_id, n)["b_simple"] if n else None
+            groups.setdefault((r.project, r.task), []).append((n, b))
+    out = []
+    for key, members in sorted(groups.items()):
+        bs = [b for _, b in members if b is not None]
+        median = statistics.median(bs) if bs else None
+        out.append((*key, len(members), sum(n for n, _ in members), len(bs), median, bs))
+    return out
+
+
+def _digest_answers(engine: Engine) -> list[Any]:
+    return [
+        (t.project, t.task, t.n_runs, t.n_samples, t.n_measured, t.b_simple_median,
+         [t.b_simple_min, t.b_simple_max])
+        for t in queries.task_summaries(engine)
+    ]  # fmt: skip
+
+
+def test_the_task_list_from_digests_is_the_direct_one(engine: Engine) -> None:
+    _team(engine)
+    assert {_run_id(engine, u) for u in ("run4", "run11", "run3", "run12", "layers-only")} == set(
+        _stale(engine)
+    )
+    fast = _digest_answers(engine)
+    direct = _direct(engine)
+    assert [row[:6] for row in fast] == [row[:6] for row in direct]
+    for row, truth in zip(fast, direct, strict=True):
+        assert row[6] == ([min(truth[6]), max(truth[6])] if truth[6] else [None, None])
+    assert any(row[4] for row in fast) and any(row[4] < row[2] for row in fast)
+    lists = (queries.list_runs(engine, archived="include"), queries.get_run(engine, "run12"))
+    with engine.begin() as conn:  # no digest at all: every window read from the samples
+        conn.execute(delete(RunDigest))
+    assert _digest_answers(engine) == fast
+    assert (queries.list_runs(engine, archived="include"), queries.get_run(engine, "run12")) == (
+        lists
+    )
+
+
+def test_quiet_runs_are_read_from_their_digests(engine: Engine) -> None:
+    """Only the runs that got samples since the last round are read sample by sample."""
+    _team(engine)
+    with mock.patch.object(_runs, "read_current", wraps=read_current) as read:
+        queries.task_summaries(engine)
+    read_ids = {c.args[1] for c in read.call_args_list}
+    assert read_ids == {_run_id(engine, u) for u in ("run4", "run11", "run3", "run12")}
+    compactor = Compactor(engine, every=60.0, finished_after=1e9, quiet_after=1e9)
+    compactor.round()
+    assert _stale(engine) == []
+    with mock.patch.object(_runs, "read_current", wraps=read_current) as read:
+        queries.task_summaries(engine)
+        queries.list_runs(engine)
+    assert read.call_count == 0
+
+
+def test_a_digest_read_while_a_sample_came_is_not_stored(engine: Engine) -> None:
+    """Counts only grow: a run whose counts changed while its digest was read is left stale."""
+    _run(engine, "busy", "t", 200)
+    _run(engine, "quiet", "t", 200)
+    real = queries.run_digests
+
+    def read_then_log(conn: Any, run_ids: Any) -> Any:
+        found = real(conn, run_ids)
+        _add(engine, "busy", 10, start=200)
+        return found
+
+    with mock.patch.object(queries, "run_digests", read_then_log):
+        assert crud.refresh_digests(engine) == 1
+    assert _stale(engine) == [_run_id(engine, "busy")]
+    assert crud.refresh_digests(engine) == 1
+    assert queries.get_run(engine, "busy").n_samples == 210
