@@ -1,6 +1,7 @@
-"""``Api``'s decoder built once per type (``_decoder``, for long answers such as a run list of
-10,000 runs) reads every answer type as ``_decode`` does: the same value for a valid answer,
-and a refusal (then ``_decode`` says where and how) for every answer ``_decode`` refuses."""
+"""``Api``'s decoder built once per type (``_decode.decoder``, for long answers such as a
+run list of 10,000 runs) reads every answer type as ``_decode.decode`` does: the same value for
+a valid answer, and a refusal (then ``decode`` says where and how) for every answer ``decode``
+refuses."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Literal
 
 import pytest
 
-from noisescope import _api
+from noisescope import _decode
 from noisescope._api import Access
 from noisescope.forecast import ForecastReport
 from noisescope.protocol import (
@@ -103,19 +104,19 @@ def _mutants(value: Any) -> list[Any]:
 def _read(read: Any) -> tuple[str, Any]:
     try:
         return "value", read()
-    except _api._Shape:
+    except _decode.Shape:
         return "refused", None
 
 
 @pytest.mark.parametrize("tp", ANSWERS, ids=str)
 def test_the_fast_decoder_reads_every_answer_as_decode_does(tp: Any) -> None:
     valid = _sample(tp)
-    assert _read(lambda: _api._decode(tp, valid))[0] == "value"
+    assert _read(lambda: _decode.decode(tp, valid))[0] == "value"
     cases = [valid, None, "x", [], {}, *_mutants(valid)]
     refused = 0
     for value in cases:
-        slow = _read(lambda v=value: _api._decode(tp, v))
-        fast = _read(lambda v=value: _api._decoder(tp)(v))
+        slow = _read(lambda v=value: _decode.decode(tp, v))
+        fast = _read(lambda v=value: _decode.decoder(tp)(v))
         assert fast == slow, value
         refused += slow[0] == "refused"
     assert refused > 0
