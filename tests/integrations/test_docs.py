@@ -14,6 +14,7 @@ import pytest
 import noisescope
 from harness import ServerProcess
 from noisescope.estimators import CURRENT_MIN_SAMPLES
+from noisescope_server.models import WHOLE_MODEL
 from tests.support.database import query
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,8 +69,9 @@ def test_doc_script_runs_and_reaches_the_server(
         "SELECT s.b_small, s.b_big, s.g_small_sq, s.g_big_sq FROM sample s "
         "JOIN run r ON r.id = s.run_id JOIN task t ON t.id = r.task_id "
         "JOIN project p ON p.id = r.project_id "
-        "WHERE p.name = 'docs' AND t.name = :task AND s.series = ''",
+        "WHERE p.name = 'docs' AND t.name = :task AND s.series_id = :whole",
         task=task,
+        whole=WHOLE_MODEL,
     )
     assert len(rows) >= 20
     assert {(r.b_small, r.b_big) for r in rows} == {(b_small, b_big)}

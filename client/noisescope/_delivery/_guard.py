@@ -14,6 +14,10 @@ from noisescope._delivery._outbox import Outbox
 logger = logging.getLogger("noisescope")
 
 
+#: Seconds ``Guard.stop`` waits for a spill in progress to reach the disk.
+STOP_WAIT = 5.0
+
+
 class Guard:
     """A thread that spills while the sender's thread is stuck in a request."""
 
@@ -36,7 +40,11 @@ class Guard:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop, and wait (``STOP_WAIT`` at most) for a spill in progress: a run's status read
+        after ``close`` would otherwise count those samples as still in memory."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(STOP_WAIT)
 
     def _main(self) -> None:
         """While a request hangs (a server that accepts but does not answer) the sender thread
