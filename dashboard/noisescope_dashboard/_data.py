@@ -33,6 +33,7 @@ from noisescope.sweep import CriticalBatchReport, declared_targets
 
 __all__ = [
     "LIVE_EVERY",
+    "MAX_RUNS",
     "TOKEN_ENV",
     "TTL_S",
     "URL_ENV",
@@ -45,6 +46,7 @@ __all__ = [
     "default_targets",
     "event_counts",
     "events",
+    "newest_runs",
     "parallelism",
     "projects",
     "run",
@@ -64,6 +66,8 @@ TOKEN_ENV = "NOISESCOPE_TOKEN"
 TTL_S = 5.0
 #: How often a page showing a running run re-reads it: as often as its answers expire.
 LIVE_EVERY = timedelta(seconds=TTL_S)
+#: The most runs one list reads (the server's largest ``limit``): the newest this many.
+MAX_RUNS = 10_000
 #: Seconds to wait for one answer (a critical-batch analysis of a large sweep takes a while).
 TIMEOUT_S = 60.0
 
@@ -113,8 +117,15 @@ def projects(src: Source) -> list[str]:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def runs(src: Source) -> list[RunSummary]:
-    """Every run the token may read, newest first, each with its current B_simple."""
-    return api(src).runs()
+    """Every run the token may read (the newest ``MAX_RUNS``), newest first, each with its
+    current B_simple."""
+    return api(src).runs(limit=MAX_RUNS)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def newest_runs(src: Source, n: int) -> list[RunSummary]:
+    """The newest ``n`` runs, as ``runs`` has them: what a page draws while it reads the rest."""
+    return api(src).runs(limit=n)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

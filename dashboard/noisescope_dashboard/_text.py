@@ -177,6 +177,15 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
+def runs_shown(shown: int, read: int, most: int) -> str:
+    """The Runs table's caption: how many runs it shows of those read, and, where the read
+    stopped at the ``most`` one list takes, that older runs exist and are not listed."""
+    text = f"{shown:,} of {read:,} runs"
+    if read >= most:
+        text += f" (the newest {most:,}: a list reads at most that many; older runs are not listed)"
+    return text
+
+
 def units_word(units: str, *, singular: bool = False) -> str:
     """ "examples"/"tokens" (or "example"/"token")."""
     word = "tokens" if units == "tokens" else "examples"
