@@ -150,3 +150,23 @@ def test_a_digest_read_while_a_sample_came_is_not_stored(engine: Engine) -> None
     assert _stale(engine) == [_run_id(engine, "busy")]
     assert crud.refresh_digests(engine) == 1
     assert queries.get_run(engine, "busy").n_samples == 210
+
+
+def test_a_started_server_stores_the_digests_it_finds_stale_within_seconds(
+    engine: Engine, db_url: str
+) -> None:
+    """A server started on runs that got samples since the last round (a restart) runs its
+    first round ``FIRST_ROUND_AFTER`` seconds after start-up, not a whole ``compact_every``
+    (60 s) later: the task list reads their windows from the digests soon after."""
+    import time
+
+    from harness import ServerProcess
+    from noisescope_server.compactor import FIRST_ROUND_AFTER
+
+    _team(engine)
+    assert _stale(engine)
+    with ServerProcess(db_url):
+        deadline = time.monotonic() + FIRST_ROUND_AFTER + 30.0
+        while _stale(engine) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _stale(engine) == []

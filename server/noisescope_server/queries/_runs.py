@@ -404,6 +404,8 @@ def list_runs(
                 func.lower(Task.name).like(pattern, escape="\\"),
             )
         )
+    if tag is None:  # (a tag is matched below, so its rows are all read)
+        stmt = stmt.limit(max(limit, 0))
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
         if tag is not None:  # JSON containment is not portable; tags lists are short
