@@ -179,10 +179,14 @@ def plural(n: int, word: str) -> str:
 
 def runs_shown(shown: int, read: int, most: int) -> str:
     """The Runs table's caption: how many runs it shows of those read, and, where the read
-    stopped at the ``most`` one list takes, that older runs exist and are not listed."""
+    stopped at the ``most`` one list takes, that older runs, if there are any, are not
+    listed (the list cannot tell)."""
     text = f"{shown:,} of {read:,} runs"
     if read >= most:
-        text += f" (the newest {most:,}: a list reads at most that many; older runs are not listed)"
+        text += (
+            f" (the newest {most:,}: a list reads at most that many; "
+            "older runs, if any, are not listed)"
+        )
     return text
 
 
