@@ -155,7 +155,7 @@ class Api:
         tag: str | None = None,
         status: str | None = None,
         search: str | None = None,
-        limit: int = 10_000,
+        limit: int = _wire.MAX_RUNS_LISTED,
         current: bool = True,
         archived: Literal["exclude", "include", "only"] = "exclude",
     ) -> list[RunSummary]:

@@ -93,6 +93,8 @@ def run_body(
 MAX_SAMPLES_PER_REQUEST: Final = 50_000
 MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 MAX_NAME_LENGTH: Final = 200
+#: The most runs one run list answers (``GET /runs``'s largest ``limit``): the newest this many.
+MAX_RUNS_LISTED: Final = 10_000
 #: The deepest a run config or an event payload may nest (``{}`` is 1, ``{"a": {}}`` is 2).
 #: The server refuses deeper values at write and clips stored ones at read: its JSON encoder
 #: stops at 254 levels, and an answer wraps each value in a few more.

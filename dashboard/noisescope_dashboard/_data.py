@@ -33,7 +33,6 @@ from noisescope.sweep import CriticalBatchReport, declared_targets
 
 __all__ = [
     "LIVE_EVERY",
-    "MAX_RUNS",
     "TOKEN_ENV",
     "TTL_S",
     "URL_ENV",
@@ -66,8 +65,6 @@ TOKEN_ENV = "NOISESCOPE_TOKEN"
 TTL_S = 5.0
 #: How often a page showing a running run re-reads it: as often as its answers expire.
 LIVE_EVERY = timedelta(seconds=TTL_S)
-#: The most runs one list reads (the server's largest ``limit``): the newest this many.
-MAX_RUNS = 10_000
 #: Seconds to wait for one answer (a critical-batch analysis of a large sweep takes a while).
 TIMEOUT_S = 60.0
 
@@ -117,9 +114,9 @@ def projects(src: Source) -> list[str]:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def runs(src: Source) -> list[RunSummary]:
-    """Every run the token may read (the newest ``MAX_RUNS``), newest first, each with its
-    current B_simple."""
-    return api(src).runs(limit=MAX_RUNS)
+    """Every run the token may read (the newest ``protocol.MAX_RUNS_LISTED``, what one list
+    answers), newest first, each with its current B_simple."""
+    return api(src).runs()
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from noisescope import RunSummary
+from noisescope import RunSummary, protocol
 from noisescope_dashboard import _data, _frames, _state, _text, _ui
 
 #: Row height of Streamlit's dataframe, and the tallest table before it scrolls.
@@ -28,9 +28,6 @@ FIRST_RUNS = 100
 #: Where a session keeps when it last read the whole list (``time.monotonic``): within
 #: ``_data.TTL_S`` of it the list comes from the cache at once.
 READ_AT = "_runs_read_at"
-#: The query-string keys of the filters and the search: a page opened with any of them reads
-#: the whole list before it draws (the newest runs need not match them).
-FILTER_KEYS = ("project", "task", "tag", "status", "q")
 
 
 #: Sort key -> (column of ``_frames.runs_table``, ascending).
@@ -87,10 +84,11 @@ def _table(shown: pd.DataFrame, **kwargs: Any) -> Any:
 
 def _newest_first(src: _data.Source, slot: DeltaGenerator) -> None:
     """Draw the newest ``FIRST_RUNS`` runs into ``slot`` while the whole list is read, where
-    the page opens in the server's own order (newest first, no filter, no search) and the
-    list is not already read."""
-    params = st.query_params
-    if any(k in params for k in FILTER_KEYS) or params.get("sort", "started") != "started":
+    the page opens in the server's own order and the list is not already read. The query
+    string holds the filters, the search and a sort other than newest first (``_state``
+    leaves defaults out): a page opened with any of them reads the whole list before it
+    draws, since the newest runs need not be the ones it shows."""
+    if st.query_params:
         return
     if time.monotonic() - st.session_state.get(READ_AT, float("-inf")) < _data.TTL_S:
         return
@@ -120,9 +118,8 @@ def main(src: _data.Source) -> None:
         column, ascending = SORTS[str(sort)]
         shown = shown.sort_values(column, ascending=ascending, na_position="last")
         shown = shown.reset_index(drop=True)
-        st.caption(
-            _text.runs_shown(len(shown), len(current), _data.MAX_RUNS) + (" · live" if live else "")
-        )
+        caption = _text.runs_shown(len(shown), len(current), protocol.MAX_RUNS_LISTED)
+        st.caption(caption + (" · live" if live else ""))
         if shown.empty:
             st.info("No run matches these filters. Clear the search or the filters above.")
             return

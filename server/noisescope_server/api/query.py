@@ -75,7 +75,7 @@ def get_runs(
     ] = None,
     started_after: datetime | None = None,
     started_before: datetime | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
+    limit: Annotated[int, Query(ge=1, le=protocol.MAX_RUNS_LISTED)] = 200,
     current: Annotated[
         bool,
         Query(
