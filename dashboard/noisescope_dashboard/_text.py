@@ -201,6 +201,15 @@ def task_units(task: TaskSummary) -> str:
     return task.units[0] if task.units else "examples"
 
 
+def task_measured(task: TaskSummary) -> str:
+    """A task's measured runs, and how many answer as the server last stored them
+    (``TaskSummary.n_behind``: a few seconds old)."""
+    text = f"{task.n_measured} of {task.n_runs}"
+    if task.n_behind:
+        text += f" ({task.n_behind} as of seconds ago)"
+    return text
+
+
 def task_key(project: str, task: str) -> str:
     """A task as it appears in URLs, menus and legends: ``project/task``, one key per task.
 

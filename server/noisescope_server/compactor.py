@@ -1,8 +1,8 @@
-"""The server's compactor: a thread that compacts finished and long-silent runs
-(``crud.runs_to_compact``, ``crud.compact_run``) every ``Settings.compact_every`` seconds (the
-first round ``FIRST_ROUND_AFTER`` seconds after start-up), and
-then stores the digest of every run that got samples since the last round
-(``crud.refresh_digests``: the task list and the run list read a run's window from it).
+"""The server's background work, two threads: the compactor compacts finished and long-silent
+runs (``crud.runs_to_compact``, ``crud.compact_run``) every ``Settings.compact_every`` seconds;
+the digest keeper stores the digest of every run that got samples since it last looked
+(``crud.refresh_digests``: the task list and the run list read a run's window from it) every
+``DIGEST_EVERY`` seconds, from start-up on.
 
 Each worker process runs one; two compacting the same run take turns chunk by chunk (each
 step locks the run's row and moves rows no other step holds), so more workers only mean more
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from sqlalchemy import Engine
 
@@ -21,11 +22,11 @@ from noisescope_server import crud
 
 log = logging.getLogger("noisescope_server")
 
-#: Seconds from start-up to the first round (then every ``compact_every``): a server started
-#: on a database whose runs got samples since its last round (a restart, an upgrade) stores
-#: their digests within seconds, so the task list does not read every run's window for a
-#: whole ``compact_every`` (docs/benchmarks.md, the task list at team size).
-FIRST_ROUND_AFTER = 2.0
+#: Seconds between the digest keeper's looks, at least (a look that took longer is followed by
+#: a pause as long: the keeper takes at most half a core): how far behind the task list's
+#: digests of live runs fall (``TaskSummary.n_behind``; docs/benchmarks.md, the task list at
+#: team size).
+DIGEST_EVERY = 2.0
 
 
 class Compactor:
@@ -39,26 +40,39 @@ class Compactor:
         self.finished_after = finished_after
         self.quiet_after = quiet_after
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="noisescope-compactor", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._loop, name="noisescope-compactor", daemon=True),
+            threading.Thread(target=self._keep_digests, name="noisescope-digests", daemon=True),
+        ]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
     def _loop(self) -> None:
-        wait = min(self.every, FIRST_ROUND_AFTER)
-        while not self._stop.wait(wait):
-            wait = self.every
+        while not self._stop.wait(self.every):
             try:
                 self.round()
             except Exception:  # a database outage: the next round tries again
                 log.exception("compaction round failed; retrying in %.0f s", self.every)
 
+    def _keep_digests(self) -> None:
+        wait = min(self.every, DIGEST_EVERY)
+        while not self._stop.wait(wait):
+            began = time.monotonic()
+            try:
+                crud.refresh_digests(self.engine, stop=self._stop.is_set)
+            except Exception:  # a database outage: the next look tries again
+                log.exception("storing run digests failed; retrying")
+            wait = max(min(self.every, DIGEST_EVERY), time.monotonic() - began)
+
     def round(self) -> int:
-        """Compact every run that is due and refresh stale digests; the samples moved."""
+        """Compact every run that is due (each stores its digest); the samples moved."""
         moved = 0
         due = crud.runs_to_compact(
             self.engine, finished_after=self.finished_after, quiet_after=self.quiet_after
@@ -72,6 +86,4 @@ class Compactor:
                     "compacted run %d: %d samples into %d chunks", run_id, done.samples, done.chunks
                 )
             moved += done.samples
-        if not self._stop.is_set():  # the runs that got samples since the last round
-            crud.refresh_digests(self.engine, stop=self._stop.is_set)
         return moved

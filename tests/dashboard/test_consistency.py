@@ -120,7 +120,7 @@ def test_task_summary_is_the_apis(make_app: MakeApp, server: str, api: Api) -> N
         row = summary.loc[(t.project, t.task)]
         assert row["runs"] == _text.count(t.n_runs)
         assert row["B_simple median"] == _text.count(t.b_simple_median)
-        assert row["measured runs"] == f"{t.n_measured} of {t.n_runs}"
+        assert row["measured runs"] == _text.task_measured(t) == f"{t.n_measured} of {t.n_runs}"
 
 
 def test_a_run_without_samples_has_no_number_anywhere(

@@ -225,3 +225,21 @@ def test_the_what_if_table_never_rounds_a_doubling_across_the_limit() -> None:
     assert list(rows["past"]) == list(table["doubling"])
     assert _text.ratio(1.4996, limit=1.5) == "1.4996×" and _text.ratio(1.5, limit=1.5) == "1.5×"
     assert _text.ratio(1.52, limit=1.5) == "1.5×"  # at the limit pays: the same side
+
+
+def test_the_task_table_says_how_many_runs_answer_from_older_digests() -> None:
+    """``TaskSummary.n_behind``: runs answering as the server stored them seconds ago."""
+    from noisescope import TaskSummary
+
+    def task(name: str, n_behind: int) -> TaskSummary:
+        return TaskSummary(
+            project="p", task=name, n_runs=3000, n_running=3000, n_samples=600_000,
+            batch_sizes=[32.0], units=["examples"], last_started_at=None, n_measured=2950,
+            b_simple_median=40.0, b_simple_min=10.0, b_simple_max=90.0, n_behind=n_behind,
+        )  # fmt: skip
+
+    table = _frames.task_table([task("exact", 0), task("lagging", 2800)])
+    assert list(table["measured runs"]) == [
+        "2950 of 3000",
+        "2950 of 3000 (2800 as of seconds ago)",
+    ]

@@ -1,8 +1,9 @@
 """The task list and the run list read a quiet run's current window from its stored digest
-(``crud.refresh_digests``, every compactor round) and give the same answers as reading every
-window from the samples: on a database of live runs, compacted ones, runs that got samples
-after their digest was stored, a compacted run with a late sample and runs without whole-model
-samples, on SQLite and PostgreSQL."""
+(``crud.refresh_digests``, every few seconds in a server) and give the same answers as reading
+every window from the samples: on a database of live runs, compacted ones, runs that got
+samples after their digest was stored, a compacted run with a late sample and runs without
+whole-model samples, on SQLite and PostgreSQL. Beyond ``STALE_READ_LIMIT`` lagging runs the
+task list takes their digests as they are and says how many (``n_behind``)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from sqlalchemy import Engine, delete, select
 
 from harness.payloads import columns
 from noisescope_server import crud, db, queries
-from noisescope_server.compactor import Compactor
+from noisescope_server.crud import _digests
 from noisescope_server.models import Run, RunDigest
-from noisescope_server.queries import _runs
+from noisescope_server.queries import _runs, _tasks
 from noisescope_server.queries._current import read_current
 
 
@@ -98,6 +99,16 @@ def _digest_answers(engine: Engine) -> list[Any]:
     ]  # fmt: skip
 
 
+def _reads() -> Any:
+    """Both homes of ``read_current`` the lists call, watched."""
+    watched = mock.Mock(wraps=read_current)
+    return (
+        mock.patch.multiple(_runs, read_current=watched),
+        mock.patch.multiple(_tasks, read_current=watched),
+        watched,
+    )
+
+
 def test_the_task_list_from_digests_is_the_direct_one(engine: Engine) -> None:
     _team(engine)
     assert {_run_id(engine, u) for u in ("run4", "run11", "run3", "run12", "layers-only")} == set(
@@ -109,6 +120,7 @@ def test_the_task_list_from_digests_is_the_direct_one(engine: Engine) -> None:
     for row, truth in zip(fast, direct, strict=True):
         assert row[6] == ([min(truth[6]), max(truth[6])] if truth[6] else [None, None])
     assert any(row[4] for row in fast) and any(row[4] < row[2] for row in fast)
+    assert all(t.n_behind == 0 for t in queries.task_summaries(engine))
     lists = (queries.list_runs(engine, archived="include"), queries.get_run(engine, "run12"))
     with engine.begin() as conn:  # no digest at all: every window read from the samples
         conn.execute(delete(RunDigest))
@@ -119,19 +131,77 @@ def test_the_task_list_from_digests_is_the_direct_one(engine: Engine) -> None:
 
 
 def test_quiet_runs_are_read_from_their_digests(engine: Engine) -> None:
-    """Only the runs that got samples since the last round are read sample by sample."""
+    """Only the runs that got whole-model samples since the last refresh are read sample by
+    sample (one with only per-layer samples since has the same window)."""
     _team(engine)
-    with mock.patch.object(_runs, "read_current", wraps=read_current) as read:
+    in_runs, in_tasks, read = _reads()
+    with in_runs, in_tasks:
         queries.task_summaries(engine)
     read_ids = {c.args[1] for c in read.call_args_list}
     assert read_ids == {_run_id(engine, u) for u in ("run4", "run11", "run3", "run12")}
-    compactor = Compactor(engine, every=60.0, finished_after=1e9, quiet_after=1e9)
-    compactor.round()
+    assert crud.refresh_digests(engine) == 5
     assert _stale(engine) == []
-    with mock.patch.object(_runs, "read_current", wraps=read_current) as read:
+    in_runs, in_tasks, read = _reads()
+    with in_runs, in_tasks:
         queries.task_summaries(engine)
         queries.list_runs(engine)
     assert read.call_count == 0
+
+
+def test_beyond_the_read_limit_lagging_runs_are_taken_from_their_digests_and_counted(
+    engine: Engine,
+) -> None:
+    """With one window to read, the run farthest behind (run11, 700 samples) is read; run3 and
+    run12 (one sample behind) answer from their digests, run4 (its digest gone) is unmeasured:
+    each counted behind in its task, the other tasks' answers exact."""
+    _team(engine)
+    with engine.begin() as conn:
+        conn.execute(delete(RunDigest).where(RunDigest.run_id == _run_id(engine, "run4")))
+        stored = {
+            int(r): _runs.stored_current(str(c))
+            for r, c in conn.execute(select(RunDigest.run_id, RunDigest.current))
+        }
+    in_runs, in_tasks, read = _reads()
+    with in_runs, in_tasks, mock.patch.object(_tasks, "STALE_READ_LIMIT", 1):
+        lagged = queries.task_summaries(engine)
+    assert {c.args[1] for c in read.call_args_list} == {_run_id(engine, "run11")}
+    by_task = {t.task: t for t in lagged}
+    assert {k: t.n_behind for k, t in by_task.items()} == {"task0": 2, "task1": 1, "task2": 0}
+    # the answers expected: the direct ones with run3 and run12 as digested, run4 unmeasured
+    values: dict[str, list[float]] = {}
+    for r in queries.list_runs(engine, limit=1_000_000, archived="exclude"):
+        b = r.b_simple
+        if r.uid in ("run3", "run12"):
+            fields = stored[_run_id(engine, r.uid)]
+            assert fields is not None
+            b = fields["b_simple"]
+        if r.uid == "run4":
+            b = None
+        if b is not None:
+            values.setdefault(r.task, []).append(b)
+    exact = {t.task: t for t in queries.task_summaries(engine)}
+    for task, t in by_task.items():
+        found = values.get(task, [])
+        assert t.n_measured == len(found)
+        assert t.b_simple_median == (statistics.median(found) if found else None)
+        assert (t.n_runs, t.n_samples) == (exact[task].n_runs, exact[task].n_samples)
+    assert by_task["task2"] == exact["task2"]
+    assert exact["task0"].n_behind == exact["task1"].n_behind == 0
+
+
+def test_a_digest_is_never_stored_over_one_read_at_larger_counts(engine: Engine) -> None:
+    """Two workers storing one run's digest at once: the one read at fewer samples loses."""
+    _run(engine, "raced", "t", 200)
+    run_id = _run_id(engine, "raced")
+    with engine.connect() as conn:
+        older = queries.run_digests(conn, [run_id])
+    _add(engine, "raced", 100, start=200)
+    assert crud.refresh_digests(engine) == 1
+    with engine.begin() as conn:
+        _digests._upsert(conn, older)  # the slower worker's, read before the last samples
+    assert _stale(engine) == []
+    with engine.connect() as conn:
+        assert conn.execute(select(RunDigest.n_samples)).scalar_one() == 300
 
 
 def test_a_digest_read_while_a_sample_came_is_not_stored(engine: Engine) -> None:
@@ -155,9 +225,9 @@ def test_a_digest_read_while_a_sample_came_is_not_stored(engine: Engine) -> None
 def test_a_started_server_stores_the_digests_it_finds_stale_within_seconds(
     engine: Engine, db_url: str
 ) -> None:
-    """A server started on runs that got samples since the last round (a restart) runs its
-    first round ``FIRST_ROUND_AFTER`` seconds after start-up, not a whole ``compact_every``
-    (60 s) later: the task list reads their windows from the digests soon after."""
+    """A server started on runs that got samples since their digests were stored (a restart)
+    stores them within seconds, not a whole ``compact_every`` (60 s) later, and again for a
+    run that logs while it runs: the digest keeper looks every ``DIGEST_EVERY`` seconds."""
     import time
 
     from harness import ServerProcess
@@ -170,3 +240,21 @@ def test_a_started_server_stores_the_digests_it_finds_stale_within_seconds(
         while _stale(engine) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _stale(engine) == []
+        _add(engine, "run4", 20, start=250)
+        assert _stale(engine) == [_run_id(engine, "run4")]
+        deadline = time.monotonic() + 30.0
+        while _stale(engine) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _stale(engine) == []
+
+
+def test_the_docs_give_the_keepers_cadence_and_the_read_limit() -> None:
+    from pathlib import Path
+
+    from noisescope_server.compactor import DIGEST_EVERY
+
+    root = Path(__file__).resolve().parents[2] / "docs"
+    for name in ("api.md", "deployment.md"):
+        text = (root / name).read_text()
+        assert f"every {DIGEST_EVERY:g} s" in " ".join(text.split())
+        assert f"most {queries.STALE_READ_LIMIT} " in " ".join(text.split())

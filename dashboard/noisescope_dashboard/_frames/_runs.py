@@ -129,7 +129,7 @@ def task_table(tasks: Iterable[TaskSummary]) -> pd.DataFrame:
             "running": _text.count(t.n_running),
             "batch sizes": ", ".join(_text.count(b) for b in t.batch_sizes),
             "units": ", ".join(t.units),
-            "measured runs": f"{t.n_measured} of {t.n_runs}",
+            "measured runs": _text.task_measured(t),
             "B_simple median": _text.count(t.b_simple_median),
             "B_simple range": _text.interval(t.b_simple_min, t.b_simple_max) or _text.DASH,
         }

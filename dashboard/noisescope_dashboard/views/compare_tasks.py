@@ -121,7 +121,10 @@ def main(src: _data.Source) -> None:
                 "B_simple min – max", help="Smallest and largest current B_simple of its runs"
             ),
             "measured runs": st.column_config.TextColumn(
-                "measured", help="Runs whose current B_simple is measurable"
+                "measured",
+                help="Runs whose current B_simple is measurable; in brackets, those whose "
+                "B_simple is as the server stored it seconds ago (at thousands of live runs "
+                "one list reads the windows of a few hundred of those that logged since)",
             ),
         },
     )

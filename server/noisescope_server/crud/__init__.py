@@ -8,6 +8,7 @@ input); failures raise the errors of ``noisescope_server.errors``.
 - ``_runs``: projects, tasks and runs, and the run-row lock every write takes;
 - ``_samples``: sample rows and their ``sample_block`` sums;
 - ``_compact``: a finished run's rows into compressed chunks, and back for a late sample;
+- ``_digests``: each run's digest (its current window and last loss), kept as samples come;
 - ``_events``: run events;
 - ``_tokens``: API tokens;
 - ``_sql``: the dialect-specific statements, built once.
@@ -15,12 +16,8 @@ input); failures raise the errors of ``noisescope_server.errors``.
 
 from __future__ import annotations
 
-from noisescope_server.crud._compact import (
-    Compacted,
-    compact_run,
-    refresh_digests,
-    runs_to_compact,
-)
+from noisescope_server.crud._compact import Compacted, compact_run, runs_to_compact
+from noisescope_server.crud._digests import refresh_digests
 from noisescope_server.crud._events import EventIn, ingest_events
 from noisescope_server.crud._runs import (
     FUTURE_TOLERANCE,

@@ -16,7 +16,7 @@ the samples that are rows. Reopening a chunk reverses that.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -42,13 +42,13 @@ from noisescope_server.crud._blocks import (
     recompute_blocks,
     with_estimates,
 )
+from noisescope_server.crud._digests import store_digests
 from noisescope_server.crud._sql import LOCK_RUN_FOR_COMPACTION, add_block_deltas, dialect_insert
 from noisescope_server.db import write_transaction
 from noisescope_server.models import (
     BLOCK_SIZE,
     WHOLE_MODEL,
     Run,
-    RunDigest,
     Sample,
     SampleBlock,
     SampleChunk,
@@ -93,54 +93,6 @@ def compact_run(
     if numbers and (stop is None or not stop()):
         store_digests(engine, [run_id])
     return Compacted(samples, chunks)
-
-
-def store_digests(engine: Engine, run_ids: Sequence[int]) -> int:
-    """Store what a run list computes for each run (``models.RunDigest``), read now; the
-    digests stored. A run that got a sample while it was read is left for the next time (counts
-    only grow: the same counts before and after mean the digest was read from exactly the
-    samples it is valid for), as is one deleted meanwhile."""
-    from noisescope_server import queries  # the read side; it never imports crud
-
-    with engine.connect() as conn:
-        digests = queries.run_digests(conn, run_ids)
-    if not digests:
-        return 0
-    with write_transaction(engine) as conn:
-        now = queries.sample_counts(conn, [d[0] for d in digests])
-        rows = [
-            {"run_id": run_id, "n_samples": n, "n_all": n_all, "current": fields, "last_loss": loss}
-            for run_id, n, n_all, fields, loss in digests
-            if now.get(run_id) == (n, n_all)
-        ]
-        if rows:
-            stmt = dialect_insert(conn.dialect.name)(RunDigest)
-            # two workers' compactors may store one at once: the later one wins, neither fails
-            names = ("n_samples", "n_all", "current", "last_loss")
-            excluded = {name: getattr(stmt.excluded, name) for name in names}
-            conn.execute(stmt.on_conflict_do_update(index_elements=["run_id"], set_=excluded), rows)
-    return len(rows)
-
-
-#: Runs whose digests are read, then stored in one transaction (``refresh_digests``).
-DIGEST_BATCH = 100
-
-
-def refresh_digests(engine: Engine, *, stop: Callable[[], bool] | None = None) -> int:
-    """Store the digest of every run that has none or a stale one (``queries.stale_digests``:
-    live runs, and compacted ones that got a late sample), so that the task list and the run
-    list read each quiet run's window from one row; the digests stored. The compactor calls it
-    every round; a run that gets samples meanwhile is read sample by sample until the next."""
-    from noisescope_server import queries
-
-    with engine.connect() as conn:
-        due = queries.stale_digests(conn)
-    stored = 0
-    for lo in range(0, len(due), DIGEST_BATCH):
-        if stop is not None and stop():
-            break
-        stored += store_digests(engine, due[lo : lo + DIGEST_BATCH])
-    return stored
 
 
 def _compact_step(engine: Engine, run_id: int, series_id: int, chunk_rows: int) -> int:

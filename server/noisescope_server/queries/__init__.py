@@ -66,12 +66,13 @@ from noisescope_server.queries._series import (
     smooth_series,
 )
 from noisescope_server.queries._sweeps import TaskSweep, read_task_sweep
-from noisescope_server.queries._tasks import list_projects, task_summaries
+from noisescope_server.queries._tasks import STALE_READ_LIMIT, list_projects, task_summaries
 
 __all__ = [
     "ARCHIVED_CHOICES",
     "LEVEL",
     "MIN_EVALS",
+    "STALE_READ_LIMIT",
     "Archived",
     "BucketSums",
     "EventRow",

@@ -43,7 +43,7 @@ from noisescope_server.utc import as_utc
 NOT_COMPUTED = "not computed: the run was listed without its current B_simple (current=false)"
 
 #: Run ids per ``IN (...)`` of the set-based run queries (SQLite bounds bound parameters).
-_ID_CHUNK = 900
+ID_CHUNK = 900
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,8 @@ def _run_facts(conn: Connection, run_ids: Sequence[int]) -> _RunFacts:
     n_all: dict[int, int] = {}
     digests: dict[int, tuple[int, int, str, float | None]] = {}
     kinds = [protocol.EVAL_EVENT_KIND, protocol.BATCH_SIZE_EVENT_KIND, protocol.NOTICE_EVENT_KIND]
-    for lo in range(0, len(run_ids), _ID_CHUNK):
-        ids = list(run_ids[lo : lo + _ID_CHUNK])
+    for lo in range(0, len(run_ids), ID_CHUNK):
+        ids = list(run_ids[lo : lo + ID_CHUNK])
         counts = select(SampleBlock.run_id, func.sum(SampleBlock.n)).where(
             SampleBlock.run_id.in_(ids), SampleBlock.series_id == WHOLE_MODEL
         )
@@ -136,8 +136,8 @@ def _diverged(conn: Connection, run_ids: Sequence[int]) -> dict[int, str]:
     length."""
     evals: dict[int, list[tuple[float, float]]] = {}
     train: dict[int, tuple[list[float], list[float], list[float]]] = {}
-    for lo in range(0, len(run_ids), _ID_CHUNK):
-        ids = list(run_ids[lo : lo + _ID_CHUNK])
+    for lo in range(0, len(run_ids), ID_CHUNK):
+        ids = list(run_ids[lo : lo + ID_CHUNK])
         q = (
             select(Event.run_id, Event.step, Event.payload)
             .where(Event.run_id.in_(ids), Event.kind == protocol.EVAL_EVENT_KIND)
@@ -184,8 +184,8 @@ def sample_counts(conn: Connection, run_ids: Sequence[int]) -> dict[int, tuple[i
     """Each run's whole-model and total sample counts (from the block sums), for the runs that
     have a sample: what a stored digest is valid for (``RunDigest``)."""
     found: dict[int, tuple[int, int]] = {}
-    for lo in range(0, len(run_ids), _ID_CHUNK):
-        ids = list(run_ids[lo : lo + _ID_CHUNK])
+    for lo in range(0, len(run_ids), ID_CHUNK):
+        ids = list(run_ids[lo : lo + ID_CHUNK])
         counts = _COUNTS.where(SampleBlock.run_id.in_(ids)).group_by(SampleBlock.run_id)
         found |= {int(r): (int(n or 0), int(a or 0)) for r, n, a in fetch_tuples(conn, counts)}
     return found
@@ -200,8 +200,7 @@ _COUNTS = select(
 
 def stale_digests(conn: Connection) -> list[int]:
     """The runs with samples whose digest is missing or was stored before their last sample
-    came: those whose window a list reads sample by sample (``current_b_simple``), in id
-    order."""
+    came: those whose window a list reads sample by sample, in id order."""
     counts = _COUNTS.group_by(SampleBlock.run_id)
     stored = {
         int(r): (int(n), int(a))
@@ -216,33 +215,7 @@ def stale_digests(conn: Connection) -> list[int]:
     )
 
 
-def current_b_simple(conn: Connection, run_ids: Sequence[int]) -> dict[int, tuple[int, Any]]:
-    """Each run's whole-model sample count and current B_simple (None: not measurable), as
-    the run list has them, with no more than the counts and digests read for all runs at
-    once: the windows of runs without a valid digest (ones that got a sample since the
-    compactor stored it, ``crud.refresh_digests``) are read one by one."""
-    out: dict[int, tuple[int, Any]] = {}
-    for lo in range(0, len(run_ids), _ID_CHUNK):
-        ids = list(run_ids[lo : lo + _ID_CHUNK])
-        found = sample_counts(conn, ids)
-        stored = select(RunDigest.run_id, RunDigest.n_samples, RunDigest.n_all, RunDigest.current)
-        digests = {
-            int(r): ((int(n), int(a)), str(fields))
-            for r, n, a, fields in fetch_tuples(conn, stored.where(RunDigest.run_id.in_(ids)))
-        }
-        for run_id in ids:
-            n, n_all = found.get(run_id, (0, 0))
-            digest = digests.get(run_id)
-            if n == 0:
-                out[run_id] = (0, None)
-                continue
-            kept = _stored_current(digest[1]) if digest and digest[0] == (n, n_all) else None
-            now = kept if kept is not None else read_current(conn, run_id, n)
-            out[run_id] = (n, now["b_simple"])
-    return out
-
-
-def _stored_current(text: str) -> CurrentFields | None:
+def stored_current(text: str) -> CurrentFields | None:
     """A digest's current window, or None where it was stored with other fields than
     ``CurrentFields`` has now (by an older version): then the window is read again."""
     fields = json.loads(text)
@@ -293,7 +266,7 @@ def _summarise(conn: Connection, row: Any, facts: _RunFacts, *, current: bool = 
     digest = facts.digests.get(run_id)
     stored = None
     if digest is not None and digest[:2] == (n_samples, facts.n_all.get(run_id, 0)):
-        stored = _stored_current(digest[2])  # else a sample came after it was stored
+        stored = stored_current(digest[2])  # else a sample came after it was stored
     last_loss = digest[3] if digest is not None and stored is not None else _last_loss(conn, run_id)
     evaluation = facts.events.get((run_id, protocol.EVAL_EVENT_KIND))
     change = facts.events.get((run_id, protocol.BATCH_SIZE_EVENT_KIND))
