@@ -4,11 +4,13 @@
 * GET /tasks (``queries.task_summaries``, what the route answers) at 3,000 live runs (running,
   not compacted) x 200 samples in 120 tasks: each version in a worker subprocess with its code
   first on ``PYTHONPATH`` (``benchmarks._versions``), both reading the same database, the
-  versions alternating round by round; in three states: live runs with no digest (before a
-  server's first compactor round), after one compactor round of this version
-  (``crud.refresh_digests``: every run's current window and last loss stored), and after 10%
-  of the runs got a sample since that round (their digests stale: read from the samples). CPU
-  seconds of the worker per call (``time.process_time``; the machine is shared).
+  versions alternating round by round; in four states: live runs with no digest (a database
+  no digest keeper has looked at yet), after the keeper of this version looked
+  (``crud.refresh_digests``: every run's current window and last loss stored), after 10% of
+  the runs got a sample since it looked, and after every run did (their digests stale). CPU
+  seconds of the worker per call (``time.process_time``; the machine is shared). Beside it,
+  what storing a digest with each ingest request would cost: the CPU of reading the digests of
+  the runs that just got a one-sample request, over the requests' own.
 * The Runs page's first paint at 10,000 runs x 200 samples (100 running, the rest finished, none
   compacted): each version's own server (``python -m noisescope_server``, its compactor off)
   and dashboard (``streamlit run``), a fresh Chromium page per visit (Debian's, through
@@ -118,8 +120,9 @@ def _export(rev: str, dest: Path) -> str:
 
 def _worker(url: str) -> int:
     """Answer JSON lines: ``{"op": "tasks", "repeat": k}`` (CPU and wall of k task lists after
-    one untimed, and the answer's sha256), ``{"op": "refresh"}`` (a compactor round's digest
-    refresh) and ``{"op": "tick", "every": k}`` (one more sample for every k-th run)."""
+    one untimed, the answer's sha256 and its runs behind), ``{"op": "refresh"}`` (the digest
+    keeper's look) and ``{"op": "tick", "every": k, "seq": s}`` (a sample at ``s`` for every
+    k-th run, and the CPU of those requests and of reading those runs' digests)."""
     import orjson
 
     import noisescope
@@ -134,26 +137,43 @@ def _worker(url: str) -> int:
         if cmd["op"] == "tasks":
             # runs silent for 120 s read as crashed, which would change the answers as the
             # benchmark runs: here a running run stays running
-            body = orjson.dumps(queries.task_summaries(engine, crash_after=CRASH_AFTER))
+            answer = orjson.loads(
+                orjson.dumps(queries.task_summaries(engine, crash_after=CRASH_AFTER))
+            )
+            # the answers compared without n_behind, which the baseline has not
+            behind = sum(task.pop("n_behind", 0) for task in answer)
+            body = orjson.dumps(answer)
             cpu, wall = [], []
             for _ in range(cmd["repeat"]):
                 t0, c0 = time.perf_counter(), time.process_time()
                 queries.task_summaries(engine, crash_after=CRASH_AFTER)
                 cpu.append(time.process_time() - c0)
                 wall.append(time.perf_counter() - t0)
-            reply({"cpu": cpu, "wall": wall, "sha": hashlib.sha256(body).hexdigest()})
+            sha = hashlib.sha256(body).hexdigest()
+            reply({"cpu": cpu, "wall": wall, "sha": sha, "behind": behind})
         elif cmd["op"] == "refresh":
             t0, c0 = time.perf_counter(), time.process_time()
             stored = crud.refresh_digests(engine)
             spent = {"cpu": time.process_time() - c0, "wall": time.perf_counter() - t0}
             reply({"stored": stored, **spent})
         elif cmd["op"] == "tick":
+            # one more sample for every k-th run: CPU of the ingest requests, and of reading
+            # those runs' digests right after (what storing them with each request would add)
             with engine.connect() as conn:
-                uids = sorted(str(u) for u in conn.exec_driver_sql("SELECT uid FROM run").scalars())
-            for uid in uids[:: cmd["every"]]:
-                cols = make_columns(1, SAMPLES, seed=0)
-                crud.ingest_samples(engine, uid, crud.validate_samples({"columns": cols}))
-            reply({"ticked": len(uids[:: cmd["every"]])})
+                rows = conn.exec_driver_sql("SELECT id, uid FROM run ORDER BY uid").all()
+            ticked = rows[:: cmd["every"]]
+            cols = make_columns(1, cmd.get("seq", SAMPLES), seed=0)
+            batch = crud.validate_samples({"columns": cols})
+            c0 = time.process_time()
+            for _, uid in ticked:
+                crud.ingest_samples(engine, str(uid), batch)
+            ingest = time.process_time() - c0
+            c0 = time.process_time()
+            with engine.connect() as conn:
+                for run_id, _ in ticked:
+                    queries.run_digests(conn, [int(run_id)])
+            digest = time.process_time() - c0
+            reply({"ticked": len(ticked), "ingest": ingest, "digest": digest})
     engine.dispose()
     return 0
 
@@ -164,24 +184,47 @@ def _spread(values: list[float], scale: float = 1000.0, digits: int = 0) -> str:
     return f"{scale * q[1]:.{digits}f} ({scale * q[0]:.{digits}f}-{scale * q[2]:.{digits}f})"
 
 
+def _agreement(state: Alternated) -> str:
+    """Whether both versions answered the same bytes, or how many runs this one had behind."""
+    _, same, behind = state
+    if same:
+        return "same bytes" + (f" ({behind:,} behind)" if behind else "")
+    return f"differ: {behind:,} runs behind" if behind else "ANSWERS DIFFER"
+
+
+def _write_cost(found: dict[str, Any]) -> str:
+    """The digests' CPU over the ingest requests' (``op: tick``), as a ratio, both ticks."""
+    ticks = [found["tick10"], found["tick_all"]]
+    ratio = sum(t["digest"] for t in ticks) / sum(t["ingest"] for t in ticks)
+    per = 1000 * sum(t["digest"] for t in ticks) / sum(t["ticked"] for t in ticks)
+    return f"{ratio:.1f}x ({per:.2f} ms a digest)"
+
+
 def _ratio(new: list[float], old: list[float]) -> str:
     """The median of the per-round ratios new/old, min-max in brackets."""
     ratios = [n / o for n, o in zip(new, old, strict=True)]
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
-def _alternate(workers: dict[str, Worker], rounds: int) -> tuple[dict[str, list[float]], bool]:
-    """CPU seconds per task list of each version, alternating (the order flips every round),
-    and whether every answer of both was the same bytes."""
+#: CPU seconds per task list of each version, whether every answer of both was the same
+#: bytes (``n_behind`` aside), and this version's ``n_behind`` over all tasks.
+Alternated = tuple[dict[str, list[float]], bool, int]
+
+
+def _alternate(workers: dict[str, Worker], rounds: int) -> Alternated:
+    """Each version's task lists, alternating (the order flips every round)."""
     cpu: dict[str, list[float]] = {label: [] for label in workers}
     shas = set()
+    behind = 0
     for r in range(rounds):
         order = list(workers) if r % 2 == 0 else list(workers)[::-1]
         for label in order:
             answer = workers[label].ask({"op": "tasks", "repeat": 1})
             cpu[label] += answer["cpu"]
             shas.add(answer["sha"])
-    return cpu, len(shas) == 1
+            if label == "current":
+                behind = answer["behind"]
+    return cpu, len(shas) == 1, behind
 
 
 def task_list(url: str, roots: dict[str, Path], tmp: Path, rounds: int) -> dict[str, Any]:
@@ -200,8 +243,11 @@ def task_list(url: str, roots: dict[str, Path], tmp: Path, rounds: int) -> dict[
         out["live"] = _alternate(workers, rounds)
         out["refresh"] = current.ask({"op": "refresh"})
         out["round"] = _alternate(workers, rounds)
-        out["ticked"] = current.ask({"op": "tick", "every": 10})["ticked"]
+        out["tick10"] = current.ask({"op": "tick", "every": 10})
         out["stale"] = _alternate(workers, rounds)
+        current.ask({"op": "refresh"})
+        out["tick_all"] = current.ask({"op": "tick", "every": 1, "seq": SAMPLES + 1})
+        out["every"] = _alternate(workers, rounds)
     return out
 
 
@@ -307,7 +353,7 @@ def run(quick: bool = False, baseline: str = BASELINE) -> str:
                 if browser is not None:
                     url = url_of("page")
                     page_s = _build(url, n_page_runs, running=RUNNING)
-                    _refresh(url)  # a compactor round: the digests both versions read
+                    _refresh(url)  # the digest keeper's look: the digests both versions read
                     pages[backend] = {
                         "baseline": first_paint(url, n_page_runs, old_root, visits, browser)
                     }
@@ -335,16 +381,18 @@ def _section(
     floor: Paint,
 ) -> str:
     # (here, not at the top: the workers import this module with the baseline's code first)
-    from noisescope_server.compactor import FIRST_ROUND_AFTER
+    from noisescope_server.compactor import DIGEST_EVERY
+    from noisescope_server.queries import STALE_READ_LIMIT
 
     n_tasks_runs, n_page_runs = sizes
     backends = list(lists)
     head = "| | " + " | ".join(backends) + " |"
     rule = "|---|" + "---:|" * len(backends)
     states = [
-        ("live", "live runs, no digest (before a server's first round)"),
-        ("round", "after one compactor round of this version"),
-        ("stale", "after 10% of the runs got a sample since the round"),
+        ("live", "live runs, no digest (a database no keeper has looked at yet)"),
+        ("round", "after the digest keeper looked"),
+        ("stale", "after 10% of the runs got a sample since it looked"),
+        ("every", "after every run got a sample since it looked"),
     ]
     rows = []
     for key, words in states:
@@ -352,7 +400,7 @@ def _section(
             cells = [_spread(lists[b][key][0][label]) for b in backends]
             rows.append(f"| {words}: {name} | " + " | ".join(cells) + " |")
         ratios = [_ratio(lists[b][key][0]["current"], lists[b][key][0]["baseline"]) for b in lists]
-        same = ["same bytes" if lists[b][key][1] else "ANSWERS DIFFER" for b in backends]
+        same = [_agreement(lists[b][key]) for b in backends]
         rows.append(f"| {words}: ratio | " + " | ".join(ratios) + " |")
         rows.append(f"| {words}: answers of both | " + " | ".join(same) + " |")
     refresh = [
@@ -360,7 +408,12 @@ def _section(
         f"({lists[b]['refresh']['stored']:,} digests)"
         for b in backends
     ]
-    rows.append("| the compactor round's digest refresh | " + " | ".join(refresh) + " |")
+    rows.append("| the keeper storing every run's digest | " + " | ".join(refresh) + " |")
+    write_cost = [_write_cost(lists[b]) for b in backends]
+    rows.append(
+        "| a digest stored with each ingest request instead: its CPU over the request's "
+        "(one sample) | " + " | ".join(write_cost) + " |"
+    )
     lines = [
         "## Server: the task list and the Runs page at team size",
         "",
@@ -376,10 +429,15 @@ def _section(
         "alternating; the ratio is this version / the baseline, the median of the per-round "
         "ratios (min-max). A digest (`run_digest`) holds a run's current window and last loss "
         "for the sample counts it was read at; both versions read a digest whose counts still "
-        "match. A server stores the digests of the runs that got samples each compactor round "
-        "(`crud.refresh_digests`): this version's first round "
-        f"{FIRST_ROUND_AFTER:g} s after start-up, the baseline's a whole `compact_every` "
-        "(60 s by default) after it, then every `compact_every`.",
+        "match. The baseline reads every other run's window from its samples; this version "
+        f"reads at most {STALE_READ_LIMIT} of them (the farthest behind first) and takes the "
+        "others' digests as stored, counted in `TaskSummary.n_behind` (the answers compare "
+        "without it). Its digest keeper (`crud.refresh_digests`) stores the digests of the "
+        f"runs that got samples every {DIGEST_EVERY:g} s in a server (the baseline's "
+        "compactor, every `compact_every`: 60 s by default); here the benchmark calls it. "
+        "Last row: what storing a run's digest in each ingest request would cost instead, "
+        "the CPU of reading the digests of the runs that just got a one-sample request over "
+        "the requests' own through the write path (`crud.ingest_samples`, no HTTP).",
         "",
         head,
         rule,

@@ -4,10 +4,11 @@ the digest keeper stores the digest of every run that got samples since it last 
 (``crud.refresh_digests``: the task list and the run list read a run's window from it) every
 ``DIGEST_EVERY`` seconds, from start-up on.
 
-Each worker process runs one; two compacting the same run take turns chunk by chunk (each
+Each worker process runs both; two compacting the same run take turns chunk by chunk (each
 step locks the run's row and moves rows no other step holds), so more workers only mean more
-checks. A failure is logged and retried at the next round: nothing is lost by one (each step
-is one transaction).
+checks; one digest keeper looks at a time (``db.try_exclusive``), the others skip. A failure
+is logged and retried at the next round: nothing is lost by one (each step is one
+transaction).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 
 from sqlalchemy import Engine
 
-from noisescope_server import crud
+from noisescope_server import crud, db
 
 log = logging.getLogger("noisescope_server")
 
@@ -66,10 +67,19 @@ class Compactor:
         while not self._stop.wait(wait):
             began = time.monotonic()
             try:
-                crud.refresh_digests(self.engine, stop=self._stop.is_set)
+                self.keep_digests()
             except Exception:  # a database outage: the next look tries again
                 log.exception("storing run digests failed; retrying")
             wait = max(min(self.every, DIGEST_EVERY), time.monotonic() - began)
+
+    def keep_digests(self) -> int | None:
+        """Store every stale digest (``crud.refresh_digests``); how many, or None where another
+        worker's keeper is at it (one looks at a time: each look reads every window that
+        moved, and N workers reading them all would cost N times the CPU)."""
+        with db.try_exclusive(self.engine, "digests") as mine:
+            if not mine:
+                return None
+            return crud.refresh_digests(self.engine, stop=self._stop.is_set)
 
     def round(self) -> int:
         """Compact every run that is due (each stores its digest); the samples moved."""

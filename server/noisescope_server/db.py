@@ -230,6 +230,42 @@ def _migration_connection(engine: Engine) -> Iterator[Connection]:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def try_exclusive(engine: Engine, name: str) -> Iterator[bool]:
+    """Whether this process holds the cross-process lock ``name`` (for the block), without
+    waiting: of several workers on one database, one does a chore at a time and the others
+    skip it. A PostgreSQL advisory lock of the session, or a file lock beside the SQLite file;
+    either goes with a process that dies holding it."""
+    if engine.dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.sha256(f"noisescope-{name}".encode()).digest()[:7], "big")
+        with engine.connect() as conn:
+            mine = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
+            conn.commit()
+            try:
+                yield mine
+            finally:
+                if mine:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                    conn.commit()
+        return
+    path = sqlite_path(str(engine.url)) if engine.dialect.name == "sqlite" else None
+    if path is None:  # an in-memory database: one process
+        yield True
+        return
+    import fcntl
+
+    with open(path.with_name(f"{path.name}.{name}-lock"), "a+b") as lock_file:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
     """Apply migrations up to ``revision`` under a cross-process lock.
 

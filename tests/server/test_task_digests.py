@@ -258,3 +258,20 @@ def test_the_docs_give_the_keepers_cadence_and_the_read_limit() -> None:
         text = (root / name).read_text()
         assert f"every {DIGEST_EVERY:g} s" in " ".join(text.split())
         assert f"most {queries.STALE_READ_LIMIT} " in " ".join(text.split())
+
+
+def test_one_workers_keeper_looks_at_a_time(engine: Engine) -> None:
+    """Of several workers on one database, one keeper reads the stale windows; the others
+    skip their look (each would read them all again), and look again once it is done."""
+    from noisescope_server.compactor import Compactor
+
+    _team(engine)
+    first, second = (
+        Compactor(engine, every=60.0, finished_after=1e9, quiet_after=1e9) for _ in range(2)
+    )
+    with db.try_exclusive(engine, "digests") as mine:  # another worker's keeper, looking
+        assert mine
+        assert second.keep_digests() is None
+        assert _stale(engine)
+    assert first.keep_digests() == 5
+    assert _stale(engine) == []
