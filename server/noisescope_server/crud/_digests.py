@@ -8,8 +8,9 @@ reads a run whose counts moved on from its samples; the task list too, up to
 (``TaskSummary.n_behind``). The server's digest keeper (``compactor``, every
 ``DIGEST_EVERY`` seconds) stores the stale ones, and compaction a compacted run's.
 
-Not stored with each ingest request: reading a run's window costs several times a small
-request's own insert (docs/benchmarks.md, the task list at team size).
+Not stored with each ingest request: reading a run's window costs more CPU than a small
+request's own insert (docs/benchmarks.md, the task list at team size), for every request of
+every live run, where the keeper reads it once per look.
 """
 
 from __future__ import annotations
