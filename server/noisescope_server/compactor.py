@@ -64,12 +64,19 @@ class Compactor:
 
     def _keep_digests(self) -> None:
         wait = min(self.every, DIGEST_EVERY)
+        failing = False
         while not self._stop.wait(wait):
             began = time.monotonic()
             try:
                 self.keep_digests()
             except Exception:  # a database outage: the next look tries again
-                log.exception("storing run digests failed; retrying")
+                if not failing:  # said once, not every DIGEST_EVERY seconds of the outage
+                    log.exception("storing run digests failed; retrying until it works")
+                failing = True
+            else:
+                if failing:
+                    log.info("storing run digests works again")
+                failing = False
             wait = max(min(self.every, DIGEST_EVERY), time.monotonic() - began)
 
     def keep_digests(self) -> int | None:

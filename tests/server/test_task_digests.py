@@ -275,3 +275,39 @@ def test_one_workers_keeper_looks_at_a_time(engine: Engine) -> None:
         assert _stale(engine)
     assert first.keep_digests() == 5
     assert _stale(engine) == []
+
+
+def test_a_keeper_that_cannot_store_says_so_once_and_again_when_it_can(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database outage fails every look; the log says so once, not every 2 s of it."""
+    import logging
+    import time
+
+    from noisescope_server import compactor as module
+
+    looks: list[float] = []
+
+    def look(self: module.Compactor) -> int:
+        looks.append(time.monotonic())
+        if len(looks) <= 5:
+            raise RuntimeError("database unreachable")
+        return 0
+
+    keeper = module.Compactor(engine, every=0.02, finished_after=1e9, quiet_after=1e9)
+    with (
+        mock.patch.object(module, "DIGEST_EVERY", 0.02),
+        mock.patch.object(module.Compactor, "keep_digests", look),
+        caplog.at_level(logging.INFO, logger="noisescope_server"),
+    ):
+        keeper.start()
+        deadline = time.monotonic() + 30
+        while len(looks) < 7 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        keeper.stop()
+    digests = [r for r in caplog.records if "run digests" in r.getMessage()]
+    assert len(looks) >= 7
+    assert [r.getMessage() for r in digests] == [
+        "storing run digests failed; retrying until it works",
+        "storing run digests works again",
+    ]
