@@ -202,12 +202,14 @@ def task_units(task: TaskSummary) -> str:
 
 
 def task_measured(task: TaskSummary) -> str:
-    """A task's measured runs, and how many answer as the server last stored them
-    (``TaskSummary.n_behind``: a few seconds old)."""
-    text = f"{task.n_measured} of {task.n_runs}"
-    if task.n_behind:
-        text += f" ({task.n_behind} as of seconds ago)"
-    return text
+    """A task's measured runs, and how many answer as the server last stored them."""
+    return f"{task.n_measured} of {task.n_runs}{task_behind(task)}"
+
+
+def task_behind(task: TaskSummary) -> str:
+    """How many of a task's runs answer as the server stored them (``TaskSummary.n_behind``:
+    seconds ago), in brackets after a space; nothing where none does."""
+    return f" ({task.n_behind} as of seconds ago)" if task.n_behind else ""
 
 
 def task_key(project: str, task: str) -> str:

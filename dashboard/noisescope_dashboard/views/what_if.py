@@ -51,9 +51,10 @@ def sources(task: TaskSummary, targets: list[TargetResult]) -> dict[str, Estimat
             task.b_simple_median,
             None,
             f"B_simple = {_text.count(task.b_simple_median)} {units}, the median current "
-            f"B_simple of the task's {_text.plural(task.n_measured, 'measured run')}, as the "
-            "estimate of B_crit (it may underestimate it); no S_min, so steps are relative to "
-            "the minimum.",
+            f"B_simple of the task's {_text.plural(task.n_measured, 'measured run')}"
+            + _text.task_behind(task)
+            + ", as the estimate of B_crit (it may underestimate it); no S_min, so steps are "
+            "relative to the minimum.",
             "B_simple",
         )
     for t in targets:
