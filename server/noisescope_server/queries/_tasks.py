@@ -127,7 +127,7 @@ def _currents(conn: Connection, run_ids: Sequence[int]) -> dict[int, _Current]:
                 out[run_id] = _Current(n, None)
             elif fields is not None and digest_n == n:
                 out[run_id] = _Current(n, fields["b_simple"])
-            elif fields is None:
+            elif fields is None or digest_n > n:  # none, or not this run's (counts grow)
                 lagging.append((n, run_id, n, None))
             else:
                 lagging.append((n - digest_n, run_id, n, fields["b_simple"]))
