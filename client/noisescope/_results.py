@@ -204,8 +204,9 @@ class TaskSummary:
     b_simple_max: float | None
     #: Runs whose current B_simple here is as the server last stored it, before their newest
     #: samples (or not yet read: then not among the measured): at thousands of live runs one
-    #: task list reads a few hundred windows, the farthest behind first, and the server stores
-    #: the rest again within seconds (docs/api.md). 0 from a server before it was reported.
+    #: task list reads a bounded number of windows, the farthest behind first, and the server
+    #: stores the rest again within seconds (docs/api.md). 0 from a server before it was
+    #: reported.
     n_behind: int = 0
 
     @property

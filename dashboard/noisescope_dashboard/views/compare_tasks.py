@@ -124,7 +124,7 @@ def main(src: _data.Source) -> None:
                 "measured",
                 help="Runs whose current B_simple is measurable; in brackets, those whose "
                 "B_simple is as the server stored it seconds ago (at thousands of live runs "
-                "one list reads the windows of a few hundred of those that logged since)",
+                "one list reads the windows of only some of those that logged since)",
             ),
         },
     )

@@ -21,9 +21,10 @@ from noisescope_server.utc import as_utc
 #: digest is missing or older than their newest whole-model sample, the farthest behind first.
 #: The others are taken from their digests as last stored (or unmeasured where none is) and
 #: counted in ``TaskSummary.n_behind``; the server's digest keeper stores them again within
-#: seconds. At a few hundred live runs the list is exact; at thousands it stays within its
-#: time (docs/benchmarks.md, the task list at team size) and says how many runs lag.
-STALE_READ_LIMIT = 200
+#: seconds. With up to this many runs logging between the keeper's looks the list is exact;
+#: at thousands it stays within its time (docs/benchmarks.md, the task list at team size) and
+#: says how many runs lag.
+STALE_READ_LIMIT = 100
 
 
 def list_projects(engine: Engine, *, project_scope: int | None = None) -> list[str]:
