@@ -186,7 +186,7 @@ def _spread(values: list[float], scale: float = 1000.0, digits: int = 0) -> str:
 
 def _agreement(state: Alternated) -> str:
     """Whether both versions answered the same bytes, or how many runs this one had behind."""
-    _, same, behind = state
+    _, same, behind, _ = state
     if same:
         return "same bytes" + (f" ({behind:,} behind)" if behind else "")
     return f"differ: {behind:,} runs behind" if behind else "ANSWERS DIFFER"
@@ -207,13 +207,15 @@ def _ratio(new: list[float], old: list[float]) -> str:
 
 
 #: CPU seconds per task list of each version, whether every answer of both was the same
-#: bytes (``n_behind`` aside), and this version's ``n_behind`` over all tasks.
-Alternated = tuple[dict[str, list[float]], bool, int]
+#: bytes (``n_behind`` aside), this version's ``n_behind`` over all tasks, and the wall
+#: seconds (PostgreSQL's own work is in them, not in the CPU).
+Alternated = tuple[dict[str, list[float]], bool, int, dict[str, list[float]]]
 
 
 def _alternate(workers: dict[str, Worker], rounds: int) -> Alternated:
     """Each version's task lists, alternating (the order flips every round)."""
     cpu: dict[str, list[float]] = {label: [] for label in workers}
+    wall: dict[str, list[float]] = {label: [] for label in workers}
     shas = set()
     behind = 0
     for r in range(rounds):
@@ -221,10 +223,11 @@ def _alternate(workers: dict[str, Worker], rounds: int) -> Alternated:
         for label in order:
             answer = workers[label].ask({"op": "tasks", "repeat": 1})
             cpu[label] += answer["cpu"]
+            wall[label] += answer["wall"]
             shas.add(answer["sha"])
             if label == "current":
                 behind = answer["behind"]
-    return cpu, len(shas) == 1, behind
+    return cpu, len(shas) == 1, behind, wall
 
 
 def task_list(url: str, roots: dict[str, Path], tmp: Path, rounds: int) -> dict[str, Any]:
@@ -401,7 +404,12 @@ def _section(
             rows.append(f"| {words}: {name} | " + " | ".join(cells) + " |")
         ratios = [_ratio(lists[b][key][0]["current"], lists[b][key][0]["baseline"]) for b in lists]
         same = [_agreement(lists[b][key]) for b in backends]
+        walls = [
+            f"{_spread(lists[b][key][3]['baseline'])} / {_spread(lists[b][key][3]['current'])}"
+            for b in backends
+        ]
         rows.append(f"| {words}: ratio | " + " | ".join(ratios) + " |")
+        rows.append(f"| {words}: wall ms, {commit} / this version | " + " | ".join(walls) + " |")
         rows.append(f"| {words}: answers of both | " + " | ".join(same) + " |")
     refresh = [
         f"{lists[b]['refresh']['wall']:.1f} s wall, {lists[b]['refresh']['cpu']:.1f} s CPU "
@@ -427,7 +435,9 @@ def _section(
         + ", ".join(f"{b} in {builds[b][0]:.0f} s" for b in backends)
         + f"): CPU ms of the worker per call, median (q1-q3) of {rounds} rounds, the versions "
         "alternating; the ratio is this version / the baseline, the median of the per-round "
-        "ratios (min-max). A digest (`run_digest`) holds a run's current window and last loss "
+        "ratios (min-max); beside them the wall ms of the same calls (PostgreSQL's own work is "
+        "in them, not in the worker's CPU; on a shared machine they include waiting for a "
+        "core). A digest (`run_digest`) holds a run's current window and last loss "
         "for the sample counts it was read at; both versions read a digest whose counts still "
         "match. The baseline reads every other run's window from its samples; this version "
         f"reads at most {STALE_READ_LIMIT} of them (the farthest behind first) and takes the "
