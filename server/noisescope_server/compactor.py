@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 
 from noisescope_server import crud, db
+from noisescope_server.utc import utcnow
 
 log = logging.getLogger("noisescope_server")
 
@@ -28,10 +30,15 @@ log = logging.getLogger("noisescope_server")
 #: digests of live runs fall (``TaskSummary.n_behind``; docs/benchmarks.md, the task list at
 #: team size).
 DIGEST_EVERY = 2.0
+#: A look reads the sample counts of the runs written to since the previous look began, less
+#: this margin (an ingest touches its run when its transaction begins, and commits later);
+#: every ``compact_every`` seconds, and at the first look, those of every run. The counts of
+#: all runs are every block of the database: read every 2 s they would cost the most.
+TOUCHED_MARGIN = timedelta(seconds=60)
 
 
 class Compactor:
-    """``start()`` the thread; ``stop()`` ends it after the step it is in."""
+    """``start()`` the threads; ``stop()`` ends them after the step each is in."""
 
     def __init__(
         self, engine: Engine, *, every: float, finished_after: float, quiet_after: float
@@ -63,12 +70,18 @@ class Compactor:
                 log.exception("compaction round failed; retrying in %.0f s", self.every)
 
     def _keep_digests(self) -> None:
-        wait = min(self.every, DIGEST_EVERY)
+        period = min(self.every, DIGEST_EVERY)
+        wait = period
         failing = False
+        looked: datetime | None = None  # when the last look began (None: look at every run)
+        whole_at = time.monotonic()
         while not self._stop.wait(wait):
             began = time.monotonic()
+            if began - whole_at >= self.every:
+                looked, whole_at = None, began
+            start = utcnow()
             try:
-                self.keep_digests()
+                self.keep_digests(None if looked is None else looked - TOUCHED_MARGIN)
             except Exception:  # a database outage: the next look tries again
                 if not failing:  # said once, not every DIGEST_EVERY seconds of the outage
                     log.exception("storing run digests failed; retrying until it works")
@@ -77,16 +90,20 @@ class Compactor:
                 if failing:
                     log.info("storing run digests works again")
                 failing = False
-            wait = max(min(self.every, DIGEST_EVERY), time.monotonic() - began)
+                looked = start
+            wait = max(period, time.monotonic() - began)
 
-    def keep_digests(self) -> int | None:
-        """Store every stale digest (``crud.refresh_digests``); how many, or None where another
-        worker's keeper is at it (one looks at a time: each look reads every window that
-        moved, and N workers reading them all would cost N times the CPU)."""
+    def keep_digests(self, touched_since: datetime | None = None) -> int | None:
+        """Store every stale digest (``crud.refresh_digests``: with ``touched_since``, of the
+        runs written to since then); how many, or None where another worker's keeper is at it
+        (one looks at a time: each look reads every window that moved, and N workers reading
+        them all would cost N times the CPU)."""
         with db.try_exclusive(self.engine, "digests") as mine:
             if not mine:
                 return None
-            return crud.refresh_digests(self.engine, stop=self._stop.is_set)
+            return crud.refresh_digests(
+                self.engine, stop=self._stop.is_set, touched_since=touched_since
+            )
 
     def round(self) -> int:
         """Compact every run that is due (each stores its digest); the samples moved."""

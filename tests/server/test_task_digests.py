@@ -288,7 +288,7 @@ def test_a_keeper_that_cannot_store_says_so_once_and_again_when_it_can(
 
     looks: list[float] = []
 
-    def look(self: module.Compactor) -> int:
+    def look(self: module.Compactor, touched_since: object = None) -> int:
         looks.append(time.monotonic())
         if len(looks) <= 5:
             raise RuntimeError("database unreachable")
@@ -311,3 +311,25 @@ def test_a_keeper_that_cannot_store_says_so_once_and_again_when_it_can(
         "storing run digests failed; retrying until it works",
         "storing run digests works again",
     ]
+
+
+def test_a_look_since_a_time_reads_only_the_runs_written_to_since(engine: Engine) -> None:
+    """The keeper's looks between its whole ones read the counts of the runs an ingest
+    touched since (the others' blocks are not read): a stale run untouched for an hour waits
+    for the whole look, which stores it."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from noisescope_server.compactor import Compactor
+    from noisescope_server.utc import utcnow
+
+    _team(engine)
+    with engine.begin() as conn:
+        idle = utcnow() - timedelta(hours=1)
+        conn.execute(update(Run).where(Run.uid == "run4").values(last_seen_at=idle))
+    keeper = Compactor(engine, every=60.0, finished_after=1e9, quiet_after=1e9)
+    assert keeper.keep_digests(utcnow() - timedelta(minutes=1)) == 4
+    assert _stale(engine) == [_run_id(engine, "run4")]
+    assert keeper.keep_digests() == 1
+    assert _stale(engine) == []

@@ -8,7 +8,7 @@ input); failures raise the errors of ``noisescope_server.errors``.
 - ``_runs``: projects, tasks and runs, and the run-row lock every write takes;
 - ``_samples``: sample rows and their ``sample_block`` sums;
 - ``_compact``: a finished run's rows into compressed chunks, and back for a late sample;
-- ``_digests``: each run's digest (its current window and last loss), kept as samples come;
+- ``_digests``: each run's digest (its current window and last loss), for the lists;
 - ``_events``: run events;
 - ``_tokens``: API tokens;
 - ``_sql``: the dialect-specific statements, built once.

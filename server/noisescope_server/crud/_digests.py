@@ -16,6 +16,7 @@ every live run, where the keeper reads it once per look.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_
@@ -65,13 +66,18 @@ def store_digests(engine: Engine, run_ids: Sequence[int]) -> int:
     return len(kept)
 
 
-def refresh_digests(engine: Engine, *, stop: Callable[[], bool] | None = None) -> int:
-    """Store the digest of every run that has none or a stale one (``queries.stale_digests``);
-    the digests stored. The compactor calls it every round."""
+def refresh_digests(
+    engine: Engine,
+    *,
+    stop: Callable[[], bool] | None = None,
+    touched_since: datetime | None = None,
+) -> int:
+    """Store the digest of every run that has none or a stale one (``queries.stale_digests``;
+    with ``touched_since``, among the runs written to since then); the digests stored."""
     from noisescope_server import queries
 
     with engine.connect() as conn:
-        due = queries.stale_digests(conn)
+        due = queries.stale_digests(conn, touched_since=touched_since)
     stored = 0
     for lo in range(0, len(due), DIGEST_BATCH):
         if stop is not None and stop():

@@ -198,10 +198,15 @@ _COUNTS = select(
 )
 
 
-def stale_digests(conn: Connection) -> list[int]:
+def stale_digests(conn: Connection, *, touched_since: datetime | None = None) -> list[int]:
     """The runs with samples whose digest is missing or was stored before their last sample
-    came: those whose window a list reads sample by sample, in id order."""
+    came: those whose window a list reads sample by sample, in id order. With
+    ``touched_since``, only among the runs a write touched since then (every ingest touches
+    its run): the block sums of the others are not read."""
     counts = _COUNTS.group_by(SampleBlock.run_id)
+    if touched_since is not None:
+        touched = select(Run.id).where(Run.last_seen_at >= touched_since)
+        counts = counts.where(SampleBlock.run_id.in_(touched))
     stored = {
         int(r): (int(n), int(a))
         for r, n, a in fetch_tuples(
