@@ -41,8 +41,20 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: How long the server's engine retries a PostgreSQL connection the database refuses (seconds)
 #: before the request gets its 503; below the client's 10 s request timeout.
 CONNECT_WAIT = 5.0
-#: Key of the PostgreSQL advisory lock held while migrating (any constant 64-bit integer).
-_MIGRATION_LOCK_KEY = int.from_bytes(hashlib.sha256(b"noisescope-migrate").digest()[:7], "big")
+
+
+def _lock_key(name: str) -> int:
+    """The PostgreSQL advisory lock key of a cross-process lock (a constant 56-bit integer)."""
+    return int.from_bytes(hashlib.sha256(f"noisescope-{name}".encode()).digest()[:7], "big")
+
+
+def _lock_path(database: Path, name: str) -> Path:
+    """The file a cross-process lock takes beside a SQLite database."""
+    return database.with_name(f"{database.name}.{name}-lock")
+
+
+#: Key of the PostgreSQL advisory lock held while migrating.
+_MIGRATION_LOCK_KEY = _lock_key("migrate")
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -220,8 +232,7 @@ def _migration_connection(engine: Engine) -> Iterator[Connection]:
         return
     import fcntl
 
-    lock_path = path.with_name(path.name + ".migrate-lock")
-    with open(lock_path, "a+b") as lock_file:
+    with open(_lock_path(path, "migrate"), "a+b") as lock_file:
         fcntl.flock(lock_file, fcntl.LOCK_EX)
         try:
             with engine.connect() as conn:
@@ -237,7 +248,7 @@ def try_exclusive(engine: Engine, name: str) -> Iterator[bool]:
     skip it. A PostgreSQL advisory lock of the session, or a file lock beside the SQLite file;
     either goes with a process that dies holding it."""
     if engine.dialect.name == "postgresql":
-        key = int.from_bytes(hashlib.sha256(f"noisescope-{name}".encode()).digest()[:7], "big")
+        key = _lock_key(name)
         with engine.connect() as conn:
             mine = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
             conn.commit()
@@ -254,7 +265,7 @@ def try_exclusive(engine: Engine, name: str) -> Iterator[bool]:
         return
     import fcntl
 
-    with open(path.with_name(f"{path.name}.{name}-lock"), "a+b") as lock_file:
+    with open(_lock_path(path, name), "a+b") as lock_file:
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
