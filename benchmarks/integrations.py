@@ -30,6 +30,7 @@ from typing import Any
 from benchmarks import _cli
 from benchmarks._meter import Meter, NoiseGauge, metered
 from harness import QUIET_HF, QUIET_LIGHTNING
+from noisescope.integrations import CallbackOptions
 
 TARGET_RATIO = 1.03
 
@@ -120,7 +121,7 @@ def _collate(features: list[Any]) -> dict[str, Any]:
 Step = tuple[float, float, float]
 
 
-def _callback_settings(cfg: dict[str, Any], spool: Path) -> dict[str, Any]:
+def _callback_settings(cfg: dict[str, Any], spool: Path) -> CallbackOptions:
     """What both frameworks' callbacks are given: a real run, offline to the spool."""
     return {
         "project": "bench",
@@ -273,11 +274,9 @@ def _lightning_step_times(cfg: dict[str, Any], with_callback: bool, timed: _Time
                 if timed.states is not None and trainer.global_step > 0:
                     _toggle(callback, timed.states)
 
-    callback = LightningCallback(
-        units="tokens",
-        batch_size_fn=lambda b: b["labels"][:, 1:].numel(),
-        **_callback_settings(cfg, timed.spool),
-    )
+    options = _callback_settings(cfg, timed.spool)
+    options["units"] = "tokens"
+    callback = LightningCallback(batch_size_fn=lambda b: b["labels"][:, 1:].numel(), **options)
     callbacks: list[Any] = [StepTimer(), callback] if with_callback else [StepTimer()]
     blocks: Any = _training_blocks(cfg)  # a list is a map-style dataset
     loader: DataLoader[Any] = DataLoader(blocks, batch_size=cfg["micro_batch"], collate_fn=_collate)

@@ -235,7 +235,7 @@ def test_hf_setups_it_cannot_branch_are_refused(server: ServerProcess, tmp_path:
         with pytest.raises(ValueError, match="first must be an integer >= 1"):
             BranchOptions(every=2, eval=[], first=first)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"branch=noisescope.integrations.BranchOptions\(every="):
-        HuggingFaceCallback(branch_every=2, branch_eval=[])  # the keywords before BranchOptions
+        HuggingFaceCallback(branch_every=2, branch_eval=[])  # type: ignore[call-arg]  # the old keywords
     trainer, _ = _hf(server, tmp_path, branch=BranchOptions(every=2, eval=_eval_batches()))
     trainer.args.bf16 = True
     with pytest.raises(RuntimeError, match=r"mixed precision.*supports one process"):

@@ -289,6 +289,9 @@ def test_small_batches_first_measures_the_first_micro_batch_only(
         HuggingFaceCallback(small_batches="some")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="units"):
         HuggingFaceCallback(units="pixels")
+    # a typo fails here, not at the first training step (unmeasured)
+    with pytest.raises(TypeError, match=r"'projet' \(did you mean 'project'\?\)"):
+        HuggingFaceCallback(projet="p")  # type: ignore[call-arg]
 
 
 def _train_params(tmp_path: Path, callbacks: list[Any]) -> dict[str, Tensor]:
@@ -320,7 +323,8 @@ def test_parameters_identical_with_and_without_the_callback(
 def test_importing_noisescope_stays_light() -> None:
     code = (
         "import sys, noisescope, noisescope.integrations as i\n"
-        "assert i.__all__ == ['BranchOptions', 'HuggingFaceCallback', 'LightningCallback']\n"
+        "assert i.__all__ == "
+        "['BranchOptions', 'CallbackOptions', 'HuggingFaceCallback', 'LightningCallback']\n"
         "heavy = [m for m in ('torch', 'transformers', 'lightning', 'accelerate')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"

@@ -106,6 +106,9 @@ def test_small_batches_first_measures_the_first_micro_batch_only(
         LightningCallback(small_batches="some")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="units"):
         LightningCallback(units="pixels")
+    # a typo fails here, not at the first training step (unmeasured)
+    with pytest.raises(TypeError, match=r"'projet' \(did you mean 'project'\?\)"):
+        LightningCallback(projet="p")  # type: ignore[call-arg]
 
 
 class _CallsItself(DigitsMLP):

@@ -7,7 +7,8 @@
 
 Both are thin layers over the plain-loop API (``noisescope.init`` and
 ``noisescope.torch.GradientNoiseProbe``); both branch (docs/branching.md) when given
-``branch=BranchOptions(every=N, eval=batches, ...)`` (:class:`BranchOptions`). The callback
+``branch=BranchOptions(every=N, eval=batches, ...)`` (:class:`BranchOptions`). Both take the
+keyword arguments of :class:`CallbackOptions`, one declaration for the two. The callback
 classes are loaded on first access, so importing ``noisescope`` or ``noisescope.integrations``
 never imports torch, transformers or lightning.
 """
@@ -17,13 +18,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from noisescope.integrations._options import BranchOptions
+from noisescope.integrations._options import BranchOptions, CallbackOptions
 
 if TYPE_CHECKING:
     from noisescope.integrations._hf import HuggingFaceCallback
     from noisescope.integrations._lightning import LightningCallback
 
-__all__ = ["BranchOptions", "HuggingFaceCallback", "LightningCallback"]
+__all__ = ["BranchOptions", "CallbackOptions", "HuggingFaceCallback", "LightningCallback"]
 
 _LAZY = {
     "HuggingFaceCallback": ("noisescope.integrations._hf", "transformers"),

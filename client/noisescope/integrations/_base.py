@@ -12,7 +12,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -23,7 +23,7 @@ from noisescope.branch import BranchSweep, Every
 from noisescope.torch import GradientNoiseProbe
 
 from ._branching import ModuleBranches, log_to, store_for
-from ._options import BranchOptions, refuse_branch_keywords
+from ._options import PROBE_KEYS, RUN_KEYS, BranchOptions, CallbackOptions, check_options
 
 logger = logging.getLogger("noisescope")
 
@@ -31,40 +31,35 @@ logger = logging.getLogger("noisescope")
 class _TrackingCallback:
     """Run and probe bookkeeping for a framework callback."""
 
-    def __init__(  # positional: each framework's callback passes its own arguments on in order
-        self,
-        run: Run | None,
-        project: str | None,
-        task: str | None,
-        name: str | None,
-        tags: list[str] | None,
-        units: str | None,
-        layers: bool | Mapping[str, Any],
-        every: int,
-        small_batches: Literal["all", "first"],
-        init_kwargs: dict[str, Any],
-        branch: BranchOptions | None = None,
-    ) -> None:
-        refuse_branch_keywords(type(self).__name__, init_kwargs)
+    def __init__(self, run: Run | None, options: CallbackOptions) -> None:
+        check_options(type(self).__name__, options)
+        branch = options.get("branch")
         if branch is not None and not isinstance(branch, BranchOptions):
             raise TypeError(
                 f"branch must be a noisescope.integrations.BranchOptions, got {type(branch)}"
             )
+        units = options.get("units")
         if units is not None and (problem := _wire.units_problem(units)):
             raise ValueError(problem)
+        small_batches = options.get("small_batches", "all")
         if small_batches not in ("all", "first"):
             raise ValueError(f"small_batches must be 'all' or 'first', got {small_batches!r}")
         self.run = run
         self._owns_run = run is None
-        self.project = project
-        self.task = task
-        self.name = name
-        self.tags = tags
+        self.project = options.get("project")
+        self.task = options.get("task")
+        self.name = options.get("name")
+        self.tags = options.get("tags")
         self.units = units
-        self.layers = layers
-        self.every = every
+        self.layers = options.get("layers", False)
+        self.every = options.get("every", 1)
         self.small_batches = small_batches
-        self.init_kwargs = init_kwargs
+        #: the other ``noisescope.init`` arguments, passed on to the run the callback starts
+        self.init_kwargs: dict[str, Any] = {
+            key: value
+            for key, value in options.items()
+            if key not in RUN_KEYS and key not in PROBE_KEYS
+        }
         self.probe: GradientNoiseProbe | None = None
         self._loss_sum: Tensor | None = None  # this optimizer step's micro-batch losses
         self._n_micro = 0  # micro-batches recorded in this optimizer step

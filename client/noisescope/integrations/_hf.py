@@ -39,7 +39,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -53,7 +53,10 @@ from noisescope.torch._wrappers import detect
 
 from ._base import _TrackingCallback
 from ._branching import ModuleBranches, loss_output, unsupported
-from ._options import BranchOptions
+from ._options import CallbackOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: The file in a Trainer checkpoint that names the run it belongs to (``on_save``).
 RUN_FILE = "noisescope_run.json"
@@ -100,43 +103,33 @@ class HuggingFaceCallback(_TrackingCallback, TrainerCallback):
         run: an existing ``noisescope.Run`` to log to (not finished by the callback);
             by default one is created with ``noisescope.init`` on the first training step and
             finished at the end of training.
-        project, task, name, tags: passed to ``noisescope.init`` (name defaults to
-            ``args.run_name`` or the output directory's name).
-        units: "examples" or "tokens"; default: the units of ``run`` if given, else tokens when
-            the labels have a sequence dimension (language modelling, token classification),
-            else examples.
-        layers: also log one series per layer (see ``GradientNoiseProbe``).
-        every: measure every n-th optimizer step only.
-        small_batches: "all" (each micro-batch's gradient is a G_small: most precise) or
-            "first" (only the first micro-batch's: two gradient reads per step instead of one
-            per micro-batch, and the per-parameter hooks only check a flag: the least
-            overhead; tr(Sigma) gets noisier). See ``GradientNoiseProbe``.
-        branch: opt in to branching (docs/branching.md), a
-            ``noisescope.integrations.BranchOptions``: every N optimizer steps,
-            ``noisescope.branch`` trains short continuations at batch sizes b, 2b, ... from
-            the Trainer's state on its own train dataset and puts the state back (default
-            loss: the model's own ``loss``; default store: ``<output_dir>/noisescope-branches``).
-        init_kwargs: any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...).
+        **options: the keys of ``noisescope.integrations.CallbackOptions`` (one declaration for
+            both callbacks); a key neither the callback nor ``noisescope.init`` takes raises a
+            ``TypeError`` here:
+
+            project, task, name, tags: passed to ``noisescope.init`` (name defaults to
+                ``args.run_name`` or the output directory's name).
+            units: "examples" or "tokens"; default: the units of ``run`` if given, else tokens
+                when the labels have a sequence dimension (language modelling, token
+                classification), else examples.
+            layers: also log one series per layer (see ``GradientNoiseProbe``).
+            every: measure every n-th optimizer step only.
+            small_batches: "all" (each micro-batch's gradient is a G_small: most precise) or
+                "first" (only the first micro-batch's: two gradient reads per step instead of
+                one per micro-batch, and the per-parameter hooks only check a flag: the least
+                overhead; tr(Sigma) gets noisier). See ``GradientNoiseProbe``.
+            branch: opt in to branching (docs/branching.md), a
+                ``noisescope.integrations.BranchOptions``: every N optimizer steps,
+                ``noisescope.branch`` trains short continuations at batch sizes b, 2b, ... from
+                the Trainer's state on its own train dataset and puts the state back (default
+                loss: the model's own ``loss``; default store:
+                ``<output_dir>/noisescope-branches``).
+            any other ``noisescope.init`` argument (``url``, ``token``, ``mode``, ...): passed
+                on.
     """
 
-    def __init__(
-        self,
-        run: Run | None = None,
-        *,
-        project: str | None = None,
-        task: str | None = None,
-        name: str | None = None,
-        tags: list[str] | None = None,
-        units: str | None = None,
-        layers: bool | Mapping[str, Any] = False,
-        every: int = 1,
-        small_batches: Literal["all", "first"] = "all",
-        branch: BranchOptions | None = None,
-        **init_kwargs: Any,
-    ) -> None:
-        super().__init__(
-            run, project, task, name, tags, units, layers, every, small_batches, init_kwargs, branch
-        )
+    def __init__(self, run: Run | None = None, **options: Unpack[CallbackOptions]) -> None:
+        super().__init__(run, options)
         self._train_dataloader: Any = None
         self._branch_units = "examples"
         self._tokens_per_example = 1

@@ -23,8 +23,8 @@ those steps are not measured.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -38,7 +38,10 @@ from noisescope.torch._wrappers import fsdp1_refused
 
 from ._base import _TrackingCallback
 from ._branching import ModuleBranches, loss_output, unsupported
-from ._options import BranchOptions
+from ._options import CallbackOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["LightningCallback"]
 
@@ -59,10 +62,6 @@ class LightningCallback(_TrackingCallback, pl.Callback):
     Args:
         run: an existing ``noisescope.Run`` (not finished by the callback); by default one is
             created on the first training batch and finished when training ends.
-        project, task, name, tags: passed to ``noisescope.init`` (task defaults to the
-            LightningModule's class name; config to its ``hparams``).
-        units: "examples" or "tokens", what ``batch_size_fn`` counts (default: the units of
-            ``run`` if given, else examples).
         batch_size_fn: items in a micro-batch, a number or one count per example (e.g. real
             tokens: ``lambda b: (b["labels"][:, 1:] != -100).sum(1)``); default: Lightning's
             ``extract_batch_size`` (examples). In tokens on one process without accumulation
@@ -70,43 +69,36 @@ class LightningCallback(_TrackingCallback, pl.Callback):
         loss_reduction: how ``training_step``'s loss is reduced over the micro-batch's items:
             "mean" (the default) or "sum".
         micro_loss: the probe's convention for manual optimization (see ``GradientNoiseProbe``).
-        layers, every, small_batches, init_kwargs: as for ``HuggingFaceCallback`` (the
-            probe's per-layer series, its cadence and which micro-batches it reads; any other
-            ``noisescope.init`` argument).
-        branch: opt-in branching every N optimizer steps, a
-            ``noisescope.integrations.BranchOptions``, as for ``HuggingFaceCallback`` (default
-            loss: ``training_step(batch, 0)``, its tensor or its ``"loss"``; default store:
-            ``<default_root_dir>/noisescope-branches``).
+        **options: the keys of ``noisescope.integrations.CallbackOptions``, as for
+            ``HuggingFaceCallback``:
+
+            project, task, name, tags: passed to ``noisescope.init`` (task defaults to the
+                LightningModule's class name; config to its ``hparams``).
+            units: "examples" or "tokens", what ``batch_size_fn`` counts (default: the units of
+                ``run`` if given, else examples).
+            layers, every, small_batches: as for ``HuggingFaceCallback`` (the probe's per-layer
+                series, its cadence and which micro-batches it reads).
+            branch: opt-in branching every N optimizer steps, a
+                ``noisescope.integrations.BranchOptions``, as for ``HuggingFaceCallback`` (default
+                loss: ``training_step(batch, 0)``, its tensor or its ``"loss"``; default store:
+                ``<default_root_dir>/noisescope-branches``).
+            any other ``noisescope.init`` argument: passed on.
     """
 
     def __init__(
         self,
         run: Run | None = None,
         *,
-        # The init arguments are HuggingFaceCallback's, written out in both signatures on
-        # purpose: each framework's users read their own callback's parameters (a shared
-        # TypedDict behind ** would hide them from editors and type checkers).
-        project: str | None = None,
-        task: str | None = None,
-        name: str | None = None,
-        tags: list[str] | None = None,
-        units: str | None = None,
         batch_size_fn: Callable[[Any], float | int | Tensor] | None = None,
         loss_reduction: str = "mean",
         micro_loss: str = "mean/k",
-        layers: bool | Mapping[str, Any] = False,
-        every: int = 1,
-        small_batches: Literal["all", "first"] = "all",
-        branch: BranchOptions | None = None,
-        **init_kwargs: Any,
+        **options: Unpack[CallbackOptions],
     ) -> None:
-        if units is None:  # a run passed in fixes the units
-            units = getattr(run, "units", None) or "examples"
+        if options.get("units") is None:  # a run passed in fixes the units
+            options["units"] = getattr(run, "units", None) or "examples"
         if loss_reduction not in ("mean", "sum"):
             raise ValueError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-        super().__init__(
-            run, project, task, name, tags, units, layers, every, small_batches, init_kwargs, branch
-        )
+        super().__init__(run, options)
         self._optimizer_steps = 0  # trainer.global_step at the last batch end
         self.batch_size_fn = batch_size_fn
         self.loss_reduction = loss_reduction
