@@ -208,6 +208,10 @@ class TaskSummary:
     #: stores the rest again within seconds (docs/api.md). 0 from a server before it was
     #: reported.
     n_behind: int = 0
+    #: Of ``n_behind``, the runs the server has not read at all yet (no digest stored): not
+    #: among the measured here, whatever their samples hold, until it does, within seconds.
+    #: 0 from a server before it was reported.
+    n_unread: int = 0
 
     @property
     def swept(self) -> bool:

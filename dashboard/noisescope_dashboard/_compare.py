@@ -124,6 +124,21 @@ def compare_section(
 GROUPS = {"batch": "batch size", "lr": "learning rate (config `lr`)"}
 
 
+def no_bands(points: pd.DataFrame, *, log_loss: bool) -> str:
+    """Why the B_simple-against-loss charts draw nothing (``compare_points``): runs with a
+    B_simple but no training loss must not read as runs that measure nothing."""
+    measured = points.dropna(subset=["b_simple"])
+    if measured.empty:
+        return "These tasks' runs have no B_simple yet; they appear once runs post samples."
+    if measured["loss"].notna().any() and log_loss:
+        return 'No training loss above 0 to draw on a log axis: untick "log loss".'
+    return (
+        "These tasks' runs have a B_simple but no training loss, and these charts draw "
+        "B_simple against the loss: log it with the samples (`run.log(loss=...)`, or "
+        "`loss=` to the probe's `step`). Compare runs draws B_simple against steps."
+    )
+
+
 def bands_section(src: _data.Source, runs: Sequence[RunSummary], *, key: str) -> pd.DataFrame:
     """Compare tasks' B_simple against loss: one chart per task (tasks' losses are not on one
     scale), one median line with a band per batch size or learning rate, each run on demand.
@@ -143,7 +158,7 @@ def bands_section(src: _data.Source, runs: Sequence[RunSummary], *, key: str) ->
     points = _frames.compare_points(series, kept)
     bands = _frames.band_points(points, kept, by, log_loss=log_loss)
     if bands.empty:
-        st.info("These tasks' runs have no B_simple yet; they appear once runs post samples.")
+        st.info(no_bands(points, log_loss=log_loss))
         return bands
     group_title = "batch size" if by == "batch" else "learning rate"
     caption = (

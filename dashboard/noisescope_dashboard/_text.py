@@ -206,10 +206,28 @@ def task_measured(task: TaskSummary) -> str:
     return f"{task.n_measured} of {task.n_runs}{task_behind(task)}"
 
 
+def task_unmeasured(task: TaskSummary) -> str:
+    """A task without a measured run: "0 of N runs measured", and the runs that lag (not read
+    yet is not "measures nothing")."""
+    lag = task_lag(task)
+    return f"0 of {task.n_runs} runs measured" + (f": {lag}" if lag else "")
+
+
 def task_behind(task: TaskSummary) -> str:
-    """How many of a task's runs answer as the server stored them (``TaskSummary.n_behind``:
-    seconds ago), in brackets after a space; nothing where none does."""
-    return f" ({task.n_behind} as of seconds ago)" if task.n_behind else ""
+    """``task_lag`` in brackets after a space; nothing where no run lags."""
+    lag = task_lag(task)
+    return f" ({lag})" if lag else ""
+
+
+def task_lag(task: TaskSummary) -> str:
+    """How many of a task's runs answer as the server stored them seconds ago, and how many it
+    has not read yet (``TaskSummary.n_behind``, ``n_unread``): those count as unmeasured
+    whatever their samples hold, so "0 of 2" must not read as runs that measure nothing."""
+    stored = task.n_behind - task.n_unread
+    parts = [f"{stored} as of seconds ago"] if stored > 0 else []
+    if task.n_unread:
+        parts.append(f"{task.n_unread} not read yet")
+    return ", ".join(parts)
 
 
 def task_key(project: str, task: str) -> str:

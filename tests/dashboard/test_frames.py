@@ -3,6 +3,7 @@ number where the API gives none."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import datetime, timezone
 
@@ -231,15 +232,39 @@ def test_the_task_table_says_how_many_runs_answer_from_older_digests() -> None:
     """``TaskSummary.n_behind``: runs answering as the server stored them seconds ago."""
     from noisescope import TaskSummary
 
-    def task(name: str, n_behind: int) -> TaskSummary:
+    def task(name: str, n_behind: int, n_unread: int = 0) -> TaskSummary:
         return TaskSummary(
             project="p", task=name, n_runs=3000, n_running=3000, n_samples=600_000,
             batch_sizes=[32.0], units=["examples"], last_started_at=None, n_measured=2950,
             b_simple_median=40.0, b_simple_min=10.0, b_simple_max=90.0, n_behind=n_behind,
+            n_unread=n_unread,
         )  # fmt: skip
 
-    table = _frames.task_table([task("exact", 0), task("lagging", 2800)])
+    table = _frames.task_table(
+        [task("exact", 0), task("lagging", 2800), task("new", 50, 50), task("both", 2800, 50)]
+    )
+    # runs not read yet are told apart: unmeasured here, not runs that measure nothing
     assert list(table["measured runs"]) == [
         "2950 of 3000",
         "2950 of 3000 (2800 as of seconds ago)",
+        "2950 of 3000 (50 not read yet)",
+        "2950 of 3000 (2750 as of seconds ago, 50 not read yet)",
     ]
+    # the caption of a task left undrawn
+    unread = dataclasses.replace(task("unread", 2, 2), n_runs=2, n_measured=0)
+    assert _text.task_unmeasured(unread) == "0 of 2 runs measured: 2 not read yet"
+    assert _text.task_unmeasured(task("none", 0)) == "0 of 3000 runs measured"
+
+
+def test_compare_tasks_says_why_it_draws_no_band() -> None:
+    """Runs with a B_simple but no training loss are not runs without a B_simple."""
+    from noisescope_dashboard._compare import no_bands
+
+    def points(loss: list[float | None], b_simple: list[float | None]) -> pd.DataFrame:
+        return pd.DataFrame({"run": "r", "loss": loss, "b_simple": b_simple})
+
+    assert "no B_simple yet" in no_bands(points([1.0, None], [None, None]), log_loss=False)
+    unlogged = no_bands(points([None, None], [30.0, 40.0]), log_loss=False)
+    assert "a B_simple but no training loss" in unlogged and "run.log(loss=" in unlogged
+    assert "untick" in no_bands(points([-1.0, 0.0], [30.0, 40.0]), log_loss=True)
+    assert "no B_simple yet" in no_bands(points([], []), log_loss=False)

@@ -4,6 +4,7 @@ charts are asserted from their Vega-Lite specs, missing things say "not found", 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from urllib.parse import quote
 
@@ -21,7 +22,7 @@ from harness.dashboard_runs import (
     SHORT,
     default_runs,
 )
-from noisescope import Api
+from noisescope import Api, TaskSummary
 from noisescope_dashboard import _frames, _text
 
 from ._app import chart_data, charts, plain, texts
@@ -517,6 +518,32 @@ def test_what_if_median_b_simple_has_no_absolute_steps(make_app: MakeApp, server
     assert set(at.dataframe[0].value["steps"]) == {_frames.NEEDS_S_MIN}
     assert set(at.dataframe[0].value["time"]) == {_frames.NEEDS_S_MIN}
     assert any("Steps and time stay empty" in c.value for c in at.caption)
+
+
+def test_what_if_says_runs_the_server_has_not_read_are_not_unmeasurable(
+    make_app: MakeApp, server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task list past its read limit leaves some runs unread (``TaskSummary.n_unread``):
+    with none measured, the page says so, not "train longer"."""
+    answer = Api.tasks
+
+    def unread(self: Api, project: str | None = None) -> list[TaskSummary]:
+        tasks = answer(self, project)
+        return [
+            dataclasses.replace(
+                t, n_measured=0, b_simple_median=None, b_simple_min=None, b_simple_max=None,
+                n_behind=t.n_runs, n_unread=t.n_runs,
+            )
+            if (t.project, t.task) == ("nlp", "lm")
+            else t
+            for t in tasks
+        ]  # fmt: skip
+
+    monkeypatch.setattr(Api, "tasks", unread)
+    at = make_app(server, "what_if", task="nlp/lm")
+    (info,) = at.info
+    assert "the server has not read 2 runs of it yet" in plain(info.value), info.value
+    assert "train longer" not in info.value
 
 
 def test_what_if_counts_runs_in_words(make_app: MakeApp, server: str, api: Api) -> None:

@@ -167,6 +167,8 @@ def test_beyond_the_read_limit_lagging_runs_are_taken_from_their_digests_and_cou
     assert {c.args[1] for c in read.call_args_list} == {_run_id(engine, "run11")}
     by_task = {t.task: t for t in lagged}
     assert {k: t.n_behind for k, t in by_task.items()} == {"task0": 2, "task1": 1, "task2": 0}
+    # run4 has no digest: not read at all, told apart from the runs answering from theirs
+    assert {k: t.n_unread for k, t in by_task.items()} == {"task0": 0, "task1": 1, "task2": 0}
     # the answers expected: the direct ones with run3 and run12 as digested, run4 unmeasured
     values: dict[str, list[float]] = {}
     for r in queries.list_runs(engine, limit=1_000_000, archived="exclude"):
@@ -187,6 +189,7 @@ def test_beyond_the_read_limit_lagging_runs_are_taken_from_their_digests_and_cou
         assert (t.n_runs, t.n_samples) == (exact[task].n_runs, exact[task].n_samples)
     assert by_task["task2"] == exact["task2"]
     assert exact["task0"].n_behind == exact["task1"].n_behind == 0
+    assert exact["task0"].n_unread == exact["task1"].n_unread == 0
 
 
 def test_a_digest_is_never_stored_over_one_read_at_larger_counts(engine: Engine) -> None:

@@ -99,7 +99,7 @@ def main(src: _data.Source) -> None:
         st.caption(
             "Not drawn, no run of theirs has a current B_simple: "
             + "; ".join(
-                md(f"{_text.task_key(t.project, t.task)} (0 of {t.n_runs} runs measured)")
+                md(f"{_text.task_key(t.project, t.task)} ({_text.task_unmeasured(t)})")
                 for t in unmeasured
             )
             + "."
@@ -123,8 +123,9 @@ def main(src: _data.Source) -> None:
             "measured runs": st.column_config.TextColumn(
                 "measured",
                 help="Runs whose current B_simple is measurable; in brackets, those whose "
-                "B_simple is as the server stored it seconds ago (at thousands of live runs "
-                "one list reads the windows of only some of those that logged since)",
+                "B_simple is as the server stored it seconds ago, and those it has not read "
+                "yet, unmeasured until it does (at thousands of live runs one list reads the "
+                "windows of only some of those that logged since)",
             ),
         },
     )

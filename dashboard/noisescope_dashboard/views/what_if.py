@@ -93,11 +93,19 @@ def main(src: _data.Source) -> None:
     targets = sweep_targets(src, task)
     options = sources(task, targets)
     if not options:
-        st.info(
-            "This task has neither a determined critical batch size nor a measurable B_simple "
-            "yet. Let a run train longer (B_simple needs enough steps), or run the task at "
-            f"{MIN_BATCH_SIZES} or more batch sizes."
-        )
+        if task.n_unread:  # not "train longer": the runs may measure, unread
+            st.info(
+                "This task has neither a determined critical batch size nor a measured "
+                f"B_simple yet, but the server has not read {_text.plural(task.n_unread, 'run')} "
+                "of it yet (at thousands of live runs it reads them within seconds): reload "
+                "the page shortly."
+            )
+        else:
+            st.info(
+                "This task has neither a determined critical batch size nor a measurable "
+                "B_simple yet. Let a run train longer (B_simple needs enough steps), or run "
+                f"the task at {MIN_BATCH_SIZES} or more batch sizes."
+            )
         st.stop()
     chosen = _state.select(
         "Critical batch size from",

@@ -92,6 +92,7 @@ def task_summaries(
                 b_simple_min=min(b_values) if b_values else None,
                 b_simple_max=max(b_values) if b_values else None,
                 n_behind=sum(m.behind for m in found),
+                n_unread=sum(m.unread for m in found),
             )
         )
     return out
@@ -104,6 +105,8 @@ class _Current(NamedTuple):
     b_simple: float | None
     #: Read before the run's newest whole-model samples (or not read at all).
     behind: bool = False
+    #: Not read at all: no digest of this run's (so unmeasured here, whatever its samples).
+    unread: bool = False
 
 
 def _currents(conn: Connection, run_ids: Sequence[int]) -> dict[int, _Current]:
@@ -111,8 +114,8 @@ def _currents(conn: Connection, run_ids: Sequence[int]) -> dict[int, _Current]:
     whole-model count (the window reads no other series), else from its samples, up to
     ``STALE_READ_LIMIT`` runs farthest behind first; beyond it, the digest as it is."""
     out: dict[int, _Current] = {}
-    # (samples behind, run, its count, the digest's value)
-    lagging: list[tuple[int, int, int, float | None]] = []
+    # (samples behind, run, its count, the digest's value, whether it has a digest)
+    lagging: list[tuple[int, int, int, float | None, bool]] = []
     for lo in range(0, len(run_ids), ID_CHUNK):
         ids = list(run_ids[lo : lo + ID_CHUNK])
         found = sample_counts(conn, ids)
@@ -129,13 +132,13 @@ def _currents(conn: Connection, run_ids: Sequence[int]) -> dict[int, _Current]:
             elif fields is not None and digest_n == n:
                 out[run_id] = _Current(n, fields["b_simple"])
             elif fields is None or digest_n > n:  # none, or not this run's (counts grow)
-                lagging.append((n, run_id, n, None))
+                lagging.append((n, run_id, n, None, False))
             else:
-                lagging.append((n - digest_n, run_id, n, fields["b_simple"]))
+                lagging.append((n - digest_n, run_id, n, fields["b_simple"], True))
     lagging.sort(key=lambda lag: (-lag[0], lag[1]))
-    for k, (_, run_id, n, value) in enumerate(lagging):
+    for k, (_, run_id, n, value, digested) in enumerate(lagging):
         if k < STALE_READ_LIMIT:
             out[run_id] = _Current(n, read_current(conn, run_id, n)["b_simple"])
         else:
-            out[run_id] = _Current(n, value, behind=True)
+            out[run_id] = _Current(n, value, behind=True, unread=not digested)
     return out
