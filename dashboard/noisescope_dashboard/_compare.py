@@ -102,6 +102,10 @@ def compare_section(
         for name, against, x_axis, caption in views:
             title = f"B_simple against {against}{suffix}"
             drawn = part[~part["run"].isin(list(diverged))] if name == "loss" and left_off else part
+            if name == "loss" and _frames.loss_points(drawn, log_loss=log_loss).empty:
+                st.subheader(title, anchor=False)  # an empty frame would say nothing
+                st.info(nothing_against_loss(drawn, log_loss=log_loss, who="These runs"))
+                continue
             chart_with_downloads(
                 _charts.compare_chart(
                     drawn,
@@ -124,18 +128,19 @@ def compare_section(
 GROUPS = {"batch": "batch size", "lr": "learning rate (config `lr`)"}
 
 
-def no_bands(points: pd.DataFrame, *, log_loss: bool) -> str:
-    """Why the B_simple-against-loss charts draw nothing (``compare_points``): runs with a
-    B_simple but no training loss must not read as runs that measure nothing."""
+def nothing_against_loss(points: pd.DataFrame, *, log_loss: bool, who: str) -> str:
+    """Why a B_simple-against-loss chart of ``who`` ("These runs") draws nothing
+    (``_frames.loss_points`` is empty): runs with a B_simple but no training loss must not read
+    as runs that measure nothing."""
     measured = points.dropna(subset=["b_simple"])
     if measured.empty:
-        return "These tasks' runs have no B_simple yet; they appear once runs post samples."
+        return f"{who} have no B_simple yet; they appear once runs post samples."
     if measured["loss"].notna().any() and log_loss:
         return 'No training loss above 0 to draw on a log axis: untick "log loss".'
     return (
-        "These tasks' runs have a B_simple but no training loss, and these charts draw "
-        "B_simple against the loss: log it with the samples (`run.log(loss=...)`, or "
-        "`loss=` to the probe's `step`). Compare runs draws B_simple against steps."
+        f"{who} have a B_simple but no training loss, and this view draws B_simple against "
+        "the loss: log it with the samples (`run.log(loss=...)`, or `loss=` to the probe's "
+        "`step`). Against progress, B_simple needs no loss."
     )
 
 
@@ -158,7 +163,7 @@ def bands_section(src: _data.Source, runs: Sequence[RunSummary], *, key: str) ->
     points = _frames.compare_points(series, kept)
     bands = _frames.band_points(points, kept, by, log_loss=log_loss)
     if bands.empty:
-        st.info(no_bands(points, log_loss=log_loss))
+        st.info(nothing_against_loss(points, log_loss=log_loss, who="These tasks' runs"))
         return bands
     group_title = "batch size" if by == "batch" else "learning rate"
     caption = (

@@ -256,15 +256,20 @@ def test_the_task_table_says_how_many_runs_answer_from_older_digests() -> None:
     assert _text.task_unmeasured(task("none", 0)) == "0 of 3000 runs measured"
 
 
-def test_compare_tasks_says_why_it_draws_no_band() -> None:
+def test_the_loss_views_say_why_they_draw_nothing() -> None:
     """Runs with a B_simple but no training loss are not runs without a B_simple."""
-    from noisescope_dashboard._compare import no_bands
+    from noisescope_dashboard._compare import nothing_against_loss
 
     def points(loss: list[float | None], b_simple: list[float | None]) -> pd.DataFrame:
         return pd.DataFrame({"run": "r", "loss": loss, "b_simple": b_simple})
 
-    assert "no B_simple yet" in no_bands(points([1.0, None], [None, None]), log_loss=False)
-    unlogged = no_bands(points([None, None], [30.0, 40.0]), log_loss=False)
-    assert "a B_simple but no training loss" in unlogged and "run.log(loss=" in unlogged
-    assert "untick" in no_bands(points([-1.0, 0.0], [30.0, 40.0]), log_loss=True)
-    assert "no B_simple yet" in no_bands(points([], []), log_loss=False)
+    def why(p: pd.DataFrame, log_loss: bool = False) -> str:
+        assert _frames.loss_points(p, log_loss=log_loss).empty
+        return nothing_against_loss(p, log_loss=log_loss, who="These runs")
+
+    assert why(points([1.0, None], [None, None])).startswith("These runs have no B_simple yet")
+    unlogged = why(points([None, None], [30.0, 40.0]))
+    assert "have a B_simple but no training loss" in unlogged and "run.log(loss=" in unlogged
+    assert "untick" in why(points([-1.0, 0.0], [30.0, 40.0]), log_loss=True)
+    assert "no B_simple yet" in why(points([], []))
+    assert len(_frames.loss_points(points([-1.0, 2.0], [30.0, 40.0]), log_loss=False)) == 2

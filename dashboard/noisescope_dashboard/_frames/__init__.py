@@ -40,6 +40,7 @@ from noisescope_dashboard._frames._runs import (
     compare_points,
     group_label,
     left_out_why,
+    loss_points,
     runs_table,
     task_table,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "frontier_text",
     "group_label",
     "left_out_why",
+    "loss_points",
     "parallelism_rows",
     "parallelism_table",
     "runs_table",

@@ -164,6 +164,14 @@ def group_label(run: RunSummary, by: str) -> str:
     return f"batch {_text.count(run.batch_in_use if run.batch_in_use else run.batch_size)}"
 
 
+def loss_points(points: pd.DataFrame, *, log_loss: bool) -> pd.DataFrame:
+    """The points a B_simple-against-loss chart can draw (``compare_points``): both values,
+    B_simple above 0 (its axis is log) and, on a log loss axis, the loss too."""
+    data = points.dropna(subset=["loss", "b_simple"])
+    data = data[data["b_simple"] > 0]
+    return data[data["loss"] > 0] if log_loss else data
+
+
 def band_points(
     points: pd.DataFrame, runs: dict[str, RunSummary], by: str, *, log_loss: bool = False
 ) -> pd.DataFrame:
@@ -173,10 +181,7 @@ def band_points(
     there. Columns: task, units, group, order (a sortable group key), runs, loss (the bin's
     median loss), b_simple, lo, hi."""
     columns = ["task", "units", "group", "order", "runs", "loss", "b_simple", "lo", "hi"]
-    data = points.dropna(subset=["loss", "b_simple"])
-    data = data[data["b_simple"] > 0]
-    if log_loss:
-        data = data[data["loss"] > 0]
+    data = loss_points(points, log_loss=log_loss)
     if data.empty:
         return pd.DataFrame(columns=columns)
     data = data.assign(
