@@ -95,6 +95,20 @@ def test_the_documented_arguments_are_the_callbacks(name: str) -> None:
     assert [p for p in written if p] == actual
 
 
+@pytest.mark.parametrize("name", ["HuggingFaceCallback", "LightningCallback"])
+def test_tools_that_read_the_callbacks_hints_resolve_them(name: str) -> None:
+    """LightningCLI (jsonargparse) and the like read ``__init__``'s hints at run time, the
+    keys of ``**options`` included: none may be a name only a type checker imports."""
+    import typing
+
+    import noisescope.integrations as integrations
+
+    hints = typing.get_type_hints(getattr(integrations, name).__init__, include_extras=True)
+    (unpacked,) = typing.get_args(hints["options"])
+    assert unpacked is integrations.CallbackOptions
+    assert set(typing.get_type_hints(unpacked)) == integrations.CallbackOptions.__optional_keys__
+
+
 def test_the_branching_example_runs_and_branches(tmp_path: Path) -> None:
     """docs/branching.md's callback example: two branch points, each with a measurement."""
     blocks = re.findall(

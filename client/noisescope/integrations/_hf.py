@@ -39,12 +39,16 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+# at run time, not only for type checkers: tools that read the signature's hints
+# (``typing.get_type_hints``, LightningCLI's jsonargparse) resolve it; torch requires the package
+from typing_extensions import Unpack
 
 from noisescope._run import Run
 from noisescope.torch import _deepspeed
@@ -54,9 +58,6 @@ from noisescope.torch._wrappers import detect
 from ._base import _TrackingCallback
 from ._branching import ModuleBranches, loss_output, unsupported
 from ._options import CallbackOptions
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 #: The file in a Trainer checkpoint that names the run it belongs to (``on_save``).
 RUN_FILE = "noisescope_run.json"

@@ -24,13 +24,17 @@ those steps are not measured.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import Tensor, nn
+
+# at run time, not only for type checkers: tools that read the signature's hints
+# (``typing.get_type_hints``, LightningCLI's jsonargparse) resolve it; torch requires the package
+from typing_extensions import Unpack
 
 from noisescope._run import Run
 from noisescope.torch import _deepspeed
@@ -39,9 +43,6 @@ from noisescope.torch._wrappers import fsdp1_refused
 from ._base import _TrackingCallback
 from ._branching import ModuleBranches, loss_output, unsupported
 from ._options import CallbackOptions
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 __all__ = ["LightningCallback"]
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
+from noisescope._transport import Transport  # (loaded by ``import noisescope`` already)
+
 if TYPE_CHECKING:
     from torch import Tensor, nn
-
-    from noisescope._transport import Transport
 
 __all__ = [
     "PLAN_KEYS",
