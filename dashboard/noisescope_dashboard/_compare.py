@@ -132,10 +132,9 @@ def nothing_against_loss(points: pd.DataFrame, *, log_loss: bool, who: str) -> s
     """Why a B_simple-against-loss chart of ``who`` ("These runs") draws nothing
     (``_frames.loss_points`` is empty): runs with a B_simple but no training loss must not read
     as runs that measure nothing."""
-    measured = points.dropna(subset=["b_simple"])
-    if measured.empty:
+    if points["b_simple"].isna().all():
         return f"{who} have no B_simple yet; they appear once runs post samples."
-    if measured["loss"].notna().any() and log_loss:
+    if log_loss and not _frames.loss_points(points, log_loss=False).empty:
         return 'No training loss above 0 to draw on a log axis: untick "log loss".'
     return (
         f"{who} have a B_simple but no training loss, and this view draws B_simple against "
